@@ -1,0 +1,161 @@
+"""Scaled dot-product attention, written as the paper's equation (the reference path).
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V            ("Attention Is All You Need", eq. 1)
+
+Axis names, shared by every signature in the library:
+
+    b  batch            t  query positions          s  key/value positions
+    h  query heads      g  key/value heads (h is a multiple of g; g = h is ordinary multi-head attention)
+    d  query/key size   dv value size
+
+Behaviour that is specified (and tested against torch):
+
+* Boolean masks are keep-masks (True = may attend); float masks are added to the logits. Masks are
+  ``(t, s)`` or ``(b, h, t, s)`` with ``b`` and ``h`` allowed to be 1 (broadcast). A 3-D mask is refused:
+  torch would silently read ``(b, t, s)`` as ``(h, t, s)``.
+* ``is_causal=True`` is a real flag, ANDed with any ``attn_mask``, aligned bottom-right when ``t != s``
+  (see :func:`typed_transformer.masks.causal_mask`).
+* A query row with no allowed key gives **zero output and zero weights**, with finite (zero) gradients.
+  torch gives NaN or 0 for such rows depending on its code path.
+* With half or bfloat16 inputs the logits and the softmax are computed in float32; the output comes
+  back in the input dtype.
+* Grouped-query attention: query head ``i`` uses key/value head ``i // (h // g)``, the grouping of
+  ``F.scaled_dot_product_attention(..., enable_gqa=True)``.
+"""
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from einops import einsum, rearrange
+from jaxtyping import Float
+from torch import Tensor
+
+from .masks import AttnMask, causal_mask
+from .shapecheck import raise_shape_error, typechecked
+
+__all__ = ["Backend", "scaled_dot_product_attention"]
+
+Backend = Literal["reference", "sdpa"]
+
+_NAME = "typed_transformer.attention.scaled_dot_product_attention"
+
+
+def scaled_dot_product_attention(
+    q: Float[Tensor, "b h t d"],
+    k: Float[Tensor, "b g s d"],
+    v: Float[Tensor, "b g s dv"],
+    *,
+    attn_mask: AttnMask | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    return_weights: bool = False,
+    backend: Backend = "reference",
+) -> Float[Tensor, "b h t dv"] | tuple[Float[Tensor, "b h t dv"], Float[Tensor, "b h t s"]]:
+    """Scaled dot-product attention ``softmax(q k^T * scale + mask) v`` over ``h`` query heads.
+
+    Args:
+        q: queries ``(b, h, t, d)``.
+        k: keys ``(b, g, s, d)``; ``h`` must be a multiple of ``g`` (grouped-query attention).
+        v: values ``(b, g, s, dv)``.
+        attn_mask: boolean keep-mask (True = may attend) or additive float mask, ``(t, s)`` or
+            ``(b, h, t, s)`` with broadcastable ``b`` and ``h``.
+        is_causal: apply a bottom-right aligned causal mask (ANDed with ``attn_mask``).
+        scale: logit scale; default ``1 / sqrt(d)``.
+        dropout_p: dropout on the attention weights, always applied when > 0 (pass 0.0 in eval mode).
+        return_weights: also return the attention weights ``(b, h, t, s)`` (after dropout, as
+            ``nn.MultiheadAttention`` returns them). Only the reference backend can.
+        backend: ``"reference"`` (this module's einsum equation) or ``"sdpa"``
+            (``torch.nn.functional.scaled_dot_product_attention``, same results, faster).
+
+    Returns:
+        The output ``(b, h, t, dv)`` in the dtype of ``q``, or ``(output, weights)`` with
+        ``return_weights=True``.
+    """
+    h, g = q.shape[1], k.shape[1]
+    if h % g != 0:
+        raise_shape_error(_NAME, "k", f"axis g is {g}, which does not divide h={h} (bound by q)",
+                          axis="g", actual=g, bound_by="q")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        bad, dtype = ("k", k.dtype) if k.dtype != q.dtype else ("v", v.dtype)
+        raise_shape_error(_NAME, bad, f"dtype is {str(dtype)[6:]}, expected {str(q.dtype)[6:]} (the dtype of q)")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1), got {dropout_p}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    t, s = q.shape[2], k.shape[2]
+
+    if backend == "sdpa":
+        if return_weights:
+            raise ValueError("scaled_dot_product_attention: backend='sdpa' cannot return weights; "
+                             "use backend='reference'")
+        return _sdpa(q, k, v, attn_mask, is_causal, scale, dropout_p)
+    if backend != "reference":
+        raise ValueError(f"scaled_dot_product_attention: backend must be 'reference' or 'sdpa', got {backend!r}")
+
+    keep: Tensor | None = causal_mask(t, s, device=q.device) if is_causal else None
+    bias: Tensor | None = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            keep = attn_mask if keep is None else keep & attn_mask
+        else:
+            bias = attn_mask
+
+    # Half-precision inputs: logits and softmax in float32 (exp overflows and sums lose digits in fp16).
+    compute = torch.promote_types(q.dtype, torch.float32)
+    grouped_q = rearrange(q.to(compute), "b (g r) t d -> b g r t d", g=g)
+    logits = einsum(grouped_q, k.to(compute), "b g r t d, b g s d -> b g r t s") * scale
+    logits = rearrange(logits, "b g r t s -> b (g r) t s")
+    if bias is not None:
+        logits = logits + bias.to(compute)
+    if keep is not None:
+        logits = logits.masked_fill(~keep, float("-inf"))
+    if keep is None and bias is None:
+        weights = logits.softmax(dim=-1)
+    else:
+        # Rows where every key is masked: softmax over all -inf is NaN. Give them zero weights instead,
+        # computing the softmax on a harmless row so that no NaN reaches the backward pass either.
+        live = (logits > float("-inf")).any(dim=-1, keepdim=True)
+        weights = logits.masked_fill(~live, 0.0).softmax(dim=-1).masked_fill(~live, 0.0)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p, training=True)
+    grouped_w = rearrange(weights, "b (g r) t s -> b g r t s", g=g)
+    out = einsum(grouped_w, v.to(compute), "b g r t s, b g s dv -> b g r t dv")
+    out = rearrange(out, "b g r t dv -> b (g r) t dv").to(q.dtype)
+    if return_weights:
+        return out, weights.to(q.dtype)
+    return out
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float,
+          dropout_p: float) -> Tensor:
+    """The same computation through ``F.scaled_dot_product_attention``, with our conventions imposed."""
+    t, s = q.shape[2], k.shape[2]
+    mask = attn_mask
+    torch_causal = False
+    if is_causal:
+        if mask is None and t == s:
+            torch_causal = True  # torch's top-left alignment equals ours when t == s; lets it pick a fast kernel
+        else:
+            causal = causal_mask(t, s, device=q.device)
+            if mask is None:
+                mask = causal
+            elif mask.dtype == torch.bool:
+                mask = mask & causal
+            else:
+                mask = mask.masked_fill(~causal, float("-inf"))
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=torch_causal,
+                                         scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    if mask is not None:
+        # torch's safe softmax already gives 0 for rows without keys on CPU; make it a guarantee.
+        live = mask.any(dim=-1, keepdim=True) if mask.dtype == torch.bool else \
+            (mask > float("-inf")).any(dim=-1, keepdim=True)
+        out = out.masked_fill(~live, 0.0)
+    return out
+
+
+scaled_dot_product_attention = typechecked(scaled_dot_product_attention)

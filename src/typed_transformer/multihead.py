@@ -1,0 +1,360 @@
+"""Multi-head attention, batch-first, with the feature set of ``torch.nn.MultiheadAttention`` and more.
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,  head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+                                                            ("Attention Is All You Need", section 3.2.2)
+
+The ``h`` per-head projections ``W_i^Q`` (``d_model x d``, ``d = d_model / h``) are stored side by side
+as one ``Linear(input_dim, d_model)``; splitting its output into heads is the rearrange
+``"b t (h d) -> b h t d"``. When queries, keys and values have the same width (self-attention, and any
+attention with ``kdim = vdim = input_dim``) the three projections are one fused ``in_proj`` of
+``d_model + 2 * g * d`` outputs in q, k, v order, the layout of seed 001's ``qkv_layer`` and of torch's
+``in_proj_weight``.
+
+Beyond torch: a query width ``input_dim`` different from ``d_model`` (seed 001), grouped-query heads
+(``num_kv_heads``), a real ``is_causal`` flag, masks in one documented convention (True = may attend),
+zero output for fully masked rows, and shape checks naming the argument and axis.
+"""
+
+import math
+from typing import Any, Self
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange, reduce, repeat
+from jaxtyping import Bool, Float
+from torch import Tensor, nn
+
+from .attention import Backend, scaled_dot_product_attention
+from .masks import causal_mask, merge_masks
+from .shapecheck import raise_shape_error, shape_checked
+
+__all__ = ["MultiHeadAttention"]
+
+_NAME = "typed_transformer.multihead.MultiHeadAttention.forward"
+
+
+@shape_checked
+class MultiHeadAttention(nn.Module):
+    """Batch-first multi-head attention.
+
+    Args:
+        d_model: model width; the output width and the total width of the query heads.
+        num_heads: number of query heads ``h``; must divide ``d_model``.
+        input_dim: width of the query input (default ``d_model``).
+        kdim: width of the key input (default ``input_dim``).
+        vdim: width of the value input (default ``input_dim``).
+        dropout: dropout on the attention weights, in training mode only.
+        bias: bias on the input and output projections.
+        add_bias_kv: append one learned key and value position (torch's ``bias_k``/``bias_v``).
+        add_zero_attn: append one all-zero key and value position after the projection.
+        num_kv_heads: number of key/value heads ``g`` (grouped-query attention); must divide
+            ``num_heads``. Default ``num_heads``.
+        backend: ``"sdpa"`` (``F.scaled_dot_product_attention``) or ``"reference"``. Either way,
+            ``need_weights=True`` computes through the reference path, which can return weights.
+
+    Shapes: ``query (b, t, input_dim)``, ``key (b, s, kdim)``, ``value (b, s, vdim)`` ->
+    ``output (b, t, d_model)``; weights ``(b, t, s')`` averaged over heads or ``(b, h, t, s')`` per head,
+    where ``s' = s + add_bias_kv + add_zero_attn``.
+    """
+
+    in_proj: nn.Linear | None
+    q_proj: nn.Linear | None
+    k_proj: nn.Linear | None
+    v_proj: nn.Linear | None
+    bias_k: nn.Parameter | None
+    bias_v: nn.Parameter | None
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        input_dim: int | None = None,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
+        num_kv_heads: int | None = None,
+        backend: Backend = "sdpa",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        for name, size in (("d_model", d_model), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
+                           ("input_dim", input_dim), ("kdim", kdim), ("vdim", vdim)):
+            if size is not None and (isinstance(size, bool) or size <= 0):
+                raise ValueError(f"MultiHeadAttention: {name} must be a positive int, got {size!r}")
+        if d_model % num_heads != 0:
+            raise ValueError(f"MultiHeadAttention: d_model={d_model} is not divisible by num_heads={num_heads}")
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"MultiHeadAttention: num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"MultiHeadAttention: dropout must be in [0, 1), got {dropout}")
+        if backend not in ("sdpa", "reference"):
+            raise ValueError(f"MultiHeadAttention: backend must be 'sdpa' or 'reference', got {backend!r}")
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = d_model // num_heads
+        self.kv_dim = num_kv_heads * self.head_dim
+        self.input_dim = d_model if input_dim is None else input_dim
+        self.kdim = self.input_dim if kdim is None else kdim
+        self.vdim = self.input_dim if vdim is None else vdim
+        self.dropout = dropout
+        self.add_zero_attn = add_zero_attn
+        self.backend: Backend = backend
+        # Key positions appended after the real ones: bias_k/bias_v, then the zero position.
+        self.extra_keys = int(add_bias_kv) + int(add_zero_attn)
+
+        self.fused = self.kdim == self.vdim == self.input_dim
+        if self.fused:
+            self.in_proj = nn.Linear(self.input_dim, d_model + 2 * self.kv_dim, bias=bias, **factory)
+            self.q_proj = self.k_proj = self.v_proj = None
+        else:
+            self.in_proj = None
+            self.q_proj = nn.Linear(self.input_dim, d_model, bias=bias, **factory)
+            self.k_proj = nn.Linear(self.kdim, self.kv_dim, bias=bias, **factory)
+            self.v_proj = nn.Linear(self.vdim, self.kv_dim, bias=bias, **factory)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias, **factory)
+        if add_bias_kv:
+            self.bias_k = nn.Parameter(torch.empty(self.kv_dim, **factory))
+            self.bias_v = nn.Parameter(torch.empty(self.kv_dim, **factory))
+        else:
+            self.bias_k = self.bias_v = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """torch's initialisation: xavier-uniform input projections, zero input/output biases,
+        default ``Linear`` init for the output weight, N(0, 1/kv_dim) for ``bias_k``/``bias_v``."""
+        for proj in (self.in_proj, self.q_proj, self.k_proj, self.v_proj):
+            if proj is not None:
+                nn.init.xavier_uniform_(proj.weight)
+                if proj.bias is not None:
+                    nn.init.zeros_(proj.bias)
+        if self.out_proj.bias is not None:
+            nn.init.zeros_(self.out_proj.bias)
+        for extra in (self.bias_k, self.bias_v):
+            if extra is not None:
+                nn.init.normal_(extra, std=1.0 / math.sqrt(self.kv_dim))  # = xavier_normal_ on torch's (1, 1, E)
+
+    def extra_repr(self) -> str:
+        parts = [f"d_model={self.d_model}", f"num_heads={self.num_heads}"]
+        if self.num_kv_heads != self.num_heads:
+            parts.append(f"num_kv_heads={self.num_kv_heads}")
+        if self.input_dim != self.d_model:
+            parts.append(f"input_dim={self.input_dim}")
+        if not self.fused:
+            parts.append(f"kdim={self.kdim}, vdim={self.vdim}")
+        if self.dropout:
+            parts.append(f"dropout={self.dropout}")
+        return ", ".join([*parts, f"backend={self.backend!r}"])
+
+    def forward(
+        self,
+        query: Float[Tensor, "b t {self.input_dim}"],
+        key: Float[Tensor, "b s {self.kdim}"] | None = None,
+        value: Float[Tensor, "b s {self.vdim}"] | None = None,
+        *,
+        attn_mask: Bool[Tensor, "t s"] | Float[Tensor, "t s"] | Bool[Tensor, "b t s"] | Float[Tensor, "b t s"]
+        | Bool[Tensor, "#b #{self.num_heads} t s"] | Float[Tensor, "#b #{self.num_heads} t s"] | None = None,
+        key_padding_mask: Bool[Tensor, "b s"] | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        average_attn_weights: bool = True,
+    ) -> tuple[
+        Float[Tensor, "b t {self.d_model}"],
+        Float[Tensor, "b t _"] | Float[Tensor, "b {self.num_heads} t _"] | None,
+    ]:
+        """Attend from ``query`` to ``key``/``value`` (self-attention when both are None).
+
+        Args:
+            query: ``(b, t, input_dim)``.
+            key: ``(b, s, kdim)``; default ``query``.
+            value: ``(b, s, vdim)``; default ``key``.
+            attn_mask: keep-mask (True = may attend) or additive float mask: ``(t, s)``, ``(b, t, s)`` or
+                ``(b, h, t, s)`` (``b`` and ``h`` may be 1).
+            key_padding_mask: ``(b, s)``, True = real token, False = padding (never attended to).
+            is_causal: bottom-right aligned causal mask, ANDed with the other masks.
+            need_weights: also return the attention weights (computed on the reference path).
+            average_attn_weights: average the returned weights over heads ``(b, t, s')``; otherwise
+                ``(b, h, t, s')``.
+
+        Returns:
+            ``(output (b, t, d_model), weights or None)``.
+        """
+        if key is None and value is not None:
+            raise ValueError("MultiHeadAttention.forward: value was given without key")
+        self_attention = key is None
+        key = query if key is None else key
+        value = key if value is None else value
+        b, t, s = query.shape[0], query.shape[1], key.shape[1]
+        if self_attention:
+            # With key=None the key axis s is the query axis t: masks must say so too.
+            for name, mask in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
+                if mask is not None and mask.shape[-1] != t:
+                    raise_shape_error(_NAME, name,
+                                      f"axis s is {mask.shape[-1]}, expected {t} "
+                                      "(self-attention: s = t, bound by query)",
+                                      axis="s", actual=mask.shape[-1], expected=t, bound_by="query")
+
+        q, k, v = self._project(query, key, value, same_input=self_attention)
+        q = rearrange(q, "b t (h d) -> b h t d", h=self.num_heads)
+        k = rearrange(k, "b s (g d) -> b g s d", g=self.num_kv_heads)
+        v = rearrange(v, "b s (g d) -> b g s d", g=self.num_kv_heads)
+        if self.bias_k is not None and self.bias_v is not None:
+            k = torch.cat([k, repeat(self.bias_k, "(g d) -> b g 1 d", b=b, g=self.num_kv_heads)], dim=2)
+            v = torch.cat([v, repeat(self.bias_v, "(g d) -> b g 1 d", b=b, g=self.num_kv_heads)], dim=2)
+        if self.add_zero_attn:
+            k = F.pad(k, (0, 0, 0, 1))
+            v = F.pad(v, (0, 0, 0, 1))
+
+        mask = self._combined_mask(attn_mask, key_padding_mask, t, s, is_causal and self.extra_keys > 0)
+        core_causal = is_causal and self.extra_keys == 0
+        dropout_p = self.dropout if self.training else 0.0
+        weights: Tensor | None = None
+        if need_weights:
+            out, weights = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=core_causal,
+                                                        dropout_p=dropout_p, return_weights=True,
+                                                        backend="reference")
+            if average_attn_weights:
+                weights = reduce(weights, "b h t s -> b t s", "mean")
+        else:
+            out = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=core_causal,
+                                               dropout_p=dropout_p, backend=self.backend)
+        assert isinstance(out, Tensor)
+        out = rearrange(out, "b h t d -> b t (h d)")
+        return self.out_proj(out), weights
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor, *, same_input: bool) -> tuple[Tensor, ...]:
+        sizes = [self.d_model, self.kv_dim, self.kv_dim]
+        if self.in_proj is not None:
+            if same_input:
+                return tuple(torch.split(self.in_proj(query), sizes, dim=-1))
+            weights = torch.split(self.in_proj.weight, sizes, dim=0)
+            biases = torch.split(self.in_proj.bias, sizes, dim=0) if self.in_proj.bias is not None else (None,) * 3
+            return tuple(F.linear(x, w, bb) for x, w, bb in zip((query, key, value), weights, biases, strict=True))
+        assert self.q_proj is not None
+        assert self.k_proj is not None
+        assert self.v_proj is not None
+        return self.q_proj(query), self.k_proj(key), self.v_proj(value)
+
+    def _combined_mask(self, attn_mask: Tensor | None, key_padding_mask: Tensor | None, t: int, s: int,
+                       explicit_causal: bool) -> Tensor | None:
+        """One mask for the core, ``(t, s')`` or ``(b|1, h|1, t, s')``, with the appended key positions
+        (bias_k/bias_v, zero attention) always allowed. The causal mask is built here only when extra
+        keys exist; otherwise the core applies ``is_causal`` itself (and may use a fused kernel)."""
+        mask = attn_mask
+        if mask is not None and mask.ndim == 3:
+            mask = rearrange(mask, "b t s -> b 1 t s")
+        if key_padding_mask is not None:
+            if mask is not None and mask.ndim == 2:
+                mask = rearrange(mask, "t s -> 1 1 t s")
+            mask = merge_masks(mask, key_padding_mask)
+        if explicit_causal:
+            causal = causal_mask(t, s, device=self.out_proj.weight.device)
+            if mask is None:
+                mask = causal
+            elif mask.dtype == torch.bool:
+                mask = mask & causal
+            else:
+                mask = mask.masked_fill(~causal, float("-inf"))
+        if mask is not None and self.extra_keys:
+            mask = F.pad(mask, (0, self.extra_keys), value=True if mask.dtype == torch.bool else 0.0)
+        return mask
+
+    # ------------------------------------------------------------------------------------------------
+    # Interop with torch.nn.MultiheadAttention
+    # ------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention, *, backend: Backend = "sdpa") -> Self:
+        """Copy the weights of any ``nn.MultiheadAttention`` (packed or separate q/k/v weights, bias on or
+        off, ``bias_k``/``bias_v``, ``add_zero_attn``, either ``batch_first``).
+
+        The copy is batch-first regardless of ``module.batch_first``, and takes masks in our convention:
+        convert torch masks with :func:`typed_transformer.masks.attn_mask_from_torch` and
+        :func:`typed_transformer.masks.key_padding_mask_from_torch`.
+        """
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"from_torch: expected nn.MultiheadAttention, got {type(module).__name__}")
+        reference = module.out_proj.weight
+        ours = cls(module.embed_dim, module.num_heads, kdim=module.kdim, vdim=module.vdim,
+                   dropout=float(module.dropout), bias=module.in_proj_bias is not None,
+                   add_bias_kv=module.bias_k is not None, add_zero_attn=module.add_zero_attn,
+                   backend=backend, device=reference.device, dtype=reference.dtype)
+        with torch.no_grad():
+            if ours.in_proj is not None:
+                assert module.in_proj_weight is not None
+                ours.in_proj.weight.copy_(module.in_proj_weight)
+                if ours.in_proj.bias is not None:
+                    ours.in_proj.bias.copy_(module.in_proj_bias)
+            else:
+                assert ours.q_proj is not None
+                assert ours.k_proj is not None
+                assert ours.v_proj is not None
+                projections = (ours.q_proj, ours.k_proj, ours.v_proj)
+                for proj, weight in zip(projections, (module.q_proj_weight, module.k_proj_weight,
+                                                      module.v_proj_weight), strict=True):
+                    proj.weight.copy_(weight)
+                if module.in_proj_bias is not None:
+                    for proj, part in zip(projections, module.in_proj_bias.chunk(3), strict=True):
+                        assert proj.bias is not None
+                        proj.bias.copy_(part)
+            ours.out_proj.weight.copy_(module.out_proj.weight)
+            if ours.out_proj.bias is not None:
+                ours.out_proj.bias.copy_(module.out_proj.bias)
+            if ours.bias_k is not None and ours.bias_v is not None:
+                assert module.bias_k is not None
+                assert module.bias_v is not None
+                ours.bias_k.copy_(rearrange(module.bias_k, "1 1 e -> e"))
+                ours.bias_v.copy_(rearrange(module.bias_v, "1 1 e -> e"))
+        return ours.train(module.training)
+
+    def to_torch(self, *, batch_first: bool = True) -> nn.MultiheadAttention:
+        """The equivalent ``nn.MultiheadAttention`` (which takes masks in torch's convention).
+
+        Raises ValueError for what torch cannot express: grouped-query heads, or a query width
+        ``input_dim`` different from ``d_model``.
+        """
+        if self.num_kv_heads != self.num_heads:
+            raise ValueError("to_torch: nn.MultiheadAttention has no grouped-query heads "
+                             f"(num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads})")
+        if self.input_dim != self.d_model:
+            raise ValueError(f"to_torch: nn.MultiheadAttention needs input_dim == d_model, "
+                             f"got input_dim={self.input_dim}, d_model={self.d_model}")
+        reference = self.out_proj.weight
+        module = nn.MultiheadAttention(self.d_model, self.num_heads, dropout=self.dropout,
+                                       bias=self.out_proj.bias is not None, add_bias_kv=self.bias_k is not None,
+                                       add_zero_attn=self.add_zero_attn, kdim=self.kdim, vdim=self.vdim,
+                                       batch_first=batch_first, device=reference.device, dtype=reference.dtype)
+        with torch.no_grad():
+            if self.in_proj is not None:
+                assert module.in_proj_weight is not None
+                module.in_proj_weight.copy_(self.in_proj.weight)
+                if self.in_proj.bias is not None:
+                    module.in_proj_bias.copy_(self.in_proj.bias)
+            else:
+                assert self.q_proj is not None
+                assert self.k_proj is not None
+                assert self.v_proj is not None
+                projections = (self.q_proj, self.k_proj, self.v_proj)
+                for proj, weight in zip(projections, (module.q_proj_weight, module.k_proj_weight,
+                                                      module.v_proj_weight), strict=True):
+                    weight.copy_(proj.weight)
+                if module.in_proj_bias is not None:
+                    module.in_proj_bias.copy_(torch.cat([p.bias for p in projections if p.bias is not None]))
+            module.out_proj.weight.copy_(self.out_proj.weight)
+            if self.out_proj.bias is not None:
+                module.out_proj.bias.copy_(self.out_proj.bias)
+            if self.bias_k is not None and self.bias_v is not None:
+                assert module.bias_k is not None
+                assert module.bias_v is not None
+                module.bias_k.copy_(rearrange(self.bias_k, "e -> 1 1 e"))
+                module.bias_v.copy_(rearrange(self.bias_v, "e -> 1 1 e"))
+        return module.train(self.training)

@@ -1,0 +1,514 @@
+"""The project's one shape-checking mechanism: jaxtyping + beartype at every public boundary.
+
+Every public function and every ``forward`` in typed_transformer carries jaxtyping annotations such as
+``Float[Tensor, "b h t d"]``. :func:`typechecked` (for functions) and :func:`shape_checked` (for
+``nn.Module`` classes) turn those annotations into checks that run at the call, before any computation.
+
+A failed check raises :class:`ShapeError`, a subclass of ``jaxtyping.TypeCheckError``, whose first line
+names the function, the argument, the axis and both sizes::
+
+    typed_transformer.scaled_dot_product_attention(): k: axis d is 7, expected 8 (bound by q)
+
+Design decisions (measured in the project notes, ``shared/notes/shape-checking.md``):
+
+* Checks are applied by re-binding (functions) or by a class decorator (modules), never by a decorator
+  on the function itself, because mutmut does not mutate decorated functions.
+* String annotations (``from __future__ import annotations``) are resolved against the *original*
+  function's globals at decoration time; otherwise a ``functools.wraps`` wrapper from another module
+  (mutmut's trampoline, say) makes jaxtyping resolve them against the wrong globals and silently
+  skip the check.
+* While ``torch.compile`` traces, checks are skipped: Dynamo mis-evaluates jaxtyping's ``isinstance``
+  (pytorch/pytorch#122093). Eager calls are always checked.
+* Checks can be switched off for speed with ``JAXTYPING_DISABLE=1`` in the environment, or at run time
+  with :func:`set_shape_checks` / the :func:`shape_checks` context manager.
+"""
+
+import contextlib
+import contextvars
+import functools
+import inspect
+import os
+import sys
+import types
+import typing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any, ParamSpec, TypeVar, Union
+
+import torch
+from beartype import BeartypeConf, beartype
+from beartype.door import is_bearable
+from jaxtyping import AbstractArray, TypeCheckError, jaxtyped
+from torch import nn
+
+__all__ = [
+    "ShapeError",
+    "checks_enabled",
+    "is_checked",
+    "raise_shape_error",
+    "set_shape_checks",
+    "shape_checked",
+    "shape_checks",
+    "shape_trace",
+    "typechecked",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+M = TypeVar("M", bound=type[nn.Module])
+
+_CHECKED_ATTR = "__typed_transformer_checked__"
+# `0` is a fine value for a `float` parameter (PEP 484 numeric tower); beartype's default says no.
+_TYPECHECKER = beartype(conf=BeartypeConf(is_pep484_tower=True))
+
+
+def _env_disabled() -> bool:
+    return os.environ.get("JAXTYPING_DISABLE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+_enabled: bool = not _env_disabled()
+
+
+def checks_enabled() -> bool:
+    """Whether shape checks run on eager calls (they never run while ``torch.compile`` traces)."""
+    return _enabled
+
+
+def set_shape_checks(enabled: bool) -> bool:
+    """Switch shape checks on or off for the whole process; returns the previous setting.
+
+    Off, a checked call costs one flag test (well under a microsecond). ``JAXTYPING_DISABLE=1`` in the
+    environment starts the process with checks off.
+    """
+    global _enabled
+    previous = _enabled
+    _enabled = bool(enabled)
+    return previous
+
+
+@contextlib.contextmanager
+def shape_checks(enabled: bool) -> Iterator[None]:
+    """Context manager: ``with shape_checks(False): model(x)`` runs without checks, then restores."""
+    previous = set_shape_checks(enabled)
+    try:
+        yield
+    finally:
+        set_shape_checks(previous)
+
+
+def is_checked(fn: object) -> bool:
+    """True when ``fn`` (a function or a bound method) went through :func:`typechecked`."""
+    return bool(getattr(inspect.unwrap(fn, stop=lambda f: hasattr(f, _CHECKED_ATTR)),  # type: ignore[arg-type]
+                        _CHECKED_ATTR, False))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------------
+
+
+class ShapeError(TypeCheckError):
+    """A tensor argument has the wrong shape or dtype.
+
+    Subclass of ``jaxtyping.TypeCheckError``, so ``except jaxtyping.TypeCheckError`` catches it. The
+    attributes say what was wrong; ``str(err)`` starts with a one-line summary.
+
+    Attributes:
+        function: qualified name of the checked function.
+        argument: the parameter that failed (``"return value"`` for a bad return).
+        reason: the one-line reason after ``"<argument>: "``.
+        axis: the axis name that disagreed, or None for dtype/rank/type problems.
+        actual: the size the argument had on that axis, or None.
+        expected: the size that was expected, or None.
+        bound_by: the argument that bound the axis first (or the attribute for ``{self.x}`` axes).
+    """
+
+    def __init__(
+        self,
+        function: str,
+        argument: str,
+        reason: str,
+        *,
+        axis: str | None = None,
+        actual: int | None = None,
+        expected: int | None = None,
+        bound_by: str | None = None,
+        details: str = "",
+    ) -> None:
+        self.function = function
+        self.argument = argument
+        self.reason = reason
+        self.axis = axis
+        self.actual = actual
+        self.expected = expected
+        self.bound_by = bound_by
+        self.summary = f"{function}(): {argument}: {reason}"
+        super().__init__(self.summary + (("\n" + details) if details else ""))
+
+
+def raise_shape_error(function: str, argument: str, reason: str, **kwargs: Any) -> typing.NoReturn:
+    """Raise a :class:`ShapeError` for a constraint that annotations cannot express (e.g. h % g)."""
+    raise ShapeError(function, argument, reason, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Explaining a failed check (and binding sizes for the trace) with our own walk over the annotations
+# ----------------------------------------------------------------------------------------------------
+
+_DTYPE_WORDS = {
+    "Bool": "bool",
+    "Float": "a floating-point dtype",
+    "Int": "a signed integer dtype",
+    "Integer": "an integer dtype",
+    "UInt": "an unsigned integer dtype",
+    "Num": "a numeric dtype",
+    "Real": "a real dtype",
+    "Inexact": "a floating-point or complex dtype",
+    "Complex": "a complex dtype",
+}
+
+
+def _short_dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def describe(value: object) -> str:
+    """Compact description of a value: ``f32[2,4,16,8]`` for tensors, the repr otherwise."""
+    if isinstance(value, torch.Tensor):
+        names = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
+                 torch.bool: "bool", torch.int64: "i64", torch.int32: "i32", torch.uint8: "u8"}
+        name = names.get(value.dtype, _short_dtype(value.dtype))
+        return f"{name}[{','.join(str(s) for s in value.shape)}]"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(describe(v) for v in value) + ")"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _array_alternatives(hint: Any) -> tuple[list[type[AbstractArray]], list[object]]:
+    """Split a hint into its jaxtyping array alternatives and the rest (None, int, ...)."""
+    origin = typing.get_origin(hint)
+    alternatives = typing.get_args(hint) if origin in (Union, types.UnionType) else (hint,)
+    arrays = [a for a in alternatives if isinstance(a, type) and issubclass(a, AbstractArray)]
+    others = [a for a in alternatives if a not in arrays]
+    return arrays, others
+
+
+def _axis_label(elem: str) -> str:
+    """``{self.d_model}`` -> ``d_model``; symbolic expressions are shown as written."""
+    if elem.startswith("{") and elem.endswith("}") and elem.count("{") == 1:
+        return elem[1:-1].split(".")[-1]
+    return elem
+
+
+@dataclass
+class _Memo:
+    """Axis sizes bound so far in one call, with the argument that bound each."""
+
+    sizes: dict[str, int] = field(default_factory=dict)
+    binders: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Problem:
+    reason: str
+    axis: str | None = None
+    actual: int | None = None
+    expected: int | None = None
+    bound_by: str | None = None
+    score: int = 0  # how far the value got before failing; used to pick the alternative to report
+
+
+def _check_array(hint: type[AbstractArray], value: torch.Tensor, memo: _Memo, argname: str,
+                 arguments: dict[str, Any]) -> _Problem | None:
+    dtype_name = repr(value.dtype).rsplit(".", 1)[-1]
+    dtypes = getattr(hint, "dtypes", None)
+    category = getattr(getattr(hint, "dtype", None), "__name__", "")
+    if isinstance(dtypes, list | tuple) and dtype_name not in dtypes:
+        wanted = _DTYPE_WORDS.get(category, f"one of {', '.join(map(str, dtypes))}")
+        return _Problem(f"dtype is {dtype_name}, expected {wanted}", score=0)
+    dims: list[Any] = list(hint.dims)
+    variadic = [d for d in dims if not hasattr(d, "broadcastable") or type(d).__name__ == "_NamedVariadicDim"]
+    if variadic:
+        if value.ndim < len(dims) - 1:
+            return _Problem(f"has {value.ndim} axes {tuple(value.shape)}, expected at least {len(dims) - 1} "
+                            f"'{hint.dim_str}'", score=1)
+        return None  # variadic shapes are left to jaxtyping itself
+    if value.ndim != len(dims):
+        return _Problem(f"has {value.ndim} axes {tuple(value.shape)}, expected {len(dims)} '{hint.dim_str}'",
+                        score=1)
+    for index, (dim, size) in enumerate(zip(dims, value.shape, strict=True)):
+        kind = type(dim).__name__
+        if kind == "_AnonymousDim" or (getattr(dim, "broadcastable", False) and size == 1):
+            continue
+        if kind == "_FixedDim":
+            if dim.size != size:
+                return _Problem(f"axis {index} is {size}, expected {dim.size} ('{hint.dim_str}')",
+                                axis=str(index), actual=size, expected=dim.size, score=2 + index)
+        elif kind == "_SymbolicDim":
+            try:
+                expr = eval(f"f'{dim.elem}'", dict(arguments))
+                expected = eval(expr, dict(memo.sizes))
+            except Exception:
+                continue
+            if expected != size:
+                label = _axis_label(dim.elem)
+                source = dim.elem.strip("{}") if label != dim.elem else f"{expr}"
+                return _Problem(f"axis {label} is {size}, expected {expected} ({source})",
+                                axis=label, actual=size, expected=int(expected), bound_by=source,
+                                score=2 + index)
+        elif kind == "_NamedDim":
+            if dim.name in memo.sizes:
+                if memo.sizes[dim.name] != size:
+                    binder = memo.binders[dim.name]
+                    return _Problem(
+                        f"axis {dim.name} is {size}, expected {memo.sizes[dim.name]} (bound by {binder})",
+                        axis=dim.name, actual=size, expected=memo.sizes[dim.name], bound_by=binder,
+                        score=2 + index)
+            else:
+                memo.sizes[dim.name] = size
+                memo.binders[dim.name] = argname
+    return None
+
+
+def _check_value(hint: Any, value: Any, memo: _Memo, argname: str,
+                 arguments: dict[str, Any]) -> _Problem | None:
+    arrays, others = _array_alternatives(hint)
+    if not arrays:
+        if is_bearable(value, hint):
+            return None
+        return _Problem(f"expected {_hint_text(hint)}, got {type(value).__name__} {describe(value)}")
+    if value is None and type(None) in others:
+        return None
+    if not isinstance(value, torch.Tensor):
+        fits_other: bool = bool(others) and is_bearable(value, Union[tuple(others)])  # type: ignore[arg-type]  # noqa: UP007
+        if fits_other:
+            return None
+        return _Problem(f"expected a tensor {' or '.join(repr(a.dim_str) for a in arrays)}, "
+                        f"got {type(value).__name__} {describe(value)}")
+    problems: list[_Problem] = []
+    for alternative in arrays:
+        trial = _Memo(dict(memo.sizes), dict(memo.binders))
+        problem = _check_array(alternative, value, trial, argname, arguments)
+        if problem is None:
+            memo.sizes, memo.binders = trial.sizes, trial.binders
+            return None
+        problems.append(problem)
+    if len(arrays) > 1 and all(p.score <= 1 for p in problems):
+        # None of the alternatives has the right rank/dtype: list them all.
+        shapes = " or ".join(dict.fromkeys(repr(a.dim_str) for a in arrays))
+        kinds = " or ".join(dict.fromkeys(_DTYPE_WORDS.get(a.dtype.__name__, a.dtype.__name__) for a in arrays))
+        return _Problem(f"is {describe(value)}, expected {shapes} of {kinds}")
+    return max(problems, key=lambda p: p.score)
+
+
+def _hint_text(hint: object) -> str:
+    return getattr(hint, "__name__", None) or repr(hint).replace("typing.", "")
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    module = getattr(fn, "__module__", "") or ""
+    qual = getattr(fn, "__qualname__", getattr(fn, "__name__", "<function>"))
+    return f"{module}.{qual}" if module and module != "__main__" else qual
+
+
+def _call_details(hints: dict[str, Any], arguments: dict[str, Any]) -> str:
+    lines = []
+    for name, value in arguments.items():
+        if name == "self" or name not in hints or value is None:
+            continue
+        arrays, _ = _array_alternatives(hints[name])
+        if not arrays and not isinstance(value, torch.Tensor):
+            continue
+        spec = " | ".join(dict.fromkeys(repr(a.dim_str) for a in arrays))
+        lines.append(f"  {name}: {describe(value)}" + (f"  as {spec}" if spec else ""))
+    return "\n".join(lines)
+
+
+def _explain(fn: Callable[..., Any], sig: inspect.Signature, hints: dict[str, Any], args: Any, kwargs: Any,
+             err: TypeCheckError) -> ShapeError:
+    name = _qualname(fn)
+    text = str(err)
+    try:
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+    except TypeError:
+        arguments = {}
+    details = _call_details(hints, arguments)
+    if "checking the return value" not in text:
+        memo = _Memo()
+        for argname, value in arguments.items():
+            if argname not in hints:
+                continue
+            problem = _check_value(hints[argname], value, memo, argname, arguments)
+            if problem is not None:
+                return ShapeError(name, argname, problem.reason, axis=problem.axis, actual=problem.actual,
+                                  expected=problem.expected, bound_by=problem.bound_by, details=details)
+    # Fall back on jaxtyping's own words: the innermost beartype violation carries the reason.
+    argument = "return value"
+    marker = "typechecking parameter '"
+    if marker in text:
+        argument = text.split(marker, 1)[1].split("'", 1)[0]
+    reason = ""
+    cause: BaseException | None = err
+    while cause is not None:
+        message = str(cause)
+        if ", as " in message and "violates type hint" in message:
+            reason = message.rsplit(", as ", 1)[1].strip().rstrip(".")
+        cause = cause.__cause__ or cause.__context__
+    return ShapeError(name, argument, reason or text.splitlines()[0], details=details)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Shape trace
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Tracer:
+    stream: IO[str]
+    depth: int = 0
+
+
+_TRACE: contextvars.ContextVar[_Tracer | None] = contextvars.ContextVar("typed_transformer_trace",
+                                                                       default=None)
+
+
+@contextlib.contextmanager
+def shape_trace(file: IO[str] | None = None) -> Iterator[None]:
+    """Print every checked call made inside the block, with the sizes its axes were bound to.
+
+    Calls are nested by depth; each call's line is followed by the shape of what it returned::
+
+        >>> with shape_trace():
+        ...     mha(x)
+        MultiHeadAttention.forward(query=f32[30,5,1024])  b=30 t=5 input_dim=1024
+          scaled_dot_product_attention(q=f32[30,8,5,64], k=f32[30,8,5,64], v=f32[30,8,5,64])  b=30 h=8 ...
+          -> f32[30,8,5,64]
+        -> (f32[30,5,512], None)
+
+    Checks still run while tracing (and are switched on for the block if they were off).
+    """
+    token = _TRACE.set(_Tracer(file if file is not None else sys.stdout))
+    previous = set_shape_checks(True)
+    try:
+        yield
+    finally:
+        set_shape_checks(previous)
+        _TRACE.reset(token)
+
+
+def _bound_sizes(hints: dict[str, Any], arguments: dict[str, Any]) -> dict[str, int]:
+    memo = _Memo()
+    for argname, value in arguments.items():
+        if argname in hints and isinstance(value, torch.Tensor):
+            _check_value(hints[argname], value, memo, argname, arguments)
+    sizes = dict(memo.sizes)
+    # f-string axes ({self.d_model}) are not in the memo: show them by their attribute name.
+    for argname, value in arguments.items():
+        if argname not in hints or not isinstance(value, torch.Tensor):
+            continue
+        for alternative in _array_alternatives(hints[argname])[0]:
+            if len(alternative.dims) != value.ndim:
+                continue
+            for dim, size in zip(alternative.dims, value.shape, strict=True):
+                elem = getattr(dim, "elem", None)
+                if isinstance(elem, str) and _axis_label(elem) != elem:
+                    sizes.setdefault(_axis_label(elem), size)
+            break
+    return sizes
+
+
+def _traced_call(tracer: _Tracer, fn: Callable[..., Any], checked: Callable[..., Any], sig: inspect.Signature,
+                 hints: dict[str, Any], args: Any, kwargs: Any) -> Any:
+    bound = sig.bind(*args, **kwargs)
+    tensors = {k: v for k, v in bound.arguments.items() if k != "self" and isinstance(v, torch.Tensor)}
+    bound.apply_defaults()
+    sizes = _bound_sizes(hints, dict(bound.arguments))
+    label = getattr(fn, "__qualname__", getattr(fn, "__name__", "?"))
+    call = ", ".join(f"{k}={describe(v)}" for k, v in tensors.items())
+    axes = " ".join(f"{k}={v}" for k, v in sizes.items())
+    indent = "  " * tracer.depth
+    print(f"{indent}{label}({call})" + (f"  {axes}" if axes else ""), file=tracer.stream)
+    tracer.depth += 1
+    try:
+        out = checked(*args, **kwargs)
+    finally:
+        tracer.depth -= 1
+    print(f"{indent}-> {describe(out)}", file=tracer.stream)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Applying the checks
+# ----------------------------------------------------------------------------------------------------
+
+
+def _resolve_annotations(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Resolve string annotations against the original function's globals, in place.
+
+    With ``from __future__ import annotations`` the annotations are strings; jaxtyping resolves them
+    against the globals of whatever wrapper it is handed, which is wrong for wrappers defined in another
+    module and silently turns the check off. Resolving here makes the check independent of wrappers.
+    """
+    original = inspect.unwrap(fn)
+    annotations: dict[str, Any] = getattr(fn, "__annotations__", {})
+    if any(isinstance(v, str) for v in annotations.values()):
+        resolved = typing.get_type_hints(original, include_extras=True)
+        for key in list(annotations):
+            if key in resolved:
+                annotations[key] = resolved[key]
+    return dict(annotations)
+
+
+def typechecked(fn: Callable[P, R]) -> Callable[P, R]:
+    """Return ``fn`` with its jaxtyping annotations checked at every eager call.
+
+    Apply it by re-binding, not as a decorator (mutmut skips decorated functions)::
+
+        def scaled_dot_product_attention(q: Float[Tensor, "b h t d"], ...) -> Float[Tensor, "b h t dv"]: ...
+        scaled_dot_product_attention = typechecked(scaled_dot_product_attention)
+    """
+    if getattr(fn, _CHECKED_ATTR, False):
+        return fn
+    hints = _resolve_annotations(fn)
+    checked = jaxtyped(typechecker=_TYPECHECKER)(fn)
+    sig = inspect.signature(fn)
+    own_prefix = f"{fn.__module__}.{fn.__qualname__}."
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if torch.compiler.is_compiling() or not _enabled:
+            return fn(*args, **kwargs)
+        tracer = _TRACE.get()
+        try:
+            if tracer is not None:
+                return typing.cast(R, _traced_call(tracer, fn, checked, sig, hints, args, kwargs))
+            return checked(*args, **kwargs)
+        except ShapeError:
+            raise
+        except TypeCheckError as err:
+            if own_prefix not in str(err).split("\n", 1)[0] + ".":
+                raise  # a check inside the body, not ours
+            raise _explain(fn, sig, hints, args, kwargs, err) from err
+
+    setattr(wrapper, _CHECKED_ATTR, True)
+    return wrapper
+
+
+def shape_checked(cls: M) -> M:
+    """Class decorator for ``nn.Module`` subclasses: check ``forward`` (and any other public method
+    listed in the class attribute ``__shape_checked__``).
+
+    A class decorator keeps the methods themselves undecorated, so mutation testing still mutates them.
+    """
+    names = ("forward", *getattr(cls, "__shape_checked__", ()))
+    for name in names:
+        method = cls.__dict__.get(name)
+        if method is None:
+            continue
+        if isinstance(method, staticmethod | classmethod):
+            raise TypeError(f"shape_checked: {cls.__name__}.{name} must be a plain method")
+        setattr(cls, name, typechecked(method))
+    return cls
