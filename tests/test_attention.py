@@ -1,0 +1,136 @@
+"""Worked examples of the attention core's specified behaviour (the property suite covers the rest)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from typed_transformer import ShapeError, causal_mask, scaled_dot_product_attention
+
+BACKENDS = ["reference", "sdpa"]
+
+
+def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def naive(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None) -> Tensor:
+    """The paper's equation, one head at a time, with plain matmuls."""
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if keep is not None:
+        logits = logits.masked_fill(~keep, float("-inf"))
+    return logits.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matches_the_equation(backend: str) -> None:
+    q, k, v = randn(2, 3, 4, 5, seed=1), randn(2, 3, 6, 5, seed=2), randn(2, 3, 6, 7, seed=3)
+    out = scaled_dot_product_attention(q, k, v, backend=backend)  # type: ignore[arg-type]
+    torch.testing.assert_close(out, naive(q, k, v), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_causal_is_bottom_right_aligned_for_a_kv_cache(backend: str) -> None:
+    # 2 new queries after 3 cached keys: query 0 sees keys 0..3, query 1 sees keys 0..4.
+    q, k, v = randn(1, 1, 2, 4, seed=1), randn(1, 1, 5, 4, seed=2), randn(1, 1, 5, 4, seed=3)
+    keep = torch.tensor([[True, True, True, True, False], [True] * 5])
+    out = scaled_dot_product_attention(q, k, v, is_causal=True, backend=backend)  # type: ignore[arg-type]
+    torch.testing.assert_close(out, naive(q, k, v, keep), rtol=1e-12, atol=1e-12)
+    # The last rows of a full causal pass equal the cached step.
+    full_q = torch.cat([randn(1, 1, 3, 4, seed=9), q], dim=2)
+    full = scaled_dot_product_attention(full_q, k, v, is_causal=True, backend=backend)  # type: ignore[arg-type]
+    assert isinstance(full, Tensor)
+    torch.testing.assert_close(full[:, :, 3:], out, rtol=1e-12, atol=1e-12)
+
+
+def test_causal_mask_values() -> None:
+    assert causal_mask(3).tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert causal_mask(2, 4).tolist() == [[True, True, True, False], [True, True, True, True]]
+    assert causal_mask(3, 2).tolist() == [[False, False], [True, False], [True, True]]
+    with pytest.raises(ValueError, match="non-negative"):
+        causal_mask(-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fully_masked_rows_give_zero_output_and_finite_gradients(backend: str) -> None:
+    q, k, v = (randn(1, 2, 3, 4, seed=i).requires_grad_() for i in range(3))
+    keep = torch.ones(3, 3, dtype=torch.bool)
+    keep[1] = False  # query 1 may attend to nothing
+    out = scaled_dot_product_attention(q, k, v, attn_mask=keep, backend=backend)  # type: ignore[arg-type]
+    assert isinstance(out, Tensor)
+    assert torch.equal(out[:, :, 1], torch.zeros(1, 2, 4, dtype=torch.float64))
+    torch.testing.assert_close(out[:, :, [0, 2]], naive(q, k, v, keep)[:, :, [0, 2]])
+    out.sum().backward()  # type: ignore[no-untyped-call]
+    for tensor in (q, k, v):
+        assert tensor.grad is not None
+        assert torch.isfinite(tensor.grad).all()
+    assert q.grad is not None
+    assert torch.equal(q.grad[:, :, 1], torch.zeros(1, 2, 4, dtype=torch.float64))
+
+
+def test_fully_masked_rows_have_zero_weights_also_with_float_masks() -> None:
+    q, k, v = randn(1, 1, 2, 4, seed=1), randn(1, 1, 3, 4, seed=2), randn(1, 1, 3, 4, seed=3)
+    bias = torch.zeros(2, 3, dtype=torch.float64)
+    bias[0] = float("-inf")
+    out, weights = scaled_dot_product_attention(q, k, v, attn_mask=bias, return_weights=True)
+    assert torch.equal(weights[0, 0, 0], torch.zeros(3, dtype=torch.float64))
+    assert torch.equal(out[0, 0, 0], torch.zeros(4, dtype=torch.float64))
+    torch.testing.assert_close(weights[0, 0, 1].sum(), torch.tensor(1.0, dtype=torch.float64))
+    # torch's documented reference gives NaN for such a row; F.scaled_dot_product_attention gives 0.
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+
+
+def test_half_precision_softmax_runs_in_float32() -> None:
+    q, k, v = (randn(2, 2, 5, 8, seed=i, dtype=torch.float32).to(torch.bfloat16) for i in range(3))
+    out = scaled_dot_product_attention(q, k, v)
+    assert isinstance(out, Tensor)
+    assert out.dtype == torch.bfloat16
+    # Exactly the float32 computation on the same (bf16-rounded) inputs, rounded once at the end.
+    expected = scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert isinstance(expected, Tensor)
+    assert torch.equal(out, expected.to(torch.bfloat16))
+
+
+def test_scale_is_honoured() -> None:
+    q, k, v = randn(1, 2, 3, 4, seed=1), randn(1, 2, 3, 4, seed=2), randn(1, 2, 3, 4, seed=3)
+    torch.testing.assert_close(scaled_dot_product_attention(q, k, v, scale=0.3),
+                               scaled_dot_product_attention(q * 0.3 * math.sqrt(4), k, v))
+
+
+def test_dropout_is_applied_to_the_returned_weights() -> None:
+    q, k, v = randn(1, 1, 6, 4, seed=1), randn(1, 1, 6, 4, seed=2), randn(1, 1, 6, 4, seed=3)
+    torch.manual_seed(0)
+    out, weights = scaled_dot_product_attention(q, k, v, dropout_p=0.5, return_weights=True)
+    torch.testing.assert_close(out, weights @ v)
+    assert (weights == 0).any()
+    assert not torch.allclose(weights.sum(-1), torch.ones(1, 1, 6, dtype=torch.float64))
+
+
+def test_grouped_query_heads_share_key_value_heads() -> None:
+    q, k, v = randn(1, 4, 3, 2, seed=1), randn(1, 2, 3, 2, seed=2), randn(1, 2, 3, 2, seed=3)
+    out = scaled_dot_product_attention(q, k, v)
+    assert isinstance(out, Tensor)
+    for head in range(4):  # query head i uses key/value head i // 2
+        torch.testing.assert_close(out[:, head], naive(q[:, head], k[:, head // 2], v[:, head // 2]))
+
+
+def test_invalid_arguments() -> None:
+    q, k, v = randn(1, 2, 3, 4), randn(1, 2, 3, 4), randn(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="cannot return weights"):
+        scaled_dot_product_attention(q, k, v, backend="sdpa", return_weights=True)
+    with pytest.raises(ValueError, match="dropout_p"):
+        scaled_dot_product_attention(q, k, v, dropout_p=1.0)
+    with pytest.raises(ShapeError) as info:
+        scaled_dot_product_attention(q, k, v, backend="flash")  # type: ignore[arg-type]
+    assert info.value.argument == "backend"
+    with pytest.raises(ShapeError) as info:
+        scaled_dot_product_attention(q, k.float(), v)
+    assert info.value.summary.endswith("k: dtype is float32, expected float64 (the dtype of q)")
+    with pytest.raises(ShapeError) as info:
+        scaled_dot_product_attention(q, randn(1, 3, 3, 4), randn(1, 3, 3, 4))
+    assert info.value.reason == "axis g is 3, which does not divide h=2 (bound by q)"
+    with pytest.raises(ShapeError) as info:  # 3-D masks are ambiguous ((b,t,s) or (h,t,s)): refused
+        scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(1, 3, 3, dtype=torch.bool))
+    assert info.value.argument == "attn_mask"

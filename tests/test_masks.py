@@ -1,0 +1,50 @@
+"""Conversions between torch's mask convention and ours."""
+
+import torch
+
+from typed_transformer import (
+    attn_mask_from_torch,
+    attn_mask_to_torch,
+    key_padding_mask_from_torch,
+    key_padding_mask_to_torch,
+    merge_masks,
+)
+
+
+def test_bool_masks_are_inverted_and_3d_masks_are_batch_major() -> None:
+    b, h, t, s = 2, 3, 4, 5
+    torch_mask = torch.rand(b * h, t, s, generator=torch.Generator().manual_seed(0)) > 0.5  # True = masked out
+    ours = attn_mask_from_torch(torch_mask, num_heads=h)
+    assert ours.shape == (b, h, t, s)
+    for n in range(b):
+        for i in range(h):
+            assert torch.equal(ours[n, i], ~torch_mask[n * h + i])
+    assert torch.equal(attn_mask_to_torch(ours), torch_mask)
+
+
+def test_float_masks_pass_through() -> None:
+    bias = torch.randn(4, 5)
+    assert torch.equal(attn_mask_from_torch(bias, num_heads=2), bias)
+    assert torch.equal(attn_mask_to_torch(bias), bias)
+
+
+def test_key_padding_masks_are_inverted() -> None:
+    padding = torch.tensor([[False, False, True]])  # torch: True = padding
+    assert key_padding_mask_from_torch(padding).tolist() == [[True, True, False]]
+    assert torch.equal(key_padding_mask_to_torch(key_padding_mask_from_torch(padding)), padding)
+
+
+def test_merge_masks() -> None:
+    keep = torch.tensor([[True, True, False]])  # (b=1, s=3), True = real token
+    alone = merge_masks(None, keep)
+    assert alone is not None
+    assert alone.tolist() == [[[[True, True, False]]]]
+    attn = torch.tensor([[True, False, True], [True, True, True]]).reshape(1, 1, 2, 3)
+    both = merge_masks(attn, keep)
+    assert both is not None
+    assert both.tolist() == [[[[True, False, False], [True, True, False]]]]
+    bias = torch.zeros(1, 1, 2, 3)
+    merged = merge_masks(bias, keep)
+    assert merged is not None
+    assert merged[0, 0, :, 2].tolist() == [float("-inf")] * 2
+    assert merge_masks(attn, None) is attn

@@ -1,0 +1,275 @@
+"""The shape-checking mechanism: error texts, the switch, wrappers, torch.compile, the trace."""
+
+import inspect
+import io
+import os
+import subprocess
+import sys
+
+import jaxtyping
+import pytest
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+import typed_transformer as tt
+from tests import _future_annotations_module as future_module
+from tests._foreign_wrappers import logged, trampoline
+from typed_transformer import MultiHeadAttention, ShapeError, scaled_dot_product_attention
+from typed_transformer.shapecheck import shape_checked, typechecked
+
+SDPA = "typed_transformer.attention.scaled_dot_product_attention"
+MHA = "typed_transformer.multihead.MultiHeadAttention.forward"
+
+
+def qkv(b: int = 2, h: int = 4, t: int = 16, d: int = 8) -> tuple[Tensor, Tensor, Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(b, h, t, d, generator=g) for _ in range(3))  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Error messages
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_wrong_head_size_names_function_argument_axis_and_sizes() -> None:
+    q, _, v = qkv()
+    with pytest.raises(ShapeError) as info:
+        scaled_dot_product_attention(q, torch.randn(2, 4, 16, 7), v)
+    err = info.value
+    assert isinstance(err, jaxtyping.TypeCheckError)
+    assert str(err).splitlines()[0] == f"{SDPA}(): k: axis d is 7, expected 8 (bound by q)"
+    assert (err.function, err.argument, err.axis, err.actual, err.expected, err.bound_by) == (
+        SDPA, "k", "d", 7, 8, "q")
+
+
+def test_key_length_mismatch_between_k_and_v() -> None:
+    q, k, _ = qkv()
+    with pytest.raises(ShapeError) as info:
+        scaled_dot_product_attention(q, k, torch.randn(2, 4, 17, 8))
+    assert info.value.summary == f"{SDPA}(): v: axis s is 17, expected 16 (bound by k)"
+
+
+def test_message_lists_every_tensor_argument() -> None:
+    q, _, v = qkv()
+    with pytest.raises(ShapeError) as info:
+        scaled_dot_product_attention(q, torch.randn(2, 4, 16, 7), v)
+    lines = str(info.value).splitlines()
+    assert lines[1:] == ["  q: f32[2,4,16,8]  as 'b h t d'", "  k: f32[2,4,16,7]  as 'b g s d'",
+                         "  v: f32[2,4,16,8]  as 'b g s dv'"]
+
+
+def test_float_key_padding_mask_where_bool_is_required() -> None:
+    m = MultiHeadAttention(8, 2)
+    x = torch.randn(2, 5, 8)
+    with pytest.raises(ShapeError) as info:
+        m(x, key_padding_mask=torch.ones(2, 5))
+    assert info.value.summary == f"{MHA}(): key_padding_mask: dtype is float32, expected bool"
+
+
+def test_int_mask_lists_what_is_accepted() -> None:
+    q, k, v = qkv()
+    with pytest.raises(ShapeError) as info:
+        scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(16, 16, dtype=torch.int64))
+    assert info.value.argument == "attn_mask"
+    assert info.value.reason == ("is i64[16,16], expected '#b #h t s' or 't s' of bool or a floating-point dtype")
+
+
+def test_wrong_model_width_is_reported_by_the_check_not_by_a_matmul() -> None:
+    m = MultiHeadAttention(512, 8, input_dim=1024)
+    with pytest.raises(ShapeError) as info:
+        m(torch.randn(30, 5, 1000))
+    assert info.value.summary == f"{MHA}(): query: axis input_dim is 1000, expected 1024 (self.input_dim)"
+    assert (info.value.axis, info.value.actual, info.value.expected) == ("input_dim", 1000, 1024)
+
+
+def test_wrong_rank() -> None:
+    q, _, v = qkv()
+    with pytest.raises(ShapeError) as info:
+        scaled_dot_product_attention(q, torch.randn(2, 16, 8), v)
+    assert info.value.reason == "has 3 axes (2, 16, 8), expected 4 'b g s d'"
+
+
+def test_non_tensor_argument() -> None:
+    q, k, v = qkv()
+    with pytest.raises(jaxtyping.TypeCheckError) as info:
+        scaled_dot_product_attention(q, k, v, is_causal="yes")  # type: ignore[arg-type]
+    assert isinstance(info.value, ShapeError)
+    assert info.value.argument == "is_causal"
+    assert info.value.reason == "expected bool, got str 'yes'"
+
+
+def test_check_runs_before_the_body() -> None:
+    calls = []
+
+    def body(x: Float[Tensor, "b d"], y: Float[Tensor, "b d"]) -> Float[Tensor, "b d"]:
+        calls.append(1)
+        return x + y
+
+    checked = typechecked(body)
+    with pytest.raises(ShapeError):
+        checked(torch.ones(2, 3), torch.ones(2, 4))
+    assert calls == []
+    torch.testing.assert_close(checked(torch.ones(2, 3), torch.ones(2, 3)), torch.full((2, 3), 2.0))
+    assert calls == [1]
+
+
+def test_bad_return_value_is_reported() -> None:
+    def bad(x: Float[Tensor, "b d"]) -> Float[Tensor, "d b"]:
+        return x
+
+    with pytest.raises(ShapeError) as info:
+        typechecked(bad)(torch.ones(2, 3))
+    assert info.value.argument == "return value"
+    assert "dimension d is 2" in info.value.reason
+
+
+# ---------------------------------------------------------------------------------------------------
+# The switch
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_runtime_switch_turns_checks_off_and_back_on() -> None:
+    def f(x: Float[Tensor, "b d"], y: Float[Tensor, "b e"]) -> Float[Tensor, "b d"]:
+        return x
+
+    checked = typechecked(f)
+    bad = (torch.ones(2, 3), torch.ones(4, 3))
+    assert tt.checks_enabled()
+    with tt.shape_checks(False):
+        assert not tt.checks_enabled()
+        assert checked(*bad).shape == (2, 3)
+    assert tt.checks_enabled()
+    with pytest.raises(ShapeError):
+        checked(*bad)
+    previous = tt.set_shape_checks(False)
+    try:
+        assert previous is True
+        assert checked(*bad).shape == (2, 3)
+    finally:
+        tt.set_shape_checks(True)
+
+
+def test_environment_variable_starts_with_checks_off() -> None:
+    code = (
+        "import torch, typed_transformer as tt\n"
+        "print(tt.checks_enabled())\n"
+        "q = torch.randn(1, 1, 2, 4)\n"
+        "try:\n"
+        "    tt.scaled_dot_product_attention(q, torch.randn(1, 1, 2, 3), q)\n"
+        "except tt.TypeCheckError:\n"
+        "    print('checked')\n"
+        "except RuntimeError:\n"
+        "    print('unchecked')\n"
+    )
+    env = {**os.environ, "JAXTYPING_DISABLE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "unchecked"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Wrappers (mutation testing, third-party decorators)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _add(x: Float[Tensor, "b d"], y: Float[Tensor, "b d"]) -> Float[Tensor, "b d"]:
+    return x + y
+
+
+@pytest.mark.parametrize("wrap", [logged, trampoline])
+def test_checks_survive_a_foreign_functools_wraps_wrapper(wrap: object) -> None:
+    checked = typechecked(wrap(_add))  # type: ignore[operator]
+    with pytest.raises(ShapeError) as info:
+        checked(torch.ones(2, 3), torch.ones(2, 4))
+    assert (info.value.argument, info.value.axis) == ("y", "d")
+
+
+@pytest.mark.parametrize("fn", [future_module.add_wrapped, future_module.add_trampolined])
+def test_string_annotations_under_a_foreign_wrapper_are_still_checked(fn: object) -> None:
+    # jaxtyping alone resolves the strings against the wrapper's globals and silently checks nothing.
+    with pytest.raises(ShapeError) as info:
+        fn(torch.ones(2, 3), torch.ones(2, 4))  # type: ignore[operator]
+    assert (info.value.argument, info.value.axis) == ("y", "d")
+
+
+def test_class_decorator_checks_a_trampolined_forward() -> None:
+    @shape_checked
+    class Scale(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.width = 3
+
+        @trampoline
+        def forward(self, x: Float[Tensor, "b {self.width}"]) -> Float[Tensor, "b {self.width}"]:
+            return 2 * x
+
+    m = Scale()
+    torch.testing.assert_close(m(torch.ones(2, 3)), torch.full((2, 3), 2.0))
+    with pytest.raises(ShapeError) as info:
+        m(torch.ones(2, 4))
+    assert info.value.reason == "axis width is 4, expected 3 (self.width)"
+
+
+def test_every_public_function_and_forward_is_checked() -> None:
+    for name in tt.__all__:
+        obj = getattr(tt, name)
+        if inspect.isfunction(obj) and any("Tensor" in repr(a) for a in obj.__annotations__.values()):
+            assert tt.is_checked(obj), name
+        if inspect.isclass(obj) and issubclass(obj, nn.Module):
+            assert tt.is_checked(obj.forward), name
+
+
+# ---------------------------------------------------------------------------------------------------
+# torch.compile
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_module_runs_and_matches_eager(backend: str) -> None:
+    torch.manual_seed(0)
+    m = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 5, 16)
+    mask = torch.rand(2, 5, 5) > 0.3
+    torch._dynamo.reset()
+    compiled = torch.compile(m, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        expected, _ = m(x, attn_mask=mask, is_causal=True)
+        got, _ = compiled(x, attn_mask=mask, is_causal=True)
+    torch.testing.assert_close(got, expected)
+    # The eager module is still checked after compiling.
+    with pytest.raises(ShapeError):
+        m(torch.randn(2, 5, 15))
+
+
+def test_compiled_function_runs_and_matches_eager() -> None:
+    q, k, v = qkv(b=1, h=2, t=4, d=8)
+    torch._dynamo.reset()
+    compiled = torch.compile(scaled_dot_product_attention, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, is_causal=True), scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shape trace
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_shape_trace_prints_nested_calls_with_bound_sizes() -> None:
+    m = MultiHeadAttention(512, 8, input_dim=1024)  # seed 001's module
+    stream = io.StringIO()
+    with tt.shape_trace(stream):
+        m(torch.randn(30, 5, 1024))
+    assert stream.getvalue().splitlines() == [
+        "MultiHeadAttention.forward(query=f32[30,5,1024])  b=30 t=5 input_dim=1024",
+        "  scaled_dot_product_attention(q=f32[30,8,5,64], k=f32[30,8,5,64], v=f32[30,8,5,64])"
+        "  b=30 h=8 t=5 d=64 g=8 s=5 dv=64",
+        "  -> f32[30,8,5,64]",
+        "-> (f32[30,5,512], None)",
+    ]
+
+
+def test_shape_trace_switches_checks_on_for_its_block() -> None:
+    q, _, v = qkv()
+    with tt.shape_checks(False):
+        with tt.shape_trace(io.StringIO()), pytest.raises(ShapeError):
+            scaled_dot_product_attention(q, torch.randn(2, 4, 16, 7), v)
+        assert not tt.checks_enabled()
