@@ -26,11 +26,60 @@ from torch import Tensor, nn
 
 from .attention import Backend, scaled_dot_product_attention
 from .masks import causal_mask, merge_masks
+from .positions import RotaryEmbedding
 from .shapecheck import raise_shape_error, shape_checked
 
-__all__ = ["MultiHeadAttention"]
+__all__ = ["KVCache", "MultiHeadAttention"]
 
 _NAME = "typed_transformer.multihead.MultiHeadAttention.forward"
+
+
+@shape_checked
+class KVCache:
+    """Keys and values of the positions seen so far, for one self-attention layer: ``(b, g, s, d)``.
+
+    :meth:`MultiHeadAttention.forward` with ``kv_cache=cache`` appends the new positions' keys and values
+    (after the rotary embedding, if any) and attends over everything cached. The position offset of the new
+    queries is ``cache.length``.
+    """
+
+    __shape_checked__ = ("append",)
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions."""
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: Float[Tensor, "b g t d"], v: Float[Tensor, "b g t dv"]
+               ) -> tuple[Float[Tensor, "b g s d"], Float[Tensor, "b g s dv"]]:
+        """Add ``t`` positions; return all cached keys and values (``s`` = old length + ``t``)."""
+        if self.k is None or self.v is None:
+            self.k, self.v = k, v
+        else:
+            for name, new, old in (("k", k, self.k), ("v", v, self.v)):
+                if new.shape[:2] != old.shape[:2] or new.shape[3] != old.shape[3]:
+                    raise_shape_error("typed_transformer.multihead.KVCache.append", name,
+                                      f"is {tuple(new.shape)}, but the cache holds {tuple(old.shape)} "
+                                      "(b, g and the head size must stay the same)")
+            self.k = torch.cat([self.k, k], dim=2)
+            self.v = torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def crop(self, keep_last: int) -> None:
+        """Keep only the last ``keep_last`` positions (a sliding window; exact only for relative positions)."""
+        if keep_last < 0:
+            raise ValueError(f"KVCache.crop: keep_last must be non-negative, got {keep_last}")
+        if self.k is not None and self.v is not None:
+            start = max(self.length - keep_last, 0)
+            self.k, self.v = self.k[:, :, start:], self.v[:, :, start:]
+
+    def reset(self) -> None:
+        """Forget every cached position."""
+        self.k = self.v = None
 
 
 @shape_checked
@@ -51,6 +100,8 @@ class MultiHeadAttention(nn.Module):
             ``num_heads``. Default ``num_heads``.
         backend: ``"sdpa"`` (``F.scaled_dot_product_attention``) or ``"reference"``. Either way,
             ``need_weights=True`` computes through the reference path, which can return weights.
+        rotary: a :class:`~typed_transformer.positions.RotaryEmbedding` applied to queries and keys
+            (self-attention only), at positions ``kv_cache.length + j`` when a cache is used.
 
     Shapes: ``query (b, t, input_dim)``, ``key (b, s, kdim)``, ``value (b, s, vdim)`` ->
     ``output (b, t, d_model)``; weights ``(b, t, s')`` averaged over heads or ``(b, h, t, s')`` per head,
@@ -78,6 +129,7 @@ class MultiHeadAttention(nn.Module):
         add_zero_attn: bool = False,
         num_kv_heads: int | None = None,
         backend: Backend = "sdpa",
+        rotary: RotaryEmbedding | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -96,6 +148,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"MultiHeadAttention: dropout must be in [0, 1), got {dropout}")
         if backend not in ("sdpa", "reference"):
             raise ValueError(f"MultiHeadAttention: backend must be 'sdpa' or 'reference', got {backend!r}")
+        if rotary is not None and rotary.head_dim != d_model // num_heads:
+            raise ValueError(f"MultiHeadAttention: rotary.head_dim={rotary.head_dim} does not match the head size "
+                             f"d_model/num_heads={d_model // num_heads}")
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
 
         self.d_model = d_model
@@ -109,6 +164,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.add_zero_attn = add_zero_attn
         self.backend: Backend = backend
+        self.rotary = rotary
         # Key positions appended after the real ones: bias_k/bias_v, then the zero position.
         self.extra_keys = int(add_bias_kv) + int(add_zero_attn)
 
@@ -167,6 +223,7 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
         average_attn_weights: bool = True,
+        kv_cache: KVCache | None = None,
     ) -> tuple[
         Float[Tensor, "b t {self.d_model}"],
         Float[Tensor, "b t _"] | Float[Tensor, "b {self.num_heads} t _"] | None,
@@ -184,6 +241,9 @@ class MultiHeadAttention(nn.Module):
             need_weights: also return the attention weights (computed on the reference path).
             average_attn_weights: average the returned weights over heads ``(b, t, s')``; otherwise
                 ``(b, h, t, s')``.
+            kv_cache: self-attention only: append this call's keys and values to the cache and attend
+                over all cached positions (``s`` = cached + ``t``; masks must cover all of them).
+                ``is_causal`` then aligns bottom-right, so each new query sees every earlier position.
 
         Returns:
             ``(output (b, t, d_model), weights or None)``.
@@ -193,20 +253,28 @@ class MultiHeadAttention(nn.Module):
         self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value
-        b, t, s = query.shape[0], query.shape[1], key.shape[1]
+        if (kv_cache is not None or self.rotary is not None) and not self_attention:
+            raise ValueError("MultiHeadAttention.forward: kv_cache and rotary embeddings are for self-attention "
+                             "(key and value must be None)")
+        offset = 0 if kv_cache is None else kv_cache.length
+        b, t = query.shape[0], query.shape[1]
+        s = offset + t if self_attention else key.shape[1]
         if self_attention:
-            # With key=None the key axis s is the query axis t: masks must say so too.
+            # With key=None the keys are the query positions (plus any cached ones): masks must say so too.
             for name, mask in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
-                if mask is not None and mask.shape[-1] != t:
-                    raise_shape_error(_NAME, name,
-                                      f"axis s is {mask.shape[-1]}, expected {t} "
-                                      "(self-attention: s = t, bound by query)",
-                                      axis="s", actual=mask.shape[-1], expected=t, bound_by="query")
+                if mask is not None and mask.shape[-1] != s:
+                    why = f"self-attention with {offset} cached positions" if offset else "self-attention: s = t"
+                    raise_shape_error(_NAME, name, f"axis s is {mask.shape[-1]}, expected {s} ({why}, bound by query)",
+                                      axis="s", actual=mask.shape[-1], expected=s, bound_by="query")
 
         q, k, v = self._project(query, key, value, same_input=self_attention)
         q = rearrange(q, "b t (h d) -> b h t d", h=self.num_heads)
         k = rearrange(k, "b s (g d) -> b g s d", g=self.num_kv_heads)
         v = rearrange(v, "b s (g d) -> b g s d", g=self.num_kv_heads)
+        if self.rotary is not None:
+            q, k = self.rotary(q, offset), self.rotary(k, offset)
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)
         if self.bias_k is not None and self.bias_v is not None:
             k = torch.cat([k, repeat(self.bias_k, "(g d) -> b g 1 d", b=b, g=self.num_kv_heads)], dim=2)
             v = torch.cat([v, repeat(self.bias_v, "(g d) -> b g 1 d", b=b, g=self.num_kv_heads)], dim=2)

@@ -39,7 +39,6 @@ import torch
 from beartype import BeartypeConf, beartype
 from beartype.door import is_bearable
 from jaxtyping import AbstractArray, TypeCheckError, jaxtyped
-from torch import nn
 
 __all__ = [
     "ShapeError",
@@ -55,7 +54,7 @@ __all__ = [
 
 P = ParamSpec("P")
 R = TypeVar("R")
-M = TypeVar("M", bound=type[nn.Module])
+C = TypeVar("C", bound=type)
 
 _CHECKED_ATTR = "__typed_transformer_checked__"
 # `0` is a fine value for a `float` parameter (PEP 484 numeric tower); beartype's default says no.
@@ -497,9 +496,9 @@ def typechecked(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def shape_checked(cls: M) -> M:
-    """Class decorator for ``nn.Module`` subclasses: check ``forward`` (and any other public method
-    listed in the class attribute ``__shape_checked__``).
+def shape_checked(cls: C) -> C:
+    """Class decorator: check ``forward`` (for ``nn.Module`` subclasses) and any other method listed in
+    the class attribute ``__shape_checked__``.
 
     A class decorator keeps the methods themselves undecorated, so mutation testing still mutates them.
     """
