@@ -1,0 +1,333 @@
+"""A decoder-only, character-level GPT (seeds 003 and 004; nanoGPT's ``model.py`` as the style anchor).
+
+    x_0 = E[idx] + P              token embedding plus positions (learned, sinusoidal, or RoPE inside attention)
+    x_l = x_{l-1} + Attn(LN(x_{l-1}))         pre-LN blocks with causal self-attention
+    x_l = x_l + MLP(LN(x_l))                  MLP(x) = W_2 GELU(W_1 x), width 4 * n_embd
+    logits = LN_f(x_L) E^T                    output head tied to the token embedding (by default)
+
+Shapes: ``idx (b, t)`` token ids, ``logits (b, t, vocab_size)`` (only the last position when no targets are
+given, as nanoGPT does when generating). Attention is :class:`~typed_transformer.MultiHeadAttention`, so the
+model has grouped-query heads (``n_kv_heads``), a KV cache and RoPE with the same code as everything else.
+"""
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from .multihead import KVCache, MultiHeadAttention
+from .positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .shapecheck import raise_shape_error, shape_checked, typechecked
+
+__all__ = ["GPT", "PRESETS", "GPTConfig"]
+
+Positional = Literal["learned", "sinusoidal", "rope"]
+Activation = Literal["gelu", "gelu_tanh"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes and options of a :class:`GPT`.
+
+    ``n_kv_heads`` (default ``n_head``) must divide ``n_head``; ``n_head`` must divide ``n_embd``.
+    ``activation="gelu_tanh"`` is GPT-2's ``gelu_new``.
+    """
+
+    vocab_size: int
+    block_size: int = 64
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_heads: int | None = None
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = False
+    positional: Positional = "learned"
+    activation: Activation = "gelu"
+    tie_weights: bool = True
+    layer_norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"GPTConfig: {name} must be a positive int, got {value!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"GPTConfig: n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        kv = self.kv_heads
+        if kv <= 0 or self.n_head % kv != 0:
+            raise ValueError(f"GPTConfig: n_kv_heads={self.n_kv_heads} must divide n_head={self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout}")
+        if self.positional not in ("learned", "sinusoidal", "rope"):
+            raise ValueError(f"GPTConfig: positional must be learned, sinusoidal or rope, got {self.positional!r}")
+        if self.activation not in ("gelu", "gelu_tanh"):
+            raise ValueError(f"GPTConfig: activation must be gelu or gelu_tanh, got {self.activation!r}")
+        if self.positional == "rope" and (self.n_embd // self.n_head) % 2 != 0:
+            raise ValueError(f"GPTConfig: rope needs an even head size, got {self.n_embd // self.n_head}")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_head if self.n_kv_heads is None else self.n_kv_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GPTConfig":
+        known = set(cls.__dataclass_fields__)
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"GPTConfig: unknown fields {sorted(unknown)}")
+        return cls(**data)
+
+    @classmethod
+    def preset(cls, name: str, vocab_size: int, **overrides: Any) -> "GPTConfig":
+        """A named preset (see :data:`PRESETS`) with ``vocab_size`` and any field overridden."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        return cls(vocab_size=vocab_size, **{**PRESETS[name], **overrides})
+
+
+#: ``baby``: nanoGPT's CPU shakespeare_char config (4 layers, 4 heads, 128 wide, block 64, no dropout).
+#: ``seed``: seed 003's model (6 layers, 6 heads, 384 wide, block 256, dropout 0.2).
+PRESETS: dict[str, dict[str, Any]] = {
+    "baby": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "dropout": 0.0},
+    "seed": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "dropout": 0.2},
+}
+
+
+@shape_checked
+class MLP(nn.Module):
+    """Position-wise feed-forward of a GPT block: ``dropout(W_2 GELU(W_1 x))``, hidden width ``4 n_embd``."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_embd = config.n_embd
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.act = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Float[Tensor, "b t {self.n_embd}"]) -> Float[Tensor, "b t {self.n_embd}"]:
+        out: Tensor = self.dropout(self.c_proj(self.act(self.c_fc(x))))
+        return out
+
+
+@shape_checked
+class Block(nn.Module):
+    """Pre-LN block: ``x + dropout(attn(ln_1(x)))``, then ``x + mlp(ln_2(x))``; causal self-attention."""
+
+    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None) -> None:
+        super().__init__()
+        self.n_embd = config.n_embd
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.attn = MultiHeadAttention(config.n_embd, config.n_head, num_kv_heads=config.kv_heads,
+                                       dropout=config.dropout, bias=config.bias, rotary=rotary)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Float[Tensor, "b t {self.n_embd}"], kv_cache: KVCache | None = None
+                ) -> Float[Tensor, "b t {self.n_embd}"]:
+        attended, _ = self.attn(self.ln_1(x), is_causal=True, kv_cache=kv_cache)
+        x = x + self.resid_dropout(attended)
+        out: Tensor = x + self.mlp(self.ln_2(x))
+        return out
+
+
+@shape_checked
+class GPT(nn.Module):
+    """Decoder-only language model; see the module docstring for the equations.
+
+    ``forward(idx, targets=None)`` returns ``(logits, loss)``: with targets, logits for every position and the
+    mean cross-entropy (targets of -1 are ignored); without, logits of the last position only (pass
+    ``all_positions=True`` for all of them) and ``None``.
+    """
+
+    __shape_checked__ = ("generate",)
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.vocab_size = config.vocab_size
+        self.n_embd = config.n_embd
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.pos: nn.Module | None
+        rotary = None
+        if config.positional == "learned":
+            self.pos = LearnedPositionalEmbedding(config.block_size, config.n_embd)
+        elif config.positional == "sinusoidal":
+            self.pos = SinusoidalPositionalEncoding(config.n_embd)
+        else:
+            self.pos = None
+            rotary = RotaryEmbedding(config.n_embd // config.n_head)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, rotary) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2's initialisation: N(0, 0.02) weights, zero biases, and N(0, 0.02 / sqrt(2 n_layer)) for the
+        projections that write into the residual stream (so the residual's variance does not grow with depth)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding | LearnedPositionalEmbedding):
+                nn.init.normal_(module.weight, std=0.02)
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for block in self.blocks:
+            assert isinstance(block, Block)
+            nn.init.normal_(block.attn.out_proj.weight, std=residual_std)
+            nn.init.normal_(block.mlp.c_proj.weight, std=residual_std)
+
+    def num_parameters(self, *, non_embedding: bool = True) -> int:
+        """Parameter count; by default without the position table (nanoGPT's convention)."""
+        total = sum(p.numel() for p in self.parameters())
+        if non_embedding and isinstance(self.pos, LearnedPositionalEmbedding):
+            total -= self.pos.weight.numel()
+        return total
+
+    def forward(
+        self,
+        idx: Int[Tensor, "b t"],
+        targets: Int[Tensor, "b t"] | None = None,
+        *,
+        kv_caches: list[KVCache] | None = None,
+        all_positions: bool = False,
+    ) -> tuple[Float[Tensor, "b _ {self.vocab_size}"], Float[Tensor, ""] | None]:
+        """Logits (and the loss with ``targets``); with ``kv_caches`` (one per layer) ``idx`` holds only the new
+        positions, placed after the cached ones."""
+        t = idx.shape[1]
+        offset = 0 if not kv_caches else kv_caches[0].length
+        name = "typed_transformer.gpt.GPT.forward"
+        if kv_caches is not None and len(kv_caches) != len(self.blocks):
+            raise ValueError(f"GPT.forward: kv_caches has {len(kv_caches)} caches for {len(self.blocks)} layers")
+        if offset + t > self.config.block_size:
+            raise_shape_error(name, "idx", f"axis t is {t}" + (f" after {offset} cached positions" if offset else "")
+                              + f", more than block_size={self.config.block_size}",
+                              axis="t", actual=offset + t, expected=self.config.block_size)
+        if not torch.compiler.is_compiling() and idx.numel():
+            low, high = int(idx.min()), int(idx.max())
+            if low < 0 or high >= self.vocab_size:
+                bad = low if low < 0 else high
+                raise ValueError(f"GPT.forward: idx holds token id {bad}, "
+                                 f"outside the vocabulary 0..{self.vocab_size - 1}")
+        x = self.tok_emb(idx)
+        if self.pos is not None:
+            x = self.pos(x, offset)
+        x = self.drop(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, kv_caches[i] if kv_caches is not None else None)
+        x = self.ln_f(x)
+        if targets is None:
+            logits = self.lm_head(x if all_positions else x[:, -1:])
+            return logits, None
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(rearrange(logits, "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)"),
+                               ignore_index=-1)
+        return logits, loss
+
+    def new_caches(self) -> list[KVCache]:
+        """One empty :class:`KVCache` per layer."""
+        return [KVCache() for _ in self.blocks]
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: Int[Tensor, "b t"],
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+        use_cache: bool = True,
+    ) -> Int[Tensor, "b t+{max_new_tokens}"]:
+        """Append ``max_new_tokens`` sampled tokens to ``idx``.
+
+        Each step conditions on the last ``block_size`` tokens (nanoGPT's crop). With ``use_cache`` (default)
+        a per-layer KV cache makes each step a one-token forward pass while the context fits in
+        ``block_size``; once it no longer fits, the cropped window is recomputed, since cached keys of the
+        dropped first position would otherwise still influence the window. Cached and uncached generation
+        therefore give the same logits.
+
+        Sampling: logits / ``temperature``, then the ``top_k`` largest, then the smallest set whose
+        probability reaches ``top_p``; ``greedy`` takes the argmax instead. ``generator`` makes it reproducible.
+        """
+        check_sampling(max_new_tokens, temperature, top_k, top_p, greedy)
+        block = self.config.block_size
+        caches = self.new_caches() if use_cache else None
+        logits, _ = self(idx[:, -block:], kv_caches=caches)
+        for step in range(max_new_tokens):
+            next_id = sample(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                             generator=generator)
+            idx = torch.cat([idx, next_id], dim=1)
+            if step == max_new_tokens - 1:
+                break
+            if caches is not None and caches[0].length < block:
+                logits, _ = self(next_id, kv_caches=caches)
+            else:
+                caches = self.new_caches() if use_cache else None
+                logits, _ = self(idx[:, -block:], kv_caches=caches)
+        return idx
+
+    def parameter_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        """AdamW groups: decay on matrices (dim >= 2), none on biases, norms and other vectors."""
+        params = {id(p): p for p in self.parameters() if p.requires_grad}  # tied weights once
+        decay = [p for p in params.values() if p.dim() >= 2]
+        no_decay = [p for p in params.values() if p.dim() < 2]
+        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
+                   greedy: bool) -> None:
+    """Raise ValueError for sampling settings that make no sense."""
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not greedy and not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a positive number, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def sample(
+    logits: Float[Tensor, "b v"],
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> Int[Tensor, "b 1"]:
+    """Draw one token per row from ``softmax(logits / temperature)`` restricted by top-k and top-p."""
+    if greedy:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens ranked above it already reach top_p (the first always stays).
+        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)
+
+
+sample = typechecked(sample)
