@@ -1,11 +1,16 @@
 """Command line: ``typed-transformer <command>``.
 
-Bad arguments give one line on stderr and exit code 2, never a traceback.
+* ``train``: train a character-level GPT on a text file (default: ~1 MB of Python's own standard library).
+* ``generate``: sample text from a checkpoint.
+* ``bench attention``: MultiHeadAttention against torch.nn.MultiheadAttention, side by side.
+
+Bad arguments, bad files and bad checkpoints give one line on stderr and exit code 2, never a traceback.
 """
 
 import argparse
 import sys
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
 __all__ = ["main"]
 
@@ -35,9 +40,69 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
+def _dropout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="typed-transformer", description="A reference Transformer with checked tensor shapes.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    train = commands.add_parser("train", help="train a character-level GPT on a text file")
+    train.add_argument("--data", type=Path, default=None,
+                       help="UTF-8 text file (default: ~1 MB of this Python's standard-library source)")
+    train.add_argument("--preset", choices=["baby", "seed"], default="baby",
+                       help="baby: 4x4x128, block 64 (nanoGPT's CPU run); seed: 6x6x384, block 256, dropout 0.2")
+    train.add_argument("--max-iters", type=_positive_int, default=None, help="optimizer steps (default 2000)")
+    train.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    train.add_argument("--out", type=Path, default=Path("runs/gpt"), help="checkpoint directory (default runs/gpt)")
+    train.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    train.add_argument("--batch-size", type=_positive_int, default=None, help="default 12")
+    train.add_argument("--block-size", type=_positive_int, default=None, help="context length (default: preset's)")
+    train.add_argument("--lr", type=_positive_float, default=None, help="peak learning rate (default 1e-3)")
+    train.add_argument("--eval-interval", type=_positive_int, default=None, help="default 250")
+    train.add_argument("--eval-iters", type=_positive_int, default=None, help="batches per evaluation (default 20)")
+    train.add_argument("--dropout", type=_dropout, default=None, help="default: preset's")
+    train.add_argument("--positional", choices=["learned", "sinusoidal", "rope"], default=None,
+                       help="position encoding (default learned)")
+    train.add_argument("--seed", type=_non_negative_int, default=None, help="default 1337")
+    train.add_argument("--sample-tokens", type=_non_negative_int, default=None,
+                       help="characters to sample at the end (default 300)")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    generate = commands.add_parser("generate", help="sample text from a checkpoint")
+    generate.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
+    generate.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    generate.add_argument("--max-new-tokens", type=_non_negative_int, default=500)
+    generate.add_argument("--temperature", type=_positive_float, default=0.8)
+    generate.add_argument("--top-k", type=_positive_int, default=None)
+    generate.add_argument("--top-p", type=_fraction, default=None)
+    generate.add_argument("--greedy", action="store_true", help="always take the most likely character")
+    generate.add_argument("--seed", type=_non_negative_int, default=1337)
+    generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     bench = commands.add_parser("bench", help="benchmarks that print side-by-side ratios")
     which = bench.add_subparsers(dest="which", required=True, parser_class=_Parser)
     attention = which.add_parser("attention", help="MultiHeadAttention against torch.nn.MultiheadAttention")
@@ -49,8 +114,118 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(message: str) -> int:
+    print(f"typed-transformer: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _cuda_or_fail(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+
+
+def _train(args: argparse.Namespace) -> int:
+    import torch
+
+    from .checkpoint import CHECKPOINT_NAME, load_checkpoint
+    from .data import TextData, default_corpus, load_text
+    from .gpt import GPT, GPTConfig
+    from .training import TrainConfig, train
+
+    _cuda_or_fail(args.device)
+    if args.data is None:
+        text, source = default_corpus()
+    else:
+        text, source = load_text(args.data), str(args.data)
+    overrides: dict[str, Any] = {}
+    train_overrides: dict[str, Any] = {}
+    for flag, key in (("block_size", "block_size"), ("dropout", "dropout"), ("positional", "positional")):
+        if getattr(args, flag) is not None:
+            overrides[key] = getattr(args, flag)
+    for flag, key in (("max_iters", "max_iters"), ("batch_size", "batch_size"), ("lr", "learning_rate"),
+                      ("eval_interval", "eval_interval"), ("eval_iters", "eval_iters"), ("seed", "seed"),
+                      ("sample_tokens", "sample_tokens")):
+        if getattr(args, flag) is not None:
+            train_overrides[key] = getattr(args, flag)
+    if "learning_rate" in train_overrides:
+        train_overrides.setdefault("min_lr", train_overrides["learning_rate"] / 10)
+    if "eval_interval" in train_overrides:
+        train_overrides.setdefault("checkpoint_interval", train_overrides["eval_interval"])
+
+    resume = None
+    if args.resume:
+        resume = load_checkpoint(args.out / CHECKPOINT_NAME)
+        model = resume.model
+        for key, value in overrides.items():
+            if getattr(model.config, key) != value:
+                raise ValueError(f"--{key.replace('_', '-')} {value} differs from the checkpoint's "
+                                 f"{getattr(model.config, key)}; a resumed run keeps its model")
+        config = TrainConfig(**{**resume.train_config, **train_overrides})
+        tokenizer = resume.tokenizer
+        if resume.info.get("text_chars") not in (None, len(text)):
+            raise ValueError(f"{source} is not the text the checkpoint was trained on "
+                             f"({len(text)} characters, the checkpoint's had {resume.info['text_chars']})")
+        data = TextData.from_text(text, model.config.block_size, tokenizer=tokenizer, source=source)
+        print(f"resuming {args.out / CHECKPOINT_NAME} at iteration {resume.iteration}", file=sys.stderr)
+    else:
+        config = TrainConfig(**train_overrides)
+        block = overrides.get("block_size", GPTConfig.preset(args.preset, 1).block_size)
+        data = TextData.from_text(text, block, source=source)
+        torch.manual_seed(config.seed)
+        model = GPT(GPTConfig.preset(args.preset, data.tokenizer.vocab_size, **overrides))
+    if resume is not None and resume.iteration >= config.max_iters:
+        raise ValueError(f"the checkpoint is already at iteration {resume.iteration}; pass a larger --max-iters")
+    print(f"data: {source}: {len(text):,} characters, vocabulary {data.tokenizer.vocab_size}, "
+          f"train {len(data.train):,} / val {len(data.val):,} tokens", file=sys.stderr)
+    print(f"model: {args.preset} preset, {model.num_parameters():,} parameters (without positions), "
+          f"{model.config}", file=sys.stderr)
+    result = train(model, data, config, args.out, resume=resume, device=args.device,
+                   progress=not args.no_progress, info={"source": source, "text_chars": len(text)})
+    last = result.history[-1] if result.history else {}
+    if result.interrupted:
+        print(f"interrupted at iteration {result.iteration}; saved {result.checkpoint} "
+              f"(continue with --resume)", file=sys.stderr)
+        return 130
+    print(f"done: iteration {result.iteration}, train loss {last.get('train', float('nan')):.4f}, "
+          f"val loss {last.get('val', float('nan')):.4f}; checkpoint {result.checkpoint}, "
+          f"loss curve {args.out / 'loss.png'}")
+    if result.sample:
+        print("sample:")
+        print(result.sample)
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .checkpoint import load_checkpoint
+
+    _cuda_or_fail(args.device)
+    checkpoint = load_checkpoint(args.checkpoint, map_location=args.device)
+    prompt = args.prompt
+    if not prompt:
+        raise ValueError("--prompt is empty")
+    ids = torch.tensor([checkpoint.tokenizer.encode(prompt)], device=args.device)
+    model = checkpoint.model.eval()
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                         top_p=args.top_p, greedy=args.greedy, generator=generator)
+    print(checkpoint.tokenizer.decode(out[0].cpu()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("train", "generate"):
+        from .checkpoint import CheckpointError
+        from .data import DataError
+
+        try:
+            return _train(args) if args.command == "train" else _generate(args)
+        except (DataError, CheckpointError, ValueError) as err:
+            return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
     if args.command == "bench" and args.which == "attention":
         import torch
 

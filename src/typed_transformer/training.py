@@ -1,0 +1,263 @@
+"""Training a GPT on text: AdamW with decay on matrices only, linear warmup then cosine decay, gradient
+clipping, periodic evaluation on fixed batches, checkpoints, resumption and a loss plot.
+
+The schedule (nanoGPT's ``get_lr``)::
+
+    lr(it) = lr_max * (it + 1) / (warmup + 1)                                      it < warmup
+           = lr_min + (lr_max - lr_min) * (1 + cos(pi * (it - warmup) / (decay - warmup))) / 2   it <= decay
+           = lr_min                                                                 otherwise
+
+Resuming restores the weights, the optimizer state, the iteration and every random-number state (batch
+sampling and dropout), so a resumed run's loss curve equals the uninterrupted run's.
+"""
+
+import math
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+import torch
+from torch import Tensor
+
+from .checkpoint import CHECKPOINT_NAME, Checkpoint, save_checkpoint
+from .data import TextData, get_batch
+from .gpt import GPT
+
+__all__ = ["TrainConfig", "TrainResult", "evaluate", "learning_rate", "plot_history", "train"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings; the defaults are nanoGPT's CPU "baby GPT" run."""
+
+    max_iters: int = 2000
+    batch_size: int = 12
+    learning_rate: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_iters: int = 100
+    lr_decay_iters: int | None = None  # default: max_iters
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0
+    eval_interval: int = 250
+    eval_iters: int = 20
+    checkpoint_interval: int = 250
+    seed: int = 1337
+    sample_tokens: int = 300
+
+    def __post_init__(self) -> None:
+        positive = ("max_iters", "batch_size", "eval_interval", "eval_iters", "checkpoint_interval")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not (self.learning_rate > 0 and self.min_lr >= 0 and self.min_lr <= self.learning_rate):
+            raise ValueError(f"need 0 <= min_lr <= learning_rate and learning_rate > 0, got "
+                             f"learning_rate={self.learning_rate}, min_lr={self.min_lr}")
+        if self.warmup_iters < 0 or self.sample_tokens < 0 or self.grad_clip < 0 or self.weight_decay < 0:
+            raise ValueError("warmup_iters, sample_tokens, grad_clip and weight_decay must be >= 0")
+
+
+def learning_rate(config: TrainConfig, iteration: int) -> float:
+    """The learning rate at ``iteration`` (see the module docstring)."""
+    decay = config.lr_decay_iters or config.max_iters
+    if iteration < config.warmup_iters:
+        return config.learning_rate * (iteration + 1) / (config.warmup_iters + 1)
+    if iteration > decay:
+        return config.min_lr
+    progress = (iteration - config.warmup_iters) / max(decay - config.warmup_iters, 1)
+    return config.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (config.learning_rate - config.min_lr)
+
+
+@torch.no_grad()
+def evaluate(model: GPT, batches: dict[str, list[tuple[Tensor, Tensor]]]) -> dict[str, float]:
+    """Mean loss over fixed batches for each split, in eval mode."""
+    was_training = model.training
+    model.eval()
+    losses = {}
+    for split, pairs in batches.items():
+        total = 0.0
+        for x, y in pairs:
+            _, loss = model(x, y)
+            assert loss is not None
+            total += float(loss)
+        losses[split] = total / len(pairs)
+    model.train(was_training)
+    return losses
+
+
+@dataclass
+class TrainResult:
+    model: GPT
+    history: list[dict[str, float]]
+    iteration: int
+    interrupted: bool
+    checkpoint: Path
+    sample: str
+
+
+class _Interrupt:
+    """Turn the first Ctrl-C into a flag checked between steps (a second one stops at once)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> "_Interrupt":
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+
+def plot_history(history: list[dict[str, float]], path: Path, title: str = "") -> Path | None:
+    """Write the train/val loss curve as a PNG; returns None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
+    for split in ("train", "val"):
+        points = [(h["iter"], h[split]) for h in history if split in h]
+        if points:
+            axes.plot(*zip(*points, strict=True), marker="o", markersize=3, label=split)
+    axes.set_xlabel("iteration")
+    axes.set_ylabel("cross-entropy (nats/char)")
+    axes.set_title(title or "GPT training loss")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    temporary = path.with_name(f".{path.name}.tmp.png")
+    figure.savefig(temporary)
+    plt.close(figure)
+    temporary.replace(path)
+    return path
+
+
+def train(
+    model: GPT,
+    data: TextData,
+    config: TrainConfig,
+    out_dir: str | Path,
+    *,
+    resume: Checkpoint | None = None,
+    device: str = "cpu",
+    progress: bool = True,
+    log: TextIO | None = None,
+    info: dict[str, Any] | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> TrainResult:
+    """Train ``model`` on ``data`` and write ``out_dir/checkpoint.safetensors`` and ``out_dir/loss.png``.
+
+    A checkpoint is written every ``checkpoint_interval`` iterations, at the end, and when Ctrl-C stops
+    the run (between two steps, so the saved state is consistent). ``resume`` continues a saved run.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log = log if log is not None else sys.stderr
+    block = model.config.block_size
+    model.to(device).train()
+
+    # Fixed evaluation batches: the same windows at every evaluation and after a resume.
+    eval_generator = torch.Generator().manual_seed(config.seed + 1)
+    eval_batches: dict[str, list[tuple[Tensor, Tensor]]] = {}
+    for split, ids in (("train", data.train), ("val", data.val)):
+        pairs = (get_batch(ids, config.batch_size, block, eval_generator) for _ in range(config.eval_iters))
+        eval_batches[split] = [(x.to(device), y.to(device)) for x, y in pairs]
+    optimizer = torch.optim.AdamW(model.parameter_groups(config.weight_decay), lr=config.learning_rate,
+                                  betas=(config.beta1, config.beta2))
+    batch_generator = torch.Generator().manual_seed(config.seed)
+    torch.manual_seed(config.seed)  # dropout
+    history: list[dict[str, float]] = []
+    start = 0
+    if resume is not None:
+        if resume.optimizer_state is not None:
+            optimizer.load_state_dict(resume.optimizer_state)
+        if "batches" in resume.rng:
+            batch_generator.set_state(resume.rng["batches"])
+        if "torch" in resume.rng:
+            torch.set_rng_state(resume.rng["torch"])
+        history = list(resume.history)
+        start = resume.iteration
+
+    def save(iteration: int) -> Path:
+        rng = {"batches": batch_generator.get_state(), "torch": torch.get_rng_state()}
+        path = save_checkpoint(out / CHECKPOINT_NAME, model, data.tokenizer, iteration=iteration,
+                               train_config=asdict(config), history=history, optimizer=optimizer, rng=rng,
+                               info=info)
+        plot_history(history, out / "loss.png")
+        return path
+
+    tokens_per_step = config.batch_size * block
+    bar: Any = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=config.max_iters, initial=start, desc="train", unit="it", file=log, dynamic_ncols=True)
+    interrupted = False
+    iteration = start
+    last_loss = float("nan")
+    with _Interrupt() as interrupt:
+        t0 = time.perf_counter()
+        while iteration < config.max_iters:
+            if iteration % config.eval_interval == 0 and not any(h["iter"] == iteration for h in history):
+                history.append({"iter": iteration, **evaluate(model, eval_batches)})
+                if bar is not None:
+                    bar.write(f"iter {iteration:5d}: train {history[-1]['train']:.4f}, val {history[-1]['val']:.4f}")
+            lr = learning_rate(config, iteration)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            x, y = get_batch(data.train, config.batch_size, block, batch_generator)
+            _, loss = model(x.to(device), y.to(device))
+            assert loss is not None
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            iteration += 1
+            last_loss = float(loss.detach())
+            if on_step is not None:
+                on_step(iteration)
+            if bar is not None:
+                elapsed = time.perf_counter() - t0
+                speed = tokens_per_step * (iteration - start) / elapsed
+                bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{speed:,.0f}")
+                bar.update(1)
+            if interrupt.requested:
+                interrupted = True
+                break
+            if iteration % config.checkpoint_interval == 0 and iteration < config.max_iters:
+                save(iteration)
+        if not interrupted:
+            history.append({"iter": iteration, **evaluate(model, eval_batches)})
+            if bar is not None:
+                bar.write(f"iter {iteration:5d}: train {history[-1]['train']:.4f}, val {history[-1]['val']:.4f}")
+        path = save(iteration)
+    if bar is not None:
+        bar.close()
+
+    sample_text = ""
+    if config.sample_tokens and not interrupted:
+        prompt = torch.tensor([data.tokenizer.encode(data.tokenizer.chars[0] if "\n" not in data.tokenizer.chars
+                                                     else "\n")], device=device)
+        generated = model.eval().generate(prompt, config.sample_tokens,
+                                          generator=torch.Generator(device=device).manual_seed(config.seed))
+        sample_text = data.tokenizer.decode(generated[0, 1:].cpu())
+        model.train()
+    return TrainResult(model, history, iteration, interrupted, path, sample_text)
