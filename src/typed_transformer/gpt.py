@@ -237,6 +237,14 @@ class GPT(nn.Module):
                                ignore_index=-1)
         return logits, loss
 
+    @classmethod
+    def from_hf_gpt2(cls, model_or_state_dict: Any, *, n_head: int | None = None) -> "GPT":
+        """Load Hugging Face GPT-2 weights (a ``GPT2LMHeadModel``/``GPT2Model`` or its state dict with
+        ``n_head``); see :mod:`typed_transformer.hf`."""
+        from .hf import gpt_from_hf_gpt2
+
+        return gpt_from_hf_gpt2(model_or_state_dict, n_head=n_head)
+
     def new_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per layer."""
         return [KVCache() for _ in self.blocks]
