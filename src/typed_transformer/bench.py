@@ -153,3 +153,197 @@ def format_attention_table(rows: list[Row]) -> str:
             lines.append(f"training size, {mode:<16}: sdpa path with checks / torch = {sdpa_ratio:.3f}x "
                          f"(target <= 1.10x); checks on / off = {overhead:.3f}x (target < 1.05x)")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPT: training step against a nanoGPT-style plain-torch baseline, and KV-cache generation
+# ----------------------------------------------------------------------------------------------------
+
+
+class _BaselineBlock(nn.Module):
+    """nanoGPT's block in plain torch: fused qkv Linear + F.scaled_dot_product_attention, pre-LN, GELU MLP."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
+        super().__init__()
+        self.n_head, self.dropout = n_head, dropout
+        self.ln_1 = nn.LayerNorm(n_embd, bias=False)
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=False)
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=False)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=False)
+        self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd, bias=False), nn.GELU(),
+                                 nn.Linear(4 * n_embd, n_embd, bias=False), nn.Dropout(dropout))
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        x = x + self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c)))
+        out: Tensor = x + self.mlp(self.ln_2(x))
+        return out
+
+
+class BaselineGPT(nn.Module):
+    """The nanoGPT-equivalent model the GPT benchmark compares against (same sizes, same torch)."""
+
+    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
+                 dropout: float) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(_BaselineBlock(n_embd, n_head, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd, bias=False)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx: Tensor, targets: Tensor) -> Tensor:
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.shape[1])))
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        loss: Tensor = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return loss
+
+
+def _reset_peak_rss() -> int:
+    """Reset the kernel's peak-RSS mark (VmHWM) and return the current RSS in bytes (0 if unsupported)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return _proc_status_kib("VmRSS") * 1024
+    except OSError:
+        return 0
+
+
+def _proc_status_kib(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _peak_rise_mib(baseline: int) -> float:
+    if not baseline:
+        return float("nan")
+    return (_proc_status_kib("VmHWM") * 1024 - baseline) / 2**20
+
+
+@dataclass
+class GPTRow:
+    what: str
+    ours_ms: float
+    baseline_ms: float
+    ours_peak_mib: float
+    baseline_peak_mib: float
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_ms / self.baseline_ms
+
+
+def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor) -> None:
+    out = model(x, y)
+    loss: Tensor = out[1] if isinstance(out, tuple) else out  # GPT returns (logits, loss)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+
+
+def _time_steps(models: dict[str, nn.Module], x: Tensor, y: Tensor, steps: int, rounds: int
+                ) -> tuple[dict[str, float], dict[str, float]]:
+    """Median ms per training step and peak RSS rise (MiB) per model, interleaved round-robin."""
+    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
+    for name, model in models.items():  # warm-up
+        for _ in range(2):
+            _train_step(model, optimizers[name], x, y)
+    samples: dict[str, list[float]] = {name: [] for name in models}
+    peaks: dict[str, float] = {}
+    per_round = max(1, steps // rounds)
+    for r in range(rounds):
+        for name, model in models.items():
+            base = _reset_peak_rss() if r == 0 else 0
+            step = functools.partial(_train_step, model, optimizers[name], x, y)
+            samples[name] += _median_ms(step, 1, per_round)
+            if r == 0:
+                peaks[name] = _peak_rise_mib(base)
+    return {name: statistics.median(v) for name, v in samples.items()}, peaks
+
+
+def bench_gpt_training(presets: list[str], *, batch_size: int = 12, steps: int = 10, rounds: int = 5,
+                       vocab_size: int = 65) -> list[GPTRow]:
+    """Median time of one training step (forward, backward, clip, AdamW) of our GPT (checks on) and the
+    baseline at each preset, interleaved; peak RSS rise over each variant's first measured round."""
+    from .gpt import GPT, GPTConfig
+
+    rows = []
+    for preset in presets:
+        config = GPTConfig.preset(preset, vocab_size)
+        torch.manual_seed(0)
+        models: dict[str, nn.Module] = {
+            "ours": GPT(config),
+            "baseline": BaselineGPT(vocab_size, config.block_size, config.n_layer, config.n_head, config.n_embd,
+                                    config.dropout),
+        }
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randint(vocab_size, (batch_size, config.block_size), generator=generator)
+        y = torch.randint(vocab_size, (batch_size, config.block_size), generator=generator)
+        ms, peaks = _time_steps(models, x, y, steps, rounds)
+        rows.append(GPTRow(f"train step, {preset} preset (batch {batch_size}, block {config.block_size})",
+                           ms["ours"], ms["baseline"], peaks["ours"], peaks["baseline"]))
+    return rows
+
+
+def bench_generation(*, new_tokens: int = 500, block_sizes: tuple[int, ...] = (64, 512), rounds: int = 3
+                     ) -> list[GPTRow]:
+    """500 new tokens from a one-token prompt with the KV cache ("ours") and without it ("baseline" column:
+    the same model recomputing the cropped context every step), greedy, at the baby preset's sizes."""
+    from .gpt import GPT, GPTConfig
+
+    rows = []
+    for block in block_sizes:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig.preset("baby", 65, block_size=block)).eval()
+        prompt = torch.zeros(1, 1, dtype=torch.long)
+        samples: dict[bool, list[float]] = {True: [], False: []}
+        peaks: dict[bool, float] = {}
+        outputs = {}
+        for r in range(rounds):
+            for cache in (True, False):
+                base = _reset_peak_rss() if r == 0 else 0
+                start = time.perf_counter()
+                outputs[cache] = model.generate(prompt, new_tokens, greedy=True, use_cache=cache)
+                samples[cache].append((time.perf_counter() - start) * 1e3)
+                if r == 0:
+                    peaks[cache] = _peak_rise_mib(base)
+        if not torch.equal(outputs[True], outputs[False]):
+            raise AssertionError("cached and uncached generation differ")
+        label = "baby preset" if block == 64 else "baby preset with block_size 512"
+        rows.append(GPTRow(f"generate {new_tokens} tokens, {label}", statistics.median(samples[True]),
+                           statistics.median(samples[False]), peaks[True], peaks[False]))
+    return rows
+
+
+def format_gpt_table(training: list[GPTRow], generation: list[GPTRow]) -> str:
+    lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of interleaved runs; "
+             "peak = rise of peak RSS over the first measured run"]
+    if training:
+        lines += ["", f"{'case':<48} {'ours ms':>9} {'baseline ms':>12} {'ratio':>7} {'ours peak':>10} "
+                      f"{'base peak':>10}"]
+        for row in training:
+            lines.append(f"{row.what:<48} {row.ours_ms:>9.1f} {row.baseline_ms:>12.1f} {row.ratio:>6.3f}x "
+                         f"{row.ours_peak_mib:>7.1f}MiB {row.baseline_peak_mib:>7.1f}MiB")
+        lines.append("(ours: typed_transformer.GPT with shape checks on; baseline: nanoGPT-style plain torch; "
+                     "target ratio <= 1.05x)")
+    if generation:
+        lines += ["", f"{'case':<48} {'cache ms':>9} {'no cache ms':>12} {'speedup':>8} {'cache peak':>11} "
+                      f"{'no-cache peak':>14}"]
+        for row in generation:
+            lines.append(f"{row.what:<48} {row.ours_ms:>9.1f} {row.baseline_ms:>12.1f} {1 / row.ratio:>7.2f}x "
+                         f"{row.ours_peak_mib:>8.1f}MiB {row.baseline_peak_mib:>11.1f}MiB")
+        lines.append("(greedy; cached and uncached outputs are checked identical; target speedup >= 5x)")
+    return "\n".join(lines)

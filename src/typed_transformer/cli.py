@@ -111,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("--threads", type=_positive_int, default=None,
                            help="torch intra-op threads (default: torch's choice)")
     attention.add_argument("--size", choices=["small", "training", "both"], default="both")
+    gpt = which.add_parser("gpt", help="GPT training step against a nanoGPT-style baseline; KV-cache generation")
+    gpt.add_argument("--presets", default="baby,seed", help="comma-separated presets to time (default baby,seed)")
+    gpt.add_argument("--batch-size", type=_positive_int, default=12)
+    gpt.add_argument("--steps", type=_positive_int, default=10, help="measured training steps per variant")
+    gpt.add_argument("--threads", type=_positive_int, default=None)
+    gpt.add_argument("--skip-generation", action="store_true")
     return parser
 
 
@@ -226,6 +232,21 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args) if args.command == "train" else _generate(args)
         except (DataError, CheckpointError, ValueError) as err:
             return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
+    if args.command == "bench" and args.which == "gpt":
+        import torch
+
+        from .bench import bench_generation, bench_gpt_training, format_gpt_table
+
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+        unknown = [p for p in presets if p not in ("baby", "seed")]
+        if unknown:
+            return _fail(f"--presets: unknown preset {unknown[0]!r} (choose baby, seed)")
+        training = bench_gpt_training(presets, batch_size=args.batch_size, steps=args.steps)
+        generation = [] if args.skip_generation else bench_generation()
+        print(format_gpt_table(training, generation))
+        return 0
     if args.command == "bench" and args.which == "attention":
         import torch
 
