@@ -72,7 +72,7 @@ def test_int_mask_lists_what_is_accepted() -> None:
     with pytest.raises(ShapeError) as info:
         scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(16, 16, dtype=torch.int64))
     assert info.value.argument == "attn_mask"
-    assert info.value.reason == ("is i64[16,16], expected '#b #h t s' or 't s' of bool or a floating-point dtype")
+    assert info.value.reason == ("is i64[16,16], expected '#b #h #t s' or 't s' of bool or a floating-point dtype")
 
 
 def test_wrong_model_width_is_reported_by_the_check_not_by_a_matmul() -> None:

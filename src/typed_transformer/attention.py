@@ -11,8 +11,8 @@ Axis names, shared by every signature in the library:
 Behaviour that is specified (and tested against torch):
 
 * Boolean masks are keep-masks (True = may attend); float masks are added to the logits. Masks are
-  ``(t, s)`` or ``(b, h, t, s)`` with ``b`` and ``h`` allowed to be 1 (broadcast). A 3-D mask is refused:
-  torch would silently read ``(b, t, s)`` as ``(h, t, s)``.
+  ``(t, s)`` or ``(b, h, t, s)`` with ``b``, ``h`` and ``t`` allowed to be 1 (broadcast). A 3-D mask is
+  refused: torch would silently read ``(b, t, s)`` as ``(h, t, s)``.
 * ``is_causal=True`` is a real flag, ANDed with any ``attn_mask``, aligned bottom-right when ``t != s``
   (see :func:`typed_transformer.masks.causal_mask`).
 * A query row with no allowed key gives **zero output and zero weights**, with finite (zero) gradients.
@@ -61,7 +61,7 @@ def scaled_dot_product_attention(
         k: keys ``(b, g, s, d)``; ``h`` must be a multiple of ``g`` (grouped-query attention).
         v: values ``(b, g, s, dv)``.
         attn_mask: boolean keep-mask (True = may attend) or additive float mask, ``(t, s)`` or
-            ``(b, h, t, s)`` with broadcastable ``b`` and ``h``.
+            ``(b, h, t, s)`` with broadcastable ``b``, ``h`` and ``t``.
         is_causal: apply a bottom-right aligned causal mask (ANDed with ``attn_mask``).
         scale: logit scale; default ``1 / sqrt(d)``.
         dropout_p: dropout on the attention weights, always applied when > 0 (pass 0.0 in eval mode).
@@ -136,8 +136,10 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: 
     mask = attn_mask
     torch_causal = False
     if is_causal:
-        if mask is None and t == s:
-            torch_causal = True  # torch's top-left alignment equals ours when t == s; lets it pick a fast kernel
+        if mask is None and t == s and scale > 0:
+            # torch's top-left alignment equals ours when t == s, and the flag lets it pick a fast kernel.
+            # (Its CPU kernel returns NaN for causal rows with a non-positive scale: build the mask then.)
+            torch_causal = True
         else:
             causal = causal_mask(t, s, device=q.device)
             if mask is None:

@@ -36,9 +36,10 @@ __all__ = [
 ]
 
 #: A mask accepted by the attention core: boolean keep-mask or additive float mask, either 2-D
-#: ``(t, s)`` or 4-D ``(b, h, t, s)`` where ``b`` and ``h`` may be 1 to broadcast.
+#: ``(t, s)`` or 4-D ``(b, h, t, s)`` where ``b``, ``h`` and ``t`` may be 1 to broadcast (a key padding
+#: mask is ``(b, 1, 1, s)``).
 AttnMask: TypeAlias = (
-    Bool[Tensor, "#b #h t s"] | Float[Tensor, "#b #h t s"] | Bool[Tensor, "t s"] | Float[Tensor, "t s"]
+    Bool[Tensor, "#b #h #t s"] | Float[Tensor, "#b #h #t s"] | Bool[Tensor, "t s"] | Float[Tensor, "t s"]
 )
 
 
@@ -96,9 +97,9 @@ def key_padding_mask_to_torch(key_padding_mask: Bool[Tensor, "b s"]) -> Bool[Ten
 
 
 def merge_masks(
-    attn_mask: Bool[Tensor, "#b #h t s"] | Float[Tensor, "#b #h t s"] | None,
+    attn_mask: Bool[Tensor, "#b #h #t s"] | Float[Tensor, "#b #h #t s"] | None,
     key_padding_mask: Bool[Tensor, "b s"] | None,
-) -> Bool[Tensor, "#b #h t s"] | Float[Tensor, "#b #h t s"] | None:
+) -> Bool[Tensor, "#b #h #t s"] | Float[Tensor, "#b #h #t s"] | None:
     """Fold a key padding mask ``(b, s)`` into a 4-D attention mask.
 
     Boolean masks are combined with AND; with a float ``attn_mask`` the padded keys get ``-inf``.

@@ -218,7 +218,7 @@ class MultiHeadAttention(nn.Module):
         value: Float[Tensor, "b s {self.vdim}"] | None = None,
         *,
         attn_mask: Bool[Tensor, "t s"] | Float[Tensor, "t s"] | Bool[Tensor, "b t s"] | Float[Tensor, "b t s"]
-        | Bool[Tensor, "#b #{self.num_heads} t s"] | Float[Tensor, "#b #{self.num_heads} t s"] | None = None,
+        | Bool[Tensor, "#b #{self.num_heads} #t s"] | Float[Tensor, "#b #{self.num_heads} #t s"] | None = None,
         key_padding_mask: Bool[Tensor, "b s"] | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
@@ -235,7 +235,7 @@ class MultiHeadAttention(nn.Module):
             key: ``(b, s, kdim)``; default ``query``.
             value: ``(b, s, vdim)``; default ``key``.
             attn_mask: keep-mask (True = may attend) or additive float mask: ``(t, s)``, ``(b, t, s)`` or
-                ``(b, h, t, s)`` (``b`` and ``h`` may be 1).
+                ``(b, h, t, s)`` (``b``, ``h`` and ``t`` may be 1).
             key_padding_mask: ``(b, s)``, True = real token, False = padding (never attended to).
             is_causal: bottom-right aligned causal mask, ANDed with the other masks.
             need_weights: also return the attention weights (computed on the reference path).
@@ -250,6 +250,15 @@ class MultiHeadAttention(nn.Module):
         """
         if key is None and value is not None:
             raise ValueError("MultiHeadAttention.forward: value was given without key")
+        if key is None and (self.kdim != self.input_dim or self.vdim != self.input_dim):
+            width = "kdim" if self.kdim != self.input_dim else "vdim"
+            raise_shape_error(_NAME, "key", f"is None (self-attention), but this module takes keys/values of width "
+                              f"kdim={self.kdim}, vdim={self.vdim}, not the query width input_dim={self.input_dim}; "
+                              "pass key and value", axis=width, expected=getattr(self, width))
+        for name, other in (("key", key), ("value", value)):
+            if other is not None and other.dtype != query.dtype:
+                raise_shape_error(_NAME, name, f"dtype is {str(other.dtype)[6:]}, expected "
+                                  f"{str(query.dtype)[6:]} (the dtype of query)")
         self_attention = key is None
         key = query if key is None else key
         value = key if value is None else value

@@ -1,0 +1,44 @@
+"""Hypothesis set-up for the property tests: torch's RNG under Hypothesis's control, and profiles.
+
+Profiles (pick one with ``HYPOTHESIS_PROFILE=<name>``; default ``ci`` when ``CI`` is set, else ``dev``):
+
+* ``ci``: Hypothesis's built-in CI profile (derandomized, no database, no deadline) with 30 examples.
+  (``ci``, ``dev`` and ``thorough`` skip the slow "explain" phase; shrinking stays on.)
+* ``dev``: 50 random examples per test, no deadline, example database on.
+* ``thorough``: 500 examples per test (nightly or before a release).
+* ``mutation``: 15 derandomized examples, no shrinking (fast, reproducible kills for mutation testing).
+"""
+
+import os
+
+import torch
+from hypothesis import HealthCheck, Phase, register_random, settings
+
+torch.set_num_threads(1)  # tiny tensors: intra-op threads only add overhead on 2 cores
+
+
+class _TorchRandom:
+    """``random.Random``-like view of torch's global RNG, so Hypothesis seeds and restores it per example
+    (any ``torch.randn`` without a generator inside a test becomes replayable)."""
+
+    seed = staticmethod(torch.random.manual_seed)
+    getstate = staticmethod(torch.random.get_rng_state)
+    setstate = staticmethod(torch.random.set_rng_state)
+
+
+# register_random keeps only a weak reference: this module-level name keeps the shim alive.
+TORCH_RANDOM = _TorchRandom()
+register_random(TORCH_RANDOM)
+
+# Hypothesis's "explain" phase re-runs a failing example under a line tracer to list the lines only
+# failing runs executed; through torch that takes ~40 s per failing test and names torch internals.
+NO_EXPLAIN = tuple(phase for phase in Phase if phase is not Phase.explain)
+
+settings.register_profile("ci", settings.get_profile("ci"), max_examples=30, deadline=None, database=None,
+                          phases=NO_EXPLAIN)
+settings.register_profile("dev", max_examples=50, deadline=None, phases=NO_EXPLAIN)
+settings.register_profile("thorough", max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                          phases=NO_EXPLAIN)
+settings.register_profile("mutation", derandomize=True, database=None, deadline=None, max_examples=15,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
