@@ -1,0 +1,382 @@
+"""Feed-forward, encoder/decoder layers and stacks: hand formulas, torch interop, torch's quirks, errors."""
+
+import contextlib
+import copy
+import math
+import warnings
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from typed_transformer import ShapeError, causal_mask, key_padding_mask_to_torch
+from typed_transformer.layers import (
+    FeedForward,
+    Transformer,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
+from typed_transformer.positions import RotaryEmbedding
+
+# torch warns that its nested tensors are a prototype whenever eval + no_grad takes the nested path.
+pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+
+
+def close(actual: Tensor, expected: Tensor) -> None:
+    """float64 against float64: the same sums in a different order."""
+    torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-10)
+
+
+def randn(*shape: int, seed: int = 0) -> Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def randomize(module: nn.Module, seed: int = 1) -> nn.Module:
+    """Random weights everywhere (torch initialises biases to 0 and LayerNorm to 1, which hides bugs)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float64) * 0.5)
+    return module
+
+
+@contextlib.contextmanager
+def mha_fastpath(enabled: bool) -> Iterator[None]:
+    previous = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(previous)
+
+
+def quiet_torch(build: Callable[[], nn.Module]) -> nn.Module:
+    """Build a torch module without its warning that the nested-tensor path cannot be used."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
+        return build()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Feed-forward and LayerNorm, against the formulas
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("activation", "formula"),
+    [
+        ("relu", lambda h: torch.clamp(h, min=0.0)),
+        ("gelu", lambda h: 0.5 * h * (1.0 + torch.erf(h / math.sqrt(2.0)))),
+        ("gelu_tanh", lambda h: 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h**3)))),
+        (torch.sigmoid, torch.sigmoid),
+    ],
+)
+def test_feed_forward_is_the_papers_equation(activation: object, formula: Callable[[Tensor], Tensor]) -> None:
+    ff = randomize(FeedForward(6, 10, activation=activation, dtype=torch.float64))  # type: ignore[arg-type]
+    assert isinstance(ff, FeedForward)
+    x = randn(2, 3, 6)
+    want = formula(x @ ff.linear1.weight.T + ff.linear1.bias) @ ff.linear2.weight.T + ff.linear2.bias
+    close(ff(x), want)
+
+
+def test_layer_norm_is_torchs_biased_variance_with_eps_inside_the_root() -> None:
+    layer = randomize(TransformerEncoderLayer(6, 2, 8, 0.0, layer_norm_eps=1e-3, dtype=torch.float64))
+    assert isinstance(layer, TransformerEncoderLayer)
+    x = randn(2, 3, 6)
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    want = (x - mean) / torch.sqrt(var + 1e-3) * layer.norm1.weight + layer.norm1.bias
+    close(layer.norm1(x), want)
+    # The Annotated Transformer's LayerNorm (unbiased std, eps outside the root) is a different function.
+    annotated = (x - mean) / (x.std(dim=-1, keepdim=True) + 1e-3) * layer.norm1.weight + layer.norm1.bias
+    assert (layer.norm1(x) - annotated).abs().max() > 1e-2
+
+
+def test_post_ln_and_pre_ln_encoder_layers_follow_their_equations() -> None:
+    x = randn(2, 4, 6)
+    for norm_first in (False, True):
+        layer = randomize(TransformerEncoderLayer(6, 2, 8, 0.0, norm_first=norm_first, dtype=torch.float64))
+        assert isinstance(layer, TransformerEncoderLayer)
+
+        def sa(y: Tensor, layer: TransformerEncoderLayer = layer) -> Tensor:
+            out: Tensor = layer.self_attn(y)[0]
+            return out
+
+        if norm_first:
+            h = x + sa(layer.norm1(x))
+            want = h + layer.feed_forward(layer.norm2(h))
+        else:
+            h = layer.norm1(x + sa(x))
+            want = layer.norm2(h + layer.feed_forward(h))
+        close(layer(x), want)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Torch interop: every module, both directions, both layer-norm placements, activations, bias
+# ----------------------------------------------------------------------------------------------------
+
+OPTIONS = [
+    {"norm_first": False, "activation": "relu", "bias": True},
+    {"norm_first": True, "activation": "gelu", "bias": True},
+    {"norm_first": False, "activation": "gelu", "bias": False},
+    {"norm_first": True, "activation": "relu", "bias": False},
+]
+
+
+def _src_masks() -> tuple[Tensor, Tensor]:
+    padding = torch.tensor([[True, True, True, True, True], [True, True, True, False, False]])
+    return padding, key_padding_mask_to_torch(padding)
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_encoder_layer_from_torch_and_back(options: dict[str, object], batch_first: bool) -> None:
+    theirs = randomize(nn.TransformerEncoderLayer(6, 2, 8, 0.0, batch_first=batch_first, dtype=torch.float64,
+                                                  **options)).eval()  # type: ignore[arg-type]
+    assert isinstance(theirs, nn.TransformerEncoderLayer)
+    ours = TransformerEncoderLayer.from_torch(theirs)
+    x = randn(2, 5, 6)
+    padding, torch_padding = _src_masks()
+    with mha_fastpath(False):
+        want = theirs(x if batch_first else rearrange(x, "b s d -> s b d"), src_mask=~causal_mask(5),
+                      src_key_padding_mask=torch_padding)
+    want = want if batch_first else rearrange(want, "s b d -> b s d")
+    close(ours(x, src_key_padding_mask=padding, is_causal=True), want)
+    back = ours.to_torch(batch_first=batch_first)
+    assert back.state_dict().keys() == theirs.state_dict().keys()
+    for key, value in theirs.state_dict().items():
+        assert torch.equal(back.state_dict()[key], value), key
+    assert not back.training
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_decoder_layer_from_torch_and_back(options: dict[str, object]) -> None:
+    theirs = randomize(nn.TransformerDecoderLayer(6, 3, 8, 0.0, batch_first=True, dtype=torch.float64,
+                                                  **options)).eval()  # type: ignore[arg-type]
+    assert isinstance(theirs, nn.TransformerDecoderLayer)
+    ours = TransformerDecoderLayer.from_torch(theirs)
+    tgt, memory = randn(2, 4, 6, seed=1), randn(2, 5, 6, seed=2)
+    padding, torch_padding = _src_masks()
+    want = theirs(tgt, memory, tgt_mask=~causal_mask(4), memory_key_padding_mask=torch_padding)
+    got = ours(tgt, memory, memory_key_padding_mask=padding, tgt_is_causal=True)
+    close(got, want)
+    back = ours.to_torch()
+    for key, value in theirs.state_dict().items():
+        assert torch.equal(back.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_transformer_from_torch_and_back(options: dict[str, object]) -> None:
+    torch.manual_seed(0)
+    theirs = quiet_torch(lambda: nn.Transformer(6, 2, 2, 2, 8, 0.0, batch_first=True, dtype=torch.float64,
+                                                **options))  # type: ignore[arg-type]
+    randomize(theirs).eval()
+    assert isinstance(theirs, nn.Transformer)
+    ours = Transformer.from_torch(theirs)
+    src, tgt = randn(2, 5, 6, seed=1), randn(2, 4, 6, seed=2)
+    padding, torch_padding = _src_masks()
+    with torch.no_grad():  # eval + no_grad: torch may take its nested-tensor path
+        want = theirs(src, tgt, tgt_mask=~causal_mask(4), src_key_padding_mask=torch_padding,
+                      memory_key_padding_mask=torch_padding)
+    got = ours(src, tgt, src_key_padding_mask=padding, memory_key_padding_mask=padding, tgt_is_causal=True)
+    close(got, want)
+    back = ours.to_torch()
+    assert back.state_dict().keys() == theirs.state_dict().keys()
+    for key, value in theirs.state_dict().items():
+        assert torch.equal(back.state_dict()[key], value), key
+
+
+def test_state_dict_names_are_torchs_up_to_two_renames() -> None:
+    """Ours = torch's names, except the feed-forward's linears live in ``feed_forward`` and the fused
+    projection is a Linear (``in_proj.weight`` for torch's ``in_proj_weight``)."""
+    theirs = quiet_torch(lambda: nn.Transformer(6, 2, 1, 1, 8))
+    assert isinstance(theirs, nn.Transformer)
+    ours = Transformer.from_torch(theirs)
+    renamed = {key.replace("feed_forward.", "").replace("in_proj.weight", "in_proj_weight")
+               .replace("in_proj.bias", "in_proj_bias") for key in ours.state_dict()}
+    assert renamed == set(theirs.state_dict())
+
+
+def test_stacks_from_torch_keep_each_layer_and_the_final_norm() -> None:
+    layer = nn.TransformerDecoderLayer(6, 2, 8, 0.0, batch_first=True, dtype=torch.float64)
+    theirs = randomize(nn.TransformerDecoder(layer, 3, norm=nn.LayerNorm(6, dtype=torch.float64)))
+    assert isinstance(theirs, nn.TransformerDecoder)
+    ours = TransformerDecoder.from_torch(theirs)
+    assert len(ours.layers) == 3
+    tgt, memory = randn(2, 4, 6), randn(2, 3, 6, seed=1)
+    close(ours(tgt, memory), theirs(tgt, memory))
+    no_norm = TransformerDecoder.from_torch(nn.TransformerDecoder(layer, 1))
+    assert no_norm.norm is None
+
+
+def test_gelu_tanh_keeps_torch_off_its_exact_gelu_fast_path() -> None:
+    """torch's fast path treats any nn.GELU as exact GELU; to_torch hands over a plain function instead,
+    so the torch copy computes tanh-GELU on every path."""
+    ours = randomize(TransformerEncoderLayer(6, 2, 8, 0.0, activation="gelu_tanh", dtype=torch.float64)).eval()
+    assert isinstance(ours, TransformerEncoderLayer)
+    theirs = ours.to_torch()
+    x = randn(2, 5, 6)
+    with torch.no_grad(), mha_fastpath(True):
+        close(theirs(x), ours(x))
+    assert TransformerEncoderLayer.from_torch(theirs).feed_forward.extra_repr() == "activation=gelu_tanh"
+
+
+# ----------------------------------------------------------------------------------------------------
+# torch's quirks, documented by tests
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_torch_nested_path_zeroes_padded_positions_and_we_do_not() -> None:
+    layer = nn.TransformerEncoderLayer(6, 2, 8, 0.0, batch_first=True, dtype=torch.float64)
+    theirs = randomize(nn.TransformerEncoder(layer, 2)).eval()
+    assert isinstance(theirs, nn.TransformerEncoder)
+    ours = TransformerEncoder.from_torch(theirs)
+    x = randn(2, 5, 6)
+    padding, torch_padding = _src_masks()
+    with torch.no_grad():
+        want = theirs(x, src_key_padding_mask=torch_padding)
+    got = ours(x, src_key_padding_mask=padding)
+    close(got[padding], want[padding])
+    assert torch.equal(want[1, 3:], torch.zeros(2, 6, dtype=torch.float64))  # torch's nested tensor: zeros
+    assert got[1, 3:].abs().min() > 0  # ours: ordinary values (a padded query still attends to real keys)
+
+
+def test_torch_fused_encoder_layer_reads_a_float_mask_as_boolean() -> None:
+    """pytorch/pytorch#118628: in eval + no_grad torch's fused encoder layer treats every non-zero entry of
+    an additive float mask as "masked out". Ours adds the mask to the logits, as torch's slow path does."""
+    theirs = randomize(nn.TransformerEncoderLayer(6, 2, 8, 0.0, batch_first=True, dtype=torch.float64)).eval()
+    assert isinstance(theirs, nn.TransformerEncoderLayer)
+    ours = TransformerEncoderLayer.from_torch(theirs)
+    x = randn(2, 3, 6)
+    bias = torch.tensor([[0.0, 1.5, 0.0], [0.0, 0.0, -2.0], [0.5, 0.0, 0.0]], dtype=torch.float64)
+    as_boolean = torch.zeros_like(bias).masked_fill(bias != 0, float("-inf"))
+    with torch.no_grad():
+        fused = theirs(x, src_mask=bias)
+        with mha_fastpath(False):
+            slow, slow_boolean = theirs(x, src_mask=bias), theirs(x, src_mask=as_boolean)
+    close(fused, slow_boolean)
+    assert (fused - slow).abs().max() > 1e-3
+    close(ours(x, bias), slow)
+
+
+def test_nn_transformer_builds_final_norms_and_final_norms_false_leaves_them_out() -> None:
+    """With post-LN, nn.Transformer's decoder output goes through two LayerNorms in a row (pytorch#24930)."""
+    torch.manual_seed(0)
+    theirs = quiet_torch(lambda: nn.Transformer(6, 2, 1, 1, 8, 0.0))
+    assert isinstance(theirs, nn.Transformer)
+    assert theirs.encoder.norm is not None
+    assert theirs.decoder.norm is not None
+    ours = Transformer(6, 2, 1, 1, 8, 0.0)
+    assert isinstance(ours.encoder.norm, nn.LayerNorm)
+    assert isinstance(ours.decoder.norm, nn.LayerNorm)
+    bare = Transformer(6, 2, 1, 1, 8, 0.0, final_norms=False)
+    assert bare.encoder.norm is None
+    assert bare.decoder.norm is None
+    assert not any("encoder.norm." in key or "decoder.norm." in key for key in bare.state_dict())
+    # The same weights with and without the final norms: the decoder output differs by exactly that norm.
+    bare.load_state_dict({k: v for k, v in ours.state_dict().items() if "coder.norm." not in k})
+    src, tgt = torch.randn(2, 3, 6), torch.randn(2, 4, 6)
+    memory = ours.encoder(src)
+    torch.testing.assert_close(ours(src, tgt), ours.decoder.norm(bare.decoder(tgt, memory)))
+
+
+def test_layers_start_identical_in_a_stack_but_not_in_transformer() -> None:
+    encoder = TransformerEncoder(TransformerEncoderLayer(6, 2, 8), 2)
+    first, second = encoder.layers[0].state_dict(), encoder.layers[1].state_dict()
+    assert all(torch.equal(first[key], second[key]) for key in first)  # deep copies, as in torch
+    model = Transformer(6, 2, 2, 2, 8)
+    first, second = model.encoder.layers[0].state_dict(), model.encoder.layers[1].state_dict()
+    assert not torch.equal(first["feed_forward.linear1.weight"], second["feed_forward.linear1.weight"])
+
+
+def test_is_causal_is_a_real_flag() -> None:
+    """torch's ``is_causal`` is a hint that needs the mask as well; ours alone is enough."""
+    layer = randomize(TransformerEncoderLayer(6, 2, 8, 0.0, dtype=torch.float64))
+    x = randn(2, 4, 6)
+    with_flag, with_mask = layer(x, is_causal=True), layer(x, causal_mask(4))
+    torch.testing.assert_close(with_flag, with_mask, rtol=0, atol=0)
+    assert (with_flag - layer(x)).abs().max() > 1e-3
+    theirs = layer.to_torch()  # type: ignore[operator]
+    with pytest.raises(RuntimeError):
+        theirs(x, is_causal=True)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_wrong_widths_batches_and_masks_raise_shape_errors() -> None:
+    model = Transformer(8, 2, 1, 1, 16)
+    src, tgt = torch.randn(2, 5, 8), torch.randn(2, 4, 8)
+    with pytest.raises(ShapeError) as info:
+        model(torch.randn(2, 5, 6), tgt)
+    assert (info.value.argument, info.value.axis, info.value.actual, info.value.expected) == ("src", "d_model", 6, 8)
+    with pytest.raises(ShapeError) as info:
+        model(src, tgt[:1])
+    assert (info.value.argument, info.value.axis, info.value.bound_by) == ("tgt", "b", "src")
+    with pytest.raises(ShapeError) as info:
+        model(src, tgt, tgt_mask=torch.ones(4, 5, dtype=torch.bool))
+    assert (info.value.argument, info.value.axis) == ("tgt_mask", "t")
+    with pytest.raises(ShapeError) as info:
+        model(src, tgt, memory_key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
+    assert (info.value.argument, info.value.axis) == ("memory_key_padding_mask", "s")
+    with pytest.raises(ShapeError) as info:
+        model.encoder(src, src_key_padding_mask=torch.ones(2, 5))
+    assert info.value.argument == "src_key_padding_mask"
+    with pytest.raises(ShapeError) as info:
+        model.decoder.layers[0](tgt, torch.randn(2, 5, 7))
+    assert (info.value.argument, info.value.axis, info.value.expected) == ("memory", "d_model", 8)
+    with pytest.raises(ShapeError) as info:
+        FeedForward(8, 16)(torch.randn(2, 3, 4))
+    assert (info.value.argument, info.value.axis) == ("x", "d_model")
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: TransformerEncoderLayer(10, 4), "d_model=10 is not divisible by nhead=4"),
+        (lambda: TransformerDecoderLayer(8, 2, 0), "dim_feedforward must be a positive int, got 0"),
+        (lambda: TransformerEncoderLayer(8, 0), "nhead must be a positive int, got 0"),
+        (lambda: TransformerEncoderLayer(8, 2, dropout=1.0), r"dropout must be in \[0, 1\), got 1.0"),
+        (lambda: TransformerEncoderLayer(8, 2, layer_norm_eps=0.0), "layer_norm_eps must be a finite number > 0"),
+        (lambda: FeedForward(8, 16, activation="silu"),  # type: ignore[arg-type]
+         "activation must be 'relu', 'gelu', 'gelu_tanh' or a callable, got 'silu'"),
+        (lambda: TransformerEncoder(TransformerEncoderLayer(8, 2), 0), "num_layers must be a positive int, got 0"),
+        (lambda: Transformer(8, 2, custom_encoder=TransformerEncoder(TransformerEncoderLayer(4, 2), 1)),
+         "custom_encoder.d_model=4 does not match d_model=8"),
+    ],
+)
+def test_constructors_reject_bad_arguments(build: Callable[[], object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_interop_refuses_what_it_cannot_convert() -> None:
+    with pytest.raises(TypeError, match=r"expected nn\.TransformerEncoderLayer"):
+        TransformerEncoderLayer.from_torch(nn.Linear(2, 2))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="convert torch's with from_torch"):
+        TransformerEncoder(nn.TransformerEncoderLayer(8, 2), 2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"expected nn\.Transformer,"):
+        Transformer.from_torch(nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2), 1,  # type: ignore[arg-type]
+                                                     enable_nested_tensor=False))
+    rotary = TransformerEncoderLayer(8, 2, rotary=RotaryEmbedding(4))
+    with pytest.raises(ValueError, match="no rotary embeddings"):
+        rotary.to_torch()
+
+
+def test_repr_and_copies() -> None:
+    layer = TransformerDecoderLayer(8, 2, 16, norm_first=True)
+    assert repr(layer).startswith("TransformerDecoderLayer(\n  d_model=8, nhead=2, norm_first=True")
+    assert "FeedForward(\n    activation=relu" in repr(layer)
+    clone = copy.deepcopy(layer)
+    x, memory = torch.randn(1, 2, 8), torch.randn(1, 3, 8)
+    layer.eval()
+    clone.eval()
+    torch.testing.assert_close(clone(x, memory), layer(x, memory))
+    assert F.relu is layer.feed_forward.activation
