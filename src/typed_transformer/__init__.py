@@ -3,11 +3,23 @@
 Every public function and ``forward`` is annotated with jaxtyping shapes (``Float[Tensor, "b h t d"]``)
 and checked at the call; a wrong shape raises :class:`ShapeError` (a ``jaxtyping.TypeCheckError``)
 naming the function, the argument, the axis and both sizes.
+
+Modules, in dependency order: ``shapecheck`` -> ``masks`` -> ``attention`` -> ``positions`` -> ``multihead``
+-> ``layers`` -> ``seq2seq`` / ``gpt`` -> ``hf``, ``data`` -> ``checkpoint`` -> ``training`` -> ``bench`` -> ``cli``.
 """
 
 from jaxtyping import TypeCheckError
 
 from .attention import scaled_dot_product_attention
+from .gpt import GPT, GPTConfig
+from .layers import (
+    FeedForward,
+    Transformer,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 from .masks import (
     attn_mask_from_torch,
     attn_mask_to_torch,
@@ -16,7 +28,9 @@ from .masks import (
     key_padding_mask_to_torch,
     merge_masks,
 )
-from .multihead import MultiHeadAttention
+from .multihead import KVCache, MultiHeadAttention
+from .positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .seq2seq import Seq2SeqTransformer
 from .shapecheck import (
     ShapeError,
     checks_enabled,
@@ -29,8 +43,21 @@ from .shapecheck import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "GPT",
+    "FeedForward",
+    "GPTConfig",
+    "KVCache",
+    "LearnedPositionalEmbedding",
     "MultiHeadAttention",
+    "RotaryEmbedding",
+    "Seq2SeqTransformer",
     "ShapeError",
+    "SinusoidalPositionalEncoding",
+    "Transformer",
+    "TransformerDecoder",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
     "TypeCheckError",
     "attn_mask_from_torch",
     "attn_mask_to_torch",

@@ -68,7 +68,10 @@ def _optimizer_state(tensors: dict[str, Tensor], meta: dict[str, Any]) -> dict[s
         if name.startswith("optim."):
             _, index, key = name.split(".", 2)
             state.setdefault(int(index), {})[key] = value
-    return {"state": state, "param_groups": meta["param_groups"]}
+    # JSON has no tuples; AdamW's betas (and similar pairs) were tuples when saved.
+    groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in group.items()}
+              for group in meta["param_groups"]]
+    return {"state": state, "param_groups": groups}
 
 
 def save_checkpoint(

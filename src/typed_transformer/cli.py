@@ -174,6 +174,9 @@ def _train(args: argparse.Namespace) -> int:
             raise ValueError(f"{source} is not the text the checkpoint was trained on "
                              f"({len(text)} characters, the checkpoint's had {resume.info['text_chars']})")
         data = TextData.from_text(text, model.config.block_size, tokenizer=tokenizer, source=source)
+        if resume.iteration >= config.max_iters:
+            raise ValueError(f"the checkpoint is already at iteration {resume.iteration}; "
+                             "pass a larger --max-iters")
         print(f"resuming {args.out / CHECKPOINT_NAME} at iteration {resume.iteration}", file=sys.stderr)
     else:
         config = TrainConfig(**train_overrides)
@@ -181,8 +184,6 @@ def _train(args: argparse.Namespace) -> int:
         data = TextData.from_text(text, block, source=source)
         torch.manual_seed(config.seed)
         model = GPT(GPTConfig.preset(args.preset, data.tokenizer.vocab_size, **overrides))
-    if resume is not None and resume.iteration >= config.max_iters:
-        raise ValueError(f"the checkpoint is already at iteration {resume.iteration}; pass a larger --max-iters")
     print(f"data: {source}: {len(text):,} characters, vocabulary {data.tokenizer.vocab_size}, "
           f"train {len(data.train):,} / val {len(data.val):,} tokens", file=sys.stderr)
     print(f"model: {args.preset} preset, {model.num_parameters():,} parameters (without positions), "

@@ -2,7 +2,7 @@
 
     x_0 = E[idx] + P              token embedding plus positions (learned, sinusoidal, or RoPE inside attention)
     x_l = x_{l-1} + Attn(LN(x_{l-1}))         pre-LN blocks with causal self-attention
-    x_l = x_l + MLP(LN(x_l))                  MLP(x) = W_2 GELU(W_1 x), width 4 * n_embd
+    x_l = x_l + MLP(LN(x_l))                  MLP(x) = W_2 GELU(W_1 x), width 4 * n_embd (FeedForward)
     logits = LN_f(x_L) E^T                    output head tied to the token embedding (by default)
 
 Shapes: ``idx (b, t)`` token ids, ``logits (b, t, vocab_size)`` (only the last position when no targets are
@@ -20,6 +20,7 @@ from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from .layers import FeedForward
 from .multihead import KVCache, MultiHeadAttention
 from .positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .shapecheck import raise_shape_error, shape_checked, typechecked
@@ -102,25 +103,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 @shape_checked
-class MLP(nn.Module):
-    """Position-wise feed-forward of a GPT block: ``dropout(W_2 GELU(W_1 x))``, hidden width ``4 n_embd``."""
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.n_embd = config.n_embd
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.act = nn.GELU(approximate="tanh" if config.activation == "gelu_tanh" else "none")
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x: Float[Tensor, "b t {self.n_embd}"]) -> Float[Tensor, "b t {self.n_embd}"]:
-        out: Tensor = self.dropout(self.c_proj(self.act(self.c_fc(x))))
-        return out
-
-
-@shape_checked
 class Block(nn.Module):
-    """Pre-LN block: ``x + dropout(attn(ln_1(x)))``, then ``x + mlp(ln_2(x))``; causal self-attention."""
+    """Pre-LN block: ``x + dropout(attn(ln_1(x)))``, then ``x + dropout(mlp(ln_2(x)))``; causal self-attention.
+
+    The MLP is the stack's :class:`~typed_transformer.layers.FeedForward` (``linear2(GELU(linear1(x)))``, width
+    ``4 n_embd``) with no dropout inside, so dropout sits where nanoGPT has it: on each residual branch.
+    """
 
     def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None) -> None:
         super().__init__()
@@ -130,13 +118,15 @@ class Block(nn.Module):
                                        dropout=config.dropout, bias=config.bias, rotary=rotary)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
-        self.mlp = MLP(config)
+        self.mlp = FeedForward(config.n_embd, 4 * config.n_embd, dropout=0.0, activation=config.activation,
+                               bias=config.bias)
+        self.mlp_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Float[Tensor, "b t {self.n_embd}"], kv_cache: KVCache | None = None
                 ) -> Float[Tensor, "b t {self.n_embd}"]:
         attended, _ = self.attn(self.ln_1(x), is_causal=True, kv_cache=kv_cache)
         x = x + self.resid_dropout(attended)
-        out: Tensor = x + self.mlp(self.ln_2(x))
+        out: Tensor = x + self.mlp_dropout(self.mlp(self.ln_2(x)))
         return out
 
 
@@ -188,7 +178,7 @@ class GPT(nn.Module):
         for block in self.blocks:
             assert isinstance(block, Block)
             nn.init.normal_(block.attn.out_proj.weight, std=residual_std)
-            nn.init.normal_(block.mlp.c_proj.weight, std=residual_std)
+            nn.init.normal_(block.mlp.linear2.weight, std=residual_std)
 
     def num_parameters(self, *, non_embedding: bool = True) -> int:
         """Parameter count; by default without the position table (nanoGPT's convention)."""
@@ -216,12 +206,11 @@ class GPT(nn.Module):
             raise_shape_error(name, "idx", f"axis t is {t}" + (f" after {offset} cached positions" if offset else "")
                               + f", more than block_size={self.config.block_size}",
                               axis="t", actual=offset + t, expected=self.config.block_size)
-        if not torch.compiler.is_compiling() and idx.numel():
-            low, high = int(idx.min()), int(idx.max())
-            if low < 0 or high >= self.vocab_size:
-                bad = low if low < 0 else high
-                raise ValueError(f"GPT.forward: idx holds token id {bad}, "
-                                 f"outside the vocabulary 0..{self.vocab_size - 1}")
+        if not torch.compiler.is_compiling():
+            # Out-of-range ids would otherwise surface as an index error deep inside embedding or loss.
+            _check_ids("idx", idx, 0, self.vocab_size)
+            if targets is not None:
+                _check_ids("targets", targets, -1, self.vocab_size)  # -1 = ignored position
         x = self.tok_emb(idx)
         if self.pos is not None:
             x = self.pos(x, offset)
@@ -296,6 +285,17 @@ class GPT(nn.Module):
         decay = [p for p in params.values() if p.dim() >= 2]
         no_decay = [p for p in params.values() if p.dim() < 2]
         return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _check_ids(name: str, ids: Tensor, low: int, vocab_size: int) -> None:
+    if ids.numel() == 0:
+        return
+    smallest, largest = int(ids.min()), int(ids.max())
+    if smallest < low or largest >= vocab_size:
+        bad = smallest if smallest < low else largest
+        ignored = " (or -1, ignored)" if low == -1 else ""
+        raise ValueError(f"GPT.forward: {name} holds token id {bad}, outside the vocabulary 0..{vocab_size - 1}"
+                         + ignored)
 
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,

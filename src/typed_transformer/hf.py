@@ -7,7 +7,7 @@ head is tied to the token embedding. The mapping (``h.{i}`` are the blocks)::
     wte -> tok_emb                 wpe -> pos                       ln_f -> ln_f
     h.{i}.ln_1 -> blocks.{i}.ln_1  h.{i}.attn.c_attn -> .attn.in_proj (transposed; q, k, v order as ours)
     h.{i}.ln_2 -> blocks.{i}.ln_2  h.{i}.attn.c_proj -> .attn.out_proj (transposed)
-                                   h.{i}.mlp.c_fc / c_proj -> .mlp.c_fc / c_proj (transposed)
+                                   h.{i}.mlp.c_fc / c_proj -> .mlp.linear1 / linear2 (transposed)
 
 ``transformers`` itself is not needed: a plain state dict (with ``n_head`` given) works too.
 """
@@ -62,7 +62,7 @@ def gpt_from_hf_gpt2(model_or_state_dict: Any, *, n_head: int | None = None) -> 
     ours: dict[str, Tensor] = {"tok_emb.weight": wte, "pos.weight": wpe,
                                "ln_f.weight": weights["ln_f.weight"], "ln_f.bias": weights["ln_f.bias"]}
     names = {"ln_1": "ln_1", "ln_2": "ln_2", "attn.c_attn": "attn.in_proj", "attn.c_proj": "attn.out_proj",
-             "mlp.c_fc": "mlp.c_fc", "mlp.c_proj": "mlp.c_proj"}
+             "mlp.c_fc": "mlp.linear1", "mlp.c_proj": "mlp.linear2"}
     for i in range(n_layer):
         for theirs, mine in names.items():
             for kind in ("weight", "bias"):

@@ -1,0 +1,485 @@
+"""The character-level GPT: configuration, presets, an independent reference forward pass, initialisation,
+weight tying, generation and the errors for bad inputs."""
+
+import math
+import re
+from typing import Any
+
+import jaxtyping
+import pytest
+import torch
+from torch import Tensor
+
+from typed_transformer import ShapeError
+from typed_transformer.gpt import GPT, PRESETS, Block, GPTConfig, sample
+from typed_transformer.multihead import KVCache
+
+FORWARD = "typed_transformer.gpt.GPT.forward"
+
+
+def tiny(**overrides: Any) -> GPTConfig:
+    fields: dict[str, Any] = {"vocab_size": 11, "block_size": 8, "n_layer": 2, "n_head": 2, "n_embd": 8}
+    return GPTConfig(**{**fields, **overrides})
+
+
+def randomized(config: GPTConfig, seed: int = 0, std: float = 0.3) -> GPT:
+    """A float64 model whose every parameter (biases and norms too) is std * N(0, 1)."""
+    torch.manual_seed(seed)
+    model = GPT(config).double().eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float64) * std)
+    return model
+
+
+def tokens(b: int, t: int, vocab: int, seed: int = 0) -> Tensor:
+    return torch.randint(vocab, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------------------------------------------
+# An independent forward pass, written from the equations (no typed_transformer code is called)
+# ---------------------------------------------------------------------------------------------------
+
+
+def ref_layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    out = (x - mean) / torch.sqrt(var + eps) * weight
+    return out if bias is None else out + bias
+
+
+def ref_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    out = x @ weight.T
+    return out if bias is None else out + bias
+
+
+def ref_gelu(x: Tensor, tanh: bool) -> Tensor:
+    if tanh:
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+def ref_rotate(x: Tensor) -> Tensor:
+    """Split-half RoPE on ``(b, h, t, d)``: pair ``(x_i, x_{i+d/2})`` turns by ``pos * 10000^(-2i/d)``."""
+    t, d = x.shape[2], x.shape[3]
+    half = d // 2
+    out = torch.empty_like(x)
+    for pos in range(t):
+        for i in range(half):
+            angle = pos * 10000.0 ** (-2.0 * i / d)
+            c, s = math.cos(angle), math.sin(angle)
+            a, b = x[:, :, pos, i], x[:, :, pos, i + half]
+            out[:, :, pos, i] = a * c - b * s
+            out[:, :, pos, i + half] = a * s + b * c
+    return out
+
+
+def reference_logits(model: GPT, idx: Tensor) -> Tensor:
+    """All-position logits of ``model`` on ``idx`` computed from its parameters and the GPT equations."""
+    cfg = model.config
+    p = dict(model.named_parameters())
+    b, t = idx.shape
+    d, h, g = cfg.n_embd, cfg.n_head, cfg.kv_heads
+    hd = d // h
+    x = p["tok_emb.weight"][idx]
+    if cfg.positional == "learned":
+        x = x + p["pos.weight"][:t]
+    elif cfg.positional == "sinusoidal":
+        pe = torch.zeros(t, d, dtype=x.dtype)
+        for pos in range(t):
+            for i in range(0, d, 2):
+                pe[pos, i] = math.sin(pos / 10000.0 ** (i / d))
+                if i + 1 < d:
+                    pe[pos, i + 1] = math.cos(pos / 10000.0 ** (i / d))
+        x = x + pe
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    for layer in range(cfg.n_layer):
+        pre = f"blocks.{layer}."
+
+        def get(name: str, pre: str = pre) -> Tensor | None:
+            return p.get(pre + name)
+
+        ln1_w = get("ln_1.weight")
+        assert ln1_w is not None
+        a = ref_layer_norm(x, ln1_w, get("ln_1.bias"), cfg.layer_norm_eps)
+        in_w = get("attn.in_proj.weight")
+        assert in_w is not None
+        qkv = ref_linear(a, in_w, get("attn.in_proj.bias"))
+        q, k, v = torch.split(qkv, [d, g * hd, g * hd], dim=-1)
+        q = q.reshape(b, t, h, hd).transpose(1, 2)
+        k = k.reshape(b, t, g, hd).transpose(1, 2).repeat_interleave(h // g, dim=1)
+        v = v.reshape(b, t, g, hd).transpose(1, 2).repeat_interleave(h // g, dim=1)
+        if cfg.positional == "rope":
+            q, k = ref_rotate(q), ref_rotate(k)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        scores = scores.masked_fill(~causal, float("-inf"))
+        att = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        att = att / att.sum(dim=-1, keepdim=True)
+        heads = (att @ v).transpose(1, 2).reshape(b, t, d)
+        out_w = get("attn.out_proj.weight")
+        assert out_w is not None
+        x = x + ref_linear(heads, out_w, get("attn.out_proj.bias"))
+        ln2_w = get("ln_2.weight")
+        fc_w, proj_w = get("mlp.linear1.weight"), get("mlp.linear2.weight")
+        assert ln2_w is not None
+        assert fc_w is not None
+        assert proj_w is not None
+        m = ref_layer_norm(x, ln2_w, get("ln_2.bias"), cfg.layer_norm_eps)
+        m = ref_gelu(ref_linear(m, fc_w, get("mlp.linear1.bias")), cfg.activation == "gelu_tanh")
+        x = x + ref_linear(m, proj_w, get("mlp.linear2.bias"))
+    x = ref_layer_norm(x, p["ln_f.weight"], p.get("ln_f.bias"), cfg.layer_norm_eps)
+    head = p["tok_emb.weight"] if cfg.tie_weights else p["lm_head.weight"]
+    return x @ head.T
+
+
+def reference_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean negative log-likelihood over the targets that are not -1."""
+    log_probs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    total, count = torch.zeros((), dtype=logits.dtype), 0
+    for i in range(targets.shape[0]):
+        for j in range(targets.shape[1]):
+            target = int(targets[i, j])
+            if target != -1:
+                total = total - log_probs[i, j, target]
+                count += 1
+    return total / count
+
+
+# ---------------------------------------------------------------------------------------------------
+# Configuration and presets
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_presets_are_nanogpts_baby_and_seed_003() -> None:
+    baby = GPTConfig.preset("baby", 65)
+    assert (baby.n_layer, baby.n_head, baby.n_embd, baby.block_size, baby.dropout) == (4, 4, 128, 64, 0.0)
+    seed = GPTConfig.preset("seed", 65)
+    assert (seed.n_layer, seed.n_head, seed.n_embd, seed.block_size, seed.dropout) == (6, 6, 384, 256, 0.2)
+    assert baby.vocab_size == seed.vocab_size == 65
+    assert set(PRESETS) == {"baby", "seed"}
+    overridden = GPTConfig.preset("baby", 10, block_size=8, positional="rope")
+    assert (overridden.block_size, overridden.positional, overridden.n_embd) == (8, "rope", 128)
+
+
+def test_baby_non_embedding_parameter_count_is_nanogpts_figure() -> None:
+    model = GPT(GPTConfig.preset("baby", 65))
+    assert model.num_parameters() == 795_904
+    assert model.num_parameters(non_embedding=False) == 795_904 + 64 * 128  # plus the position table
+
+
+def test_parameter_count_formula_for_the_seed_preset() -> None:
+    # Per layer 12 d^2 (attention 4 d^2, MLP 8 d^2) + 2 d (two LayerNorm weights, no biases);
+    # then the final LayerNorm and the (tied) token embedding.
+    d, layers, vocab = 384, 6, 65
+    expected = layers * (12 * d * d + 2 * d) + d + vocab * d
+    model = GPT(GPTConfig.preset("seed", vocab))
+    assert model.num_parameters() == expected == 10_646_784
+
+
+def test_config_round_trips_through_a_dict() -> None:
+    config = tiny(n_kv_heads=1, positional="rope", bias=True, activation="gelu_tanh")
+    assert GPTConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"vocab_size": 0}, "vocab_size must be a positive int"),
+        ({"block_size": -1}, "block_size must be a positive int"),
+        ({"block_size": True}, "block_size must be a positive int"),
+        ({"n_layer": 0}, "n_layer must be a positive int"),
+        ({"n_head": 0}, "n_head must be a positive int"),
+        ({"n_embd": 2.5}, "n_embd must be a positive int"),
+        ({"n_embd": 9, "n_head": 2}, "n_embd=9 is not divisible by n_head=2"),
+        ({"n_head": 4, "n_kv_heads": 3}, "n_kv_heads=3 must divide n_head=4"),
+        ({"n_kv_heads": 0}, "n_kv_heads=0 must divide n_head=2"),
+        ({"dropout": 1.0}, "dropout must be in [0, 1)"),
+        ({"dropout": -0.1}, "dropout must be in [0, 1)"),
+        ({"positional": "alibi"}, "positional must be learned, sinusoidal or rope"),
+        ({"activation": "relu"}, "activation must be gelu or gelu_tanh"),
+        ({"positional": "rope", "n_embd": 6, "n_head": 2}, "rope needs an even head size, got 3"),
+    ],
+)
+def test_config_validation_raises_value_error(overrides: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValueError, match="GPTConfig") as info:
+        tiny(**overrides)
+    assert info.type is ValueError
+    assert words in str(info.value)
+
+
+def test_unknown_preset_and_unknown_fields() -> None:
+    with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of baby, seed"):
+        GPTConfig.preset("huge", 10)
+    with pytest.raises(ValueError, match=r"unknown fields \['n_ctx'\]"):
+        GPTConfig.from_dict({**tiny().to_dict(), "n_ctx": 8})
+
+
+# ---------------------------------------------------------------------------------------------------
+# The forward pass against the reference
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"positional": "sinusoidal", "bias": True},
+        {"positional": "rope", "n_head": 4, "n_kv_heads": 2, "n_embd": 16},
+        {"activation": "gelu_tanh", "tie_weights": False, "n_kv_heads": 1},
+        {"positional": "rope", "bias": True, "tie_weights": False, "n_layer": 1, "n_head": 1},
+    ],
+)
+def test_forward_matches_the_reference_equations(overrides: dict[str, Any]) -> None:
+    model = randomized(tiny(**overrides))
+    idx, targets = tokens(3, 7, 11, seed=1), tokens(3, 7, 11, seed=2)
+    targets[0, 2] = targets[2, 6] = -1
+    expected = reference_logits(model, idx)
+    logits, loss = model(idx, targets)
+    torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
+    assert loss is not None
+    torch.testing.assert_close(loss, reference_loss(expected, targets), rtol=1e-10, atol=1e-10)
+    all_logits, no_loss = model(idx, all_positions=True)
+    assert no_loss is None
+    torch.testing.assert_close(all_logits, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_without_targets_only_the_last_position_is_returned() -> None:
+    model = randomized(tiny())
+    idx = tokens(2, 5, 11)
+    logits, loss = model(idx)
+    assert loss is None
+    assert logits.shape == (2, 1, 11)
+    torch.testing.assert_close(logits, reference_logits(model, idx)[:, -1:], rtol=1e-10, atol=1e-10)
+
+
+def test_blocks_are_pre_ln_the_residual_stream_is_not_normalised() -> None:
+    # Pre-LN: with the attention and MLP output projections zeroed, the block adds nothing and the final
+    # LayerNorm sees E[idx] itself; a post-LN block would have passed it through its own (random) ln_1/ln_2.
+    model = randomized(tiny(positional="rope", n_layer=1))
+    block = model.blocks[0]
+    assert isinstance(block, Block)
+    with torch.no_grad():
+        block.attn.out_proj.weight.zero_()
+        block.mlp.linear2.weight.zero_()
+    idx = tokens(1, 6, 11)
+    logits, _ = model(idx, all_positions=True)
+    emb = model.tok_emb.weight[idx]
+    expected = ref_layer_norm(emb, model.ln_f.weight, None, 1e-5) @ model.tok_emb.weight.T
+    torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_weight_tying_shares_one_tensor_and_survives_a_step() -> None:
+    model = GPT(tiny())
+    assert model.lm_head.weight is model.tok_emb.weight
+    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    assert "lm_head.weight" in names
+    assert "tok_emb.weight" in names
+    assert sum(p.numel() for p in model.parameters()) == model.num_parameters(non_embedding=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    idx = tokens(2, 8, 11)
+    _, loss = model(idx, idx)
+    assert loss is not None
+    loss.backward()
+    optimizer.step()
+    assert model.lm_head.weight is model.tok_emb.weight
+    untied = GPT(tiny(tie_weights=False))
+    assert untied.lm_head.weight is not untied.tok_emb.weight
+    assert untied.num_parameters() == model.num_parameters() + 11 * 8
+
+
+def test_gpt2_initialisation_with_scaled_residual_projections() -> None:
+    torch.manual_seed(0)
+    n_layer = 3
+    model = GPT(GPTConfig(vocab_size=2000, block_size=256, n_layer=n_layer, n_head=6, n_embd=384, bias=True))
+    blocks = [block for block in model.blocks if isinstance(block, Block)]
+    assert len(blocks) == n_layer
+    residual = torch.cat([torch.cat([block.attn.out_proj.weight.flatten(), block.mlp.linear2.weight.flatten()])
+                          for block in blocks]).detach()
+    expected = 0.02 / math.sqrt(2 * n_layer)
+    assert residual.std().item() == pytest.approx(expected, rel=0.02)
+    assert abs(residual.mean().item()) < expected / 50
+    # Normal, not uniform: the kurtosis of a normal distribution is 3 (uniform: 1.8).
+    kurtosis = ((residual - residual.mean()) ** 4).mean() / residual.var() ** 2
+    assert kurtosis.item() == pytest.approx(3.0, abs=0.1)
+    for block in blocks:
+        assert block.attn.in_proj is not None
+        for weight in (block.attn.in_proj.weight, block.mlp.linear1.weight):
+            assert weight.std().item() == pytest.approx(0.02, rel=0.02)
+        for bias in (block.attn.in_proj.bias, block.attn.out_proj.bias, block.mlp.linear1.bias, block.mlp.linear2.bias,
+                     block.ln_1.bias, block.ln_2.bias):
+            assert bias is not None
+            assert bool((bias == 0).all())
+        assert bool((block.ln_1.weight == 1).all())
+        assert bool((block.ln_2.weight == 1).all())
+    assert model.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.02)
+    assert model.pos is not None
+    assert model.pos.weight.std().item() == pytest.approx(0.02, rel=0.02)  # type: ignore[operator]
+    assert model.lm_head.weight is model.tok_emb.weight
+
+
+# ---------------------------------------------------------------------------------------------------
+# Generation and sampling
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_generate_appends_tokens_and_keeps_the_prompt() -> None:
+    model = randomized(tiny(block_size=4))
+    idx = tokens(2, 3, 11)
+    out = model.generate(idx, 9, generator=torch.Generator().manual_seed(0))
+    assert out.shape == (2, 12)
+    assert torch.equal(out[:, :3], idx)
+    assert int(out.min()) >= 0
+    assert int(out.max()) < 11
+    assert torch.equal(model.generate(idx, 0), idx)
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope"])
+def test_greedy_generation_equals_the_nanogpt_loop_past_block_size(positional: str) -> None:
+    model = randomized(tiny(block_size=4, positional=positional))
+    idx = tokens(2, 2, 11, seed=3)
+    expected = idx.clone()
+    for _ in range(9):
+        logits = reference_logits(model, expected[:, -4:])[:, -1]
+        expected = torch.cat([expected, logits.argmax(dim=-1, keepdim=True)], dim=1)
+    for use_cache in (True, False):
+        assert torch.equal(model.generate(idx, 9, greedy=True, use_cache=use_cache), expected)
+
+
+def test_a_prompt_longer_than_block_size_is_cropped() -> None:
+    model = randomized(tiny(block_size=4))
+    long = tokens(1, 10, 11, seed=4)
+    out = model.generate(long, 3, greedy=True)
+    assert torch.equal(out[:, :10], long)
+    assert torch.equal(out[:, 10:], model.generate(long[:, -4:], 3, greedy=True)[:, 4:])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"max_new_tokens": -1}, "max_new_tokens must be >= 0, got -1"),
+        ({"temperature": 0.0}, "temperature must be a positive number, got 0.0"),
+        ({"temperature": -1.0}, "temperature must be a positive number, got -1.0"),
+        ({"temperature": math.inf}, "temperature must be a positive number, got inf"),
+        ({"temperature": math.nan}, "temperature must be a positive number, got nan"),
+        ({"top_k": 0}, "top_k must be >= 1, got 0"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+        ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
+    ],
+)
+def test_bad_sampling_settings_raise_value_error(kwargs: dict[str, Any], words: str) -> None:
+    model = GPT(tiny())
+    arguments: dict[str, Any] = {"max_new_tokens": 2, **kwargs}
+    max_new_tokens = arguments.pop("max_new_tokens")
+    with pytest.raises(ValueError, match=re.escape(words)) as info:
+        model.generate(tokens(1, 2, 11), max_new_tokens, **arguments)
+    assert info.type is ValueError
+    assert str(info.value) == words
+
+
+def test_greedy_needs_no_temperature() -> None:
+    model = randomized(tiny())
+    idx = tokens(1, 3, 11)
+    assert torch.equal(model.generate(idx, 2, greedy=True, temperature=0.0), model.generate(idx, 2, greedy=True))
+
+
+def test_sample_greedy_top_k_1_and_tiny_top_p_are_the_argmax() -> None:
+    logits = torch.randn(16, 30, generator=torch.Generator().manual_seed(0))
+    argmax = logits.argmax(dim=-1, keepdim=True)
+    generator = torch.Generator().manual_seed(1)
+    assert torch.equal(sample(logits, greedy=True), argmax)
+    assert torch.equal(sample(logits, top_k=1, generator=generator), argmax)
+    assert torch.equal(sample(logits, top_p=1e-6, generator=generator), argmax)
+
+
+def test_sample_follows_the_softmax_distribution() -> None:
+    # Logits (log 4, 0): probabilities (0.8, 0.2) at temperature 1 and softmax((log 4, 0) / 2) = (2/3, 1/3) at 2.
+    logits = torch.tensor([[math.log(4.0), 0.0]]).expand(20000, 2)
+    generator = torch.Generator().manual_seed(0)
+    first = (sample(logits, generator=generator) == 0).double().mean().item()
+    assert first == pytest.approx(0.8, abs=0.015)
+    first_hot = (sample(logits, temperature=2.0, generator=generator) == 0).double().mean().item()
+    assert first_hot == pytest.approx(2.0 / 3.0, abs=0.015)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Errors: shapes, dtypes, lengths, vocabulary
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("idx", "targets", "argument", "axis", "reason"),
+    [
+        (torch.zeros(5, dtype=torch.long), None, "idx", None, "has 1 axes (5,), expected 2 'b t'"),
+        (torch.zeros(1, 2, 5, dtype=torch.long), None, "idx", None, "has 3 axes (1, 2, 5), expected 2 'b t'"),
+        (torch.zeros(2, 5), None, "idx", None, "dtype is float32, expected a signed integer dtype"),
+        (torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long), "targets", "t",
+         "axis t is 4, expected 5 (bound by idx)"),
+        (torch.zeros(2, 5, dtype=torch.long), torch.zeros(3, 5, dtype=torch.long), "targets", "b",
+         "axis b is 3, expected 2 (bound by idx)"),
+        (torch.zeros(2, 5, dtype=torch.long), torch.zeros(2, 5), "targets", None,
+         "dtype is float32, expected a signed integer dtype"),
+        (torch.zeros(2, 9, dtype=torch.long), None, "idx", "t", "axis t is 9, more than block_size=8"),
+    ],
+)
+def test_bad_idx_and_targets_are_shape_errors(idx: Tensor, targets: Tensor | None, argument: str, axis: str | None,
+                                              reason: str) -> None:
+    model = GPT(tiny())
+    with pytest.raises(ShapeError) as info:
+        model(idx, targets)
+    err = info.value
+    assert isinstance(err, jaxtyping.TypeCheckError)
+    assert (err.function, err.argument, err.axis, err.reason) == (FORWARD, argument, axis, reason)
+
+
+def test_too_long_idx_reports_sizes() -> None:
+    with pytest.raises(ShapeError) as info:
+        GPT(tiny())(torch.zeros(1, 9, dtype=torch.long))
+    assert (info.value.actual, info.value.expected) == (9, 8)
+
+
+def test_positions_beyond_block_size_after_the_cache_are_a_shape_error() -> None:
+    model = randomized(tiny(block_size=4))
+    caches = model.new_caches()
+    model(tokens(1, 3, 11), kv_caches=caches)
+    model(tokens(1, 1, 11), kv_caches=caches)
+    assert caches[0].length == 4
+    with pytest.raises(ShapeError) as info:
+        model(tokens(1, 1, 11), kv_caches=caches)
+    assert info.value.reason == "axis t is 1 after 4 cached positions, more than block_size=4"
+    assert (info.value.argument, info.value.axis, info.value.actual, info.value.expected) == ("idx", "t", 5, 4)
+
+
+def test_generate_checks_the_shape_of_idx() -> None:
+    with pytest.raises(ShapeError) as info:
+        GPT(tiny()).generate(torch.zeros(3, dtype=torch.long), 2)
+    assert (info.value.function, info.value.argument) == ("typed_transformer.gpt.GPT.generate", "idx")
+
+
+@pytest.mark.parametrize("bad", [11, 100, -1])
+def test_token_ids_outside_the_vocabulary_are_a_value_error(bad: int) -> None:
+    idx = torch.zeros(2, 4, dtype=torch.long)
+    idx[1, 2] = bad
+    with pytest.raises(ValueError, match="outside the vocabulary") as info:
+        GPT(tiny())(idx)
+    assert info.type is ValueError
+    assert str(info.value) == f"GPT.forward: idx holds token id {bad}, outside the vocabulary 0..10"
+
+
+@pytest.mark.parametrize("bad", [11, -2])
+def test_target_ids_outside_the_vocabulary_are_a_value_error(bad: int) -> None:
+    # -1 is the ignore index; any other id outside 0..vocab_size-1 must not end in an IndexError.
+    idx = torch.zeros(2, 4, dtype=torch.long)
+    targets = torch.zeros(2, 4, dtype=torch.long)
+    targets[0, 1] = bad
+    with pytest.raises(ValueError, match="outside the vocabulary") as info:
+        GPT(tiny())(idx, targets)
+    assert info.type is ValueError
+    assert "targets" in str(info.value)
+    assert str(bad) in str(info.value)
+
+
+def test_wrong_number_of_kv_caches() -> None:
+    model = GPT(tiny())
+    with pytest.raises(ValueError, match="kv_caches has 1 caches for 2 layers"):
+        model(tokens(1, 2, 11), kv_caches=[KVCache()])
