@@ -2,11 +2,13 @@
 
 ``typed-transformer bench attention`` times our :class:`MultiHeadAttention` (shape checks on and off,
 reference and sdpa paths) against ``torch.nn.MultiheadAttention`` with the same weights. Variants are
-interleaved round-robin and each is reported by its median, so that machine noise hits all of them
-alike; the ratios are the figures to read, not the absolute milliseconds.
+interleaved in rounds (in a freshly shuffled order each round, so that none always follows the same other
+one) and each is reported by its median, so that machine noise hits all of them alike; the ratios are the
+figures to read, not the absolute milliseconds.
 """
 
 import functools
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -108,14 +110,18 @@ def bench_attention(cases: list[AttentionCase] | None = None, *, seconds: float 
             start = time.perf_counter()
             step(*first)
             once = max(time.perf_counter() - start, 1e-6)
-            rounds = 15
+            rounds = 25
             inner = max(1, int(seconds / (rounds * len(variants) * once)))
             samples: dict[str, list[float]] = {name: [] for name in variants}
             for variant in variants.values():  # warm-up
                 for _ in range(2):
                     step(*variant)
+            order = list(variants)
+            shuffle = random.Random(0)
             for _ in range(rounds):
-                for name, (module, call, checks) in variants.items():
+                shuffle.shuffle(order)  # no variant always runs right after the same other one
+                for name in order:
+                    module, call, checks = variants[name]
                     samples[name] += _median_ms(functools.partial(step, module, call, checks), 1, inner)
             base = statistics.median(samples["torch nn.MultiheadAttention"])
             for name in variants:
