@@ -121,7 +121,26 @@ def test_bad_return_value_is_reported() -> None:
     with pytest.raises(ShapeError) as info:
         typechecked(bad)(torch.ones(2, 3))
     assert info.value.argument == "return value"
-    assert "dimension d is 2" in info.value.reason
+    assert info.value.reason == "axis d is 2, expected 3 (bound by x)"
+
+
+def test_bad_element_of_a_returned_tuple_is_reported() -> None:
+    def pair(x: Float[Tensor, "b d"]) -> tuple[Float[Tensor, "b d"], Float[Tensor, " b"]]:
+        return x, x[:, 0].repeat(2)
+
+    with pytest.raises(ShapeError) as info:
+        typechecked(pair)(torch.ones(2, 3))
+    assert info.value.reason == "element 1: axis b is 4, expected 2 (bound by x)"
+    assert (info.value.axis, info.value.actual, info.value.expected) == ("b", 4, 2)
+
+
+def test_return_axes_are_bound_by_the_parameters_not_by_nested_calls() -> None:
+    inner = typechecked(_add)
+
+    def outer(x: Float[Tensor, "b d"]) -> Float[Tensor, "b d"]:
+        return inner(torch.ones(5, 7), torch.ones(5, 7))[:2, :3] + x  # nested call binds b=5, d=7 in its scope
+
+    torch.testing.assert_close(typechecked(outer)(torch.ones(2, 3)), torch.full((2, 3), 3.0))
 
 
 # ---------------------------------------------------------------------------------------------------

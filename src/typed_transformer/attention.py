@@ -86,6 +86,8 @@ def scaled_dot_product_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     t, s = q.shape[2], k.shape[2]
+    if is_causal and t == 1 and s >= 1:
+        is_causal = False  # bottom-right: a single query is the newest position and sees every key
 
     if backend == "sdpa":
         if return_weights:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from .layers import FeedForward
 from .multihead import KVCache, MultiHeadAttention
 from .positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
-from .shapecheck import raise_shape_error, shape_checked, typechecked
+from .shapecheck import raise_shape_error, shape_checked, suspended_checks, typechecked
 
 __all__ = ["GPT", "PRESETS", "GPTConfig"]
 
@@ -261,11 +261,23 @@ class GPT(nn.Module):
 
         Sampling: logits / ``temperature``, then the ``top_k`` largest, then the smallest set whose
         probability reaches ``top_p``; ``greedy`` takes the argmax instead. ``generator`` makes it reproducible.
+
+        Shape checks: the arguments and the first (prefill) forward pass are checked through every layer;
+        the later one-token steps reuse shapes the library built itself and run unchecked (in this context
+        only), which makes them several times cheaper.
         """
         check_sampling(max_new_tokens, temperature, top_k, top_p, greedy)
         block = self.config.block_size
         caches = self.new_caches() if use_cache else None
-        logits, _ = self(idx[:, -block:], kv_caches=caches)
+        logits, _ = self(idx[:, -block:], kv_caches=caches)  # checked, down to every layer
+        with suspended_checks():  # later steps only feed back shapes the checked prefill established
+            return self._decode(idx, logits, caches, max_new_tokens, temperature=temperature, top_k=top_k,
+                                top_p=top_p, greedy=greedy, generator=generator, use_cache=use_cache)
+
+    def _decode(self, idx: Tensor, logits: Tensor, caches: list[KVCache] | None, max_new_tokens: int, *,
+                temperature: float, top_k: int | None, top_p: float | None, greedy: bool,
+                generator: torch.Generator | None, use_cache: bool) -> Tensor:
+        block = self.config.block_size
         for step in range(max_new_tokens):
             next_id = sample(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
                              generator=generator)
