@@ -209,6 +209,13 @@ def train(
         from tqdm import tqdm
 
         bar = tqdm(total=config.max_iters, initial=start, desc="train", unit="it", file=log, dynamic_ncols=True)
+
+    def say(message: str) -> None:
+        if bar is not None:
+            bar.write(message)
+        else:
+            print(message, file=log, flush=True)
+
     interrupted = False
     iteration = start
     last_loss = float("nan")
@@ -217,8 +224,7 @@ def train(
         while iteration < config.max_iters:
             if iteration % config.eval_interval == 0 and not any(h["iter"] == iteration for h in history):
                 history.append({"iter": iteration, **evaluate(model, eval_batches)})
-                if bar is not None:
-                    bar.write(f"iter {iteration:5d}: train {history[-1]['train']:.4f}, val {history[-1]['val']:.4f}")
+                say(f"iter {iteration:5d}: train loss {history[-1]['train']:.4f}, val loss {history[-1]['val']:.4f}")
             lr = learning_rate(config, iteration)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -246,8 +252,7 @@ def train(
                 save(iteration)
         if not interrupted:
             history.append({"iter": iteration, **evaluate(model, eval_batches)})
-            if bar is not None:
-                bar.write(f"iter {iteration:5d}: train {history[-1]['train']:.4f}, val {history[-1]['val']:.4f}")
+            say(f"iter {iteration:5d}: train loss {history[-1]['train']:.4f}, val loss {history[-1]['val']:.4f}")
         path = save(iteration)
     if bar is not None:
         bar.close()
