@@ -12,23 +12,16 @@ Profiles (pick one with ``HYPOTHESIS_PROFILE=<name>``; default ``ci`` when ``CI`
 import os
 
 import torch
-from hypothesis import HealthCheck, Phase, register_random, settings
+from hypothesis import HealthCheck, Phase, settings
+
+from typed_transformer.strategies import TORCH_RANDOM
 
 torch.set_num_threads(1)  # tiny tensors: intra-op threads only add overhead on 2 cores
 
 
-class _TorchRandom:
-    """``random.Random``-like view of torch's global RNG, so Hypothesis seeds and restores it per example
-    (any ``torch.randn`` without a generator inside a test becomes replayable)."""
-
-    seed = staticmethod(torch.random.manual_seed)
-    getstate = staticmethod(torch.random.get_rng_state)
-    setstate = staticmethod(torch.random.set_rng_state)
-
-
-# register_random keeps only a weak reference: this module-level name keeps the shim alive.
-TORCH_RANDOM = _TorchRandom()
-register_random(TORCH_RANDOM)
+# Importing the public strategies registers torch's global RNG with Hypothesis (the strong reference
+# register_random needs is typed_transformer.strategies.TORCH_RANDOM).
+__all__ = ["NO_EXPLAIN", "TORCH_RANDOM"]
 
 # Hypothesis's "explain" phase re-runs a failing example under a line tracer to list the lines only
 # failing runs executed; through torch that takes ~40 s per failing test and names torch internals.

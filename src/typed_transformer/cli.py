@@ -3,6 +3,7 @@
 * ``train``: train a character-level GPT on a text file (default: ~1 MB of Python's own standard library).
 * ``generate``: sample text from a checkpoint.
 * ``bench attention``: MultiHeadAttention against torch.nn.MultiheadAttention, side by side.
+* ``audit MODULE:ATTR``: audit a third-party attention function (exit 1 when a check fails).
 
 Bad arguments, bad files and bad checkpoints give one line on stderr and exit code 2, never a traceback.
 """
@@ -117,6 +118,27 @@ def build_parser() -> argparse.ArgumentParser:
     gpt.add_argument("--steps", type=_positive_int, default=10, help="measured training steps per variant")
     gpt.add_argument("--threads", type=_positive_int, default=None)
     gpt.add_argument("--skip-generation", action="store_true")
+
+    audit = commands.add_parser("audit", help="audit a third-party attention function against the reference")
+    audit.add_argument("candidate", metavar="MODULE:ATTR", help="the attention callable, e.g. "
+                       "torch.nn.functional:scaled_dot_product_attention")
+    audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd")
+    audit.add_argument("--mask-polarity", choices=["keep", "drop"], default="keep",
+                       help="keep: True = may attend (SDPA); drop: True = masked out (nn.MultiheadAttention)")
+    audit.add_argument("--causal-alignment", choices=["top-left", "bottom-right"], default="bottom-right",
+                       help="what is_causal means when t != s (SDPA: top-left)")
+    audit.add_argument("--fully-masked", choices=["zero", "nan", "uniform", "any"], default="any",
+                       help="declared output of query rows without keys (default: not checked)")
+    audit.add_argument("--scale", type=_positive_float, default=None, help="logit scale (default 1/sqrt(d))")
+    audit.add_argument("--gqa", action="store_true", help="the candidate takes fewer key/value heads")
+    audit.add_argument("--no-mask", action="store_true", help="the candidate takes no attn_mask")
+    audit.add_argument("--no-causal", action="store_true", help="the candidate takes no is_causal")
+    audit.add_argument("--no-autograd", action="store_true", help="skip the gradient check")
+    audit.add_argument("--checks", default=None, help="comma-separated subset of the checks")
+    audit.add_argument("--dtypes", default="float32,float64", help="comma-separated (default float32,float64)")
+    audit.add_argument("--max-examples", type=_positive_int, default=20, help="examples per check (default 20)")
+    audit.add_argument("--seed", type=_non_negative_int, default=0)
+    audit.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
     return parser
 
 
@@ -223,6 +245,56 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(args: argparse.Namespace) -> int:
+    import importlib
+
+    import torch
+
+    try:
+        from .audit import CHECKS, Conventions, audit_attention
+    except ImportError as err:
+        return _fail(f"audit needs Hypothesis (pip install 'typed-transformer[strategies]'): {err}")
+    module_name, _, attr = args.candidate.partition(":")
+    if not module_name or not attr:
+        return _fail(f"candidate must be MODULE:ATTR, got {args.candidate!r}")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # like `python -m`: modules in the current directory import
+    try:
+        candidate: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            candidate = getattr(candidate, part)
+    except Exception as err:  # any import-time error of the user's module: one line, exit 2
+        first_line = str(err).splitlines()[0] if str(err) else ""
+        return _fail(f"cannot import {args.candidate}: {type(err).__name__}: {first_line}")
+    if not callable(candidate):
+        return _fail(f"{args.candidate} is not callable")
+    names = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+             "bfloat16": torch.bfloat16}
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    bad = [d for d in dtypes if d not in names]
+    if bad or not dtypes:
+        return _fail(f"--dtypes: unknown dtype {bad[0] if bad else ''!r} (choose {', '.join(names)})")
+    checks = None if args.checks is None else [c.strip() for c in args.checks.split(",") if c.strip()]
+    if checks is not None and (not checks or any(c not in CHECKS for c in checks)):
+        unknown = next((c for c in checks if c not in CHECKS), "")
+        return _fail(f"--checks: unknown check {unknown!r} (choose {', '.join(CHECKS)})")
+    conventions = Conventions(layout=args.layout, mask_polarity=args.mask_polarity,
+                              causal_alignment=args.causal_alignment, scale=args.scale,
+                              fully_masked=args.fully_masked, supports_mask=not args.no_mask,
+                              supports_causal=not args.no_causal, supports_gqa=args.gqa,
+                              supports_autograd=not args.no_autograd)
+    report = audit_attention(candidate, conventions=conventions, checks=checks,
+                             dtypes=[names[d] for d in dtypes], max_examples=args.max_examples, seed=args.seed,
+                             name=args.candidate)
+    print(report.table())
+    if args.json is not None:
+        try:
+            report.to_json(str(args.json))
+        except OSError as err:
+            return _fail(f"--json: cannot write {args.json}: {err.strerror}")
+    return 0 if report.passed else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("train", "generate"):
@@ -258,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = {"small": [SMALL], "training": [TRAINING], "both": [SMALL, TRAINING]}[args.size]
         print(format_attention_table(bench_attention(cases, seconds=args.seconds)))
         return 0
+    if args.command == "audit":
+        return _audit(args)
     return 2  # unreachable: argparse requires a known command
 
 
