@@ -1,10 +1,13 @@
 """Conversions between torch's mask convention and ours."""
 
+import pytest
 import torch
 
 from typed_transformer import (
+    ShapeError,
     attn_mask_from_torch,
     attn_mask_to_torch,
+    causal_mask,
     key_padding_mask_from_torch,
     key_padding_mask_to_torch,
     merge_masks,
@@ -48,3 +51,21 @@ def test_merge_masks() -> None:
     assert merged is not None
     assert merged[0, 0, :, 2].tolist() == [float("-inf")] * 2
     assert merge_masks(attn, None) is attn
+
+
+def test_a_3d_torch_mask_must_have_whole_heads() -> None:
+    with pytest.raises(ShapeError) as info:
+        attn_mask_from_torch(torch.zeros(5, 2, 3, dtype=torch.bool), num_heads=2)
+    assert info.value.summary == ("typed_transformer.masks.attn_mask_from_torch(): attn_mask: axis 0 is 5, not a "
+                                  "multiple of num_heads=2 (torch lays 3-D masks out as ((b h), t, s))")
+
+
+@pytest.mark.parametrize(("t", "s"), [(-1, 3), (3, -1), (-2, -2)])
+def test_causal_mask_refuses_negative_sizes(t: int, s: int) -> None:
+    with pytest.raises(ValueError, match=f"sizes must be non-negative, got t={t}, s={s}"):
+        causal_mask(t, s)
+
+
+def test_causal_mask_with_no_keys_or_no_queries() -> None:
+    assert causal_mask(3, 0).shape == (3, 0)
+    assert causal_mask(0, 2).shape == (0, 2)
