@@ -1,10 +1,9 @@
 """Feed-forward, encoder/decoder layers and stacks: hand formulas, torch interop, torch's quirks, errors."""
 
-import contextlib
 import copy
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from property_tests.helpers import mha_fastpath
 from typed_transformer import ShapeError, causal_mask, key_padding_mask_to_torch
 from typed_transformer.layers import (
     FeedForward,
@@ -43,16 +43,6 @@ def randomize(module: nn.Module, seed: int = 1) -> nn.Module:
         for param in module.parameters():
             param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float64) * 0.5)
     return module
-
-
-@contextlib.contextmanager
-def mha_fastpath(enabled: bool) -> Iterator[None]:
-    previous = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(enabled)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(previous)
 
 
 def quiet_torch(build: Callable[[], nn.Module]) -> nn.Module:
