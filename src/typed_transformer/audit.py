@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 import torch
+from einops import einsum, rearrange, reduce, repeat
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
@@ -193,7 +194,7 @@ class Example:
                 keep[:, :, 0, :] = False
         elif self.mask == "padding":
             lengths = torch.randint(1, self.s + 1, (self.b, 1, 1, 1), generator=generator)
-            keep = torch.arange(self.s).reshape(1, 1, 1, self.s) < lengths
+            keep = rearrange(torch.arange(self.s), "s -> 1 1 1 s") < lengths
         return q, k, v, keep
 
     def repro(self, candidate: str, conventions: Conventions) -> str:
@@ -216,7 +217,7 @@ def _to_candidate(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, is_causa
                   conventions: Conventions) -> tuple[tuple[Tensor, Tensor, Tensor], dict[str, Any]]:
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     if conventions.layout == "bthd":
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k, v = (rearrange(x, "b h t d -> b t h d") for x in (q, k, v))
     kwargs: dict[str, Any] = {}
     if keep is not None:
         kwargs["attn_mask"] = keep if conventions.mask_polarity == "keep" else ~keep
@@ -226,7 +227,7 @@ def _to_candidate(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, is_causa
 
 
 def _from_candidate(out: Tensor, conventions: Conventions) -> Tensor:
-    return out.transpose(1, 2) if conventions.layout == "bthd" else out
+    return rearrange(out, "b t h d -> b h t d") if conventions.layout == "bthd" else out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -401,9 +402,10 @@ class _Auditor:
     def amplification(self, q: Tensor, k: Tensor) -> float:
         """The largest ``|q| . |k| * scale`` (how much a logit's rounding error is amplified)."""
         scale = self.conventions.scale if self.conventions.scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        r = q.shape[1] // k.shape[1]
-        kk = k.abs().repeat_interleave(r, dim=1)
-        return float((q.abs() @ kk.transpose(-1, -2)).max()) * abs(scale) if q.numel() and k.numel() else 1.0
+        if not (q.numel() and k.numel()):
+            return 1.0
+        grouped = rearrange(q.abs(), "b (g r) t d -> b g r t d", g=k.shape[1])
+        return float(einsum(grouped, k.abs(), "b g r t d, b g s d -> b g r t s").max()) * abs(scale)
 
     def live_rows(self, example: Example, keep: Tensor | None, is_causal: bool) -> Tensor:
         t, s = example.t, example.s
@@ -620,7 +622,7 @@ def _check_bodies(a: _Auditor) -> dict[str, Callable[[st.DataObject, _Run], None
             elif conv.fully_masked == "nan":
                 ok, want = bool(row.isnan().all()), "NaN"
             else:
-                mean = v.mean(dim=2).repeat_interleave(example.h // example.g, dim=1)
+                mean = repeat(reduce(v, "b g s d -> b g d", "mean"), "b g d -> b (g r) d", r=example.h // example.g)
                 ok, want = bool(_error(row, mean) <= 1e-2 * max(1.0, float(mean.abs().max()))), "the mean of v"
             if not ok:
                 raise _CheckFailure(f"fully masked query row 0 gave {row.flatten()[:4].tolist()}..., declared "
@@ -654,7 +656,11 @@ def _check_bodies(a: _Auditor) -> dict[str, Callable[[st.DataObject, _Run], None
             def cand(x: Tensor, y: Tensor, z: Tensor) -> Tensor:
                 args, kwargs = _to_candidate(x, y, z, None, False, x.dtype, conv)
                 # keep the leaves: transpose views instead of contiguous copies
-                args = (x.transpose(1, 2), y.transpose(1, 2), z.transpose(1, 2)) if conv.layout == "bthd" else (x, y, z)
+                if conv.layout == "bthd":
+                    args = (rearrange(x, "b h t d -> b t h d"), rearrange(y, "b h t d -> b t h d"),
+                            rearrange(z, "b h t d -> b t h d"))
+                else:
+                    args = (x, y, z)
                 return _from_candidate(a.candidate(*args, **kwargs), conv)
 
             g64, glow, gcand = grads(ref, torch.float64), grads(ref, dtype), grads(cand, dtype)
@@ -762,13 +768,13 @@ class TorchMHAAdapter:
         module = self.module.to(query.dtype)
         torch_mask = None
         if attn_mask is not None:
-            torch_mask = (~attn_mask).repeat_interleave(self.num_heads, dim=0)  # ((b h), t, s), True = masked
+            torch_mask = repeat(~attn_mask, "b t s -> (b h) t s", h=self.num_heads)  # batch-major, True = masked
         padding = None if key_padding_mask is None else key_padding_mask_to_torch(key_padding_mask)
         if not module.batch_first:
-            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+            query, key, value = (rearrange(x, "b t e -> t b e") for x in (query, key, value))
         with torch.no_grad():
             out, _ = module(query, key, value, attn_mask=torch_mask, key_padding_mask=padding, need_weights=False)
-        result: Tensor = out if module.batch_first else out.transpose(0, 1)
+        result: Tensor = out if module.batch_first else rearrange(out, "t b e -> b t e")
         return result
 
 
