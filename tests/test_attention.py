@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from typed_transformer import ShapeError, causal_mask, scaled_dot_product_attention
+from typed_transformer import ShapeError, causal_mask, scaled_dot_product_attention, shape_checks
 
 BACKENDS = ["reference", "sdpa"]
 
@@ -118,8 +118,15 @@ def test_grouped_query_heads_share_key_value_heads() -> None:
 
 def test_invalid_arguments() -> None:
     q, k, v = randn(1, 2, 3, 4), randn(1, 2, 3, 4), randn(1, 2, 3, 4)
-    with pytest.raises(ValueError, match="cannot return weights"):
+    with pytest.raises(ValueError, match="cannot return weights") as value_error:
         scaled_dot_product_attention(q, k, v, backend="sdpa", return_weights=True)
+    assert str(value_error.value) == ("scaled_dot_product_attention: backend='sdpa' cannot return weights; "
+                                      "use backend='reference'")
+    # With checks off the annotation no longer refuses an unknown backend; the body still does.
+    with shape_checks(False), pytest.raises(ValueError, match="backend must be") as value_error:
+        scaled_dot_product_attention(q, k, v, backend="flash")  # type: ignore[arg-type]
+    assert str(value_error.value) == ("scaled_dot_product_attention: backend must be 'reference' or 'sdpa', "
+                                      "got 'flash'")
     with pytest.raises(ValueError, match="dropout_p"):
         scaled_dot_product_attention(q, k, v, dropout_p=1.0)
     with pytest.raises(ShapeError) as info:
@@ -131,6 +138,34 @@ def test_invalid_arguments() -> None:
     with pytest.raises(ShapeError) as info:
         scaled_dot_product_attention(q, randn(1, 3, 3, 4), randn(1, 3, 3, 4))
     assert info.value.reason == "axis g is 3, which does not divide h=2 (bound by q)"
+    assert (info.value.argument, info.value.axis, info.value.actual, info.value.bound_by) == ("k", "g", 3, "q")
     with pytest.raises(ShapeError) as info:  # 3-D masks are ambiguous ((b,t,s) or (h,t,s)): refused
         scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(1, 3, 3, dtype=torch.bool))
     assert info.value.argument == "attn_mask"
+
+
+def test_sdpa_backend_with_a_zero_scale_and_is_causal_has_no_nan() -> None:
+    # torch's CPU causal kernel returns NaN rows for scale <= 0; the sdpa backend must build the mask then.
+    q, k, v = randn(1, 1, 3, 2, seed=1), randn(1, 1, 3, 2, seed=2), randn(1, 1, 3, 2, seed=3)
+    for scale in (0.0, -1.0):
+        out = scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, backend="sdpa")
+        want = scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, backend="reference")
+        torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_sdpa_backend_casts_a_float_mask_to_the_query_dtype() -> None:
+    q, k, v = (randn(1, 2, 3, 4, seed=i, dtype=torch.float32) for i in range(3))
+    bias = randn(3, 3, seed=5)  # float64 mask, float32 queries
+    out = scaled_dot_product_attention(q, k, v, attn_mask=bias, backend="sdpa")
+    want = scaled_dot_product_attention(q, k, v, attn_mask=bias.float(), backend="reference")
+    torch.testing.assert_close(out, want)
+
+
+def test_sdpa_backend_applies_dropout() -> None:
+    q, k, v = (randn(2, 2, 16, 4, seed=i) for i in range(3))
+    torch.manual_seed(0)
+    dropped = scaled_dot_product_attention(q, k, v, dropout_p=0.5, backend="sdpa")
+    plain = scaled_dot_product_attention(q, k, v, backend="sdpa")
+    assert isinstance(dropped, Tensor)
+    assert isinstance(plain, Tensor)
+    assert not torch.allclose(dropped, plain)
