@@ -27,7 +27,8 @@ from property_tests.helpers import (
     fewer_examples,
     keep_of,
 )
-from property_tests.strategies import (
+from typed_transformer import scaled_dot_product_attention
+from typed_transformer.strategies import (
     AttentionInputs,
     AttentionShape,
     attention_inputs,
@@ -38,7 +39,6 @@ from property_tests.strategies import (
     key_padding_masks,
     randn,
 )
-from typed_transformer import scaled_dot_product_attention
 
 Backend = Literal["reference", "sdpa"]
 BACKENDS: tuple[Backend, ...] = ("reference", "sdpa")

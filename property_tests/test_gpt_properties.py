@@ -17,9 +17,9 @@ from jaxtyping import TypeCheckError
 from torch import Tensor
 
 from property_tests.helpers import EXACTISH, assert_close
-from property_tests.strategies import randomize_parameters, seeds
 from typed_transformer import ShapeError
 from typed_transformer.gpt import GPT, GPTConfig, sample
+from typed_transformer.strategies import randomize_parameters, seeds
 
 FORWARD = "typed_transformer.gpt.GPT.forward"
 POSITIONALS: tuple[Literal["learned", "sinusoidal", "rope"], ...] = ("learned", "sinusoidal", "rope")

@@ -27,7 +27,14 @@ from property_tests.helpers import (
     mha_fastpath,
     more_examples,
 )
-from property_tests.strategies import (
+from typed_transformer import (
+    MultiHeadAttention,
+    attn_mask_from_torch,
+    attn_mask_to_torch,
+    key_padding_mask_from_torch,
+    key_padding_mask_to_torch,
+)
+from typed_transformer.strategies import (
     MHAConfig,
     additive_masks,
     float_dtypes,
@@ -37,13 +44,6 @@ from property_tests.strategies import (
     randn,
     randomize_parameters,
     seeds,
-)
-from typed_transformer import (
-    MultiHeadAttention,
-    attn_mask_from_torch,
-    attn_mask_to_torch,
-    key_padding_mask_from_torch,
-    key_padding_mask_to_torch,
 )
 
 Backend = Literal["reference", "sdpa"]

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from jaxtyping import TypeCheckError
 from torch import Tensor
 
-from property_tests.strategies import (
+from typed_transformer import MultiHeadAttention, ShapeError, scaled_dot_product_attention
+from typed_transformer.strategies import (
     AttentionShape,
     MHAConfig,
     attention_shapes,
@@ -22,7 +23,6 @@ from property_tests.strategies import (
     randn,
     seeds,
 )
-from typed_transformer import MultiHeadAttention, ShapeError, scaled_dot_product_attention
 
 Backend = Literal["reference", "sdpa"]
 BACKENDS: tuple[Backend, ...] = ("reference", "sdpa")

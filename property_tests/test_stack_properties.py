@@ -31,7 +31,6 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from property_tests.helpers import EXACTISH, assert_close, bottom_right_causal, fewer_examples, mha_fastpath
-from property_tests.strategies import additive_masks, keep_masks, key_padding_masks, randn, randomize_parameters, seeds
 from typed_transformer import ShapeError
 from typed_transformer.layers import (
     Transformer,
@@ -41,6 +40,14 @@ from typed_transformer.layers import (
 )
 from typed_transformer.positions import RotaryEmbedding, SinusoidalPositionalEncoding
 from typed_transformer.seq2seq import Positions, Seq2SeqTransformer
+from typed_transformer.strategies import (
+    additive_masks,
+    keep_masks,
+    key_padding_masks,
+    randn,
+    randomize_parameters,
+    seeds,
+)
 
 # torch warns that its nested tensors are a prototype whenever eval + no_grad takes the nested path.
 pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")

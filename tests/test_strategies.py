@@ -41,11 +41,11 @@ def test_import_typed_transformer_does_not_import_hypothesis() -> None:
 
 
 def test_property_suite_uses_the_public_strategies() -> None:
-    from property_tests import strategies as private
+    from property_tests import test_attention_properties, test_multihead_properties
 
-    assert private.attention_shapes is attention_shapes
-    assert private.mha_configs is mha_configs
-    assert private.keep_masks is keep_masks
+    assert vars(test_attention_properties)["attention_shapes"] is attention_shapes
+    assert vars(test_multihead_properties)["mha_configs"] is mha_configs
+    assert vars(test_attention_properties)["keep_masks"] is keep_masks
 
 
 def test_torch_rng_is_registered_with_hypothesis() -> None:
