@@ -57,23 +57,25 @@ class KVCache:
     def append(self, k: Float[Tensor, "b g t d"], v: Float[Tensor, "b g t dv"]
                ) -> tuple[Float[Tensor, "b g s d"], Float[Tensor, "b g s dv"]]:
         """Add ``t`` positions; return all cached keys and values (``s`` = old length + ``t``)."""
-        if self.k is None or self.v is None:
+        if self.k is None:
             self.k, self.v = k, v
-        else:
-            for name, new, old in (("k", k, self.k), ("v", v, self.v)):
-                if new.shape[:2] != old.shape[:2] or new.shape[3] != old.shape[3]:
-                    raise_shape_error("typed_transformer.multihead.KVCache.append", name,
-                                      f"is {tuple(new.shape)}, but the cache holds {tuple(old.shape)} "
-                                      "(b, g and the head size must stay the same)")
-            self.k = torch.cat([self.k, k], dim=2)
-            self.v = torch.cat([self.v, v], dim=2)
+            return k, v
+        assert self.v is not None  # k and v are set and reset together
+        for name, new, old in (("k", k, self.k), ("v", v, self.v)):
+            if new.shape[:2] != old.shape[:2] or new.shape[3] != old.shape[3]:
+                raise_shape_error("typed_transformer.multihead.KVCache.append", name,
+                                  f"is {tuple(new.shape)}, but the cache holds {tuple(old.shape)} "
+                                  "(b, g and the head size must stay the same)")
+        self.k = torch.cat([self.k, k], dim=2)
+        self.v = torch.cat([self.v, v], dim=2)
         return self.k, self.v
 
     def crop(self, keep_last: int) -> None:
         """Keep only the last ``keep_last`` positions (a sliding window; exact only for relative positions)."""
         if keep_last < 0:
             raise ValueError(f"KVCache.crop: keep_last must be non-negative, got {keep_last}")
-        if self.k is not None and self.v is not None:
+        if self.k is not None:
+            assert self.v is not None
             start = max(self.length - keep_last, 0)
             self.k, self.v = self.k[:, :, start:], self.v[:, :, start:]
 
@@ -260,14 +262,14 @@ class MultiHeadAttention(nn.Module):
                 raise_shape_error(_NAME, name, f"dtype is {str(other.dtype)[6:]}, expected "
                                   f"{str(query.dtype)[6:]} (the dtype of query)")
         self_attention = key is None
-        key = query if key is None else key
-        value = key if value is None else value
+        if key is not None and value is None:
+            value = key
         if (kv_cache is not None or self.rotary is not None) and not self_attention:
             raise ValueError("MultiHeadAttention.forward: kv_cache and rotary embeddings are for self-attention "
                              "(key and value must be None)")
         offset = 0 if kv_cache is None else kv_cache.length
         b, t = query.shape[0], query.shape[1]
-        s = offset + t if self_attention else key.shape[1]
+        s = offset + t if key is None else key.shape[1]
         if self_attention:
             # With key=None the keys are the query positions (plus any cached ones): masks must say so too.
             for name, mask in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
@@ -276,7 +278,7 @@ class MultiHeadAttention(nn.Module):
                     raise_shape_error(_NAME, name, f"axis s is {mask.shape[-1]}, expected {s} ({why}, bound by query)",
                                       axis="s", actual=mask.shape[-1], expected=s, bound_by="query")
 
-        q, k, v = self._project(query, key, value, same_input=self_attention)
+        q, k, v = self._project(query, key, value)
         q = rearrange(q, "b t (h d) -> b h t d", h=self.num_heads)
         k = rearrange(k, "b s (g d) -> b g s d", g=self.num_kv_heads)
         v = rearrange(v, "b s (g d) -> b g s d", g=self.num_kv_heads)
@@ -284,7 +286,8 @@ class MultiHeadAttention(nn.Module):
             q, k = self.rotary(q, offset), self.rotary(k, offset)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)
-        if self.bias_k is not None and self.bias_v is not None:
+        if self.bias_k is not None:
+            assert self.bias_v is not None  # add_bias_kv creates both
             k = torch.cat([k, repeat(self.bias_k, "(g d) -> b g 1 d", b=b, g=self.num_kv_heads)], dim=2)
             v = torch.cat([v, repeat(self.bias_v, "(g d) -> b g 1 d", b=b, g=self.num_kv_heads)], dim=2)
         if self.add_zero_attn:
@@ -308,17 +311,23 @@ class MultiHeadAttention(nn.Module):
         out = rearrange(out, "b h t d -> b t (h d)")
         return self.out_proj(out), weights
 
-    def _project(self, query: Tensor, key: Tensor, value: Tensor, *, same_input: bool) -> tuple[Tensor, ...]:
+    def _project(self, query: Tensor, key: Tensor | None, value: Tensor | None) -> tuple[Tensor, ...]:
+        """Queries, keys and values; ``key=None`` (self-attention) projects ``query`` with one fused matmul."""
         sizes = [self.d_model, self.kv_dim, self.kv_dim]
         if self.in_proj is not None:
-            if same_input:
+            if key is None:
                 return tuple(torch.split(self.in_proj(query), sizes, dim=-1))
-            weights = torch.split(self.in_proj.weight, sizes, dim=0)
-            biases = torch.split(self.in_proj.bias, sizes, dim=0) if self.in_proj.bias is not None else (None,) * 3
-            return tuple(F.linear(x, w, bb) for x, w, bb in zip((query, key, value), weights, biases, strict=True))
+            # kdim == vdim == input_dim, but different tensors: three matmuls with the fused weight's slices.
+            assert value is not None
+            w_q, w_k, w_v = torch.split(self.in_proj.weight, sizes)
+            b_q, b_k, b_v = (None, None, None) if self.in_proj.bias is None else torch.split(self.in_proj.bias, sizes)
+            return F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+        # Only modules with kdim == vdim == input_dim are fused, and forward() refuses key=None for the others.
         assert self.q_proj is not None
         assert self.k_proj is not None
         assert self.v_proj is not None
+        assert key is not None
+        assert value is not None
         return self.q_proj(query), self.k_proj(key), self.v_proj(value)
 
     def _combined_mask(self, attn_mask: Tensor | None, key_padding_mask: Tensor | None, t: int, s: int,
@@ -375,18 +384,23 @@ class MultiHeadAttention(nn.Module):
                 assert ours.q_proj is not None
                 assert ours.k_proj is not None
                 assert ours.v_proj is not None
-                projections = (ours.q_proj, ours.k_proj, ours.v_proj)
-                for proj, weight in zip(projections, (module.q_proj_weight, module.k_proj_weight,
-                                                      module.v_proj_weight), strict=True):
-                    proj.weight.copy_(weight)
+                ours.q_proj.weight.copy_(module.q_proj_weight)
+                ours.k_proj.weight.copy_(module.k_proj_weight)
+                ours.v_proj.weight.copy_(module.v_proj_weight)
                 if module.in_proj_bias is not None:
-                    for proj, part in zip(projections, module.in_proj_bias.chunk(3), strict=True):
-                        assert proj.bias is not None
-                        proj.bias.copy_(part)
+                    # torch keeps one packed bias even when the weights are separate.
+                    assert ours.q_proj.bias is not None
+                    assert ours.k_proj.bias is not None
+                    assert ours.v_proj.bias is not None
+                    q_bias, k_bias, v_bias = module.in_proj_bias.chunk(3)
+                    ours.q_proj.bias.copy_(q_bias)
+                    ours.k_proj.bias.copy_(k_bias)
+                    ours.v_proj.bias.copy_(v_bias)
             ours.out_proj.weight.copy_(module.out_proj.weight)
             if ours.out_proj.bias is not None:
                 ours.out_proj.bias.copy_(module.out_proj.bias)
-            if ours.bias_k is not None and ours.bias_v is not None:
+            if ours.bias_k is not None:
+                assert ours.bias_v is not None
                 assert module.bias_k is not None
                 assert module.bias_v is not None
                 ours.bias_k.copy_(rearrange(module.bias_k, "1 1 e -> e"))
@@ -420,16 +434,19 @@ class MultiHeadAttention(nn.Module):
                 assert self.q_proj is not None
                 assert self.k_proj is not None
                 assert self.v_proj is not None
-                projections = (self.q_proj, self.k_proj, self.v_proj)
-                for proj, weight in zip(projections, (module.q_proj_weight, module.k_proj_weight,
-                                                      module.v_proj_weight), strict=True):
-                    weight.copy_(proj.weight)
+                module.q_proj_weight.copy_(self.q_proj.weight)
+                module.k_proj_weight.copy_(self.k_proj.weight)
+                module.v_proj_weight.copy_(self.v_proj.weight)
                 if module.in_proj_bias is not None:
-                    module.in_proj_bias.copy_(torch.cat([p.bias for p in projections if p.bias is not None]))
+                    assert self.q_proj.bias is not None
+                    assert self.k_proj.bias is not None
+                    assert self.v_proj.bias is not None
+                    module.in_proj_bias.copy_(torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]))
             module.out_proj.weight.copy_(self.out_proj.weight)
             if self.out_proj.bias is not None:
                 module.out_proj.bias.copy_(self.out_proj.bias)
-            if self.bias_k is not None and self.bias_v is not None:
+            if self.bias_k is not None:
+                assert self.bias_v is not None
                 assert module.bias_k is not None
                 assert module.bias_v is not None
                 module.bias_k.copy_(rearrange(self.bias_k, "e -> 1 1 e"))
