@@ -47,7 +47,7 @@ def symbolic(x: Int[Tensor, "b t"], steps: int, flags: list[bool] | None = None)
     return RETURN[0]  # type: ignore[no-any-return]
 
 
-def fixed(x: Shaped[Tensor, "2 n"], y: Float[Tensor, "n 1"] | Int[Tensor, "n"]) -> None:
+def fixed(x: Shaped[Tensor, "2 n"], y: Float[Tensor, "n 1"] | Int[Tensor, " n"]) -> None:
     return RETURN[0]  # type: ignore[no-any-return]
 
 

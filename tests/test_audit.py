@@ -175,3 +175,35 @@ def test_pytest_integration(audit_case: AuditCase) -> None:
 def test_parametrize_audit_gives_one_item_per_check() -> None:
     mark = parametrize_audit(F.scaled_dot_product_attention, conventions=SDPA)
     assert [p.id for p in mark.args[1]] == list(CHECKS)
+
+
+class IgnoresAttnMask(torch.nn.MultiheadAttention):
+    """Planted bug: drops attn_mask (so causal masking too), keeps key padding."""
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kwargs: Any) -> Any:
+        kwargs["attn_mask"] = None
+        return super().forward(query, key, value, *args, **kwargs)
+
+
+class DetachesValue(torch.nn.MultiheadAttention):
+    """Planted bug: the right output, but no gradient flows into value."""
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kwargs: Any) -> Any:
+        return super().forward(query, key, value.detach(), *args, **kwargs)
+
+
+@pytest.mark.parametrize(("module", "failing"), [(IgnoresAttnMask, {"causality", "masking"}),
+                                                  (DetachesValue, {"gradients"})])
+def test_audit_multihead_fails_planted_bugs_in_their_checks(module: type[torch.nn.MultiheadAttention],
+                                                            failing: set[str]) -> None:
+    torch.manual_seed(0)
+    report = audit_multihead(module(8, 2, batch_first=True), max_examples=8)
+    assert {r.name for r in report.results if r.status == "FAIL"} == failing, report.table()
+    assert {r.name for r in report.results if r.status == "PASS"} == set(MHA_CHECKS) - failing
+
+
+def test_audit_multihead_leaves_the_candidates_gradients_alone() -> None:
+    module = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    report = audit_multihead(module, checks=["gradients"], max_examples=3)
+    assert report.passed, report.table()
+    assert all(p.grad is None for p in module.parameters())

@@ -82,9 +82,11 @@ Status: TypeAlias = Literal["PASS", "FAIL", "SKIP"]
 CHECKS: tuple[str, ...] = ("reference", "scale", "causality", "batch_independence", "permutation", "masking",
                            "padding", "fully_masked", "gradients", "dtype")
 #: The checks of :func:`audit_multihead`.
-MHA_CHECKS: tuple[str, ...] = ("reference", "masking", "padding", "batch_independence", "dtype")
-#: Version of the check list: a passing audit keeps its meaning when checks are added.
-CHECKS_VERSION = "1"
+MHA_CHECKS: tuple[str, ...] = ("reference", "causality", "masking", "padding", "batch_independence", "gradients",
+                               "dtype")
+#: Version of the check lists: a passing audit keeps its meaning when checks are added.
+#: 2: audit_multihead gained causality and gradients.
+CHECKS_VERSION = "2"
 
 _PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
 _DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
@@ -763,16 +765,25 @@ class TorchMHAAdapter:
         return MultiHeadAttention.from_torch(self.module, backend="reference").double().eval()
 
     def __call__(self, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                 key_padding_mask: Tensor | None = None) -> Tensor:
-        """Batch-first call; ``attn_mask (b, t, s)`` keep-mask and ``key_padding_mask (b, s)`` True = real."""
+                 key_padding_mask: Tensor | None = None, *, is_causal: bool = False,
+                 grad: bool = False) -> Tensor:
+        """Batch-first call; ``attn_mask (b, t, s)`` keep-mask and ``key_padding_mask (b, s)`` True = real.
+
+        ``is_causal``: our bottom-right causal mask, passed to torch as an explicit ``attn_mask`` (torch's
+        own ``is_causal`` is only a hint that such a mask is given). ``grad``: keep the autograd graph.
+        """
         module = self.module.to(query.dtype)
+        keep = attn_mask
+        if is_causal:
+            causal = causal_mask(query.shape[1], key.shape[1], device=query.device)
+            keep = repeat(causal, "t s -> b t s", b=query.shape[0]) if keep is None else keep & causal
         torch_mask = None
-        if attn_mask is not None:
-            torch_mask = repeat(~attn_mask, "b t s -> (b h) t s", h=self.num_heads)  # batch-major, True = masked
+        if keep is not None:
+            torch_mask = repeat(~keep, "b t s -> (b h) t s", h=self.num_heads)  # batch-major, True = masked
         padding = None if key_padding_mask is None else key_padding_mask_to_torch(key_padding_mask)
         if not module.batch_first:
             query, key, value = (rearrange(x, "b t e -> t b e") for x in (query, key, value))
-        with torch.no_grad():
+        with torch.set_grad_enabled(grad):
             out, _ = module(query, key, value, attn_mask=torch_mask, key_padding_mask=padding, need_weights=False)
         result: Tensor = out if module.batch_first else rearrange(out, "t b e -> b t e")
         return result
@@ -790,7 +801,10 @@ def audit_multihead(
     """Audit a multi-head attention module (or a factory of one) through :class:`TorchMHAAdapter`.
 
     The module's weights are copied into our ``MultiHeadAttention``; its outputs are compared with ours in
-    float64 by the same rule as :func:`audit_attention` (checks :data:`MHA_CHECKS`).
+    float64 by the same rule as :func:`audit_attention` (checks :data:`MHA_CHECKS`): plain cross-attention,
+    a bottom-right causal mask (given to torch as an explicit ``attn_mask``) together with a test that
+    queries ignore keys they may not see, keep-masks, key padding, batch independence, the gradients with
+    respect to query, key and value, and the output dtype.
     """
     selected = _select(checks, MHA_CHECKS)
     candidate = module if isinstance(module, nn.MultiheadAttention) else module()
@@ -799,19 +813,28 @@ def audit_multihead(
     label = f"{type(candidate).__module__}.{type(candidate).__qualname__}({adapter.embed_dim}, {adapter.num_heads})"
     dtype_names = {v: k for k, v in _DTYPE_NAMES.items()}
 
-    def draw(data: st.DataObject, mask: str) -> tuple[Example, Tensor, Tensor, Tensor, Tensor | None]:
+    def draw(data: st.DataObject, mask: str, *, causal: bool = False
+             ) -> tuple[Example, Tensor, Tensor, Tensor, Tensor | None]:
         dtype = data.draw(st.sampled_from(list(dtypes)), label="dtype")
         b = data.draw(st.integers(1, 3), label="b")
         t = data.draw(st.integers(1, 5), label="t")
-        s = data.draw(st.integers(1, 5), label="s")
+        # causal: s >= t, so that with bottom-right alignment every query sees at least one key
+        s = data.draw(st.integers(t if causal else 1, 5), label="s")
         seed_ = data.draw(st.integers(0, 2**31), label="seed")
         example = Example(b=b, h=adapter.num_heads, g=adapter.num_heads, t=t, s=s, d=adapter.embed_dim,
-                          dv=adapter.embed_dim, seed=seed_, dtype=_DTYPE_NAMES[dtype], mask=mask)  # type: ignore[arg-type]
+                          dv=adapter.embed_dim, seed=seed_, dtype=_DTYPE_NAMES[dtype], mask=mask,  # type: ignore[arg-type]
+                          is_causal=causal)
         x = randn((b, t, adapter.embed_dim), seed_)
         key = randn((b, s, adapter.kdim), seed_ + 1)
         value = randn((b, s, adapter.vdim), seed_ + 2)
         _, _, _, keep = example.inputs()
         return example, x, key, value, keep
+
+    def low_reference(dtype: torch.dtype) -> MultiHeadAttention:
+        """Our module with the candidate's weights in the candidate's dtype (its own rounding error)."""
+        low = MultiHeadAttention.from_torch(adapter.module.double(), backend="reference").to(dtype).eval()
+        adapter.module.to(dtype)
+        return low
 
     def compare(run: _Run, example: Example, x: Tensor, key: Tensor, value: Tensor, keep: Tensor | None,
                 padding: bool) -> tuple[Tensor, float]:
@@ -819,11 +842,11 @@ def audit_multihead(
         kwargs: dict[str, Tensor | None] = {}
         if keep is not None:
             kwargs = {"key_padding_mask": keep[:, 0, 0]} if padding else {"attn_mask": keep[:, 0]}
-        out = adapter(x.to(dtype), key.to(dtype), value.to(dtype), **{k: w for k, w in kwargs.items()})
-        ref64, _ = ours(x, key, value, **kwargs)
-        low = MultiHeadAttention.from_torch(adapter.module.double(), backend="reference").to(dtype).eval()
-        adapter.module.to(dtype)
-        reflow, _ = low(x.to(dtype), key.to(dtype), value.to(dtype), **kwargs)
+        causal = example.is_causal
+        out = adapter(x.to(dtype), key.to(dtype), value.to(dtype), attn_mask=kwargs.get("attn_mask"),
+                      key_padding_mask=kwargs.get("key_padding_mask"), is_causal=causal)
+        ref64, _ = ours(x, key, value, **kwargs, is_causal=causal)
+        reflow, _ = low_reference(dtype)(x.to(dtype), key.to(dtype), value.to(dtype), **kwargs, is_causal=causal)
         allowed, base = _bound(ref64, reflow, tolerance, dtype, floor_ulps=8.0)
         err = _error(out, ref64)
         if tuple(out.shape) != tuple(ref64.shape):
@@ -845,6 +868,52 @@ def audit_multihead(
         example, x, key, value, keep = draw(data, "padding")
         compare(run, example, x, key, value, keep, True)
 
+    def causality(data: st.DataObject, run: _Run) -> None:
+        example, x, key, value, _ = draw(data, "none", causal=True)
+        out, allowed = compare(run, example, x, key, value, None, False)
+        # Changing keys and values a query may not see must not change that query's output.
+        dtype = dtype_names[example.dtype]
+        visible = causal_mask(example.t, example.s)
+        for i in range(example.t):
+            future = ~visible[i]
+            if not future.any():
+                continue
+            key2, value2 = key.clone(), value.clone()
+            key2[:, future] += 3.0
+            value2[:, future] -= 5.0
+            out2 = adapter(x.to(dtype), key2.to(dtype), value2.to(dtype), is_causal=True)
+            err = _error(out2[:, i], out[:, i])
+            if not err <= 2 * allowed:
+                raise _CheckFailure(f"query {i} changed by {err:.3g} when keys it may not see changed "
+                                    "(bottom-right alignment)", example)
+            break
+
+    def gradients(data: st.DataObject, run: _Run) -> None:
+        example, x, key, value, _ = draw(data, "none")
+        dtype = dtype_names[example.dtype]
+        cotangent = randn((example.b, example.t, adapter.embed_dim), example.seed + 4)
+
+        def grads(fn: Callable[[Tensor, Tensor, Tensor], Tensor], dt: torch.dtype) -> list[Tensor]:
+            leaves = [z.to(dt).detach().requires_grad_(True) for z in (x, key, value)]
+            torch.autograd.backward([(fn(*leaves).double() * cotangent).sum()])
+            return [z.grad if z.grad is not None else torch.zeros_like(z) for z in leaves]
+
+        low = low_reference(dtype)
+        g64 = grads(lambda q, k, v: ours(q, k, v)[0], torch.float64)
+        glow = grads(lambda q, k, v: low(q, k, v)[0], dtype)
+        saved = [(p, p.grad) for p in adapter.module.parameters()]
+        try:
+            gcand = grads(lambda q, k, v: adapter(q, k, v, grad=True), dtype)
+        finally:
+            for p, grad in saved:  # the audit leaves the candidate's .grad as it found it
+                p.grad = grad
+        for name, r64, rlow, c in zip(("query", "key", "value"), g64, glow, gcand, strict=True):
+            allowed, base = _bound(r64, rlow, tolerance, dtype, floor_ulps=16.0)
+            err = _error(c, r64)
+            if not err <= allowed:
+                raise _CheckFailure(f"d{name}: max error {err:.3g} > allowed {allowed:.3g}", example, err / base)
+            run.worst = max(run.worst, err / base)
+
     def batch_independence(data: st.DataObject, run: _Run) -> None:
         example, x, key, value, _ = draw(data, "none")
         out, allowed = compare(run, example, x, key, value, None, False)
@@ -862,8 +931,8 @@ def audit_multihead(
         if out.dtype != dtype:
             raise _CheckFailure(f"output dtype {out.dtype}, inputs {dtype}", example)
 
-    bodies = {"reference": reference, "masking": masking, "padding": padding,
-              "batch_independence": batch_independence, "dtype": dtype_check}
+    bodies = {"reference": reference, "causality": causality, "masking": masking, "padding": padding,
+              "batch_independence": batch_independence, "gradients": gradients, "dtype": dtype_check}
     conventions = Conventions(mask_polarity="drop", fully_masked="any")
     results = [_run_check(bodies[check], max_examples=max_examples, seed=seed, name=check, candidate=label,
                           conventions=conventions) for check in selected]

@@ -71,7 +71,12 @@ class KVCache:
         return self.k, self.v
 
     def crop(self, keep_last: int) -> None:
-        """Keep only the last ``keep_last`` positions (a sliding window; exact only for relative positions)."""
+        """Keep only the last ``keep_last`` positions (a sliding window).
+
+        Attending over a cropped cache equals recomputing the cropped window only in a first layer with
+        relative (rotary) positions: in deeper layers the kept keys and values were computed while the
+        dropped positions were still visible. :meth:`GPT.generate` therefore recomputes instead.
+        """
         if keep_last < 0:
             raise ValueError(f"KVCache.crop: keep_last must be non-negative, got {keep_last}")
         if self.k is not None:
