@@ -25,3 +25,13 @@ def test_bad_arguments_give_one_line_and_exit_code_2(argv: list[str], capsys: py
     assert len(err.strip().splitlines()) == 1
     assert err.startswith("typed-transformer")
     assert "error:" in err
+
+
+def test_gpt_generation_table_states_the_cache_ceiling() -> None:
+    from typed_transformer.bench import GPTRow, format_gpt_table
+
+    table = format_gpt_table([], [GPTRow("generate 9 tokens, baby preset", 10.0, 20.0, 0.0, 0.0)], (0.5, 1.25))
+    assert "generate 9 tokens, baby preset" in table
+    assert "   2.00x" in table  # speedup = no cache / cache
+    assert table.endswith("one cached one-token step 0.500 ms, one uncached 64-token window 1.250 ms: a KV cache "
+                          "can speed up baby-preset generation by at most 2.50x here")

@@ -307,11 +307,15 @@ def bench_gpt_training(presets: list[str], *, batch_size: int = 12, steps: int =
 def bench_generation(*, new_tokens: int = 500, block_sizes: tuple[int, ...] = (64, 512), rounds: int = 3
                      ) -> list[GPTRow]:
     """500 new tokens from a one-token prompt with the KV cache ("ours") and without it ("baseline" column:
-    the same model recomputing the cropped context every step), greedy, at the baby preset's sizes."""
+    the same model recomputing the cropped context every step), greedy, at the baby preset's sizes; and
+    ``block_size - 1`` tokens at the baby preset, all of which fit in the context."""
     from .gpt import GPT, GPTConfig
 
     rows = []
-    for block in block_sizes:
+    cases = [(block, new_tokens) for block in block_sizes]
+    if 64 in block_sizes:
+        cases.insert(block_sizes.index(64) + 1, (64, 63))
+    for block, tokens in cases:
         torch.manual_seed(0)
         model = GPT(GPTConfig.preset("baby", 65, block_size=block)).eval()
         prompt = torch.zeros(1, 1, dtype=torch.long)
@@ -322,19 +326,48 @@ def bench_generation(*, new_tokens: int = 500, block_sizes: tuple[int, ...] = (6
             for cache in (True, False):
                 base = _reset_peak_rss() if r == 0 else 0
                 start = time.perf_counter()
-                outputs[cache] = model.generate(prompt, new_tokens, greedy=True, use_cache=cache)
+                outputs[cache] = model.generate(prompt, tokens, greedy=True, use_cache=cache)
                 samples[cache].append((time.perf_counter() - start) * 1e3)
                 if r == 0:
                     peaks[cache] = _peak_rise_mib(base)
         if not torch.equal(outputs[True], outputs[False]):
             raise AssertionError("cached and uncached generation differ")
-        label = "baby preset" if block == 64 else "baby preset with block_size 512"
-        rows.append(GPTRow(f"generate {new_tokens} tokens, {label}", statistics.median(samples[True]),
+        label = "baby preset" if block == 64 else f"baby preset with block_size {block}"
+        rows.append(GPTRow(f"generate {tokens} tokens, {label}", statistics.median(samples[True]),
                            statistics.median(samples[False]), peaks[True], peaks[False]))
     return rows
 
 
-def format_gpt_table(training: list[GPTRow], generation: list[GPTRow]) -> str:
+def decode_step_costs(block_size: int = 64, *, repeats: int = 200) -> tuple[float, float]:
+    """Milliseconds of one cached one-token step (with ``block_size - 1`` positions cached) and of one
+    uncached forward over a full ``block_size`` window, at the baby preset, as generation runs them
+    (no_grad, checks suspended after the checked prefill). Their ratio bounds what any KV cache can gain."""
+    from .gpt import GPT, GPTConfig
+    from .shapecheck import suspended_checks
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("baby", 65, block_size=block_size)).eval()
+    window = torch.zeros(1, block_size, dtype=torch.long)
+    token = window[:, :1]
+    step_ms: list[float] = []
+    window_ms: list[float] = []
+    with torch.no_grad(), suspended_checks():
+        for r in range(repeats + 10):
+            caches = model.new_caches()
+            model(window[:, :-1], kv_caches=caches)
+            start = time.perf_counter()
+            model(token, kv_caches=caches)
+            middle = time.perf_counter()
+            model(window)
+            end = time.perf_counter()
+            if r >= 10:
+                step_ms.append((middle - start) * 1e3)
+                window_ms.append((end - middle) * 1e3)
+    return statistics.median(step_ms), statistics.median(window_ms)
+
+
+def format_gpt_table(training: list[GPTRow], generation: list[GPTRow],
+                     step_costs: tuple[float, float] | None = None) -> str:
     lines = [f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of interleaved runs; "
              "peak = rise of peak RSS over the first measured run"]
     if training:
@@ -352,4 +385,9 @@ def format_gpt_table(training: list[GPTRow], generation: list[GPTRow]) -> str:
             lines.append(f"{row.what:<48} {row.ours_ms:>9.1f} {row.baseline_ms:>12.1f} {1 / row.ratio:>7.2f}x "
                          f"{row.ours_peak_mib:>8.1f}MiB {row.baseline_peak_mib:>11.1f}MiB")
         lines.append("(greedy; cached and uncached outputs are checked identical; target speedup >= 5x)")
+    if step_costs is not None:
+        step, window = step_costs
+        lines.append(f"baby preset, one cached one-token step {step:.3f} ms, one uncached 64-token window "
+                     f"{window:.3f} ms: a KV cache can speed up baby-preset generation by at most "
+                     f"{window / step:.2f}x here")
     return "\n".join(lines)

@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench" and args.which == "gpt":
         import torch
 
-        from .bench import bench_generation, bench_gpt_training, format_gpt_table
+        from .bench import bench_generation, bench_gpt_training, decode_step_costs, format_gpt_table
 
         if args.threads is not None:
             torch.set_num_threads(args.threads)
@@ -295,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(f"--presets: unknown preset {unknown[0]!r} (choose baby, seed)")
         training = bench_gpt_training(presets, batch_size=args.batch_size, steps=args.steps)
         generation = [] if args.skip_generation else bench_generation()
-        print(format_gpt_table(training, generation))
+        costs = None if args.skip_generation else decode_step_costs()
+        print(format_gpt_table(training, generation, costs))
         return 0
     if args.command == "bench" and args.which == "attention":
         import torch
