@@ -260,27 +260,33 @@ def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y
     optimizer.step()
 
 
-def _time_steps(models: dict[str, nn.Module], x: Tensor, y: Tensor, steps: int, rounds: int
+def _time_steps(models: dict[str, nn.Module], x: Tensor, y: Tensor, steps: int | None, seconds: float
                 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Median ms per training step and peak RSS rise (MiB) per model, interleaved round-robin."""
+    """Median ms per training step and peak RSS rise (MiB) per model.
+
+    Single steps alternate between the models, in A B B A order so that a drift in the machine's speed
+    weighs on both alike; ``steps`` per model, or as many as fit in about ``seconds`` (at least 4).
+    """
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
+    warm: list[float] = []
     for name, model in models.items():  # warm-up
         for _ in range(2):
-            _train_step(model, optimizers[name], x, y)
+            warm += _median_ms(functools.partial(_train_step, model, optimizers[name], x, y), 1, 1)
+    if steps is None:
+        steps = max(4, min(200, round(seconds * 1e3 / (2 * statistics.median(warm)))))
     samples: dict[str, list[float]] = {name: [] for name in models}
     peaks: dict[str, float] = {}
-    per_round = max(1, steps // rounds)
-    for r in range(rounds):
-        for name, model in models.items():
-            base = _reset_peak_rss() if r == 0 else 0
-            step = functools.partial(_train_step, model, optimizers[name], x, y)
-            samples[name] += _median_ms(step, 1, per_round)
-            if r == 0:
+    names = list(models)
+    for i in range(steps):
+        for name in names if i % 2 == 0 else reversed(names):
+            base = _reset_peak_rss() if i == 0 else 0
+            samples[name] += _median_ms(functools.partial(_train_step, models[name], optimizers[name], x, y), 1, 1)
+            if i == 0:
                 peaks[name] = _peak_rise_mib(base)
     return {name: statistics.median(v) for name, v in samples.items()}, peaks
 
 
-def bench_gpt_training(presets: list[str], *, batch_size: int = 12, steps: int = 10, rounds: int = 5,
+def bench_gpt_training(presets: list[str], *, batch_size: int = 12, steps: int | None = None, seconds: float = 20.0,
                        vocab_size: int = 65) -> list[GPTRow]:
     """Median time of one training step (forward, backward, clip, AdamW) of our GPT (checks on) and the
     baseline at each preset, interleaved; peak RSS rise over each variant's first measured round."""
@@ -298,13 +304,13 @@ def bench_gpt_training(presets: list[str], *, batch_size: int = 12, steps: int =
         generator = torch.Generator().manual_seed(0)
         x = torch.randint(vocab_size, (batch_size, config.block_size), generator=generator)
         y = torch.randint(vocab_size, (batch_size, config.block_size), generator=generator)
-        ms, peaks = _time_steps(models, x, y, steps, rounds)
+        ms, peaks = _time_steps(models, x, y, steps, seconds)
         rows.append(GPTRow(f"train step, {preset} preset (batch {batch_size}, block {config.block_size})",
                            ms["ours"], ms["baseline"], peaks["ours"], peaks["baseline"]))
     return rows
 
 
-def bench_generation(*, new_tokens: int = 500, block_sizes: tuple[int, ...] = (64, 512), rounds: int = 3
+def bench_generation(*, new_tokens: int = 500, block_sizes: tuple[int, ...] = (64, 512), rounds: int = 5
                      ) -> list[GPTRow]:
     """500 new tokens from a one-token prompt with the KV cache ("ours") and without it ("baseline" column:
     the same model recomputing the cropped context every step), greedy, at the baby preset's sizes; and
@@ -323,7 +329,7 @@ def bench_generation(*, new_tokens: int = 500, block_sizes: tuple[int, ...] = (6
         peaks: dict[bool, float] = {}
         outputs = {}
         for r in range(rounds):
-            for cache in (True, False):
+            for cache in (True, False) if r % 2 == 0 else (False, True):
                 base = _reset_peak_rss() if r == 0 else 0
                 start = time.perf_counter()
                 outputs[cache] = model.generate(prompt, tokens, greedy=True, use_cache=cache)

@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     gpt = which.add_parser("gpt", help="GPT training step against a nanoGPT-style baseline; KV-cache generation")
     gpt.add_argument("--presets", default="baby,seed", help="comma-separated presets to time (default baby,seed)")
     gpt.add_argument("--batch-size", type=_positive_int, default=12)
-    gpt.add_argument("--steps", type=_positive_int, default=10, help="measured training steps per variant")
+    gpt.add_argument("--steps", type=_positive_int, default=None,
+                     help="measured training steps per variant (default: as many as fit in about 20 s per preset)")
     gpt.add_argument("--threads", type=_positive_int, default=None)
     gpt.add_argument("--skip-generation", action="store_true")
 
