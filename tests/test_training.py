@@ -425,3 +425,12 @@ def test_periodic_checkpoints_are_written(tmp_path: Path, data: TextData) -> Non
     # Checked in on_step before the save of that step: nothing at step 4 yet, the step-4 checkpoint at 5.
     assert seen == [-1, 4]
     assert load_checkpoint(tmp_path).iteration == 6
+
+
+def test_presets_bring_their_own_training_settings() -> None:
+    assert TrainConfig.for_preset("baby") == TrainConfig(learning_rate=3e-3, min_lr=3e-4)
+    assert TrainConfig.for_preset("seed") == TrainConfig()
+    assert TrainConfig.for_preset("baby", learning_rate=1e-2) == TrainConfig(learning_rate=1e-2, min_lr=1e-3)
+    assert TrainConfig.for_preset("baby", max_iters=5).learning_rate == 3e-3
+    with pytest.raises(ValueError, match=r"^unknown preset 'huge'; choose one of baby, seed$"):
+        TrainConfig.for_preset("huge")

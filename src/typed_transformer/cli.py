@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     train.add_argument("--batch-size", type=_positive_int, default=None, help="default 12")
     train.add_argument("--block-size", type=_positive_int, default=None, help="context length (default: preset's)")
-    train.add_argument("--lr", type=_positive_float, default=None, help="peak learning rate (default 1e-3)")
+    train.add_argument("--lr", type=_positive_float, default=None,
+                       help="peak learning rate, decaying to a tenth (default: 3e-3 for baby, 1e-3 for seed)")
     train.add_argument("--eval-interval", type=_positive_int, default=None, help="default 250")
     train.add_argument("--eval-iters", type=_positive_int, default=None, help="batches per evaluation (default 20)")
     train.add_argument("--dropout", type=_dropout, default=None, help="default: preset's")
@@ -155,8 +156,6 @@ def _train(args: argparse.Namespace) -> int:
                       ("sample_tokens", "sample_tokens")):
         if getattr(args, flag) is not None:
             train_overrides[key] = getattr(args, flag)
-    if "learning_rate" in train_overrides:
-        train_overrides.setdefault("min_lr", train_overrides["learning_rate"] / 10)
     if "eval_interval" in train_overrides:
         train_overrides.setdefault("checkpoint_interval", train_overrides["eval_interval"])
 
@@ -168,6 +167,8 @@ def _train(args: argparse.Namespace) -> int:
             if getattr(model.config, key) != value:
                 raise ValueError(f"--{key.replace('_', '-')} {value} differs from the checkpoint's "
                                  f"{getattr(model.config, key)}; a resumed run keeps its model")
+        if "learning_rate" in train_overrides:
+            train_overrides.setdefault("min_lr", train_overrides["learning_rate"] / 10)
         config = TrainConfig(**{**resume.train_config, **train_overrides})
         tokenizer = resume.tokenizer
         if resume.info.get("text_chars") not in (None, len(text)):
@@ -179,7 +180,7 @@ def _train(args: argparse.Namespace) -> int:
                              "pass a larger --max-iters")
         print(f"resuming {args.out / CHECKPOINT_NAME} at iteration {resume.iteration}", file=sys.stderr)
     else:
-        config = TrainConfig(**train_overrides)
+        config = TrainConfig.for_preset(args.preset, **train_overrides)
         block = overrides.get("block_size", GPTConfig.preset(args.preset, 1).block_size)
         data = TextData.from_text(text, block, source=source)
         torch.manual_seed(config.seed)

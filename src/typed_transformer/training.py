@@ -28,12 +28,22 @@ from .checkpoint import CHECKPOINT_NAME, Checkpoint, save_checkpoint
 from .data import TextData, get_batch
 from .gpt import GPT
 
-__all__ = ["TrainConfig", "TrainResult", "evaluate", "learning_rate", "plot_history", "train"]
+__all__ = ["PRESET_TRAINING", "TrainConfig", "TrainResult", "evaluate", "learning_rate", "plot_history", "train"]
+
+#: Training settings of a model preset where they differ from :class:`TrainConfig`'s defaults (nanoGPT's).
+#: ``baby``: peak learning rate 3e-3 (min 3e-4) instead of nanoGPT's 1e-3. Over 2000 iterations on Tiny
+#: Shakespeare, two seeds each, the full-split validation loss was 1.908 at 1e-3, 1.821 at 2e-3, 1.789 at
+#: 3e-3 and 1.784 at 5e-3; 3e-3 is the smallest rate within noise of the best (README, "Quality").
+PRESET_TRAINING: dict[str, dict[str, Any]] = {
+    "baby": {"learning_rate": 3e-3, "min_lr": 3e-4},
+    "seed": {},
+}
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation settings; the defaults are nanoGPT's CPU "baby GPT" run."""
+    """Optimisation settings; the defaults are nanoGPT's CPU "baby GPT" run (:meth:`for_preset` adds a
+    model preset's own settings: the command line's ``train`` starts from those)."""
 
     max_iters: int = 2000
     batch_size: int = 12
@@ -50,6 +60,18 @@ class TrainConfig:
     checkpoint_interval: int = 250
     seed: int = 1337
     sample_tokens: int = 300
+
+    @classmethod
+    def for_preset(cls, preset: str, **overrides: Any) -> "TrainConfig":
+        """The defaults with the preset's own settings (:data:`PRESET_TRAINING`), then ``overrides``.
+
+        An overridden ``learning_rate`` without ``min_lr`` decays to a tenth of itself, as nanoGPT's does.
+        """
+        if preset not in PRESET_TRAINING:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESET_TRAINING)}")
+        if "learning_rate" in overrides:
+            overrides.setdefault("min_lr", overrides["learning_rate"] / 10)
+        return cls(**{**PRESET_TRAINING[preset], **overrides})
 
     def __post_init__(self) -> None:
         positive = ("max_iters", "batch_size", "eval_interval", "eval_iters", "checkpoint_interval")
