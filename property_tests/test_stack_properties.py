@@ -421,10 +421,11 @@ def test_padded_source_positions_change_no_target_output(config: StackConfig, b:
 
 
 @st.composite
-def seq2seq_models(draw: st.DrawFn, *, max_layers: int = 2) -> Seq2SeqTransformer:
+def seq2seq_models(draw: st.DrawFn, *, max_layers: int = 2, head_dims: tuple[int, ...] = (2, 4)
+                   ) -> Seq2SeqTransformer:
     """Tiny Seq2SeqTransformers with random weights (float64, eval), pad id 0 on both sides."""
     nhead = draw(st.integers(1, 2), label="nhead")
-    head_dim = draw(st.sampled_from([2, 4]), label="head_dim")
+    head_dim = draw(st.sampled_from(head_dims), label="head_dim")
     model = Seq2SeqTransformer(
         draw(st.integers(3, 8), label="src_vocab_size"), draw(st.integers(4, 8), label="trg_vocab_size"), 0, 0,
         d_model=nhead * head_dim, nhead=nhead, num_encoder_layers=draw(st.integers(1, max_layers), label="enc"),
@@ -487,7 +488,9 @@ def test_encoder_without_positions_is_permutation_equivariant(config: StackConfi
     assert_close(permuted, out[:, permutation])
 
 
-@given(model=seq2seq_models(), b=st.integers(1, 2), s=st.integers(2, 6), data=st.data())
+# d_model >= 4: a LayerNorm over 2 features maps every vector to one of two points, so with d_model 2 the
+# encoder's output can ignore the positions exactly.
+@given(model=seq2seq_models(head_dims=(4,)), b=st.integers(1, 2), s=st.integers(2, 6), data=st.data())
 @fewer_examples(2)
 def test_positions_break_permutation_equivariance(model: Seq2SeqTransformer, b: int, s: int,
                                                   data: st.DataObject) -> None:
