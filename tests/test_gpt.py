@@ -483,3 +483,54 @@ def test_wrong_number_of_kv_caches() -> None:
     model = GPT(tiny())
     with pytest.raises(ValueError, match="kv_caches has 1 caches for 2 layers"):
         model(tokens(1, 2, 11), kv_caches=[KVCache()])
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("setting", [{"top_k": 1}, {"top_p": 1e-6}, {"temperature": 1e-4}])
+def test_every_generated_token_is_sampled_with_the_given_settings(setting: dict[str, Any], use_cache: bool) -> None:
+    """Settings that make sampling greedy must make all 9 tokens greedy, not just the first: the later steps
+    (cached, then past block_size) get the same temperature, top-k and top-p."""
+    model = randomized(tiny(block_size=4))
+    idx = tokens(2, 3, 11, seed=5)
+    greedy = model.generate(idx, 9, greedy=True, use_cache=use_cache)
+    sampled = model.generate(idx, 9, generator=torch.Generator().manual_seed(0), use_cache=use_cache, **setting)
+    assert torch.equal(sampled, greedy)
+    # and plain sampling does leave the greedy path here, so the equality above says something
+    plain = model.generate(idx, 9, generator=torch.Generator().manual_seed(0), use_cache=use_cache)
+    assert not torch.equal(plain[:, 4:], greedy[:, 4:])
+
+
+def test_top_p_of_one_keeps_every_token() -> None:
+    model = randomized(tiny())
+    idx = tokens(2, 3, 11)
+    assert torch.equal(model.generate(idx, 6, top_p=1.0, generator=torch.Generator().manual_seed(3)),
+                       model.generate(idx, 6, generator=torch.Generator().manual_seed(3)))
+
+
+def test_top_p_keeps_the_smallest_set_that_reaches_it() -> None:
+    """Probabilities exactly (1/2, 1/2, 0, 0): the first token in sorted order reaches top_p = 1/2 on its own,
+    so the second is dropped although the mass before it equals top_p exactly."""
+    logits = torch.tensor([[0.0, 0.0, -math.inf, -math.inf]]).expand(200, 4)
+    drawn = sample(logits, top_p=0.5, generator=torch.Generator().manual_seed(0))
+    assert len(set(drawn[:, 0].tolist())) == 1
+    assert drawn[0, 0].item() in (0, 1)
+    both = sample(logits, top_p=0.75, generator=torch.Generator().manual_seed(0))
+    assert set(both[:, 0].tolist()) == {0, 1}
+
+
+def test_parameter_groups_decay_matrices_only_and_count_tied_weights_once() -> None:
+    model = GPT(tiny(bias=True))
+    decay, no_decay = model.parameter_groups(0.25)
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.25, 0.0)
+    named = {id(p): name for name, p in model.named_parameters()}  # tied weights appear once
+    decay_names = sorted(named[id(p)] for p in decay["params"])
+    no_decay_names = sorted(named[id(p)] for p in no_decay["params"])
+    assert decay_names == sorted(name for name, p in model.named_parameters() if p.dim() >= 2)
+    assert no_decay_names == sorted(name for name, p in model.named_parameters() if p.dim() < 2)
+    assert "tok_emb.weight" in decay_names
+    assert "lm_head.weight" not in decay_names  # the same tensor as tok_emb.weight
+    assert {n.rsplit(".", 1)[-1] for n in no_decay_names} == {"weight", "bias"}  # norms' weights, all biases
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    frozen = GPT(tiny())
+    frozen.ln_f.weight.requires_grad_(False)
+    assert all(p is not frozen.ln_f.weight for group in frozen.parameter_groups(0.1) for p in group["params"])

@@ -370,3 +370,10 @@ def test_repr_and_copies() -> None:
     clone.eval()
     torch.testing.assert_close(clone(x, memory), layer(x, memory))
     assert F.relu is layer.feed_forward.activation
+
+
+def test_feed_forward_repr_names_known_activations_and_shows_other_callables() -> None:
+    assert FeedForward(4, 8, activation=torch.nn.GELU(approximate="tanh")).extra_repr() == "activation=gelu_tanh"
+    assert FeedForward(4, 8, activation=torch.nn.functional.gelu).extra_repr() == "activation=gelu"
+    assert FeedForward(4, 8, activation=torch.tanh).extra_repr() == f"activation={torch.tanh!r}"
+    assert FeedForward(4, 8, activation=torch.nn.SiLU()).extra_repr() == "activation=SiLU()"

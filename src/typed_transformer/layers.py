@@ -147,8 +147,7 @@ class FeedForward(nn.Module):
         self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias, device=device, dtype=dtype)
 
     def extra_repr(self) -> str:
-        name = _activation_name(self.activation)
-        return f"activation={name if isinstance(name, str) else repr(name)}"
+        return f"activation={_activation_name(self.activation)}"  # a name, or the callable's own repr
 
     def forward(self, x: Float[Tensor, "b t {self.d_model}"]) -> Float[Tensor, "b t {self.d_model}"]:
         out: Tensor = self.linear2(self.dropout(self.activation(self.linear1(x))))
