@@ -2,8 +2,10 @@
 
 import copy
 import math
+import re
 import warnings
 from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from typed_transformer.layers import (
     TransformerEncoder,
     TransformerEncoderLayer,
 )
+from typed_transformer.multihead import MultiHeadAttention
 from typed_transformer.positions import RotaryEmbedding
 
 # torch warns that its nested tensors are a prototype whenever eval + no_grad takes the nested path.
@@ -204,10 +207,11 @@ def test_stacks_from_torch_keep_each_layer_and_the_final_norm() -> None:
     assert no_norm.norm is None
 
 
-def test_gelu_tanh_keeps_torch_off_its_exact_gelu_fast_path() -> None:
+@pytest.mark.parametrize("activation", ["gelu_tanh", nn.GELU(approximate="tanh")], ids=["name", "module"])
+def test_gelu_tanh_keeps_torch_off_its_exact_gelu_fast_path(activation: Any) -> None:
     """torch's fast path treats any nn.GELU as exact GELU; to_torch hands over a plain function instead,
     so the torch copy computes tanh-GELU on every path."""
-    ours = randomize(TransformerEncoderLayer(6, 2, 8, 0.0, activation="gelu_tanh", dtype=torch.float64)).eval()
+    ours = randomize(TransformerEncoderLayer(6, 2, 8, 0.0, activation=activation, dtype=torch.float64)).eval()
     assert isinstance(ours, TransformerEncoderLayer)
     theirs = ours.to_torch()
     x = randn(2, 5, 6)
@@ -377,3 +381,55 @@ def test_feed_forward_repr_names_known_activations_and_shows_other_callables() -
     assert FeedForward(4, 8, activation=torch.nn.functional.gelu).extra_repr() == "activation=gelu"
     assert FeedForward(4, 8, activation=torch.tanh).extra_repr() == f"activation={torch.tanh!r}"
     assert FeedForward(4, 8, activation=torch.nn.SiLU()).extra_repr() == "activation=SiLU()"
+
+
+def every_attention(module: nn.Module) -> list[MultiHeadAttention]:
+    return [m for m in module.modules() if isinstance(m, MultiHeadAttention)]
+
+
+def test_from_torch_hands_the_backend_to_every_attention() -> None:
+    layer = nn.TransformerEncoderLayer(6, 2, 8, 0.0, batch_first=True)
+    decoder_layer = nn.TransformerDecoderLayer(6, 2, 8, 0.0, batch_first=True)
+    converted: list[nn.Module] = [
+        TransformerEncoderLayer.from_torch(layer, backend="reference"),
+        TransformerDecoderLayer.from_torch(decoder_layer, backend="reference"),
+        TransformerEncoder.from_torch(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), backend="reference"),
+        TransformerDecoder.from_torch(nn.TransformerDecoder(decoder_layer, 2), backend="reference"),
+        Transformer.from_torch(cast(nn.Transformer, quiet_torch(lambda: nn.Transformer(6, 2, 1, 1, 8))),
+                               backend="reference"),
+    ]
+    for module in converted:
+        attentions = every_attention(module)
+        assert attentions
+        assert {a.backend for a in attentions} == {"reference"}, type(module).__name__
+    assert {a.backend for a in every_attention(TransformerEncoderLayer.from_torch(layer))} == {"sdpa"}
+
+
+@pytest.mark.parametrize("cls", [TransformerEncoderLayer, TransformerDecoderLayer, TransformerEncoder,
+                                 TransformerDecoder, Transformer])
+def test_from_torch_names_what_it_expected_and_got(cls: Any) -> None:
+    expected = "nn." + cls.__name__
+    with pytest.raises(TypeError, match=f"^from_torch: expected {re.escape(expected)}, got Linear$"):
+        cls.from_torch(nn.Linear(2, 2))
+
+
+def test_to_torch_refuses_rotary_with_its_reason() -> None:
+    with pytest.raises(ValueError, match=re.escape("to_torch: torch's Transformer layers have no rotary embeddings "
+                                                   "(rotary is set)") + "$"):
+        TransformerEncoderLayer(8, 2, rotary=RotaryEmbedding(4)).to_torch()
+
+
+def test_to_torch_copies_share_no_tensor_and_warn_nothing() -> None:
+    norm = nn.LayerNorm(6)
+    stacks: list[Any] = [TransformerEncoder(TransformerEncoderLayer(6, 2), 2, norm),
+                         TransformerDecoder(TransformerDecoderLayer(6, 2), 2, norm), Transformer(6, 2, 1, 1, 8)]
+    for ours in stacks:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            theirs = ours.to_torch()
+        assert caught == [], [str(w.message) for w in caught]
+        our_storage = {p.untyped_storage().data_ptr() for p in ours.parameters()}
+        assert not any(p.untyped_storage().data_ptr() in our_storage for p in theirs.parameters())
+        assert sum(p.numel() for p in theirs.parameters()) == sum(p.numel() for p in ours.parameters())
+    transformer = Transformer(6, 3, 1, 1, 8)
+    assert (transformer.to_torch().nhead, transformer.to_torch().d_model) == (3, 6)

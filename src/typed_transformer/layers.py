@@ -333,10 +333,10 @@ def _refuse_rotary(attention: MultiHeadAttention) -> None:
 
 def _torch_layer_kwargs(layer: TransformerEncoderLayer | TransformerDecoderLayer, batch_first: bool) -> dict[str, Any]:
     ff = layer.feed_forward
-    name = _activation_name(ff.activation)
-    # Strings for torch's own relu/gelu (its fast path recognises them); our gelu_tanh function as it is,
-    # which keeps torch off the fast path (that path would compute exact GELU for nn.GELU("tanh")).
-    activation = name if name in ("relu", "gelu") else ff.activation
+    # torch's fast path computes exact GELU for any nn.GELU, nn.GELU("tanh") included: tanh-GELU goes over as
+    # our plain function, which keeps torch off that path. Everything else as it is (torch's fast path knows
+    # F.relu, F.gelu, nn.ReLU and nn.GELU() by identity or type).
+    activation = _gelu_tanh if _activation_name(ff.activation) == "gelu_tanh" else ff.activation
     return {"d_model": layer.d_model, "nhead": layer.nhead, "dim_feedforward": ff.dim_feedforward,
             "dropout": ff.dropout.p, "activation": activation, "layer_norm_eps": layer.norm1.eps,
             "batch_first": batch_first, "norm_first": layer.norm_first, "bias": ff.linear1.bias is not None,
