@@ -1,6 +1,8 @@
 """Positional encodings and the KV-cache path of MultiHeadAttention."""
 
 import math
+import re
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -92,3 +94,59 @@ def test_kv_cache_errors() -> None:
     assert cache.length == 2
     cache.reset()
     assert cache.length == 0
+
+
+def exactly(message: str) -> str:
+    return f"^{re.escape(message)}$"
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: SinusoidalPositionalEncoding(0), "SinusoidalPositionalEncoding: d_model must be positive, got 0"),
+        (lambda: LearnedPositionalEmbedding(0, 4), "LearnedPositionalEmbedding: sizes must be positive, got 0, 4"),
+        (lambda: LearnedPositionalEmbedding(4, 0), "LearnedPositionalEmbedding: sizes must be positive, got 4, 0"),
+        (lambda: RotaryEmbedding(0), "RotaryEmbedding: head_dim must be a positive even number, got 0"),
+        (lambda: RotaryEmbedding(3), "RotaryEmbedding: head_dim must be a positive even number, got 3"),
+        (lambda: RotaryEmbedding(4, base=1.0), "RotaryEmbedding: base must be a finite number > 1, got 1.0"),
+        (lambda: RotaryEmbedding(4, base=0.5), "RotaryEmbedding: base must be a finite number > 1, got 0.5"),
+        (lambda: RotaryEmbedding(4, base=math.inf), "RotaryEmbedding: base must be a finite number > 1, got inf"),
+    ],
+)
+def test_constructors_reject_bad_sizes_with_their_reason(build: Callable[[], object], message: str) -> None:
+    with pytest.raises(ValueError, match=exactly(message)):
+        build()
+
+
+def test_smallest_valid_sizes_are_accepted() -> None:
+    x = randn(1, 2, 1)
+    torch.testing.assert_close(SinusoidalPositionalEncoding(1)(x), x + torch.tensor([[0.0], [math.sin(1.0)]],
+                                                                                     dtype=torch.float64))
+    assert LearnedPositionalEmbedding(1, 1).weight.shape == (1, 1)
+    assert RotaryEmbedding(2, base=1.5).base == 1.5
+
+
+def test_learned_positions_start_as_gpt2s_normal_002() -> None:
+    torch.manual_seed(0)
+    weight = LearnedPositionalEmbedding(1024, 256).weight.detach()
+    assert weight.std().item() == pytest.approx(0.02, rel=0.01)  # 262,144 draws
+    assert abs(weight.mean().item()) < 1e-3
+
+
+def test_learned_positions_overflow_is_a_complete_shape_error() -> None:
+    wpe = LearnedPositionalEmbedding(8, 3)
+    with pytest.raises(ShapeError) as info:
+        wpe(torch.zeros(2, 3, 3), offset=6)
+    err = info.value
+    assert str(err) == ("typed_transformer.positions.LearnedPositionalEmbedding.forward(): x: positions 6..8 are "
+                        "beyond the 8 learned positions (axis t is 3, offset 6)")
+    assert (err.function, err.argument, err.axis, err.actual, err.expected) == (
+        "typed_transformer.positions.LearnedPositionalEmbedding.forward", "x", "t", 9, 8)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_positions_keep_the_dtype_of_x(dtype: torch.dtype) -> None:
+    x = torch.zeros(1, 3, 4, dtype=dtype)
+    assert LearnedPositionalEmbedding(8, 4)(x).dtype == dtype
+    assert SinusoidalPositionalEncoding(4)(x).dtype == dtype
+    assert RotaryEmbedding(4)(torch.zeros(1, 2, 3, 4, dtype=dtype)).dtype == dtype
