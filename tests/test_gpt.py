@@ -534,3 +534,41 @@ def test_parameter_groups_decay_matrices_only_and_count_tied_weights_once() -> N
     frozen = GPT(tiny())
     frozen.ln_f.weight.requires_grad_(False)
     assert all(p is not frozen.ln_f.weight for group in frozen.parameter_groups(0.1) for p in group["params"])
+
+
+def test_config_options_reach_every_module() -> None:
+    config = tiny(dropout=0.25, layer_norm_eps=1e-3, positional="rope", bias=True)
+    model = GPT(config)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(norms) == 2 * config.n_layer + 1
+    assert {n.eps for n in norms} == {1e-3}
+    for block in model.blocks:
+        assert isinstance(block, Block)
+        assert block.attn.dropout == 0.25
+        assert (block.resid_dropout.p, block.mlp_dropout.p, block.mlp.dropout.p) == (0.25, 0.25, 0.0)
+        assert block.attn.rotary is not None
+        assert type(block.attn.rotary.head_dim) is int
+        assert block.attn.rotary.head_dim == 4
+    assert model.drop.p == 0.25
+    assert model.lm_head.bias is None  # tied to the embedding: no bias, whatever config.bias says
+
+
+def test_rope_needs_an_even_head_size() -> None:
+    with pytest.raises(ValueError, match=r"^GPTConfig: rope needs an even head size, got 3$"):
+        tiny(n_embd=6, n_head=2, positional="rope")
+
+
+@pytest.mark.parametrize("bad", [11, -1])
+def test_a_single_token_is_checked_too(bad: int) -> None:
+    with pytest.raises(ValueError, match=f"^GPT.forward: idx holds token id {bad}, outside the vocabulary 0..10$"):
+        GPT(tiny())(torch.full((1, 1), bad))
+
+
+def test_bad_target_ids_name_the_ignore_index() -> None:
+    targets = torch.full((1, 1), 11)
+    with pytest.raises(ValueError, match=re.escape("GPT.forward: targets holds token id 11, outside the vocabulary "
+                                                   "0..10 (or -1, ignored)") + "$"):
+        GPT(tiny())(torch.zeros(1, 1, dtype=torch.long), targets)
+    loss = GPT(tiny())(torch.zeros(1, 2, dtype=torch.long), torch.tensor([[-1, 3]]))[1]
+    assert loss is not None
+    assert torch.isfinite(loss)

@@ -1,6 +1,7 @@
 """Feed-forward, encoder/decoder layers and stacks: hand formulas, torch interop, torch's quirks, errors."""
 
 import copy
+import inspect
 import math
 import re
 import warnings
@@ -379,6 +380,8 @@ def test_repr_and_copies() -> None:
 def test_feed_forward_repr_names_known_activations_and_shows_other_callables() -> None:
     assert FeedForward(4, 8, activation=torch.nn.GELU(approximate="tanh")).extra_repr() == "activation=gelu_tanh"
     assert FeedForward(4, 8, activation=torch.nn.functional.gelu).extra_repr() == "activation=gelu"
+    assert FeedForward(4, 8, activation=torch.nn.GELU()).extra_repr() == "activation=gelu"
+    assert FeedForward(4, 8, activation=torch.nn.ReLU()).extra_repr() == "activation=relu"
     assert FeedForward(4, 8, activation=torch.tanh).extra_repr() == f"activation={torch.tanh!r}"
     assert FeedForward(4, 8, activation=torch.nn.SiLU()).extra_repr() == "activation=SiLU()"
 
@@ -433,3 +436,96 @@ def test_to_torch_copies_share_no_tensor_and_warn_nothing() -> None:
         assert sum(p.numel() for p in theirs.parameters()) == sum(p.numel() for p in ours.parameters())
     transformer = Transformer(6, 3, 1, 1, 8)
     assert (transformer.to_torch().nhead, transformer.to_torch().d_model) == (3, 6)
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "message"),
+    [
+        (lambda: FeedForward(0, 4), ValueError, "FeedForward: d_model must be a positive int, got 0"),
+        (lambda: FeedForward(4, 0), ValueError, "FeedForward: dim_feedforward must be a positive int, got 0"),
+        (lambda: FeedForward(4, 4, dropout=1.0), ValueError, "FeedForward: dropout must be in [0, 1), got 1.0"),
+        (lambda: FeedForward(4, 4, activation="silu"), ValueError,  # type: ignore[arg-type]
+         "FeedForward: activation must be 'relu', 'gelu', 'gelu_tanh' or a callable, got 'silu'"),
+        (lambda: TransformerEncoderLayer(0, 2), ValueError, "TransformerEncoderLayer: d_model must be a positive int, "
+                                                            "got 0"),
+        (lambda: TransformerEncoderLayer(8, True), ValueError,
+         "TransformerEncoderLayer: nhead must be a positive int, got True"),
+        (lambda: TransformerEncoderLayer(8, 2, layer_norm_eps=0.0), ValueError,
+         "TransformerEncoderLayer: layer_norm_eps must be a finite number > 0, got 0.0"),
+        (lambda: TransformerEncoderLayer(8, 2, dropout=1.0), ValueError,
+         "TransformerEncoderLayer: dropout must be in [0, 1), got 1.0"),
+        (lambda: TransformerDecoderLayer(8, 3), ValueError,
+         "TransformerDecoderLayer: d_model=8 is not divisible by nhead=3"),
+        (lambda: TransformerEncoder(TransformerEncoderLayer(8, 2), 0), ValueError,
+         "TransformerEncoder: num_layers must be a positive int, got 0"),
+        (lambda: TransformerDecoder(TransformerDecoderLayer(8, 2), True), ValueError,
+         "TransformerDecoder: num_layers must be a positive int, got True"),
+        (lambda: TransformerEncoder(nn.TransformerEncoderLayer(8, 2), 1), TypeError,  # type: ignore[arg-type]
+         "TransformerEncoder: encoder_layer must be a typed_transformer TransformerEncoderLayer, got "
+         "TransformerEncoderLayer (convert torch's with from_torch)"),
+        (lambda: TransformerDecoder(nn.TransformerDecoderLayer(8, 2), 1),  # type: ignore[arg-type]
+         TypeError,
+         "TransformerDecoder: decoder_layer must be a typed_transformer TransformerDecoderLayer, got "
+         "TransformerDecoderLayer (convert torch's with from_torch)"),
+    ],
+)
+def test_constructor_errors_name_the_class_the_argument_and_the_value(build: Callable[[], object],
+                                                                      error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        build()
+
+
+@pytest.mark.parametrize(("ours", "theirs"), [(TransformerEncoderLayer, nn.TransformerEncoderLayer),
+                                               (TransformerDecoderLayer, nn.TransformerDecoderLayer),
+                                               (Transformer, nn.Transformer)])
+def test_defaults_are_torchs(ours: Any, theirs: Any) -> None:
+    """Every argument both constructors have defaults to the same value (the paper's base model for
+    nn.Transformer: 512 wide, 8 heads, 6 + 6 layers, 2048, dropout 0.1), and so do the forward flags."""
+    for method in ("__init__", "forward"):
+        our_params = inspect.signature(getattr(ours, method)).parameters
+        their_params = inspect.signature(getattr(theirs, method)).parameters
+        shared = [name for name in our_params if name in their_params and name != "self"
+                  and their_params[name].default is not inspect.Parameter.empty]
+        assert len(shared) >= 3, (ours, method)
+        for name in shared:
+            theirs_default = their_params[name].default
+            theirs_default = "relu" if theirs_default is F.relu else theirs_default  # the same activation
+            if theirs_default is None and name.endswith("is_causal"):
+                theirs_default = False  # torch's None = "guess from the mask"; ours is a real flag, off
+            assert our_params[name].default == theirs_default, (ours.__name__, method, name)
+
+
+def has_bias(linear: nn.Linear) -> bool:
+    return linear.bias is not None
+
+
+def test_options_reach_every_sublayer() -> None:
+    rotary = RotaryEmbedding(4)
+    encoder = TransformerEncoderLayer(8, 2, 16, dropout=0.3, layer_norm_eps=1e-3, bias=False, rotary=rotary,
+                                      backend="reference")
+    decoder = TransformerDecoderLayer(8, 2, 16, dropout=0.3, layer_norm_eps=1e-3, bias=False, rotary=rotary,
+                                      backend="reference")
+    for layer in (encoder, decoder):
+        ff = layer.feed_forward
+        assert ff.dropout.p == 0.3
+        assert not has_bias(ff.linear1)
+        assert not has_bias(ff.linear2)
+        assert (ff.dim_feedforward, ff.linear1.out_features) == (16, 16)
+        norms = [m for m in layer.modules() if isinstance(m, nn.LayerNorm)]
+        assert len(norms) == (2 if layer is encoder else 3)
+        assert all(n.eps == 1e-3 and n.bias is None for n in norms)
+        dropouts = [m.p for name, m in layer.named_children() if name.startswith("dropout")]
+        assert dropouts == [0.3] * len(dropouts)
+        assert len(dropouts) == len(norms)
+        assert layer.self_attn.rotary is rotary
+    for attention in every_attention(encoder) + every_attention(decoder):
+        assert (attention.dropout, attention.backend) == (0.3, "reference")
+        assert not has_bias(attention.out_proj)
+    assert decoder.multihead_attn.rotary is None  # positions are for self-attention only
+
+
+def test_stacks_copy_the_layer_and_share_nothing() -> None:
+    for stack in (TransformerEncoder(TransformerEncoderLayer(8, 2, 16), 3),
+                  TransformerDecoder(TransformerDecoderLayer(8, 2, 16), 3)):
+        storages = [p.untyped_storage().data_ptr() for p in stack.parameters()]
+        assert len(storages) == len(set(storages)) == 3 * len(list(stack.layers[0].parameters()))

@@ -145,7 +145,6 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.vocab_size = config.vocab_size
-        self.n_embd = config.n_embd
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos: nn.Module | None
         rotary = None

@@ -296,8 +296,8 @@ class TransformerDecoderLayer(nn.Module):
 
     def _mha_block(self, x: Tensor, memory: Tensor, mask: Tensor | None, key_padding_mask: Tensor | None,
                    is_causal: bool) -> Tensor:
-        out, _ = self.multihead_attn(x, memory, memory, attn_mask=mask, key_padding_mask=key_padding_mask,
-                                     is_causal=is_causal)
+        out, _ = self.multihead_attn(x, memory, attn_mask=mask, key_padding_mask=key_padding_mask,
+                                     is_causal=is_causal)  # value = key = memory
         result: Tensor = self.dropout2(out)
         return result
 
