@@ -150,3 +150,15 @@ def test_positions_keep_the_dtype_of_x(dtype: torch.dtype) -> None:
     assert LearnedPositionalEmbedding(8, 4)(x).dtype == dtype
     assert SinusoidalPositionalEncoding(4)(x).dtype == dtype
     assert RotaryEmbedding(4)(torch.zeros(1, 2, 3, 4, dtype=dtype)).dtype == dtype
+
+
+def test_offsets_default_to_zero_and_dtype_is_honoured() -> None:
+    x = randn(2, 3, 4)
+    wpe = LearnedPositionalEmbedding(8, 4, dtype=torch.float64)
+    assert wpe.weight.dtype == torch.float64
+    torch.testing.assert_close(wpe(x), x + wpe.weight[:3])
+    rotary = RotaryEmbedding(4)
+    q = randn(1, 2, 3, 4)
+    torch.testing.assert_close(rotary(q), rotary(q, 0))
+    torch.testing.assert_close(rotary(q)[:, :, 0], q[:, :, 0])  # position 0 is not rotated
+    torch.testing.assert_close(SinusoidalPositionalEncoding(4)(x), SinusoidalPositionalEncoding(4)(x, 0))
