@@ -529,3 +529,81 @@ def test_stacks_copy_the_layer_and_share_nothing() -> None:
                   TransformerDecoder(TransformerDecoderLayer(8, 2, 16), 3)):
         storages = [p.untyped_storage().data_ptr() for p in stack.parameters()]
         assert len(storages) == len(set(storages)) == 3 * len(list(stack.layers[0].parameters()))
+
+
+def test_default_construction_is_torchs_base_model() -> None:
+    """The defaults at work (the signature test above sees the source, not what runs)."""
+    layer = TransformerEncoderLayer(8, 2)
+    decoder_layer = TransformerDecoderLayer(8, 2)
+    for built in (layer, decoder_layer):
+        assert built.feed_forward.dim_feedforward == 2048
+        assert built.feed_forward.dropout.p == 0.1
+        assert built.feed_forward.extra_repr() == "activation=relu"
+        assert not built.norm_first
+        assert all(n.eps == 1e-5 and n.bias is not None for n in built.modules() if isinstance(n, nn.LayerNorm))
+        assert has_bias(built.feed_forward.linear1)
+        assert {a.backend for a in every_attention(built)} == {"sdpa"}
+    model = Transformer()
+    assert (model.d_model, model.nhead, len(model.encoder.layers), len(model.decoder.layers)) == (512, 8, 6, 6)
+    first = model.encoder.layers[0]
+    assert isinstance(first, TransformerEncoderLayer)
+    assert (first.feed_forward.dim_feedforward, first.feed_forward.dropout.p, first.norm_first) == (2048, 0.1, False)
+    assert has_bias(first.feed_forward.linear1)
+    for norm in (model.encoder.norm, model.decoder.norm):
+        assert isinstance(norm, nn.LayerNorm)
+        assert norm.eps == 1e-5
+        assert norm.bias is not None
+
+
+def test_decoder_layer_is_not_causal_unless_asked() -> None:
+    layer = randomize(TransformerDecoderLayer(6, 2, 8, 0.0, dtype=torch.float64)).eval()
+    tgt, memory = randn(2, 4, 6), randn(2, 3, 6, seed=1)
+    assert torch.equal(layer(tgt, memory), layer(tgt, memory, tgt_is_causal=False))
+    assert not torch.allclose(layer(tgt, memory), layer(tgt, memory, tgt_is_causal=True))
+
+
+def test_transformer_final_norms_follow_eps_and_bias() -> None:
+    model = Transformer(8, 2, 1, 1, 16, layer_norm_eps=1e-3, bias=False)
+    for norm in (model.encoder.norm, model.decoder.norm):
+        assert isinstance(norm, nn.LayerNorm)
+        assert norm.eps == 1e-3
+        assert norm.bias is None
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"custom_encoder": "decoder"}, "Transformer: custom_encoder must be a typed_transformer TransformerEncoder, got "
+                                    "TransformerDecoder"),
+    ({"custom_decoder": "encoder"}, "Transformer: custom_decoder must be a typed_transformer TransformerDecoder, got "
+                                    "TransformerEncoder"),
+])
+def test_transformer_refuses_swapped_custom_stacks(kwargs: dict[str, str], message: str) -> None:
+    stacks: dict[str, Any] = {"encoder": TransformerEncoder(TransformerEncoderLayer(8, 2, 16), 1),
+                              "decoder": TransformerDecoder(TransformerDecoderLayer(8, 2, 16), 1)}
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+        Transformer(8, 2, 1, 1, 16, **{key: stacks[value] for key, value in kwargs.items()})
+    with pytest.raises(ValueError, match=r"^Transformer: custom_encoder.d_model=8 does not match d_model=4$"):
+        Transformer(4, 2, 1, 1, 16, custom_encoder=stacks["encoder"])
+
+
+def test_from_torch_copies_dropout_and_norms_without_sharing_them() -> None:
+    encoder_layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.3, batch_first=True)
+    decoder_layer = nn.TransformerDecoderLayer(8, 2, 16, dropout=0.3, batch_first=True)
+    for ours in (TransformerEncoderLayer.from_torch(encoder_layer), TransformerDecoderLayer.from_torch(decoder_layer)):
+        dropouts = [m.p for m in ours.modules() if isinstance(m, nn.Dropout)]
+        assert dropouts == [0.3] * len(dropouts)
+        assert len(dropouts) >= 3
+    norm = nn.LayerNorm(8)
+    theirs_stacks: list[Any] = [nn.TransformerEncoder(encoder_layer, 1, norm, enable_nested_tensor=False),
+                                nn.TransformerDecoder(decoder_layer, 1, norm)]
+    classes: list[Any] = [TransformerEncoder, TransformerDecoder]
+    for theirs, cls in zip(theirs_stacks, classes, strict=True):
+        converted = cls.from_torch(theirs)
+        assert converted.norm is not theirs.norm
+        assert converted.norm.weight.untyped_storage().data_ptr() != theirs.norm.weight.untyped_storage().data_ptr()
+        assert torch.equal(converted.norm.weight, theirs.norm.weight)
+
+
+def test_activation_must_be_a_name_or_a_callable() -> None:
+    with pytest.raises(ValueError, match=re.escape("FeedForward: activation must be 'relu', 'gelu', 'gelu_tanh' or "
+                                                   "a callable, got 3") + "$"):
+        FeedForward(4, 4, activation=3)  # type: ignore[arg-type]

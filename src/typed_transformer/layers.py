@@ -525,7 +525,12 @@ class Transformer(nn.Module):
             decoder_norm = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **factory) if final_norms else None
             custom_decoder = TransformerDecoder(decoder_layer, num_decoder_layers, decoder_norm)
             built.append(custom_decoder)
-        for name, part in (("custom_encoder", custom_encoder), ("custom_decoder", custom_decoder)):
+        parts: tuple[tuple[str, nn.Module, type], ...] = (("custom_encoder", custom_encoder, TransformerEncoder),
+                                                          ("custom_decoder", custom_decoder, TransformerDecoder))
+        for name, part, kind in parts:
+            if not isinstance(part, kind):
+                raise TypeError(f"Transformer: {name} must be a typed_transformer {kind.__name__}, "
+                                f"got {type(part).__name__}")
             if part.d_model != d_model:
                 raise ValueError(f"Transformer: {name}.d_model={part.d_model} does not match d_model={d_model}")
         self.encoder = custom_encoder
