@@ -607,3 +607,20 @@ def test_activation_must_be_a_name_or_a_callable() -> None:
     with pytest.raises(ValueError, match=re.escape("FeedForward: activation must be 'relu', 'gelu', 'gelu_tanh' or "
                                                    "a callable, got 3") + "$"):
         FeedForward(4, 4, activation=3)  # type: ignore[arg-type]
+
+
+def test_to_torch_is_batch_first_by_default() -> None:
+    encoder_layer, decoder_layer = TransformerEncoderLayer(8, 2, 16), TransformerDecoderLayer(8, 2, 16)
+    converted: list[Any] = [encoder_layer.to_torch(), decoder_layer.to_torch(),
+                            TransformerEncoder(encoder_layer, 1).to_torch(),
+                            TransformerDecoder(decoder_layer, 1).to_torch(), Transformer(8, 2, 1, 1, 16).to_torch()]
+    for module in converted:
+        attentions = [m for m in module.modules() if isinstance(m, nn.MultiheadAttention)]
+        assert attentions
+        assert all(a.batch_first for a in attentions), type(module).__name__
+    assert converted[-1].batch_first
+
+
+def test_transformer_names_itself_in_size_errors() -> None:
+    with pytest.raises(ValueError, match=r"^Transformer: d_model=8 is not divisible by nhead=3$"):
+        Transformer(8, 3, 1, 1, 16)
