@@ -424,7 +424,9 @@ def test_to_torch_refuses_rotary_with_its_reason() -> None:
 
 def test_to_torch_copies_share_no_tensor_and_warn_nothing() -> None:
     norm = nn.LayerNorm(6)
+    # norm_first: torch then warns that it cannot use its nested-tensor path; to_torch knows and keeps quiet
     stacks: list[Any] = [TransformerEncoder(TransformerEncoderLayer(6, 2), 2, norm),
+                         TransformerEncoder(TransformerEncoderLayer(6, 2, norm_first=True), 2, norm),
                          TransformerDecoder(TransformerDecoderLayer(6, 2), 2, norm), Transformer(6, 2, 1, 1, 8)]
     for ours in stacks:
         with warnings.catch_warnings(record=True) as caught:
