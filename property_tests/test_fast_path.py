@@ -106,7 +106,7 @@ def test_the_functions_under_test_have_plans() -> None:
 
 
 @given(q=values(), k=values(), mask=st.one_of(st.none(), values()), n=st.sampled_from([1, True, 1.5, "2"]),
-       scale=st.sampled_from([None, 0.5, 2, "x"]), mode=st.sampled_from(["a", "b", "c"]), out=values())
+       scale=st.sampled_from([None, 0.5, 2, True, "x"]), mode=st.sampled_from(["a", "b", "c"]), out=values())
 def test_attention_like(q: Any, k: Any, mask: Any, n: Any, scale: Any, mode: Any, out: Any) -> None:
     RETURN[0] = out
     same_verdict(lambda: attention_like(q, k, mask, n=n, scale=scale, mode=mode))
