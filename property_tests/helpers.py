@@ -1,6 +1,7 @@
 """Test-only helpers shared by the property tests: tolerances, independent masks, torch switches."""
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 from typing import Any, ParamSpec, TypeVar
 
@@ -34,6 +35,11 @@ HALF_FUSED: dict[torch.dtype, dict[str, float]] = {
     torch.float32: {"atol": 1e-5, "rtol": 1e-5},
     torch.float64: F64,
 }
+
+
+def exactly(message: str) -> str:
+    """A ``pytest.raises(match=...)`` pattern for the whole message, not a substring of it."""
+    return f"^{re.escape(message)}$"
 
 
 def more_examples(factor: int) -> settings:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from property_tests.helpers import mha_fastpath
+from property_tests.helpers import exactly, mha_fastpath
 from typed_transformer import ShapeError, causal_mask, key_padding_mask_to_torch
 from typed_transformer.layers import (
     FeedForward,
@@ -417,8 +417,8 @@ def test_from_torch_names_what_it_expected_and_got(cls: Any) -> None:
 
 
 def test_to_torch_refuses_rotary_with_its_reason() -> None:
-    with pytest.raises(ValueError, match=re.escape("to_torch: torch's Transformer layers have no rotary embeddings "
-                                                   "(rotary is set)") + "$"):
+    with pytest.raises(ValueError, match=exactly("to_torch: torch's Transformer layers have no rotary embeddings "
+                                                "(rotary is set)")):
         TransformerEncoderLayer(8, 2, rotary=RotaryEmbedding(4)).to_torch()
 
 
@@ -473,7 +473,7 @@ def test_to_torch_copies_share_no_tensor_and_warn_nothing() -> None:
 )
 def test_constructor_errors_name_the_class_the_argument_and_the_value(build: Callable[[], object],
                                                                       error: type[Exception], message: str) -> None:
-    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+    with pytest.raises(error, match=exactly(message)):
         build()
 
 
@@ -581,7 +581,7 @@ def test_transformer_final_norms_follow_eps_and_bias() -> None:
 def test_transformer_refuses_swapped_custom_stacks(kwargs: dict[str, str], message: str) -> None:
     stacks: dict[str, Any] = {"encoder": TransformerEncoder(TransformerEncoderLayer(8, 2, 16), 1),
                               "decoder": TransformerDecoder(TransformerDecoderLayer(8, 2, 16), 1)}
-    with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(TypeError, match=exactly(message)):
         Transformer(8, 2, 1, 1, 16, **{key: stacks[value] for key, value in kwargs.items()})
     with pytest.raises(ValueError, match=r"^Transformer: custom_encoder.d_model=8 does not match d_model=4$"):
         Transformer(4, 2, 1, 1, 16, custom_encoder=stacks["encoder"])
@@ -606,8 +606,8 @@ def test_from_torch_copies_dropout_and_norms_without_sharing_them() -> None:
 
 
 def test_activation_must_be_a_name_or_a_callable() -> None:
-    with pytest.raises(ValueError, match=re.escape("FeedForward: activation must be 'relu', 'gelu', 'gelu_tanh' or "
-                                                   "a callable, got 3") + "$"):
+    with pytest.raises(ValueError, match=exactly("FeedForward: activation must be 'relu', 'gelu', 'gelu_tanh' or "
+                                                "a callable, got 3")):
         FeedForward(4, 4, activation=3)  # type: ignore[arg-type]
 
 

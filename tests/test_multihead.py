@@ -1,7 +1,6 @@
 """MultiHeadAttention: seed 001's module, an independent per-head reference, torch interop."""
 
 import math
-import re
 from typing import Any
 
 import pytest
@@ -9,6 +8,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from property_tests.helpers import exactly
 from typed_transformer import MultiHeadAttention, ShapeError, scaled_dot_product_attention
 from typed_transformer.attention import Backend
 from typed_transformer.masks import attn_mask_to_torch, key_padding_mask_to_torch
@@ -137,11 +137,6 @@ def test_repr_names_the_configuration() -> None:
 # The exact contract: error texts, KVCache, rotary, dropout, masks combined, interop options. Each test
 # below was written for a mutant that the suite above let survive.
 # ---------------------------------------------------------------------------------------------------------
-
-
-def exactly(message: str) -> str:
-    """A ``pytest.raises(match=...)`` pattern for the whole message, not a substring of it."""
-    return f"^{re.escape(message)}$"
 
 
 def contents(cache: KVCache) -> tuple[Tensor | None, Tensor | None, int]:

@@ -1,13 +1,13 @@
 """Positional encodings and the KV-cache path of MultiHeadAttention."""
 
 import math
-import re
 from collections.abc import Callable
 
 import pytest
 import torch
 from torch import Tensor
 
+from property_tests.helpers import exactly
 from typed_transformer import MultiHeadAttention, ShapeError
 from typed_transformer.multihead import KVCache
 from typed_transformer.positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
@@ -94,10 +94,6 @@ def test_kv_cache_errors() -> None:
     assert cache.length == 2
     cache.reset()
     assert cache.length == 0
-
-
-def exactly(message: str) -> str:
-    return f"^{re.escape(message)}$"
 
 
 @pytest.mark.parametrize(
