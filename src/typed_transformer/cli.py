@@ -167,9 +167,7 @@ def _train(args: argparse.Namespace) -> int:
             if getattr(model.config, key) != value:
                 raise ValueError(f"--{key.replace('_', '-')} {value} differs from the checkpoint's "
                                  f"{getattr(model.config, key)}; a resumed run keeps its model")
-        if "learning_rate" in train_overrides:
-            train_overrides.setdefault("min_lr", train_overrides["learning_rate"] / 10)
-        config = TrainConfig(**{**resume.train_config, **train_overrides})
+        config = TrainConfig.overridden(resume.train_config, **train_overrides)
         tokenizer = resume.tokenizer
         if resume.info.get("text_chars") not in (None, len(text)):
             raise ValueError(f"{source} is not the text the checkpoint was trained on "

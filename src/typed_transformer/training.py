@@ -63,15 +63,21 @@ class TrainConfig:
 
     @classmethod
     def for_preset(cls, preset: str, **overrides: Any) -> "TrainConfig":
-        """The defaults with the preset's own settings (:data:`PRESET_TRAINING`), then ``overrides``.
+        """The defaults with the preset's own settings (:data:`PRESET_TRAINING`), then ``overrides``
+        (see :meth:`overridden`)."""
+        if preset not in PRESET_TRAINING:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESET_TRAINING)}")
+        return cls.overridden(PRESET_TRAINING[preset], **overrides)
+
+    @classmethod
+    def overridden(cls, base: dict[str, Any], **overrides: Any) -> "TrainConfig":
+        """The settings ``base`` (a preset's, or a checkpoint's ``train_config``) with ``overrides``.
 
         An overridden ``learning_rate`` without ``min_lr`` decays to a tenth of itself, as nanoGPT's does.
         """
-        if preset not in PRESET_TRAINING:
-            raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESET_TRAINING)}")
         if "learning_rate" in overrides:
             overrides.setdefault("min_lr", overrides["learning_rate"] / 10)
-        return cls(**{**PRESET_TRAINING[preset], **overrides})
+        return cls(**{**base, **overrides})
 
     def __post_init__(self) -> None:
         positive = ("max_iters", "batch_size", "eval_interval", "eval_iters", "checkpoint_interval")
