@@ -299,6 +299,21 @@ def test_encoder_matches_torch_on_its_fast_paths(config: StackConfig, b: int, s:
         masks = Masks(attn=None, padding=padding, is_causal=False, torch_attn=None, torch_padding=~padding)
     else:
         masks = data.draw(masks_for(b, config.nhead, s, s, finite_bias=False), label="masks")
+    check_encoder_on_torch_fast_path(config, b, s, masks, seed, nested=nested)
+
+
+def test_encoder_fast_path_with_right_padding_drawn_without_asking_for_nested_tensors() -> None:
+    """The example a CI run drew (issue 13): post-LN, right padding, no attention mask, drawn by the
+    general mask strategy. torch took its nested-tensor path and returned zeros for the padded row."""
+    config = StackConfig(nhead=2, head_dim=1, dim_feedforward=1, norm_first=False, activation="relu", bias=True,
+                         layer_norm_eps=1e-5, num_encoder_layers=1, num_decoder_layers=1)
+    padding = torch.tensor([[True, False]])
+    masks = Masks(attn=None, padding=padding, is_causal=False, torch_attn=None, torch_padding=~padding)
+    check_encoder_on_torch_fast_path(config, 1, 2, masks, seed=0, nested=False)
+
+
+def check_encoder_on_torch_fast_path(config: StackConfig, b: int, s: int, masks: Masks, seed: int, *,
+                                     nested: bool) -> None:
     layer = nn.TransformerEncoderLayer(**config.torch_layer_kwargs(batch_first=True))
     theirs = quiet(lambda: nn.TransformerEncoder(layer, config.num_encoder_layers))
     randomize_parameters(theirs, seed).eval()
@@ -309,13 +324,19 @@ def test_encoder_matches_torch_on_its_fast_paths(config: StackConfig, b: int, s:
         want = theirs(x, mask=masks.torch_attn, src_key_padding_mask=masks.torch_padding)
     assert len(calls) == config.num_encoder_layers, "torch did not take its fast path: the test tests nothing"
     got = ours(x, masks.attn, masks.padding, masks.is_causal)
-    if nested:
-        assert masks.padding is not None
-        padding = masks.padding
-        assert torch.equal(want[~padding], torch.zeros_like(want[~padding]))
-        assert_close(got[padding], want[padding])
-    else:
+    if masks.padding is None:
         assert_close(got, want)
+        return
+    padding = masks.padding
+    assert_close(got[padding], want[padding])
+    # Padded positions are positions nobody reads. On its nested-tensor path torch returns exact zeros
+    # there, and it takes that path whenever the masks allow it (post-LN, right padding, no attention
+    # mask), whether or not the caller asked for it; otherwise its padded rows are computed like ours.
+    padded_want, padded_got = want[~padding], got[~padding]
+    if nested:
+        assert torch.equal(padded_want, torch.zeros_like(padded_want))
+    elif not torch.equal(padded_want, torch.zeros_like(padded_want)):
+        assert_close(padded_got, padded_want)
 
 
 @given(config=stack_configs(), b=st.integers(1, 3), s=st.integers(1, 5), t=st.integers(1, 5),
