@@ -1,4 +1,7 @@
-"""Benchmarks that print ratios measured side by side in one process.
+"""Benchmarks that print ratios measured side by side in one process (a script, not library code).
+
+Run from a checkout: ``python benchmarks/bench.py attention --size small`` or ``python benchmarks/bench.py gpt``
+(the same as ``typed-transformer bench ...``, which imports this file from the checkout it was installed from).
 
 ``typed-transformer bench attention`` times our :class:`MultiHeadAttention` (shape checks on and off,
 reference and sdpa paths) against ``torch.nn.MultiheadAttention`` with the same weights. Variants are
@@ -17,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .multihead import MultiHeadAttention
-from .shapecheck import shape_checks
+from typed_transformer.multihead import MultiHeadAttention
+from typed_transformer.shapecheck import shape_checks
 
 __all__ = ["AttentionCase", "bench_attention", "format_attention_table"]
 
@@ -290,7 +293,7 @@ def bench_gpt_training(presets: list[str], *, batch_size: int = 12, steps: int |
                        vocab_size: int = 65) -> list[GPTRow]:
     """Median time of one training step (forward, backward, clip, AdamW) of our GPT (checks on) and the
     baseline at each preset, interleaved; peak RSS rise over each variant's first measured round."""
-    from .gpt import GPT, GPTConfig
+    from typed_transformer.gpt import GPT, GPTConfig
 
     rows = []
     for preset in presets:
@@ -315,7 +318,7 @@ def bench_generation(*, new_tokens: int = 500, block_sizes: tuple[int, ...] = (6
     """500 new tokens from a one-token prompt with the KV cache ("ours") and without it ("baseline" column:
     the same model recomputing the cropped context every step), greedy, at the baby preset's sizes; and
     ``block_size - 1`` tokens at the baby preset, all of which fit in the context."""
-    from .gpt import GPT, GPTConfig
+    from typed_transformer.gpt import GPT, GPTConfig
 
     rows = []
     cases = [(block, new_tokens) for block in block_sizes]
@@ -348,8 +351,8 @@ def decode_step_costs(block_size: int = 64, *, repeats: int = 200) -> tuple[floa
     """Milliseconds of one cached one-token step (with ``block_size - 1`` positions cached) and of one
     uncached forward over a full ``block_size`` window, at the baby preset, as generation runs them
     (no_grad, checks suspended after the checked prefill). Their ratio bounds what any KV cache can gain."""
-    from .gpt import GPT, GPTConfig
-    from .shapecheck import suspended_checks
+    from typed_transformer.gpt import GPT, GPTConfig
+    from typed_transformer.shapecheck import suspended_checks
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("baby", 65, block_size=block_size)).eval()
@@ -397,3 +400,11 @@ def format_gpt_table(training: list[GPTRow], generation: list[GPTRow],
                      f"{window:.3f} ms: a KV cache can speed up baby-preset generation by at most "
                      f"{window / step:.2f}x here")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from typed_transformer.cli import main
+
+    sys.exit(main(["bench", *sys.argv[1:]]))

@@ -5,7 +5,7 @@ and checked at the call; a wrong shape raises :class:`ShapeError` (a ``jaxtyping
 naming the function, the argument, the axis and both sizes.
 
 Modules, in dependency order: ``shapecheck`` -> ``masks`` -> ``attention`` -> ``positions`` -> ``multihead``
--> ``layers`` -> ``seq2seq`` / ``gpt`` -> ``hf``, ``data`` -> ``checkpoint`` -> ``training`` -> ``bench`` -> ``cli``.
+-> ``layers`` -> ``seq2seq`` / ``gpt`` -> ``hf``, ``data`` -> ``checkpoint`` -> ``training`` -> ``cli``.
 """
 
 from jaxtyping import TypeCheckError

@@ -2,7 +2,8 @@
 
 * ``train``: train a character-level GPT on a text file (default: ~1 MB of Python's own standard library).
 * ``generate``: sample text from a checkpoint.
-* ``bench attention``: MultiHeadAttention against torch.nn.MultiheadAttention, side by side.
+* ``bench attention`` / ``bench gpt``: the scripts in the checkout's ``benchmarks/`` folder (side-by-side
+  ratios); not part of the installed library, so they need a source checkout.
 * ``audit MODULE:ATTR``: audit a third-party attention function (exit 1 when a check fails).
 
 Bad arguments, bad files and bad checkpoints give one line on stderr and exit code 2, never a traceback.
@@ -12,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NoReturn
 
 __all__ = ["main"]
@@ -124,6 +126,32 @@ def build_parser() -> argparse.ArgumentParser:
 def _fail(message: str) -> int:
     print(f"typed-transformer: error: {message}", file=sys.stderr)
     return 2
+
+
+#: The benchmark scripts, in the source checkout this package was installed from (``pip install -e .``).
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks" / "bench.py"
+
+
+def _benchmarks() -> ModuleType:
+    """``benchmarks/bench.py`` of the checkout, imported from its file; ValueError when there is none."""
+    import importlib.util
+
+    if not BENCHMARKS.is_file():
+        raise ValueError(f"bench runs the scripts in a source checkout's benchmarks/ folder, and there is no "
+                         f"{BENCHMARKS}: clone the repository and install it with pip install -e .")
+    name = "typed_transformer_benchmarks"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, BENCHMARKS)
+        assert spec is not None
+        assert spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the file executes
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
 
 
 def _cuda_or_fail(device: str) -> None:
@@ -282,10 +310,16 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args) if args.command == "train" else _generate(args)
         except (DataError, CheckpointError, ValueError) as err:
             return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
+    if args.command == "bench":
+        try:
+            bench = _benchmarks()
+        except ValueError as err:
+            return _fail(str(err))
     if args.command == "bench" and args.which == "gpt":
         import torch
 
-        from .bench import bench_generation, bench_gpt_training, decode_step_costs, format_gpt_table
+        bench_generation, bench_gpt_training = bench.bench_generation, bench.bench_gpt_training
+        decode_step_costs, format_gpt_table = bench.decode_step_costs, bench.format_gpt_table
 
         if args.threads is not None:
             torch.set_num_threads(args.threads)
@@ -301,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench" and args.which == "attention":
         import torch
 
-        from .bench import SMALL, TRAINING, bench_attention, format_attention_table
+        SMALL, TRAINING = bench.SMALL, bench.TRAINING
+        bench_attention, format_attention_table = bench.bench_attention, bench.format_attention_table
 
         if args.threads is not None:
             torch.set_num_threads(args.threads)
