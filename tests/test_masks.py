@@ -10,6 +10,7 @@ from typed_transformer import (
     causal_mask,
     key_padding_mask_from_torch,
     key_padding_mask_to_torch,
+    merge_causal,
     merge_masks,
 )
 
@@ -69,3 +70,45 @@ def test_causal_mask_refuses_negative_sizes(t: int, s: int) -> None:
 def test_causal_mask_with_no_keys_or_no_queries() -> None:
     assert causal_mask(3, 0).shape == (3, 0)
     assert causal_mask(0, 2).shape == (0, 2)
+
+
+def _bottom_right(t: int, s: int) -> torch.Tensor:
+    """Independent reference: query i may see key j iff j <= i + (s - t), written as a loop."""
+    return torch.tensor([[j <= i + (s - t) for j in range(s)] for i in range(t)], dtype=torch.bool)
+
+
+@pytest.mark.parametrize(("t", "s"), [(3, 3), (2, 5), (5, 2), (1, 4)])
+def test_merge_causal_alone_is_the_bottom_right_causal_mask(t: int, s: int) -> None:
+    assert torch.equal(merge_causal(None, t, s), _bottom_right(t, s))
+
+
+def test_merge_causal_ands_boolean_masks_and_broadcasts() -> None:
+    t, s = 3, 5
+    keep = torch.rand(2, 1, 1, s, generator=torch.Generator().manual_seed(1)) > 0.3
+    merged = merge_causal(keep, t, s)
+    assert merged.shape == (2, 1, t, s)
+    assert torch.equal(merged, keep & _bottom_right(t, s))
+
+
+def test_merge_causal_puts_minus_infinity_into_float_masks() -> None:
+    t, s = 4, 4
+    bias = torch.randn(t, s, generator=torch.Generator().manual_seed(2))
+    merged = merge_causal(bias, t, s)
+    allowed = _bottom_right(t, s)
+    assert torch.equal(merged[allowed], bias[allowed])
+    assert bool(torch.all(merged[~allowed] == float("-inf")))
+
+
+@pytest.mark.parametrize(("shape", "axis", "actual", "expected"), [((3, 4), "s", 4, 5), ((1, 1, 2, 5), "t", 2, 3)])
+def test_merge_causal_refuses_a_mask_of_other_sizes(shape: tuple[int, ...], axis: str, actual: int,
+                                                     expected: int) -> None:
+    with pytest.raises(ShapeError) as info:
+        merge_causal(torch.ones(shape, dtype=torch.bool), 3, 5)
+    assert info.value.summary == (f"typed_transformer.masks.merge_causal(): attn_mask: axis {axis} is {actual}, "
+                                  f"expected {expected} (the argument {axis})")
+    assert (info.value.axis, info.value.actual, info.value.expected) == (axis, actual, expected)
+
+
+def test_merge_causal_refuses_negative_sizes() -> None:
+    with pytest.raises(ValueError, match=r"^causal_mask: sizes must be non-negative, got t=-1, s=2$"):
+        merge_causal(None, -1, 2)

@@ -10,6 +10,7 @@ Modules, in dependency order: ``shapecheck`` -> ``masks`` -> ``attention`` -> ``
 
 from jaxtyping import TypeCheckError
 
+from . import hf, interop
 from .attention import scaled_dot_product_attention
 from .gpt import GPT, GPTConfig
 from .layers import (
@@ -26,6 +27,7 @@ from .masks import (
     causal_mask,
     key_padding_mask_from_torch,
     key_padding_mask_to_torch,
+    merge_causal,
     merge_masks,
 )
 from .multihead import KVCache, MultiHeadAttention
@@ -63,9 +65,12 @@ __all__ = [
     "attn_mask_to_torch",
     "causal_mask",
     "checks_enabled",
+    "hf",
+    "interop",
     "is_checked",
     "key_padding_mask_from_torch",
     "key_padding_mask_to_torch",
+    "merge_causal",
     "merge_masks",
     "scaled_dot_product_attention",
     "set_shape_checks",

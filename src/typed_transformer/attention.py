@@ -32,7 +32,7 @@ from einops import einsum, rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from .masks import AttnMask, causal_mask
+from .masks import AttnMask, causal_mask, merge_causal
 from .shapecheck import raise_shape_error, typechecked
 
 __all__ = ["Backend", "scaled_dot_product_attention"]
@@ -143,13 +143,7 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: 
             # (Its CPU kernel returns NaN for causal rows with a non-positive scale: build the mask then.)
             torch_causal = True
         else:
-            causal = causal_mask(t, s, device=q.device)
-            if mask is None:
-                mask = causal
-            elif mask.dtype == torch.bool:
-                mask = mask & causal
-            else:
-                mask = mask.masked_fill(~causal, float("-inf"))
+            mask = merge_causal(mask, t, s, device=q.device)
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=torch_causal,

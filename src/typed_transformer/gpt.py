@@ -11,8 +11,9 @@ model has grouped-query heads (``n_kv_heads``), a KV cache and RoPE with the sam
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -225,13 +226,9 @@ class GPT(nn.Module):
                                ignore_index=-1)
         return logits, loss
 
-    @classmethod
-    def from_hf_gpt2(cls, model_or_state_dict: Any, *, n_head: int | None = None) -> "GPT":
-        """Load Hugging Face GPT-2 weights (a ``GPT2LMHeadModel``/``GPT2Model`` or its state dict with
-        ``n_head``); see :mod:`typed_transformer.hf`."""
-        from .hf import gpt_from_hf_gpt2
-
-        return gpt_from_hf_gpt2(model_or_state_dict, n_head=n_head)
+    #: Load Hugging Face GPT-2 weights: an alias of :func:`typed_transformer.hf.gpt_from_hf_gpt2`, bound by
+    #: that module, which imports this one (this module never imports it; ``import typed_transformer`` loads both).
+    from_hf_gpt2: ClassVar[Callable[..., "GPT"]]
 
     def new_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per layer."""

@@ -10,6 +10,9 @@ head is tied to the token embedding. The mapping (``h.{i}`` are the blocks)::
                                    h.{i}.mlp.c_fc / c_proj -> .mlp.linear1 / linear2 (transposed)
 
 ``transformers`` itself is not needed: a plain state dict (with ``n_head`` given) works too.
+
+``GPT.from_hf_gpt2`` is this module's :func:`gpt_from_hf_gpt2`, attached to the class here, so that the
+dependency points one way (``hf`` imports ``gpt``, never the reverse).
 """
 
 from collections.abc import Mapping
@@ -40,7 +43,12 @@ def _hf_settings(model: Any) -> dict[str, Any]:
 
 def gpt_from_hf_gpt2(model_or_state_dict: Any, *, n_head: int | None = None) -> GPT:
     """Build a :class:`GPT` with the weights of a Hugging Face ``GPT2LMHeadModel`` / ``GPT2Model`` or of
-    their state dict (then ``n_head`` is required: it cannot be read from the weights)."""
+    their state dict (then ``n_head`` is required: it cannot be read from the weights).
+
+    Raises:
+        ValueError: a state dict without ``n_head``, weights that are not GPT-2's or do not fit, or a model
+            configuration this GPT cannot express (another activation, unscaled attention).
+    """
     settings: dict[str, Any] = {"layer_norm_eps": 1e-5, "activation": "gelu_tanh"}
     if isinstance(model_or_state_dict, Mapping):
         state: Mapping[str, Tensor] = model_or_state_dict
@@ -76,3 +84,7 @@ def gpt_from_hf_gpt2(model_or_state_dict: Any, *, n_head: int | None = None) -> 
     if [k for k in missing if k != "lm_head.weight"] or unexpected:
         raise ValueError(f"from_hf_gpt2: weights do not fit (missing {missing[:3]}, unexpected {unexpected[:3]})")
     return model.to(wte.dtype)
+
+
+# GPT.from_hf_gpt2, declared on the class, is this function (a static alias: GPT.from_hf_gpt2(model)).
+GPT.from_hf_gpt2 = staticmethod(gpt_from_hf_gpt2)

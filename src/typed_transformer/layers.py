@@ -35,9 +35,8 @@ Differences from torch, on purpose:
 
 import copy
 import math
-import warnings
 from collections.abc import Callable
-from typing import Any, Literal, Self, TypeAlias, cast
+from typing import Any, Literal, Self, TypeAlias
 
 import torch
 import torch.nn.functional as F
@@ -118,11 +117,6 @@ def _check_sizes(owner: str, d_model: int, nhead: int, dim_feedforward: int, dro
         raise ValueError(f"{owner}: dropout must be in [0, 1), got {dropout}")
     if not (math.isfinite(layer_norm_eps) and layer_norm_eps > 0.0):
         raise ValueError(f"{owner}: layer_norm_eps must be a finite number > 0, got {layer_norm_eps}")
-
-
-def _factory(module: nn.Module) -> dict[str, Any]:
-    reference = next(module.parameters())
-    return {"device": reference.device, "dtype": reference.dtype}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -212,25 +206,24 @@ class TransformerEncoderLayer(nn.Module):
 
     @classmethod
     def from_torch(cls, module: nn.TransformerEncoderLayer, *, backend: Backend = "sdpa") -> Self:
-        """Copy an ``nn.TransformerEncoderLayer`` (post-LN or pre-LN, any activation, bias on or off, either
-        ``batch_first``). The copy is batch-first and takes masks in our convention."""
-        if not isinstance(module, nn.TransformerEncoderLayer):
-            raise TypeError(f"from_torch: expected nn.TransformerEncoderLayer, got {type(module).__name__}")
-        ours = cls(module.self_attn.embed_dim, module.self_attn.num_heads, module.linear1.out_features,
-                   module.dropout.p, activation=_activation_name(module.activation), norm_first=module.norm_first,
-                   bias=module.linear1.bias is not None, backend=backend, **_factory(module))
-        ours.self_attn = MultiHeadAttention.from_torch(module.self_attn, backend=backend)
-        _copy_feed_forward_and_norms(module, ours, ("norm1", "norm2"))
-        return ours.train(module.training)
+        """Copy an ``nn.TransformerEncoderLayer``: :func:`typed_transformer.interop.encoder_layer_from_torch`.
+
+        Raises:
+            TypeError: ``module`` is not an ``nn.TransformerEncoderLayer``.
+        """
+        from .interop import _encoder_layer_from_torch
+
+        return _encoder_layer_from_torch(cls, module, backend)
 
     def to_torch(self, *, batch_first: bool = True) -> nn.TransformerEncoderLayer:
-        """The equivalent ``nn.TransformerEncoderLayer`` (masks in torch's convention). Raises ValueError
-        for a layer with rotary embeddings, which torch does not have."""
-        _refuse_rotary(self.self_attn)
-        module = nn.TransformerEncoderLayer(**_torch_layer_kwargs(self, batch_first))
-        module.self_attn.load_state_dict(self.self_attn.to_torch(batch_first=batch_first).state_dict())
-        _copy_feed_forward_and_norms(self, module, ("norm1", "norm2"))
-        return module.train(self.training)
+        """The equivalent ``nn.TransformerEncoderLayer``: :func:`typed_transformer.interop.encoder_layer_to_torch`.
+
+        Raises:
+            ValueError: the layer has rotary embeddings, which torch's layers do not have.
+        """
+        from .interop import encoder_layer_to_torch
+
+        return encoder_layer_to_torch(self, batch_first=batch_first)
 
 
 @shape_checked
@@ -303,57 +296,24 @@ class TransformerDecoderLayer(nn.Module):
 
     @classmethod
     def from_torch(cls, module: nn.TransformerDecoderLayer, *, backend: Backend = "sdpa") -> Self:
-        """Copy an ``nn.TransformerDecoderLayer`` (post-LN or pre-LN, any activation, bias on or off, either
-        ``batch_first``). The copy is batch-first and takes masks in our convention."""
-        if not isinstance(module, nn.TransformerDecoderLayer):
-            raise TypeError(f"from_torch: expected nn.TransformerDecoderLayer, got {type(module).__name__}")
-        ours = cls(module.self_attn.embed_dim, module.self_attn.num_heads, module.linear1.out_features,
-                   module.dropout.p, activation=_activation_name(module.activation), norm_first=module.norm_first,
-                   bias=module.linear1.bias is not None, backend=backend, **_factory(module))
-        ours.self_attn = MultiHeadAttention.from_torch(module.self_attn, backend=backend)
-        ours.multihead_attn = MultiHeadAttention.from_torch(module.multihead_attn, backend=backend)
-        _copy_feed_forward_and_norms(module, ours, ("norm1", "norm2", "norm3"))
-        return ours.train(module.training)
+        """Copy an ``nn.TransformerDecoderLayer``: :func:`typed_transformer.interop.decoder_layer_from_torch`.
+
+        Raises:
+            TypeError: ``module`` is not an ``nn.TransformerDecoderLayer``.
+        """
+        from .interop import _decoder_layer_from_torch
+
+        return _decoder_layer_from_torch(cls, module, backend)
 
     def to_torch(self, *, batch_first: bool = True) -> nn.TransformerDecoderLayer:
-        """The equivalent ``nn.TransformerDecoderLayer`` (masks in torch's convention). Raises ValueError
-        for a layer with rotary embeddings, which torch does not have."""
-        _refuse_rotary(self.self_attn)
-        module = nn.TransformerDecoderLayer(**_torch_layer_kwargs(self, batch_first))
-        module.self_attn.load_state_dict(self.self_attn.to_torch(batch_first=batch_first).state_dict())
-        module.multihead_attn.load_state_dict(self.multihead_attn.to_torch(batch_first=batch_first).state_dict())
-        _copy_feed_forward_and_norms(self, module, ("norm1", "norm2", "norm3"))
-        return module.train(self.training)
+        """The equivalent ``nn.TransformerDecoderLayer``: :func:`typed_transformer.interop.decoder_layer_to_torch`.
 
+        Raises:
+            ValueError: the layer has rotary embeddings, which torch's layers do not have.
+        """
+        from .interop import decoder_layer_to_torch
 
-def _refuse_rotary(attention: MultiHeadAttention) -> None:
-    if attention.rotary is not None:
-        raise ValueError("to_torch: torch's Transformer layers have no rotary embeddings (rotary is set)")
-
-
-def _torch_layer_kwargs(layer: TransformerEncoderLayer | TransformerDecoderLayer, batch_first: bool) -> dict[str, Any]:
-    ff = layer.feed_forward
-    # torch's fast path computes exact GELU for any nn.GELU, nn.GELU("tanh") included: tanh-GELU goes over as
-    # our plain function, which keeps torch off that path. Everything else as it is (torch's fast path knows
-    # F.relu, F.gelu, nn.ReLU and nn.GELU() by identity or type).
-    activation = _gelu_tanh if _activation_name(ff.activation) == "gelu_tanh" else ff.activation
-    return {"d_model": layer.d_model, "nhead": layer.nhead, "dim_feedforward": ff.dim_feedforward,
-            "dropout": ff.dropout.p, "activation": activation, "layer_norm_eps": layer.norm1.eps,
-            "batch_first": batch_first, "norm_first": layer.norm_first, "bias": ff.linear1.bias is not None,
-            **_factory(layer)}
-
-
-def _copy_feed_forward_and_norms(source: nn.Module, target: nn.Module, norms: tuple[str, ...]) -> None:
-    """Copy linear1/linear2 and the LayerNorms between a torch layer (where they sit on the layer) and
-    ours (where the linears sit in ``feed_forward``), in either direction."""
-    def linears(layer: nn.Module) -> nn.Module:
-        return layer.feed_forward if isinstance(layer, TransformerEncoderLayer | TransformerDecoderLayer) else layer
-
-    for name in ("linear1", "linear2"):
-        getattr(linears(target), name).load_state_dict(getattr(linears(source), name).state_dict())
-    for name in norms:
-        getattr(target, name).load_state_dict(getattr(source, name).state_dict())
-        getattr(target, name).eps = getattr(source, name).eps
+        return decoder_layer_to_torch(self, batch_first=batch_first)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -361,29 +321,43 @@ def _copy_feed_forward_and_norms(source: nn.Module, target: nn.Module, norms: tu
 # ----------------------------------------------------------------------------------------------------
 
 
-def _check_num_layers(owner: str, num_layers: int) -> None:
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers <= 0:
-        raise ValueError(f"{owner}: num_layers must be a positive int, got {num_layers!r}")
+class _Stack(nn.Module):
+    """What the encoder and decoder stacks share: ``num_layers`` deep copies of one layer (identical at the
+    start, as in torch), then an optional final ``norm``. Each subclass adds its ``forward``."""
+
+    _layer_type: type[nn.Module]
+    _layer_argument: str
+    norm: nn.Module | None
+
+    def __init__(self, layer: TransformerEncoderLayer | TransformerDecoderLayer, num_layers: int,
+                 norm: nn.Module | None) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        if not isinstance(layer, self._layer_type):
+            raise TypeError(f"{owner}: {self._layer_argument} must be a typed_transformer {self._layer_type.__name__}, "
+                            f"got {type(layer).__name__} (convert torch's with from_torch)")
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers <= 0:
+            raise ValueError(f"{owner}: num_layers must be a positive int, got {num_layers!r}")
+        self.d_model = layer.d_model
+        self.nhead = layer.nhead
+        self.num_layers = num_layers
+        self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(num_layers))
+        self.norm = norm
+
+    def _final_norm(self, x: Tensor) -> Tensor:
+        return x if self.norm is None else self.norm(x)
 
 
 @shape_checked
-class TransformerEncoder(nn.Module):
+class TransformerEncoder(_Stack):
     """``num_layers`` deep copies of ``encoder_layer`` (identical at the start, as in torch), then the
     optional final ``norm``. ``(b, s, d_model)`` in and out."""
 
-    norm: nn.Module | None
+    _layer_type = TransformerEncoderLayer
+    _layer_argument = "encoder_layer"
 
     def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: nn.Module | None = None) -> None:
-        super().__init__()
-        if not isinstance(encoder_layer, TransformerEncoderLayer):
-            raise TypeError(f"TransformerEncoder: encoder_layer must be a typed_transformer TransformerEncoderLayer, "
-                            f"got {type(encoder_layer).__name__} (convert torch's with from_torch)")
-        _check_num_layers("TransformerEncoder", num_layers)
-        self.d_model = encoder_layer.d_model
-        self.nhead = encoder_layer.nhead
-        self.num_layers = num_layers
-        self.layers = nn.ModuleList(copy.deepcopy(encoder_layer) for _ in range(num_layers))
-        self.norm = norm
+        super().__init__(encoder_layer, num_layers, norm)
 
     def forward(
         self,
@@ -396,47 +370,40 @@ class TransformerEncoder(nn.Module):
         x = src
         for layer in self.layers:
             x = layer(x, mask, src_key_padding_mask, is_causal)
-        return x if self.norm is None else self.norm(x)
+        return self._final_norm(x)
 
     @classmethod
     def from_torch(cls, module: nn.TransformerEncoder, *, backend: Backend = "sdpa") -> Self:
-        """Copy an ``nn.TransformerEncoder`` layer by layer, with its final norm (any module) if it has one."""
-        if not isinstance(module, nn.TransformerEncoder):
-            raise TypeError(f"from_torch: expected nn.TransformerEncoder, got {type(module).__name__}")
-        layers = [TransformerEncoderLayer.from_torch(layer, backend=backend) for layer in module.layers]
-        ours = cls(layers[0], len(layers), copy.deepcopy(module.norm))
-        ours.layers = nn.ModuleList(layers)
-        return ours.train(module.training)
+        """Copy an ``nn.TransformerEncoder``: :func:`typed_transformer.interop.encoder_from_torch`.
+
+        Raises:
+            TypeError: ``module`` is not an ``nn.TransformerEncoder``.
+        """
+        from .interop import _encoder_from_torch
+
+        return _encoder_from_torch(cls, module, backend)
 
     def to_torch(self, *, batch_first: bool = True) -> nn.TransformerEncoder:
-        """The equivalent ``nn.TransformerEncoder`` (with torch's nested-tensor fast path where it applies)."""
-        layers = [cast(TransformerEncoderLayer, layer).to_torch(batch_first=batch_first) for layer in self.layers]
-        with warnings.catch_warnings():
-            # torch explains, at construction, why its nested-tensor path cannot run for this configuration.
-            warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
-            module = nn.TransformerEncoder(layers[0], self.num_layers, copy.deepcopy(self.norm))
-        module.layers = nn.ModuleList(layers)
-        return module.train(self.training)
+        """The equivalent ``nn.TransformerEncoder``: :func:`typed_transformer.interop.encoder_to_torch`.
+
+        Raises:
+            ValueError: a layer has rotary embeddings, which torch's layers do not have.
+        """
+        from .interop import encoder_to_torch
+
+        return encoder_to_torch(self, batch_first=batch_first)
 
 
 @shape_checked
-class TransformerDecoder(nn.Module):
+class TransformerDecoder(_Stack):
     """``num_layers`` deep copies of ``decoder_layer``, then the optional final ``norm``.
     ``tgt (b, t, d_model)`` and ``memory (b, s, d_model)`` in, ``(b, t, d_model)`` out."""
 
-    norm: nn.Module | None
+    _layer_type = TransformerDecoderLayer
+    _layer_argument = "decoder_layer"
 
     def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int, norm: nn.Module | None = None) -> None:
-        super().__init__()
-        if not isinstance(decoder_layer, TransformerDecoderLayer):
-            raise TypeError(f"TransformerDecoder: decoder_layer must be a typed_transformer TransformerDecoderLayer, "
-                            f"got {type(decoder_layer).__name__} (convert torch's with from_torch)")
-        _check_num_layers("TransformerDecoder", num_layers)
-        self.d_model = decoder_layer.d_model
-        self.nhead = decoder_layer.nhead
-        self.num_layers = num_layers
-        self.layers = nn.ModuleList(copy.deepcopy(decoder_layer) for _ in range(num_layers))
-        self.norm = norm
+        super().__init__(decoder_layer, num_layers, norm)
 
     def forward(
         self,
@@ -454,24 +421,28 @@ class TransformerDecoder(nn.Module):
         for layer in self.layers:
             x = layer(x, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
                       tgt_is_causal, memory_is_causal)
-        return x if self.norm is None else self.norm(x)
+        return self._final_norm(x)
 
     @classmethod
     def from_torch(cls, module: nn.TransformerDecoder, *, backend: Backend = "sdpa") -> Self:
-        """Copy an ``nn.TransformerDecoder`` layer by layer, with its final norm (any module) if it has one."""
-        if not isinstance(module, nn.TransformerDecoder):
-            raise TypeError(f"from_torch: expected nn.TransformerDecoder, got {type(module).__name__}")
-        layers = [TransformerDecoderLayer.from_torch(layer, backend=backend) for layer in module.layers]
-        ours = cls(layers[0], len(layers), copy.deepcopy(module.norm))
-        ours.layers = nn.ModuleList(layers)
-        return ours.train(module.training)
+        """Copy an ``nn.TransformerDecoder``: :func:`typed_transformer.interop.decoder_from_torch`.
+
+        Raises:
+            TypeError: ``module`` is not an ``nn.TransformerDecoder``.
+        """
+        from .interop import _decoder_from_torch
+
+        return _decoder_from_torch(cls, module, backend)
 
     def to_torch(self, *, batch_first: bool = True) -> nn.TransformerDecoder:
-        """The equivalent ``nn.TransformerDecoder``."""
-        layers = [cast(TransformerDecoderLayer, layer).to_torch(batch_first=batch_first) for layer in self.layers]
-        module = nn.TransformerDecoder(layers[0], self.num_layers, copy.deepcopy(self.norm))
-        module.layers = nn.ModuleList(layers)
-        return module.train(self.training)
+        """The equivalent ``nn.TransformerDecoder``: :func:`typed_transformer.interop.decoder_to_torch`.
+
+        Raises:
+            ValueError: a layer has rotary embeddings, which torch's layers do not have.
+        """
+        from .interop import decoder_to_torch
+
+        return decoder_to_torch(self, batch_first=batch_first)
 
 
 @shape_checked
@@ -564,22 +535,21 @@ class Transformer(nn.Module):
 
     @classmethod
     def from_torch(cls, module: nn.Transformer, *, backend: Backend = "sdpa") -> Self:
-        """Copy an ``nn.Transformer`` (both stacks, with their final norms)."""
-        if not isinstance(module, nn.Transformer):
-            raise TypeError(f"from_torch: expected nn.Transformer, got {type(module).__name__}")
-        encoder = TransformerEncoder.from_torch(module.encoder, backend=backend)
-        decoder = TransformerDecoder.from_torch(module.decoder, backend=backend)
-        ours = cls(encoder.d_model, encoder.nhead, custom_encoder=encoder, custom_decoder=decoder, backend=backend,
-                   **_factory(module))
-        return ours.train(module.training)
+        """Copy an ``nn.Transformer``: :func:`typed_transformer.interop.transformer_from_torch`.
+
+        Raises:
+            TypeError: ``module`` is not an ``nn.Transformer``.
+        """
+        from .interop import _transformer_from_torch
+
+        return _transformer_from_torch(cls, module, backend)
 
     def to_torch(self, *, batch_first: bool = True) -> nn.Transformer:
-        """The equivalent ``nn.Transformer``."""
-        encoder = self.encoder.to_torch(batch_first=batch_first)
-        decoder = self.decoder.to_torch(batch_first=batch_first)
-        # nn.Transformer re-initialises custom encoders and decoders in place: build it around parameter-free
-        # placeholders, then put the copies in.
-        module = nn.Transformer(self.d_model, self.nhead, custom_encoder=nn.Identity(), custom_decoder=nn.Identity(),
-                                batch_first=batch_first)
-        module.encoder, module.decoder = encoder, decoder
-        return module.train(self.training)
+        """The equivalent ``nn.Transformer``: :func:`typed_transformer.interop.transformer_to_torch`.
+
+        Raises:
+            ValueError: a layer has rotary embeddings, which torch's layers do not have.
+        """
+        from .interop import transformer_to_torch
+
+        return transformer_to_torch(self, batch_first=batch_first)

@@ -32,6 +32,7 @@ __all__ = [
     "causal_mask",
     "key_padding_mask_from_torch",
     "key_padding_mask_to_torch",
+    "merge_causal",
     "merge_masks",
 ]
 
@@ -115,9 +116,42 @@ def merge_masks(
     return attn_mask.masked_fill(~padding, float("-inf"))
 
 
+def merge_causal(
+    attn_mask: Bool[Tensor, "#b #h #t s"] | Float[Tensor, "#b #h #t s"] | Bool[Tensor, "t s"] | Float[Tensor, "t s"]
+    | None,
+    t: int,
+    s: int,
+    *,
+    device: torch.device | str | None = None,
+) -> Bool[Tensor, "#b #h #t s"] | Float[Tensor, "#b #h #t s"] | Bool[Tensor, "t s"] | Float[Tensor, "t s"]:
+    """AND the bottom-right causal mask ``causal_mask(t, s)`` into ``attn_mask``.
+
+    Boolean masks are combined with AND; a float mask gets ``-inf`` where the causal mask forbids; with no
+    ``attn_mask`` the causal mask itself comes back. ``attn_mask`` is ``(t, s)`` or ``(b, h, t, s)`` (``b``,
+    ``h`` and ``t`` may be 1 to broadcast); the result has the broadcast shape.
+
+    Raises:
+        ValueError: ``t`` or ``s`` is negative.
+        ShapeError: ``attn_mask`` does not cover ``s`` keys or ``t`` queries (or 1, to broadcast).
+    """
+    causal = causal_mask(t, s, device=device)
+    if attn_mask is not None:
+        for axis, size, wanted in (("s", attn_mask.shape[-1], s), ("t", attn_mask.shape[-2], t)):
+            if size != wanted and not (axis == "t" and size == 1):
+                raise_shape_error("typed_transformer.masks.merge_causal", "attn_mask",
+                                  f"axis {axis} is {size}, expected {wanted} (the argument {axis})",
+                                  axis=axis, actual=size, expected=wanted)
+    if attn_mask is None:
+        return causal
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & causal
+    return attn_mask.masked_fill(~causal, float("-inf"))
+
+
 causal_mask = typechecked(causal_mask)
 attn_mask_from_torch = typechecked(attn_mask_from_torch)
 attn_mask_to_torch = typechecked(attn_mask_to_torch)
 key_padding_mask_from_torch = typechecked(key_padding_mask_from_torch)
 key_padding_mask_to_torch = typechecked(key_padding_mask_to_torch)
 merge_masks = typechecked(merge_masks)
+merge_causal = typechecked(merge_causal)

@@ -25,7 +25,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from .attention import Backend, scaled_dot_product_attention
-from .masks import causal_mask, merge_masks
+from .masks import merge_causal, merge_masks
 from .positions import RotaryEmbedding
 from .shapecheck import raise_shape_error, shape_checked
 
@@ -348,112 +348,31 @@ class MultiHeadAttention(nn.Module):
                 mask = rearrange(mask, "t s -> 1 1 t s")
             mask = merge_masks(mask, key_padding_mask)
         if explicit_causal:
-            causal = causal_mask(t, s, device=self.out_proj.weight.device)
-            if mask is None:
-                mask = causal
-            elif mask.dtype == torch.bool:
-                mask = mask & causal
-            else:
-                mask = mask.masked_fill(~causal, float("-inf"))
+            mask = merge_causal(mask, t, s, device=self.out_proj.weight.device)
         if mask is not None and self.extra_keys:
             mask = F.pad(mask, (0, self.extra_keys), value=True if mask.dtype == torch.bool else 0.0)
         return mask
 
-    # ------------------------------------------------------------------------------------------------
-    # Interop with torch.nn.MultiheadAttention
-    # ------------------------------------------------------------------------------------------------
+    # Interop with torch.nn.MultiheadAttention: thin aliases of typed_transformer.interop, imported when called
+    # (interop imports this module at load time; this module never imports interop at load time).
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention, *, backend: Backend = "sdpa") -> Self:
-        """Copy the weights of any ``nn.MultiheadAttention`` (packed or separate q/k/v weights, bias on or
-        off, ``bias_k``/``bias_v``, ``add_zero_attn``, either ``batch_first``).
+        """Copy an ``nn.MultiheadAttention``: :func:`typed_transformer.interop.multihead_from_torch`.
 
-        The copy is batch-first regardless of ``module.batch_first``, and takes masks in our convention:
-        convert torch masks with :func:`typed_transformer.masks.attn_mask_from_torch` and
-        :func:`typed_transformer.masks.key_padding_mask_from_torch`.
+        Raises:
+            TypeError: ``module`` is not an ``nn.MultiheadAttention``.
         """
-        if not isinstance(module, nn.MultiheadAttention):
-            raise TypeError(f"from_torch: expected nn.MultiheadAttention, got {type(module).__name__}")
-        reference = module.out_proj.weight
-        ours = cls(module.embed_dim, module.num_heads, kdim=module.kdim, vdim=module.vdim,
-                   dropout=float(module.dropout), bias=module.in_proj_bias is not None,
-                   add_bias_kv=module.bias_k is not None, add_zero_attn=module.add_zero_attn,
-                   backend=backend, device=reference.device, dtype=reference.dtype)
-        with torch.no_grad():
-            if ours.in_proj is not None:
-                assert module.in_proj_weight is not None
-                ours.in_proj.weight.copy_(module.in_proj_weight)
-                if ours.in_proj.bias is not None:
-                    ours.in_proj.bias.copy_(module.in_proj_bias)
-            else:
-                assert ours.q_proj is not None
-                assert ours.k_proj is not None
-                assert ours.v_proj is not None
-                ours.q_proj.weight.copy_(module.q_proj_weight)
-                ours.k_proj.weight.copy_(module.k_proj_weight)
-                ours.v_proj.weight.copy_(module.v_proj_weight)
-                if module.in_proj_bias is not None:
-                    # torch keeps one packed bias even when the weights are separate.
-                    assert ours.q_proj.bias is not None
-                    assert ours.k_proj.bias is not None
-                    assert ours.v_proj.bias is not None
-                    q_bias, k_bias, v_bias = module.in_proj_bias.chunk(3)
-                    ours.q_proj.bias.copy_(q_bias)
-                    ours.k_proj.bias.copy_(k_bias)
-                    ours.v_proj.bias.copy_(v_bias)
-            ours.out_proj.weight.copy_(module.out_proj.weight)
-            if ours.out_proj.bias is not None:
-                ours.out_proj.bias.copy_(module.out_proj.bias)
-            if ours.bias_k is not None:
-                assert ours.bias_v is not None
-                assert module.bias_k is not None
-                assert module.bias_v is not None
-                ours.bias_k.copy_(rearrange(module.bias_k, "1 1 e -> e"))
-                ours.bias_v.copy_(rearrange(module.bias_v, "1 1 e -> e"))
-        return ours.train(module.training)
+        from .interop import _multihead_from_torch
+
+        return _multihead_from_torch(cls, module, backend)
 
     def to_torch(self, *, batch_first: bool = True) -> nn.MultiheadAttention:
-        """The equivalent ``nn.MultiheadAttention`` (which takes masks in torch's convention).
+        """The equivalent ``nn.MultiheadAttention``: :func:`typed_transformer.interop.multihead_to_torch`.
 
-        Raises ValueError for what torch cannot express: grouped-query heads, or a query width
-        ``input_dim`` different from ``d_model``.
+        Raises:
+            ValueError: grouped-query heads or ``input_dim != d_model``, which torch cannot express.
         """
-        if self.num_kv_heads != self.num_heads:
-            raise ValueError("to_torch: nn.MultiheadAttention has no grouped-query heads "
-                             f"(num_kv_heads={self.num_kv_heads}, num_heads={self.num_heads})")
-        if self.input_dim != self.d_model:
-            raise ValueError(f"to_torch: nn.MultiheadAttention needs input_dim == d_model, "
-                             f"got input_dim={self.input_dim}, d_model={self.d_model}")
-        reference = self.out_proj.weight
-        module = nn.MultiheadAttention(self.d_model, self.num_heads, dropout=self.dropout,
-                                       bias=self.out_proj.bias is not None, add_bias_kv=self.bias_k is not None,
-                                       add_zero_attn=self.add_zero_attn, kdim=self.kdim, vdim=self.vdim,
-                                       batch_first=batch_first, device=reference.device, dtype=reference.dtype)
-        with torch.no_grad():
-            if self.in_proj is not None:
-                assert module.in_proj_weight is not None
-                module.in_proj_weight.copy_(self.in_proj.weight)
-                if self.in_proj.bias is not None:
-                    module.in_proj_bias.copy_(self.in_proj.bias)
-            else:
-                assert self.q_proj is not None
-                assert self.k_proj is not None
-                assert self.v_proj is not None
-                module.q_proj_weight.copy_(self.q_proj.weight)
-                module.k_proj_weight.copy_(self.k_proj.weight)
-                module.v_proj_weight.copy_(self.v_proj.weight)
-                if module.in_proj_bias is not None:
-                    assert self.q_proj.bias is not None
-                    assert self.k_proj.bias is not None
-                    assert self.v_proj.bias is not None
-                    module.in_proj_bias.copy_(torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]))
-            module.out_proj.weight.copy_(self.out_proj.weight)
-            if self.out_proj.bias is not None:
-                module.out_proj.bias.copy_(self.out_proj.bias)
-            if self.bias_k is not None:
-                assert self.bias_v is not None
-                assert module.bias_k is not None
-                assert module.bias_v is not None
-                module.bias_k.copy_(rearrange(self.bias_k, "e -> 1 1 e"))
-                module.bias_v.copy_(rearrange(self.bias_v, "e -> 1 1 e"))
-        return module.train(self.training)
+        from .interop import multihead_to_torch
+
+        return multihead_to_torch(self, batch_first=batch_first)
