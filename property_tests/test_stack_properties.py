@@ -54,7 +54,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensor
 
 Backend = Literal["reference", "sdpa"]
 BACKENDS: tuple[Backend, ...] = ("sdpa", "reference")
-POSITIONS: tuple[Positions, ...] = ("sinusoidal", "learned", "rotary", "none")
+POSITIONS: tuple[Positions, ...] = ("sinusoidal", "learned", "rope", "none")
 ActivationName = Literal["relu", "gelu", "gelu_tanh"]
 
 
@@ -448,12 +448,12 @@ def seq2seq_models(draw: st.DrawFn, *, max_layers: int = 2, head_dims: tuple[int
     nhead = draw(st.integers(1, 2), label="nhead")
     head_dim = draw(st.sampled_from(head_dims), label="head_dim")
     model = Seq2SeqTransformer(
-        draw(st.integers(3, 8), label="src_vocab_size"), draw(st.integers(4, 8), label="trg_vocab_size"), 0, 0,
+        draw(st.integers(3, 8), label="src_vocab_size"), draw(st.integers(4, 8), label="tgt_vocab_size"), 0, 0,
         d_model=nhead * head_dim, nhead=nhead, num_encoder_layers=draw(st.integers(1, max_layers), label="enc"),
         num_decoder_layers=draw(st.integers(1, max_layers), label="dec"),
         dim_feedforward=draw(st.integers(1, 6), label="dim_feedforward"), dropout=0.0,
         norm_first=draw(st.booleans(), label="norm_first"),
-        positions=draw(st.sampled_from(POSITIONS), label="positions"),
+        positional=draw(st.sampled_from(POSITIONS), label="positional"),
         max_length=16, dtype=torch.float64)
     # Weights N(0, 0.5^2) but biases N(0, 0.1^2): with large random biases, every sequence decodes to the
     # same repeated token whatever the source, and the decoding properties would be tested on nothing.
@@ -480,7 +480,7 @@ def test_more_padding_changes_no_logit(model: Seq2SeqTransformer, b: int, s: int
                                        data: st.DataObject) -> None:
     """Padding a batch further (more padded source and target columns) leaves every logit as it was."""
     src = data.draw(token_batches(model.src_vocab_size, b, s), label="src")
-    trg = data.draw(token_batches(model.trg_vocab_size, b, t), label="trg")
+    trg = data.draw(token_batches(model.tgt_vocab_size, b, t), label="trg")
     logits = model(src, trg)
     longer = model(F.pad(src, (0, extra), value=0), F.pad(trg, (0, extra), value=0))
     assert_close(longer[:, :t], logits, EXACTISH)
@@ -515,12 +515,12 @@ def test_encoder_without_positions_is_permutation_equivariant(config: StackConfi
 @fewer_examples(2)
 def test_positions_break_permutation_equivariance(model: Seq2SeqTransformer, b: int, s: int,
                                                   data: st.DataObject) -> None:
-    """The same check through Seq2SeqTransformer.encode: equivariant with positions='none' only."""
+    """The same check through Seq2SeqTransformer.encode: equivariant with positional='none' only."""
     src = data.draw(token_batches(model.src_vocab_size, b, s, padded=False), label="src")
     permutation = torch.tensor(data.draw(st.permutations(list(range(s))), label="permutation"))
     assume(not torch.equal(src[:, permutation], src))
     difference = (model.encode(src[:, permutation]) - model.encode(src)[:, permutation]).abs().max().item()
-    if model.positions == "none":
+    if model.positional == "none":
         assert difference < 1e-10
     else:
         assert difference > 1e-6
@@ -564,8 +564,8 @@ def rerun_greedy(model: Seq2SeqTransformer, src: Tensor, bos: int, eos: int, max
         if done.all():
             break
         logits = model(src, tokens)[:, -1]
-        logits[:, model.trg_pad_idx] = float("-inf")
-        next_token = logits.argmax(dim=-1).masked_fill(done, model.trg_pad_idx)
+        logits[:, model.tgt_pad_idx] = float("-inf")
+        next_token = logits.argmax(dim=-1).masked_fill(done, model.tgt_pad_idx)
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)
         done |= next_token == eos
     return tokens
@@ -580,7 +580,7 @@ def test_greedy_decoding_with_cached_memory_equals_rerunning_the_model(model: Se
     src = data.draw(token_batches(model.src_vocab_size, b, s), label="src")
     # An end token that some sequence produces first, so that sequences finish at different steps.
     first_tokens = model.greedy_decode(src, bos_idx=1, eos_idx=1, max_new_tokens=1)[:, 1].tolist()
-    eos = data.draw(st.sampled_from(first_tokens) | st.integers(1, model.trg_vocab_size - 1), label="eos")
+    eos = data.draw(st.sampled_from(first_tokens) | st.integers(1, model.tgt_vocab_size - 1), label="eos")
     out = model.greedy_decode(src, bos_idx=1, eos_idx=eos, max_new_tokens=max_new_tokens)
     assert torch.equal(out, rerun_greedy(model, src, 1, eos, max_new_tokens))
     # Decoding each sequence alone gives the same tokens: padding in the batch does not matter.
@@ -597,7 +597,7 @@ def test_beam_search_scores_are_log_probabilities_and_one_beam_is_greedy(model: 
                                                                          beam_size: int, max_new_tokens: int,
                                                                          data: st.DataObject) -> None:
     src = data.draw(token_batches(model.src_vocab_size, b, s), label="src")
-    eos = data.draw(st.integers(1, model.trg_vocab_size - 1), label="eos")
+    eos = data.draw(st.integers(1, model.tgt_vocab_size - 1), label="eos")
     tokens, scores = model.beam_search(src, bos_idx=1, eos_idx=eos, max_new_tokens=max_new_tokens,
                                        beam_size=beam_size)
     log_probs = model(src, tokens[:, :-1]).log_softmax(dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
@@ -618,11 +618,11 @@ def test_beam_search_as_wide_as_the_vocabulary_finds_the_best_two_token_sequence
     """With every first token kept (beam_size = vocabulary minus padding), two steps of beam search find the
     best of all sequences of at most two tokens, enumerated by brute force."""
     src = data.draw(token_batches(model.src_vocab_size, 1, s), label="src")
-    eos = data.draw(st.integers(1, model.trg_vocab_size - 1), label="eos")
-    _, score = model.beam_search(src, bos_idx=1, eos_idx=eos, max_new_tokens=2, beam_size=model.trg_vocab_size - 1)
+    eos = data.draw(st.integers(1, model.tgt_vocab_size - 1), label="eos")
+    _, score = model.beam_search(src, bos_idx=1, eos_idx=eos, max_new_tokens=2, beam_size=model.tgt_vocab_size - 1)
     first = model(src, torch.tensor([[1]])).log_softmax(dim=-1)[0, -1]
     best = float("-inf")
-    for a in range(1, model.trg_vocab_size):
+    for a in range(1, model.tgt_vocab_size):
         if a == eos:
             best = max(best, first[a].item())
             continue

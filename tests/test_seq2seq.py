@@ -2,6 +2,7 @@
 
 import math
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ def randomize(module: nn.Module, seed: int = 1) -> None:
 def small_model(positions: Positions = "sinusoidal", **kwargs: object) -> Seq2SeqTransformer:
     torch.manual_seed(0)
     model = Seq2SeqTransformer(9, 11, PAD, PAD, d_model=8, nhead=2, num_encoder_layers=2, num_decoder_layers=2,
-                               dim_feedforward=16, dropout=0.0, positions=positions, dtype=torch.float64,
+                               dim_feedforward=16, dropout=0.0, positional=positions, dtype=torch.float64,
                                **kwargs)  # type: ignore[arg-type]
     randomize(model)
     return model.eval()
@@ -54,7 +55,7 @@ def test_forward_is_embeddings_positions_and_nn_transformer(norm_first: bool) ->
         return out
 
     t = TRG.shape[1]
-    hidden = theirs(embed(SRC, model.src_embedding), embed(TRG, model.trg_embedding),
+    hidden = theirs(embed(SRC, model.src_embedding), embed(TRG, model.tgt_embedding),
                     tgt_mask=torch.ones(t, t, dtype=torch.bool).triu(1), src_key_padding_mask=SRC == PAD,
                     tgt_key_padding_mask=TRG == PAD, memory_key_padding_mask=SRC == PAD)
     want = model.output_projection(hidden)
@@ -85,7 +86,7 @@ def reference_greedy(model: Seq2SeqTransformer, src: Tensor, max_new_tokens: int
     return results
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rotary", "none"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope", "none"])
 def test_greedy_decode_equals_rerunning_the_full_model_per_sequence(positions: Positions) -> None:
     model = small_model(positions, max_length=12)
     out = model.greedy_decode(SRC, bos_idx=BOS, eos_idx=EOS, max_new_tokens=10)
@@ -148,14 +149,14 @@ def test_token_ids_out_of_range_raise_a_clear_error_not_an_index_crash() -> None
     assert "token id 9 is out of range [0, 9) (src_vocab_size=9)" in str(info.value)
     with pytest.raises(ShapeError) as info:
         model(SRC, torch.tensor([[BOS, -1, 3, 3], [BOS, 3, 3, 3]]))
-    assert (info.value.argument, info.value.actual) == ("trg", -1)
+    assert (info.value.argument, info.value.actual) == ("tgt", -1)
 
 
 def test_lengths_beyond_max_length_and_wrong_widths_raise_shape_errors() -> None:
     model = small_model("learned", max_length=4)
     with pytest.raises(ShapeError) as info:
         model(SRC[:, :4], torch.tensor([[BOS, 3, 4, 5, 6]]).expand(2, 5))
-    assert (info.value.argument, info.value.axis, info.value.actual, info.value.expected) == ("trg", "t", 5, 4)
+    assert (info.value.argument, info.value.axis, info.value.actual, info.value.expected) == ("tgt", "t", 5, 4)
     assert "axis t is 5, longer than max_length=4" in str(info.value)
     with pytest.raises(ShapeError) as info:
         model.encode(SRC)
@@ -168,7 +169,7 @@ def test_lengths_beyond_max_length_and_wrong_widths_raise_shape_errors() -> None
     assert info.value.argument == "src"
     with pytest.raises(ShapeError) as info:
         model(SRC[:1], TRG)
-    assert (info.value.argument, info.value.axis) == ("trg", "b")
+    assert (info.value.argument, info.value.axis) == ("tgt", "b")
     with pytest.raises(ValueError, match=r"max_new_tokens \+ 1 = 5 tokens \(with bos\) exceed max_length=4"):
         model.greedy_decode(SRC[:, :4], bos_idx=BOS, eos_idx=EOS, max_new_tokens=4)
 
@@ -176,15 +177,15 @@ def test_lengths_beyond_max_length_and_wrong_widths_raise_shape_errors() -> None
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"positions": "learned"}, "positions='learned' needs max_length"),
-        ({"positions": "alibi"}, "positions must be 'sinusoidal', 'learned', 'rotary' or 'none', got 'alibi'"),
+        ({"positional": "learned"}, "positional='learned' needs max_length"),
+        ({"positional": "alibi"}, "positional must be 'sinusoidal', 'learned', 'rope' or 'none', got 'alibi'"),
         ({"src_pad_idx": 9}, r"src_pad_idx must be in \[0, 9\), got 9"),
-        ({"trg_vocab_size": 0}, "trg_vocab_size must be a positive int, got 0"),
+        ({"tgt_vocab_size": 0}, "tgt_vocab_size must be a positive int, got 0"),
         ({"d_model": 10, "nhead": 4}, "d_model=10 is not divisible by nhead=4"),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs: dict[str, object], message: str) -> None:
-    arguments: dict[str, object] = {"src_vocab_size": 9, "trg_vocab_size": 11, "src_pad_idx": 0, "trg_pad_idx": 0,
+    arguments: dict[str, object] = {"src_vocab_size": 9, "tgt_vocab_size": 11, "src_pad_idx": 0, "tgt_pad_idx": 0,
                                     "d_model": 8, "nhead": 2, **kwargs}
     with pytest.raises(ValueError, match=message):
         Seq2SeqTransformer(**arguments)  # type: ignore[arg-type]
@@ -196,7 +197,7 @@ def test_decoding_arguments_are_checked() -> None:
         model.greedy_decode(SRC, bos_idx=PAD, eos_idx=EOS, max_new_tokens=3)
     with pytest.raises(ValueError, match="eos_idx must be in"):
         model.beam_search(SRC, bos_idx=BOS, eos_idx=11, max_new_tokens=3)
-    with pytest.raises(ValueError, match=r"beam_size must be in \[1, trg_vocab_size - 1 = 10\], got 11"):
+    with pytest.raises(ValueError, match=r"beam_size must be in \[1, tgt_vocab_size - 1 = 10\], got 11"):
         model.beam_search(SRC, bos_idx=BOS, eos_idx=EOS, max_new_tokens=3, beam_size=11)
 
 
@@ -261,3 +262,71 @@ def test_learns_to_reverse_sequences() -> None:
           f"{elapsed:.1f} s")
     assert exact >= 0.95
     assert elapsed < 60
+
+
+# ----------------------------------------------------------------------------------------------------
+# Old spellings (trg -> tgt, positions -> positional, 'rotary' -> 'rope') keep working, with a warning
+# ----------------------------------------------------------------------------------------------------
+
+
+def _spelled(**kwargs: Any) -> Seq2SeqTransformer:
+    torch.manual_seed(0)
+    return Seq2SeqTransformer(9, src_pad_idx=PAD, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                              dim_feedforward=16, dropout=0.0, **kwargs).eval()
+
+
+def test_old_constructor_keywords_warn_and_build_the_same_model() -> None:
+    with pytest.warns(DeprecationWarning, match="deprecated") as record:
+        old = _spelled(trg_vocab_size=11, trg_pad_idx=PAD, positions="rotary")
+    assert [str(w.message) for w in record] == [
+        "Seq2SeqTransformer: the keyword trg_vocab_size= is deprecated, use tgt_vocab_size=",
+        "Seq2SeqTransformer: the keyword trg_pad_idx= is deprecated, use tgt_pad_idx=",
+        "Seq2SeqTransformer: the keyword positions= is deprecated, use positional=",
+        "Seq2SeqTransformer: positional='rotary' is deprecated, use positional='rope' (GPTConfig's spelling)",
+    ]
+    assert all(w.filename == __file__ for w in record)  # attributed to the caller, not to the library
+    new = _spelled(tgt_vocab_size=11, tgt_pad_idx=PAD, positional="rope")
+    assert (old.tgt_vocab_size, old.tgt_pad_idx, old.positional) == (11, PAD, "rope")
+    assert old.state_dict().keys() == new.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(old.state_dict().values(), new.state_dict().values(), strict=True))
+    torch.testing.assert_close(old(SRC.long(), TRG.long()), new(SRC.long(), TRG.long()))
+
+
+def test_old_method_keywords_warn_and_give_the_same_results() -> None:
+    model = small_model()
+    want = model(SRC, TRG)
+    with pytest.warns(DeprecationWarning, match=r"^Seq2SeqTransformer\.forward: the keyword trg= is deprecated, "
+                                                r"use tgt=$"):
+        got = model(SRC, trg=TRG)
+    assert torch.equal(got, want)
+    memory, src_mask = model.encode(SRC), model.source_mask(SRC)
+    with pytest.warns(DeprecationWarning, match=r"^Seq2SeqTransformer\.decode: the keyword trg= is deprecated"):
+        got = model.decode(trg=TRG, memory=memory, src_mask=src_mask)  # type: ignore[call-arg]
+    assert torch.equal(got, want)
+    with pytest.warns(DeprecationWarning, match=r"^Seq2SeqTransformer\.target_mask: the keyword trg= is deprecated"):
+        assert torch.equal(model.target_mask(trg=TRG), model.target_mask(TRG))  # type: ignore[call-arg]
+
+
+def test_old_and_new_keyword_together_is_an_error() -> None:
+    with pytest.raises(TypeError, match=r"^Seq2SeqTransformer\.forward: got both trg= and tgt= "
+                                        r"\(trg is the deprecated name of tgt\)$"):
+        small_model()(SRC, tgt=TRG, trg=TRG)
+
+
+def test_old_attribute_names_warn_and_read_the_new_ones() -> None:
+    model = small_model()
+    for old, new in (("trg_vocab_size", "tgt_vocab_size"), ("trg_pad_idx", "tgt_pad_idx"),
+                     ("positions", "positional"), ("trg_embedding", "tgt_embedding")):
+        with pytest.warns(DeprecationWarning, match=f"^Seq2SeqTransformer.{old} is deprecated, "
+                                                    f"use Seq2SeqTransformer.{new}$"):
+            assert getattr(model, old) is getattr(model, new)
+
+
+def test_state_dicts_with_old_names_still_load() -> None:
+    model, other = small_model(), small_model()
+    randomize(other, seed=7)
+    old_names = {key.replace("tgt_", "trg_"): value for key, value in other.state_dict().items()}
+    assert "trg_embedding.weight" in old_names
+    with pytest.warns(DeprecationWarning, match="trg_embedding.weight"):
+        model.load_state_dict(old_names)
+    assert torch.equal(model.tgt_embedding.weight, other.tgt_embedding.weight)

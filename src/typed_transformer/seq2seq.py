@@ -1,21 +1,22 @@
 """Seq2SeqTransformer: tokens in, next-token logits out, around the encoder-decoder :class:`Transformer`.
 
-    x_src = PE(E_src[src] * sqrt(d_model)),   x_trg = PE(E_trg[trg] * sqrt(d_model))     ("Attention Is All
+    x_src = PE(E_src[src] * sqrt(d_model)),   x_tgt = PE(E_tgt[tgt] * sqrt(d_model))     ("Attention Is All
     memory = Encoder(x_src, source padding mask)                                          You Need", 3.4-3.5)
-    logits = Decoder(x_trg, memory, causal + target padding mask, source padding mask) W_out + b_out
+    logits = Decoder(x_tgt, memory, causal + target padding mask, source padding mask) W_out + b_out
 
-Shapes: ``src (b, s)`` and ``trg (b, t)`` integer token ids, ``logits (b, t, trg_vocab_size)``. Padding masks
-come from ``src_pad_idx``/``trg_pad_idx`` (seed 000's model); the target side is always causal. Positions
+Shapes: ``src (b, s)`` and ``tgt (b, t)`` integer token ids, ``logits (b, t, tgt_vocab_size)``. Padding masks
+come from ``src_pad_idx``/``tgt_pad_idx`` (seed 000's model); the target side is always causal. Positions
 are the paper's sinusoids (default), learned (``max_length`` of them), rotary (inside every self-attention)
 or none. Dropout is applied to the embedded inputs, as in the paper.
 
-Training is teacher forcing: ``model(src, trg[:, :-1])`` predicts ``trg[:, 1:]``. :meth:`encode` and
+Training is teacher forcing: ``model(src, tgt[:, :-1])`` predicts ``tgt[:, 1:]``. :meth:`encode` and
 :meth:`decode` are separate so that decoding runs the encoder once: :meth:`greedy_decode` and
 :meth:`beam_search` start from a ``bos`` token and stop at ``eos``; positions after a finished sequence's
-``eos`` hold ``trg_pad_idx``, and the padding token is never generated.
+``eos`` hold ``tgt_pad_idx``, and the padding token is never generated.
 """
 
 import math
+import warnings
 from typing import Any, Literal
 
 import torch
@@ -23,6 +24,7 @@ from einops import rearrange, repeat
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
+from ._deprecation import deprecated_alias, renamed_keywords
 from .attention import Backend
 from .layers import Activation, Transformer
 from .positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
@@ -30,7 +32,7 @@ from .shapecheck import raise_shape_error, shape_checked
 
 __all__ = ["Positions", "Seq2SeqTransformer"]
 
-Positions = Literal["sinusoidal", "learned", "rotary", "none"]
+Positions = Literal["sinusoidal", "learned", "rope", "none"]
 
 _NAME = "typed_transformer.seq2seq.Seq2SeqTransformer"
 
@@ -43,10 +45,11 @@ class Seq2SeqTransformer(nn.Module):
 
     Args:
         src_vocab_size: source vocabulary size; token ids must lie in ``[0, size)``.
-        trg_vocab_size: target vocabulary size; token ids must lie in ``[0, size)``.
+        tgt_vocab_size: target vocabulary size; token ids must lie in ``[0, size)``.
         src_pad_idx: source padding id; those positions are masked as keys.
-        trg_pad_idx: target padding id; those positions are masked as keys.
-        positions: ``"sinusoidal"``, ``"learned"`` (needs ``max_length``), ``"rotary"`` or ``"none"``.
+        tgt_pad_idx: target padding id; those positions are masked as keys.
+        positional: ``"sinusoidal"``, ``"learned"`` (needs ``max_length``), ``"rope"`` (rotary, inside every
+            self-attention) or ``"none"``.
         max_length: longest source or target sequence the model accepts (None: any, except for learned
             positions).
         final_norms: LayerNorm at the end of both stacks; default ``norm_first`` (pre-LN needs one,
@@ -58,9 +61,9 @@ class Seq2SeqTransformer(nn.Module):
     def __init__(
         self,
         src_vocab_size: int,
-        trg_vocab_size: int,
+        tgt_vocab_size: int,
         src_pad_idx: int,
-        trg_pad_idx: int,
+        tgt_pad_idx: int,
         *,
         d_model: int = 512,
         nhead: int = 8,
@@ -72,60 +75,65 @@ class Seq2SeqTransformer(nn.Module):
         layer_norm_eps: float = 1e-5,
         norm_first: bool = False,
         final_norms: bool | None = None,
-        positions: Positions = "sinusoidal",
+        positional: Positions = "sinusoidal",
         max_length: int | None = None,
         backend: Backend = "sdpa",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        for name, size in (("src_vocab_size", src_vocab_size), ("trg_vocab_size", trg_vocab_size),
+        for name, size in (("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
                            ("max_length", max_length)):
             if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
                 raise ValueError(f"Seq2SeqTransformer: {name} must be a positive int, got {size!r}")
         for name, index, size in (("src_pad_idx", src_pad_idx, src_vocab_size),
-                                  ("trg_pad_idx", trg_pad_idx, trg_vocab_size)):
+                                  ("tgt_pad_idx", tgt_pad_idx, tgt_vocab_size)):
             if not 0 <= index < size:
                 raise ValueError(f"Seq2SeqTransformer: {name} must be in [0, {size}), got {index}")
-        if positions not in ("sinusoidal", "learned", "rotary", "none"):
-            raise ValueError(f"Seq2SeqTransformer: positions must be 'sinusoidal', 'learned', 'rotary' or 'none', "
-                             f"got {positions!r}")
-        if positions == "learned" and max_length is None:
-            raise ValueError("Seq2SeqTransformer: positions='learned' needs max_length (the size of the table)")
+        if str(positional) == "rotary":
+            warnings.warn("Seq2SeqTransformer: positional='rotary' is deprecated, use positional='rope' "
+                          "(GPTConfig's spelling)", DeprecationWarning, stacklevel=3)  # 3: past the keyword renamer
+            positional = "rope"
+        if positional not in ("sinusoidal", "learned", "rope", "none"):
+            raise ValueError(f"Seq2SeqTransformer: positional must be 'sinusoidal', 'learned', 'rope' or 'none', "
+                             f"got {positional!r}")
+        if positional == "learned" and max_length is None:
+            raise ValueError("Seq2SeqTransformer: positional='learned' needs max_length (the size of the table)")
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.src_vocab_size = src_vocab_size
-        self.trg_vocab_size = trg_vocab_size
+        self.tgt_vocab_size = tgt_vocab_size
         self.src_pad_idx = src_pad_idx
-        self.trg_pad_idx = trg_pad_idx
+        self.tgt_pad_idx = tgt_pad_idx
         self.d_model = d_model
         self.max_length = max_length
-        self.positions = positions
+        self.positional: Positions = positional
 
         self.src_embedding = nn.Embedding(src_vocab_size, d_model, **factory)
-        self.trg_embedding = nn.Embedding(trg_vocab_size, d_model, **factory)
+        self.tgt_embedding = nn.Embedding(tgt_vocab_size, d_model, **factory)
         self.src_positions: nn.Module | None = None
-        self.trg_positions: nn.Module | None = None
-        if positions == "sinusoidal":
-            self.src_positions = self.trg_positions = SinusoidalPositionalEncoding(d_model)
-        elif positions == "learned":
+        self.tgt_positions: nn.Module | None = None
+        if positional == "sinusoidal":
+            self.src_positions = self.tgt_positions = SinusoidalPositionalEncoding(d_model)
+        elif positional == "learned":
             assert max_length is not None
             self.src_positions = LearnedPositionalEmbedding(max_length, d_model, **factory)
-            self.trg_positions = LearnedPositionalEmbedding(max_length, d_model, **factory)
-        rotary = RotaryEmbedding(d_model // nhead) if positions == "rotary" else None
+            self.tgt_positions = LearnedPositionalEmbedding(max_length, d_model, **factory)
+        rotary = RotaryEmbedding(d_model // nhead) if positional == "rope" else None
         self.dropout = nn.Dropout(dropout)
         self.transformer = Transformer(
             d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, activation=activation,
             layer_norm_eps=layer_norm_eps, norm_first=norm_first,
             final_norms=norm_first if final_norms is None else final_norms, rotary=rotary, backend=backend, **factory)
-        self.output_projection = nn.Linear(d_model, trg_vocab_size, **factory)
+        self.output_projection = nn.Linear(d_model, tgt_vocab_size, **factory)
         # The Annotated Transformer's initialisation: xavier-uniform for every matrix, embeddings included
         # (with N(0, 1) embeddings the sqrt(d_model) scale would drown the positional encoding).
-        for module in (self.src_embedding, self.trg_embedding, self.output_projection):
+        for module in (self.src_embedding, self.tgt_embedding, self.output_projection):
             nn.init.xavier_uniform_(module.weight)
+        self.register_load_state_dict_pre_hook(_load_old_names)  # type: ignore[no-untyped-call]  # (torch's stub)
 
     def extra_repr(self) -> str:
-        return (f"src_vocab_size={self.src_vocab_size}, trg_vocab_size={self.trg_vocab_size}, "
-                f"src_pad_idx={self.src_pad_idx}, trg_pad_idx={self.trg_pad_idx}, positions={self.positions!r}, "
+        return (f"src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.tgt_vocab_size}, "
+                f"src_pad_idx={self.src_pad_idx}, tgt_pad_idx={self.tgt_pad_idx}, positional={self.positional!r}, "
                 f"max_length={self.max_length}")
 
     # ------------------------------------------------------------------------------------------------
@@ -136,13 +144,13 @@ class Seq2SeqTransformer(nn.Module):
         """Key padding mask of the source: True = real token (``src != src_pad_idx``)."""
         return src != self.src_pad_idx
 
-    def target_mask(self, trg: Int[Tensor, "b t"]) -> Bool[Tensor, "b t"]:
-        """Key padding mask of the target: True = real token (``trg != trg_pad_idx``)."""
-        return trg != self.trg_pad_idx
+    def target_mask(self, tgt: Int[Tensor, "b t"]) -> Bool[Tensor, "b t"]:
+        """Key padding mask of the target: True = real token (``tgt != tgt_pad_idx``)."""
+        return tgt != self.tgt_pad_idx
 
     def _embed(self, tokens: Tensor, argument: str, method: str) -> Tensor:
-        side = "src" if argument == "src" else "trg"
-        vocab_size = self.src_vocab_size if side == "src" else self.trg_vocab_size
+        side = "src" if argument == "src" else "tgt"
+        vocab_size = self.src_vocab_size if side == "src" else self.tgt_vocab_size
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
             bad = int(tokens.min()) if tokens.min() < 0 else int(tokens.max())
             raise_shape_error(f"{_NAME}.{method}", argument,
@@ -154,8 +162,8 @@ class Seq2SeqTransformer(nn.Module):
             raise_shape_error(f"{_NAME}.{method}", argument,
                               f"axis {axis} is {length}, longer than max_length={self.max_length}",
                               axis=axis, actual=length, expected=self.max_length, bound_by="max_length")
-        embedding = self.src_embedding if side == "src" else self.trg_embedding
-        positions = self.src_positions if side == "src" else self.trg_positions
+        embedding = self.src_embedding if side == "src" else self.tgt_embedding
+        positions = self.src_positions if side == "src" else self.tgt_positions
         x: Tensor = embedding(tokens) * math.sqrt(self.d_model)
         if positions is not None:
             x = positions(x)
@@ -174,21 +182,21 @@ class Seq2SeqTransformer(nn.Module):
 
     def decode(
         self,
-        trg: Int[Tensor, "b t"],
+        tgt: Int[Tensor, "b t"],
         memory: Float[Tensor, "b s {self.d_model}"],
         src_mask: Bool[Tensor, "b s"],
-    ) -> Float[Tensor, "b t {self.trg_vocab_size}"]:
+    ) -> Float[Tensor, "b t {self.tgt_vocab_size}"]:
         """Next-token logits at every target position, from ``memory = encode(src)`` and
         ``src_mask = source_mask(src)``. Position ``i`` sees target positions ``<= i`` only."""
-        x = self.transformer.decoder(self._embed(trg, "trg", "decode"), memory,
-                                     tgt_key_padding_mask=self.target_mask(trg),
+        x = self.transformer.decoder(self._embed(tgt, "tgt", "decode"), memory,
+                                     tgt_key_padding_mask=self.target_mask(tgt),
                                      memory_key_padding_mask=src_mask, tgt_is_causal=True)
         logits: Tensor = self.output_projection(x)
         return logits
 
-    def forward(self, src: Int[Tensor, "b s"], trg: Int[Tensor, "b t"]) -> Float[Tensor, "b t {self.trg_vocab_size}"]:
-        """Teacher forcing: ``logits[:, i]`` predicts ``trg[:, i + 1]``."""
-        return self.decode(trg, self.encode(src), self.source_mask(src))
+    def forward(self, src: Int[Tensor, "b s"], tgt: Int[Tensor, "b t"]) -> Float[Tensor, "b t {self.tgt_vocab_size}"]:
+        """Teacher forcing: ``logits[:, i]`` predicts ``tgt[:, i + 1]``."""
+        return self.decode(tgt, self.encode(src), self.source_mask(src))
 
     # ------------------------------------------------------------------------------------------------
     # Decoding
@@ -196,9 +204,9 @@ class Seq2SeqTransformer(nn.Module):
 
     def _check_decoding(self, bos_idx: int, eos_idx: int, max_new_tokens: int, method: str) -> None:
         for name, index in (("bos_idx", bos_idx), ("eos_idx", eos_idx)):
-            if not 0 <= index < self.trg_vocab_size or index == self.trg_pad_idx:
-                raise ValueError(f"{method}: {name} must be in [0, {self.trg_vocab_size}) and differ from "
-                                 f"trg_pad_idx={self.trg_pad_idx}, got {index}")
+            if not 0 <= index < self.tgt_vocab_size or index == self.tgt_pad_idx:
+                raise ValueError(f"{method}: {name} must be in [0, {self.tgt_vocab_size}) and differ from "
+                                 f"tgt_pad_idx={self.tgt_pad_idx}, got {index}")
         if max_new_tokens < 0:
             raise ValueError(f"{method}: max_new_tokens must be non-negative, got {max_new_tokens}")
         if self.max_length is not None and max_new_tokens + 1 > self.max_length:
@@ -206,10 +214,10 @@ class Seq2SeqTransformer(nn.Module):
                              f"max_length={self.max_length}")
 
     def _next_log_probs(self, tokens: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
-        """Log-probabilities of the next token ``(b, trg_vocab_size)``, with padding impossible."""
+        """Log-probabilities of the next token ``(b, tgt_vocab_size)``, with padding impossible."""
         logits = self.decode(tokens, memory, src_mask)[:, -1]
         log_probs = logits.log_softmax(dim=-1)
-        log_probs[:, self.trg_pad_idx] = float("-inf")
+        log_probs[:, self.tgt_pad_idx] = float("-inf")
         return log_probs
 
     def greedy_decode(self, src: Int[Tensor, "b s"], *, bos_idx: int, eos_idx: int,
@@ -226,7 +234,7 @@ class Seq2SeqTransformer(nn.Module):
                 if done.all():
                     break
                 next_token = self._next_log_probs(tokens, memory, src_mask).argmax(dim=-1)
-                next_token = next_token.masked_fill(done, self.trg_pad_idx)
+                next_token = next_token.masked_fill(done, self.tgt_pad_idx)
                 tokens = torch.cat([tokens, rearrange(next_token, "b -> b 1")], dim=1)
                 done = done | (next_token == eos_idx)
         return tokens
@@ -240,10 +248,10 @@ class Seq2SeqTransformer(nn.Module):
         log-probability ``(b,)``. ``beam_size=1`` is greedy decoding.
         """
         self._check_decoding(bos_idx, eos_idx, max_new_tokens, "beam_search")
-        if not 1 <= beam_size < self.trg_vocab_size:
-            raise ValueError(f"beam_search: beam_size must be in [1, trg_vocab_size - 1 = {self.trg_vocab_size - 1}]"
+        if not 1 <= beam_size < self.tgt_vocab_size:
+            raise ValueError(f"beam_search: beam_size must be in [1, tgt_vocab_size - 1 = {self.tgt_vocab_size - 1}]"
                              f", got {beam_size}")
-        b, k, vocab = src.shape[0], beam_size, self.trg_vocab_size
+        b, k, vocab = src.shape[0], beam_size, self.tgt_vocab_size
         with torch.no_grad():
             memory = repeat(self.encode(src), "b s d -> (b k) s d", k=k)
             src_mask = repeat(self.source_mask(src), "b s -> (b k) s", k=k)
@@ -253,7 +261,7 @@ class Seq2SeqTransformer(nn.Module):
             scores = repeat(first, "k -> (b k)", b=b)
             done = torch.zeros(b * k, dtype=torch.bool, device=src.device)
             pad_only = torch.full((vocab,), float("-inf"), dtype=memory.dtype, device=src.device)
-            pad_only[self.trg_pad_idx] = 0.0
+            pad_only[self.tgt_pad_idx] = 0.0
             offsets = rearrange(torch.arange(b, device=src.device) * k, "b -> b 1")
             for _ in range(max_new_tokens):
                 if (done | (scores == float("-inf"))).all():
@@ -269,3 +277,25 @@ class Seq2SeqTransformer(nn.Module):
                 scores = rearrange(best, "b k -> (b k)")
             winner = rearrange(scores, "(b k) -> b k", k=k).argmax(dim=-1) + offsets[:, 0]
         return tokens[winner], scores[winner]
+
+
+def _load_old_names(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """State dicts saved before the trg -> tgt rename (``trg_embedding.weight``) still load, with a warning."""
+    old = [key for key in state_dict if key.startswith(f"{prefix}trg_")]
+    if old:
+        warnings.warn(f"Seq2SeqTransformer.load_state_dict: the names {', '.join(old)} are deprecated (trg_ is now "
+                      "tgt_)", DeprecationWarning, stacklevel=4)
+    for key in old:
+        state_dict[f"{prefix}tgt_{key.removeprefix(f'{prefix}trg_')}"] = state_dict.pop(key)
+
+
+# Old spellings (docs/conventions.md#names): trg -> tgt (torch's, as in nn.Transformer), positions -> positional
+# (GPTConfig's). They keep working with a DeprecationWarning.
+renamed_keywords(Seq2SeqTransformer, "__init__", trg_vocab_size="tgt_vocab_size", trg_pad_idx="tgt_pad_idx",
+                 positions="positional")
+renamed_keywords(Seq2SeqTransformer, "forward", trg="tgt")
+renamed_keywords(Seq2SeqTransformer, "decode", trg="tgt")
+renamed_keywords(Seq2SeqTransformer, "target_mask", trg="tgt")
+for _old, _new in (("trg_vocab_size", "tgt_vocab_size"), ("trg_pad_idx", "tgt_pad_idx"), ("positions", "positional"),
+                   ("trg_embedding", "tgt_embedding"), ("trg_positions", "tgt_positions")):
+    deprecated_alias(Seq2SeqTransformer, _old, _new)

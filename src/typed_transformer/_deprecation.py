@@ -1,0 +1,57 @@
+"""Old public names that keep working, with a ``DeprecationWarning`` naming the new one.
+
+The naming rule (docs/conventions.md#names): classes that mirror a torch module take torch's spelling
+(``num_heads`` for ``MultiHeadAttention``, ``nhead``/``src``/``tgt`` for the ``Transformer`` family and the
+models built on it), :class:`~typed_transformer.GPTConfig` takes nanoGPT's (``n_head``, ``n_embd``). A name
+that broke the rule was renamed and its old spelling is routed here.
+
+Renames are applied by re-binding after the class is defined (not as decorators on the methods), so the
+methods themselves stay undecorated: mutation testing still mutates them, and shape checks stay inside.
+"""
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["deprecated_alias", "renamed_keywords"]
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+
+
+def renamed_keywords(cls: type, method: str, **renames: str) -> None:
+    """Make ``cls.method`` accept each old keyword (``old="new"``) as its new name, with a warning.
+
+    Raises (at call time):
+        TypeError: both the old and the new keyword were given.
+    """
+    original: Callable[..., Any] = cls.__dict__[method]
+    owner = cls.__name__ if method == "__init__" else f"{cls.__name__}.{method}"
+
+    @functools.wraps(original)
+    def accepting_old_names(*args: Any, **kwargs: Any) -> Any:
+        for old, new in renames.items():
+            if old in kwargs:
+                if new in kwargs:
+                    raise TypeError(f"{owner}: got both {old}= and {new}= ({old} is the deprecated name of {new})")
+                _warn(f"{owner}: the keyword {old}= is deprecated, use {new}=")
+                kwargs[new] = kwargs.pop(old)
+        return original(*args, **kwargs)
+
+    setattr(cls, method, accepting_old_names)
+
+
+def deprecated_alias(cls: type, old: str, new: str) -> None:
+    """Make the attribute ``cls.old`` read (and write) ``new``, with a warning."""
+
+    def get(self: Any) -> Any:
+        _warn(f"{cls.__name__}.{old} is deprecated, use {cls.__name__}.{new}")
+        return getattr(self, new)
+
+    def set_(self: Any, value: Any) -> None:
+        _warn(f"{cls.__name__}.{old} is deprecated, use {cls.__name__}.{new}")
+        setattr(self, new, value)
+
+    setattr(cls, old, property(get, set_, doc=f"Deprecated name of ``{new}``."))
