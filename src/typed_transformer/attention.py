@@ -39,8 +39,6 @@ __all__ = ["Backend", "scaled_dot_product_attention"]
 
 Backend = Literal["reference", "sdpa"]
 
-_NAME = "typed_transformer.attention.scaled_dot_product_attention"
-
 
 def scaled_dot_product_attention(
     q: Float[Tensor, "b h t d"],
@@ -76,11 +74,11 @@ def scaled_dot_product_attention(
     """
     h, g = q.shape[1], k.shape[1]
     if h % g != 0:
-        raise_shape_error(_NAME, "k", f"axis g is {g}, which does not divide h={h} (bound by q)",
+        raise_shape_error(scaled_dot_product_attention, "k", f"axis g is {g}, which does not divide h={h} (bound by q)",
                           axis="g", actual=g, bound_by="q")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         bad, dtype = ("k", k.dtype) if k.dtype != q.dtype else ("v", v.dtype)
-        raise_shape_error(_NAME, bad, f"dtype is {str(dtype)[6:]}, expected {str(q.dtype)[6:]} (the dtype of q)")
+        raise_shape_error(scaled_dot_product_attention, bad, f"dtype is {str(dtype)[6:]}, expected {str(q.dtype)[6:]} (the dtype of q)")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1), got {dropout_p}")
     if scale is None:
