@@ -201,9 +201,10 @@ class GPT(nn.Module):
         if kv_caches is not None and len(kv_caches) != len(self.blocks):
             raise ValueError(f"GPT.forward: kv_caches has {len(kv_caches)} caches for {len(self.blocks)} layers")
         if offset + t > self.config.block_size:
-            raise_shape_error(GPT.forward, "idx", f"axis t is {t}" + (f" after {offset} cached positions" if offset else "")
-                              + f", more than block_size={self.config.block_size}",
-                              axis="t", actual=offset + t, expected=self.config.block_size)
+            cached = f" after {offset} cached positions" if offset else ""
+            limit = self.config.block_size
+            raise_shape_error(GPT.forward, "idx", f"axis t is {t}{cached}, more than block_size={limit}", axis="t",
+                              actual=offset + t, expected=limit)
         if not torch.compiler.is_compiling():
             # Out-of-range ids would otherwise surface as an index error deep inside embedding or loss.
             _check_ids("idx", idx, 0, self.vocab_size)
