@@ -38,15 +38,18 @@ Positions = Literal["sinusoidal", "learned", "rotary", "none"]
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder Transformer over token ids (seed 000's model, ``nn.Transformer`` inside).
 
+    The other arguments are :class:`~typed_transformer.layers.Transformer`'s.
+
     Args:
-        src_vocab_size, trg_vocab_size: vocabulary sizes; token ids must lie in ``[0, size)``.
-        src_pad_idx, trg_pad_idx: padding ids; those positions are masked as keys.
+        src_vocab_size: source vocabulary size; token ids must lie in ``[0, size)``.
+        trg_vocab_size: target vocabulary size; token ids must lie in ``[0, size)``.
+        src_pad_idx: source padding id; those positions are masked as keys.
+        trg_pad_idx: target padding id; those positions are masked as keys.
         positions: ``"sinusoidal"``, ``"learned"`` (needs ``max_length``), ``"rotary"`` or ``"none"``.
         max_length: longest source or target sequence the model accepts (None: any, except for learned
             positions).
         final_norms: LayerNorm at the end of both stacks; default ``norm_first`` (pre-LN needs one,
             post-LN already ends in one).
-        The other arguments are :class:`~typed_transformer.layers.Transformer`'s.
     """
 
     __shape_checked__ = ("encode", "decode", "greedy_decode", "beam_search", "source_mask", "target_mask")
