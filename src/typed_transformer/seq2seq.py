@@ -34,7 +34,6 @@ __all__ = ["Positions", "Seq2SeqTransformer"]
 
 Positions = Literal["sinusoidal", "learned", "rope", "none"]
 
-_NAME = "typed_transformer.seq2seq.Seq2SeqTransformer"
 
 
 @shape_checked
@@ -153,13 +152,13 @@ class Seq2SeqTransformer(nn.Module):
         vocab_size = self.src_vocab_size if side == "src" else self.tgt_vocab_size
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
             bad = int(tokens.min()) if tokens.min() < 0 else int(tokens.max())
-            raise_shape_error(f"{_NAME}.{method}", argument,
+            raise_shape_error(getattr(type(self), method), argument,
                               f"token id {bad} is out of range [0, {vocab_size}) ({side}_vocab_size={vocab_size})",
                               actual=bad, expected=vocab_size, bound_by=f"{side}_vocab_size")
         length = tokens.shape[1]
         if self.max_length is not None and length > self.max_length:
             axis = "s" if side == "src" else "t"
-            raise_shape_error(f"{_NAME}.{method}", argument,
+            raise_shape_error(getattr(type(self), method), argument,
                               f"axis {axis} is {length}, longer than max_length={self.max_length}",
                               axis=axis, actual=length, expected=self.max_length, bound_by="max_length")
         embedding = self.src_embedding if side == "src" else self.tgt_embedding
