@@ -31,6 +31,7 @@ from .masks import (
     merge_masks,
 )
 from .multihead import KVCache, MultiHeadAttention
+from .plot import plot_attention
 from .positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .seq2seq import Seq2SeqTransformer
 from .shapecheck import (
@@ -75,6 +76,7 @@ __all__ = [
     "key_padding_mask_to_torch",
     "merge_causal",
     "merge_masks",
+    "plot_attention",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_with_weights",
     "set_shape_checks",

@@ -2,9 +2,10 @@
 
 * ``train``: train a character-level GPT on a text file (default: ~1 MB of Python's own standard library).
 * ``generate``: sample text from a checkpoint.
-* ``bench attention`` / ``bench gpt`` / ``bench checks``: the scripts in the checkout's ``benchmarks/`` folder (side-by-side
-  ratios); not part of the installed library, so they need a source checkout.
+* ``bench attention`` / ``bench gpt`` / ``bench checks``: the scripts in the checkout's ``benchmarks/`` folder
+  (side-by-side ratios); not part of the installed library, so they need a source checkout.
 * ``audit MODULE:ATTR``: audit a third-party attention function (exit 1 when a check fails).
+* ``attention``: draw a checkpoint's attention over a text, one heatmap per layer and head.
 
 Bad arguments, bad files and bad checkpoints give one line on stderr and exit code 2, never a traceback.
 """
@@ -84,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--greedy", action="store_true", help="always take the most likely character")
     generate.add_argument("--seed", type=_non_negative_int, default=1337)
     generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+
+    maps = commands.add_parser("attention", help="draw a checkpoint's attention maps over a text (PNG)")
+    maps.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
+    maps.add_argument("--text", required=True, help="the characters to attend over (at most block_size of them)")
+    maps.add_argument("--out", type=Path, default=Path("attention.png"), help="image to write (default attention.png)")
+    maps.add_argument("--panel-size", type=_positive_float, default=2.5, help="inches per heatmap (default 2.5)")
+    maps.add_argument("--dpi", type=_positive_int, default=100, help="default 100")
     bench = commands.add_parser("bench", help="benchmarks that print side-by-side ratios")
     which = bench.add_subparsers(dest="which", required=True, parser_class=_Parser)
     attention = which.add_parser("attention", help="MultiHeadAttention against torch.nn.MultiheadAttention")
@@ -254,6 +262,35 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _attention(args: argparse.Namespace) -> int:
+    """Attention maps of a trained GPT over ``--text``: one panel per layer (rows) and head (columns)."""
+    import torch
+
+    from .checkpoint import load_checkpoint
+    from .plot import plot_attention
+
+    checkpoint = load_checkpoint(args.checkpoint)
+    text = args.text
+    if not text:
+        raise ValueError("--text is empty")
+    model = checkpoint.model.eval()
+    if len(text) > model.config.block_size:
+        raise ValueError(f"--text has {len(text)} characters, more than the model's block_size "
+                         f"{model.config.block_size}")
+    ids = torch.tensor([checkpoint.tokenizer.encode(text)])
+    weights = model.attention_weights(ids)[:, 0]  # (layers, heads, t, t)
+    if not args.out.parent.is_dir():
+        raise ValueError(f"--out: the directory {args.out.parent} does not exist")
+    try:
+        plot_attention(weights, list(text), path=args.out, panel_size=args.panel_size, dpi=args.dpi,
+                       title=f"{args.checkpoint}: {text!r}")
+    except OSError as err:
+        raise ValueError(f"--out: cannot write {args.out}: {err.strerror or err}") from None
+    layers, heads = weights.shape[:2]
+    print(f"wrote {args.out}: {layers} layers x {heads} heads over {len(text)} characters")
+    return 0
+
+
 def _audit(args: argparse.Namespace) -> int:
     import importlib
 
@@ -312,6 +349,16 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             return _train(args) if args.command == "train" else _generate(args)
+        except (DataError, CheckpointError, ValueError) as err:
+            return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
+    if args.command == "attention":
+        from .checkpoint import CheckpointError
+        from .data import DataError
+
+        try:
+            return _attention(args)
+        except ModuleNotFoundError as err:  # matplotlib: the [train] extra
+            return _fail(str(err))
         except (DataError, CheckpointError, ValueError) as err:
             return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
     if args.command == "bench":

@@ -140,7 +140,7 @@ class GPT(nn.Module):
     ``all_positions=True`` for all of them) and ``None``.
     """
 
-    __shape_checked__ = ("generate",)
+    __shape_checked__ = ("generate", "attention_weights")
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -211,10 +211,7 @@ class GPT(nn.Module):
             _check_ids("idx", idx, 0, self.vocab_size)
             if targets is not None:
                 _check_ids("targets", targets, -1, self.vocab_size)  # -1 = ignored position
-        x = self.tok_emb(idx)
-        if self.pos is not None:
-            x = self.pos(x, offset)
-        x = self.drop(x)
+        x = self._embed(idx, offset)
         for i, block in enumerate(self.blocks):
             x = block(x, kv_caches[i] if kv_caches is not None else None)
         x = self.ln_f(x)
@@ -225,6 +222,42 @@ class GPT(nn.Module):
         loss = F.cross_entropy(rearrange(logits, "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)"),
                                ignore_index=-1)
         return logits, loss
+
+    def _embed(self, idx: Tensor, offset: int) -> Tensor:
+        x = self.tok_emb(idx)
+        if self.pos is not None:
+            x = self.pos(x, offset)
+        out: Tensor = self.drop(x)
+        return out
+
+    def attention_weights(self, idx: Int[Tensor, "b t"]) -> Float[Tensor, "l b h t t"]:
+        """Every layer's attention weights over ``idx``, per head: ``weights[l, b, h, i, j]`` is what query
+        position ``i`` takes from key position ``j`` in layer ``l``; zero above the diagonal (causal).
+
+        For pictures (:func:`typed_transformer.plot_attention`), not for speed: each layer's attention runs a
+        second time on the reference path to return its weights. Call ``eval()`` first unless dropout is wanted.
+
+        Raises:
+            ShapeError: ``idx`` is longer than ``block_size``.
+            ValueError: ``idx`` holds ids outside the vocabulary.
+        """
+        name = "typed_transformer.gpt.GPT.attention_weights"
+        if idx.shape[1] > self.config.block_size:
+            raise_shape_error(name, "idx", f"axis t is {idx.shape[1]}, more than block_size={self.config.block_size}",
+                              axis="t", actual=idx.shape[1], expected=self.config.block_size)
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.vocab_size):
+            bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
+            raise ValueError(f"GPT.attention_weights: idx holds token id {bad}, outside the vocabulary "
+                             f"0..{self.vocab_size - 1}")
+        maps = []
+        with torch.no_grad():
+            x = self._embed(idx, 0)
+            for block in self.blocks:
+                assert isinstance(block, Block)
+                _, weights = block.attn(block.ln_1(x), is_causal=True, need_weights=True, average_attn_weights=False)
+                maps.append(weights)
+                x = block(x)
+        return torch.stack(maps)
 
     #: Load Hugging Face GPT-2 weights: an alias of :func:`typed_transformer.hf.gpt_from_hf_gpt2`, bound by
     #: that module, which imports this one (this module never imports it; ``import typed_transformer`` loads both).

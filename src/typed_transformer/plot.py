@@ -1,0 +1,119 @@
+"""Attention maps: one heatmap per layer and head, query positions down, key positions across.
+
+    weights[l, h, i, j] = softmax_j(q_i . k_j / sqrt(d) + mask)        (what query i takes from key j)
+
+Row ``i`` of a panel is query position ``i`` (the token on the left), column ``j`` is key position ``j`` (the
+token below); every row sums to 1 (0 for a query row without keys). In a causal model every cell above the
+diagonal (aligned bottom-right when ``t != s``) is 0. Colours run from 0 to 1 in every panel, so panels compare.
+
+matplotlib is imported when a picture is drawn, not when the package is imported: it belongs to the
+``[train]`` extra (``pip install 'typed-transformer[train]'``).
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jaxtyping import Float
+from torch import Tensor
+
+from .shapecheck import raise_shape_error, typechecked
+
+__all__ = ["plot_attention", "token_label"]
+
+_NAME = "typed_transformer.plot.plot_attention"
+
+#: Characters that would be invisible or break a tick label, shown as visible stand-ins.
+_VISIBLE = {" ": "·", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def token_label(token: str) -> str:
+    """A tick label for a token: whitespace and control characters made visible (``' '`` -> ``'·'``,
+    ``'\\n'`` -> ``'\\\\n'``), anything else as it is."""
+    if token in _VISIBLE:
+        return _VISIBLE[token]
+    if len(token) == 1 and not token.isprintable():
+        return f"\\x{ord(token):02x}" if ord(token) < 256 else f"\\u{ord(token):04x}"
+    return token
+
+
+def plot_attention(
+    weights: Float[Tensor, "h t s"] | Float[Tensor, "l h t s"],
+    tokens: Sequence[str],
+    key_tokens: Sequence[str] | None = None,
+    *,
+    path: str | Path | None = None,
+    title: str | None = None,
+    panel_size: float = 2.5,
+    dpi: int = 100,
+) -> Any:
+    """Draw attention weights as heatmaps: one panel per head, one row of panels per layer.
+
+    Args:
+        weights: ``(h, t, s)`` for one layer (e.g. ``MultiHeadAttention(...)(x, need_weights=True,
+            average_attn_weights=False)[1][0]``) or ``(l, h, t, s)`` for ``l`` layers
+            (:meth:`typed_transformer.GPT.attention_weights` gives ``(l, b, h, t, t)``: pick a batch row).
+        tokens: the ``t`` query tokens (a string is a sequence of characters); they label the rows, and the
+            columns too when ``key_tokens`` is not given and ``s == t``.
+        key_tokens: the ``s`` key tokens, when they differ from the queries.
+        path: also write the figure there (PNG, or any format matplotlib knows by the suffix).
+        title: a title over the panels.
+        panel_size: width and height of one panel in inches; the figure is ``heads * panel_size`` wide
+            and ``layers * panel_size`` high.
+        dpi: resolution: a PNG is ``heads * panel_size * dpi`` by ``layers * panel_size * dpi`` pixels.
+
+    Returns:
+        The ``matplotlib.figure.Figure``; panel ``(layer, head)`` is ``figure.axes[layer * h + head]`` and
+        its image (``.images[0].get_array()``) holds exactly the plotted weights.
+
+    Raises:
+        ShapeError: ``tokens`` or ``key_tokens`` do not match the ``t`` or ``s`` axis of ``weights``.
+        ValueError: ``panel_size`` or ``dpi`` is not positive.
+        ModuleNotFoundError: matplotlib is not installed (it comes with the ``[train]`` extra).
+    """
+    grid = weights if weights.ndim == 4 else weights[None]
+    layers, heads, t, s = grid.shape
+    if len(tokens) != t:
+        raise_shape_error(_NAME, "tokens", f"has {len(tokens)} tokens, expected {t} (axis t of weights)",
+                          axis="t", actual=len(tokens), expected=t, bound_by="weights")
+    if key_tokens is None:
+        if s != t:
+            raise_shape_error(_NAME, "key_tokens", f"is None, but weights have s={s} keys for t={t} queries: "
+                              "pass the key tokens", axis="s", expected=s, bound_by="weights")
+        key_tokens = tokens
+    if len(key_tokens) != s:
+        raise_shape_error(_NAME, "key_tokens", f"has {len(key_tokens)} tokens, expected {s} (axis s of weights)",
+                          axis="s", actual=len(key_tokens), expected=s, bound_by="weights")
+    if not panel_size > 0 or dpi <= 0:
+        raise ValueError(f"plot_attention: panel_size and dpi must be positive, got {panel_size} and {dpi}")
+    try:
+        from matplotlib.figure import Figure
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError("plot_attention needs matplotlib: pip install 'typed-transformer[train]'",
+                                  name=err.name) from err
+
+    data = grid.detach().float().cpu().numpy()
+    figure = Figure(figsize=(heads * panel_size, layers * panel_size), dpi=dpi, layout="constrained")
+    if title:
+        figure.suptitle(title, fontsize=9)
+    axes = figure.subplots(layers, heads, squeeze=False)
+    font = max(3.0, min(8.0, 110.0 * panel_size / max(t, s, 1) / 10))
+    image = None
+    for layer in range(layers):
+        for head in range(heads):
+            ax = axes[layer][head]
+            image = ax.imshow(data[layer, head], vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest",
+                              aspect="auto")
+            ax.set_title(f"layer {layer}, head {head}" if weights.ndim == 4 else f"head {head}", fontsize=7)
+            ax.set_xticks(range(s), [token_label(k) for k in key_tokens], fontsize=font, rotation=90)
+            ax.set_yticks(range(t), [token_label(q) for q in tokens], fontsize=font)
+            ax.tick_params(length=0, pad=1)
+    assert image is not None  # at least one panel
+    figure.colorbar(image, ax=axes, shrink=0.6, aspect=30).ax.tick_params(labelsize=6)
+    if path is not None:
+        figure.savefig(path, dpi=dpi)
+    return figure
+
+
+plot_attention = typechecked(plot_attention)
+token_label = typechecked(token_label)
