@@ -10,6 +10,7 @@ matplotlib is imported when a picture is drawn, not when the package is imported
 ``[train]`` extra (``pip install 'typed-transformer[train]'``).
 """
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,11 @@ def plot_attention(
     if title:
         figure.suptitle(title, fontsize=9)
     axes = figure.subplots(layers, heads, squeeze=False)
-    font = max(3.0, min(8.0, 110.0 * panel_size / max(t, s, 1) / 10))
+    # One character per cell: the font fills most of a cell (points), between 4 and 9; where cells are too small
+    # for 4-point text only every step-th position is labelled.
+    cell = 0.75 * panel_size * 72 / max(t, s, 1)
+    font = max(4.0, min(9.0, 0.8 * cell))
+    step = max(1, math.ceil(4.0 / (0.8 * cell)))
     image = None
     for layer in range(layers):
         for head in range(heads):
@@ -105,8 +110,8 @@ def plot_attention(
             image = ax.imshow(data[layer, head], vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest",
                               aspect="auto")
             ax.set_title(f"layer {layer}, head {head}" if weights.ndim == 4 else f"head {head}", fontsize=7)
-            ax.set_xticks(range(s), [token_label(k) for k in key_tokens], fontsize=font, rotation=90)
-            ax.set_yticks(range(t), [token_label(q) for q in tokens], fontsize=font)
+            ax.set_xticks(range(0, s, step), [token_label(k) for k in key_tokens][::step], fontsize=font)
+            ax.set_yticks(range(0, t, step), [token_label(q) for q in tokens][::step], fontsize=font)
             ax.tick_params(length=0, pad=1)
     assert image is not None  # at least one panel
     figure.colorbar(image, ax=axes, shrink=0.6, aspect=30).ax.tick_params(labelsize=6)
