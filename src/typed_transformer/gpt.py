@@ -259,9 +259,10 @@ class GPT(nn.Module):
                 x = block(x)
         return torch.stack(maps)
 
-    #: Load Hugging Face GPT-2 weights: an alias of :func:`typed_transformer.hf.gpt_from_hf_gpt2`, bound by
-    #: that module, which imports this one (this module never imports it; ``import typed_transformer`` loads both).
     from_hf_gpt2: ClassVar[Callable[..., "GPT"]]
+    """``GPT.from_hf_gpt2(model_or_state_dict, *, n_head=None)``: load Hugging Face GPT-2 weights. An alias of
+    :func:`typed_transformer.hf.gpt_from_hf_gpt2`, attached to the class by that module, which imports this one
+    (this module never imports it; ``import typed_transformer`` loads both)."""
 
     def new_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per layer."""
