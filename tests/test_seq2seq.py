@@ -296,9 +296,10 @@ def test_old_method_keywords_warn_and_give_the_same_results() -> None:
     model = small_model()
     want = model(SRC, TRG)
     with pytest.warns(DeprecationWarning, match=r"^Seq2SeqTransformer\.forward: the keyword trg= is deprecated, "
-                                                r"use tgt=$"):
+                                                r"use tgt=$") as record:
         got = model(SRC, trg=TRG)
     assert torch.equal(got, want)
+    assert record[0].filename == __file__  # past nn.Module.__call__, to the caller's line
     memory, src_mask = model.encode(SRC), model.source_mask(SRC)
     with pytest.warns(DeprecationWarning, match=r"^Seq2SeqTransformer\.decode: the keyword trg= is deprecated"):
         got = model.decode(trg=TRG, memory=memory, src_mask=src_mask)  # type: ignore[call-arg]
@@ -327,6 +328,7 @@ def test_state_dicts_with_old_names_still_load() -> None:
     randomize(other, seed=7)
     old_names = {key.replace("tgt_", "trg_"): value for key, value in other.state_dict().items()}
     assert "trg_embedding.weight" in old_names
-    with pytest.warns(DeprecationWarning, match="trg_embedding.weight"):
+    with pytest.warns(DeprecationWarning, match="trg_embedding.weight") as record:
         model.load_state_dict(old_names)
+    assert record[0].filename == __file__
     assert torch.equal(model.tgt_embedding.weight, other.tgt_embedding.weight)

@@ -10,15 +10,23 @@ methods themselves stay undecorated: mutation testing still mutates them, and sh
 """
 
 import functools
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["deprecated_alias", "renamed_keywords"]
+__all__ = ["deprecated_alias", "renamed_keywords", "warn_deprecated"]
+
+_INSIDE = ("typed_transformer", "torch")
 
 
-def _warn(message: str) -> None:
-    warnings.warn(message, DeprecationWarning, stacklevel=3)
+def warn_deprecated(message: str) -> None:
+    """A ``DeprecationWarning`` attributed to the user's line: the first caller outside this package and
+    torch (``nn.Module.__call__`` sits between a user's ``model(...)`` and ``forward``)."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _INSIDE:
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    warnings.warn(message, DeprecationWarning, stacklevel=level)
 
 
 def renamed_keywords(cls: type, method: str, **renames: str) -> None:
@@ -36,7 +44,7 @@ def renamed_keywords(cls: type, method: str, **renames: str) -> None:
             if old in kwargs:
                 if new in kwargs:
                     raise TypeError(f"{owner}: got both {old}= and {new}= ({old} is the deprecated name of {new})")
-                _warn(f"{owner}: the keyword {old}= is deprecated, use {new}=")
+                warn_deprecated(f"{owner}: the keyword {old}= is deprecated, use {new}=")
                 kwargs[new] = kwargs.pop(old)
         return original(*args, **kwargs)
 
@@ -47,11 +55,11 @@ def deprecated_alias(cls: type, old: str, new: str) -> None:
     """Make the attribute ``cls.old`` read (and write) ``new``, with a warning."""
 
     def get(self: Any) -> Any:
-        _warn(f"{cls.__name__}.{old} is deprecated, use {cls.__name__}.{new}")
+        warn_deprecated(f"{cls.__name__}.{old} is deprecated, use {cls.__name__}.{new}")
         return getattr(self, new)
 
     def set_(self: Any, value: Any) -> None:
-        _warn(f"{cls.__name__}.{old} is deprecated, use {cls.__name__}.{new}")
+        warn_deprecated(f"{cls.__name__}.{old} is deprecated, use {cls.__name__}.{new}")
         setattr(self, new, value)
 
     setattr(cls, old, property(get, set_, doc=f"Deprecated name of ``{new}``."))

@@ -16,7 +16,6 @@ Training is teacher forcing: ``model(src, tgt[:, :-1])`` predicts ``tgt[:, 1:]``
 """
 
 import math
-import warnings
 from typing import Any, Literal
 
 import torch
@@ -24,7 +23,7 @@ from einops import rearrange, repeat
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from ._deprecation import deprecated_alias, renamed_keywords
+from ._deprecation import deprecated_alias, renamed_keywords, warn_deprecated
 from .attention import Backend
 from .layers import Activation, Transformer
 from .positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
@@ -90,8 +89,8 @@ class Seq2SeqTransformer(nn.Module):
             if not 0 <= index < size:
                 raise ValueError(f"Seq2SeqTransformer: {name} must be in [0, {size}), got {index}")
         if str(positional) == "rotary":
-            warnings.warn("Seq2SeqTransformer: positional='rotary' is deprecated, use positional='rope' "
-                          "(GPTConfig's spelling)", DeprecationWarning, stacklevel=3)  # 3: past the keyword renamer
+            warn_deprecated("Seq2SeqTransformer: positional='rotary' is deprecated, use positional='rope' "
+                            "(GPTConfig's spelling)")
             positional = "rope"
         if positional not in ("sinusoidal", "learned", "rope", "none"):
             raise ValueError(f"Seq2SeqTransformer: positional must be 'sinusoidal', 'learned', 'rope' or 'none', "
@@ -282,8 +281,8 @@ def _load_old_names(module: nn.Module, state_dict: dict[str, Any], prefix: str, 
     """State dicts saved before the trg -> tgt rename (``trg_embedding.weight``) still load, with a warning."""
     old = [key for key in state_dict if key.startswith(f"{prefix}trg_")]
     if old:
-        warnings.warn(f"Seq2SeqTransformer.load_state_dict: the names {', '.join(old)} are deprecated (trg_ is now "
-                      "tgt_)", DeprecationWarning, stacklevel=4)
+        warn_deprecated(f"Seq2SeqTransformer.load_state_dict: the names {', '.join(old)} are deprecated (trg_ is "
+                        "now tgt_)")
     for key in old:
         state_dict[f"{prefix}tgt_{key.removeprefix(f'{prefix}trg_')}"] = state_dict.pop(key)
 
