@@ -135,8 +135,8 @@ def seq2seq(draw: Draw) -> Call:
     b, t, s = small(draw), small(draw), small(draw)
     module = tt.Seq2SeqTransformer(7, 9, 0, 0, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
                                    dim_feedforward=8, dropout=0.0)
-    src, trg = torch.ones(b, s, dtype=torch.long), torch.ones(b, t, dtype=torch.long)
-    return Call(module, "typed_transformer.seq2seq.Seq2SeqTransformer.forward", {"src": src, "trg": trg})
+    src, tgt = torch.ones(b, s, dtype=torch.long), torch.ones(b, t, dtype=torch.long)
+    return Call(module, "typed_transformer.seq2seq.Seq2SeqTransformer.forward", {"src": src, "tgt": tgt})
 
 
 def gpt(draw: Draw) -> Call:
@@ -159,6 +159,20 @@ def merge(draw: Draw) -> Call:
     return Call(tt.merge_masks, "typed_transformer.masks.merge_masks", kwargs)
 
 
+def causal_merge(draw: Draw) -> Call:
+    b, h, t, s = (small(draw) for _ in range(4))
+    dtype = torch.bool if draw(st.booleans()) else torch.float32
+    mask = torch.ones(small(draw, 1, 1) if draw(st.booleans()) else b, h, t, s, dtype=dtype)
+    return Call(tt.merge_causal, "typed_transformer.masks.merge_causal", {"attn_mask": mask, "t": t, "s": s})
+
+
+def attention_map(draw: Draw) -> Call:
+    h, t, s = (small(draw) for _ in range(3))
+    shape = (small(draw), h, t, s) if draw(st.booleans()) else (h, t, s)
+    kwargs = {"weights": torch.rand(shape), "tokens": "q" * t, "key_tokens": "k" * s, "panel_size": 0.5, "dpi": 10}
+    return Call(tt.plot_attention, "typed_transformer.plot.plot_attention", kwargs)
+
+
 CASES: dict[str, Callable[[Draw], Call]] = {
     "scaled_dot_product_attention": lambda draw: core(draw, with_weights=False),
     "scaled_dot_product_attention_with_weights": lambda draw: core(draw, with_weights=True),
@@ -174,6 +188,8 @@ CASES: dict[str, Callable[[Draw], Call]] = {
     "GPT": gpt,
     "sample": sampling,
     "merge_masks": merge,
+    "merge_causal": causal_merge,
+    "plot_attention": attention_map,
 }
 
 
