@@ -67,3 +67,34 @@ def test_examples_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             example.evaluate()
         except Exception as error:
             raise AssertionError(f"{_relative(path)}, line {example.line}: the example fails:\n{error}") from error
+
+
+API_PAGES = ROOT / "docs" / "api"
+
+
+def test_every_public_module_has_an_api_page() -> None:
+    """mkdocstrings renders each module's ``__all__`` (``filters: public``); every module needs its page."""
+    package = ROOT / "src" / "typed_transformer"
+    modules = sorted(p.stem for p in package.glob("*.py") if not p.stem.startswith("_") and p.stem != "cli")
+    pages = {m: API_PAGES / f"{m}.md" for m in modules}
+    missing = [m for m, page in pages.items()
+               if not page.exists() or f"::: typed_transformer.{m}\n" not in page.read_text(encoding="utf-8")]
+    assert not missing, f"no API page docs/api/<module>.md with '::: typed_transformer.<module>' for {missing}"
+
+
+def test_every_top_level_name_is_in_its_modules_public_names() -> None:
+    import importlib
+    import inspect
+
+    import typed_transformer
+
+    for name in typed_transformer.__all__:
+        obj = getattr(typed_transformer, name)
+        if inspect.ismodule(obj):
+            assert (API_PAGES / f"{name}.md").exists(), name
+            continue
+        module_name = getattr(obj, "__module__", "")
+        if not module_name.startswith("typed_transformer."):
+            continue  # re-exported from a dependency (jaxtyping's TypeCheckError)
+        module = importlib.import_module(module_name)
+        assert name in module.__all__, f"{name} is public in typed_transformer but not in {module_name}.__all__"
