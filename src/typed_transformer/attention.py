@@ -24,6 +24,7 @@ Behaviour that is specified (and tested against torch):
 """
 
 import math
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -145,14 +146,20 @@ def _prepare(function: Callable[..., object], q: Tensor, k: Tensor, v: Tensor, s
 
 def _caller_stacklevel() -> int:
     """The ``stacklevel`` that attributes a warning to the first frame outside this library and the checks'
-    wrappers (jaxtyping, beartype), however many of those wrappers the call went through."""
+    wrappers (jaxtyping, beartype, and any generated code), however many of those wrappers the call went through."""
     frame, level = sys._getframe(1), 1
     while frame.f_back is not None:
-        module = frame.f_globals.get("__name__", "")
-        if not module.startswith(("typed_transformer.", "jaxtyping", "beartype")) and module:
+        module = frame.f_globals.get("__name__", "") or ""
+        filename = frame.f_code.co_filename
+        inside = module.startswith(("typed_transformer.", "jaxtyping", "beartype")) or filename.startswith(
+            (_PACKAGE_DIR, "<")) or any(f"{os.sep}{name}{os.sep}" in filename for name in ("jaxtyping", "beartype"))
+        if not inside:
             break
         frame, level = frame.f_back, level + 1
     return level
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def _reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float,
