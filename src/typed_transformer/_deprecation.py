@@ -10,23 +10,37 @@ methods themselves stay undecorated: mutation testing still mutates them, and sh
 """
 
 import functools
+import os
 import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["deprecated_alias", "renamed_keywords", "warn_deprecated"]
+__all__ = ["caller_stacklevel", "deprecated_alias", "renamed_keywords", "warn_deprecated"]
 
-_INSIDE = ("typed_transformer", "torch")
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` (for a ``warnings.warn`` in the calling function) that attributes a warning to the first
+    frame outside this library, the checks' wrappers (jaxtyping, beartype, and any generated code, however many
+    the call went through) and ``nn.Module.__call__`` (which sits between ``model(...)`` and ``forward``)."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None:
+        module = frame.f_globals.get("__name__", "") or ""
+        filename = frame.f_code.co_filename
+        inside = (module.startswith(("typed_transformer.", "jaxtyping", "beartype"))
+                  or module == "torch.nn.modules.module" or filename.startswith((_PACKAGE_DIR, "<"))
+                  or any(f"{os.sep}{name}{os.sep}" in filename for name in ("jaxtyping", "beartype")))
+        if not inside:
+            break
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def warn_deprecated(message: str) -> None:
-    """A ``DeprecationWarning`` attributed to the user's line: the first caller outside this package and
-    torch (``nn.Module.__call__`` sits between a user's ``model(...)`` and ``forward``)."""
-    frame, level = sys._getframe(0), 1
-    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _INSIDE:
-        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
-    warnings.warn(message, DeprecationWarning, stacklevel=level)
+    """A ``DeprecationWarning`` attributed to the user's line (see :func:`caller_stacklevel`)."""
+    warnings.warn(message, DeprecationWarning, stacklevel=caller_stacklevel())
 
 
 def renamed_keywords(cls: type, method: str, **renames: str) -> None:

@@ -24,7 +24,6 @@ Behaviour that is specified (and tested against torch):
 """
 
 import math
-import sys
 import warnings
 from collections.abc import Callable
 from typing import Literal
@@ -35,6 +34,7 @@ from einops import einsum, rearrange
 from jaxtyping import Float
 from torch import Tensor
 
+from ._deprecation import caller_stacklevel as _caller_stacklevel
 from .masks import AttnMask, causal_mask, merge_causal
 from .shapecheck import raise_shape_error, typechecked
 
@@ -141,18 +141,6 @@ def _prepare(function: Callable[..., object], q: Tensor, k: Tensor, v: Tensor, s
     if is_causal and t == 1 and s >= 1:
         is_causal = False  # bottom-right: a single query is the newest position and sees every key
     return scale, is_causal
-
-
-def _caller_stacklevel() -> int:
-    """The ``stacklevel`` that attributes a warning to the first frame outside this library and the checks'
-    wrappers (jaxtyping, beartype), however many of those wrappers the call went through."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None:
-        module = frame.f_globals.get("__name__", "")
-        if not module.startswith(("typed_transformer.", "jaxtyping", "beartype")) and module:
-            break
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float,
