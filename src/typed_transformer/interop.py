@@ -398,7 +398,7 @@ def transformer_to_torch(ours: Transformer, *, batch_first: bool = True) -> nn.T
 # Any module
 # ----------------------------------------------------------------------------------------------------
 
-# Most derived first: nn.Transformer* classes do not subclass each other, but a user's subclass might.
+# The first match converts: none of these classes subclasses another, so a user's subclass finds its base.
 _FROM_TORCH: tuple[tuple[type[nn.Module], Any], ...] = (
     (nn.MultiheadAttention, multihead_from_torch),
     (nn.TransformerEncoderLayer, encoder_layer_from_torch),
