@@ -16,16 +16,17 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["caller_stacklevel", "deprecated_alias", "renamed_keywords", "warn_deprecated"]
+__all__ = ["deprecated_alias", "renamed_keywords", "warn_deprecated"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def caller_stacklevel() -> int:
-    """The ``stacklevel`` (for a ``warnings.warn`` in the calling function) that attributes a warning to the first
-    frame outside this library, the checks' wrappers (jaxtyping, beartype, and any generated code, however many
-    the call went through) and ``nn.Module.__call__`` (which sits between ``model(...)`` and ``forward``)."""
-    frame, level = sys._getframe(1), 1
+def warn_deprecated(message: str) -> None:
+    """A ``DeprecationWarning`` attributed to the user's line: the first frame outside this library, the checks'
+    wrappers (jaxtyping, beartype, generated code, however many of those the call went through) and
+    ``nn.Module.__call__`` (which sits between ``model(...)`` and ``forward``). ``warn_explicit`` at that frame
+    stays exact under any number of wrappers (mutmut's trampolines wrap this function itself)."""
+    frame = sys._getframe(1)
     while frame.f_back is not None:
         module = frame.f_globals.get("__name__", "") or ""
         filename = frame.f_code.co_filename
@@ -34,13 +35,10 @@ def caller_stacklevel() -> int:
                   or any(f"{os.sep}{name}{os.sep}" in filename for name in ("jaxtyping", "beartype")))
         if not inside:
             break
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def warn_deprecated(message: str) -> None:
-    """A ``DeprecationWarning`` attributed to the user's line (see :func:`caller_stacklevel`)."""
-    warnings.warn(message, DeprecationWarning, stacklevel=caller_stacklevel())
+        frame = frame.f_back
+    registry = frame.f_globals.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(message, DeprecationWarning, frame.f_code.co_filename, frame.f_lineno,
+                           module=frame.f_globals.get("__name__"), registry=registry)
 
 
 def renamed_keywords(cls: type, method: str, **renames: str) -> None:

@@ -24,7 +24,6 @@ Behaviour that is specified (and tested against torch):
 """
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import Literal
 
@@ -34,7 +33,7 @@ from einops import einsum, rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from ._deprecation import caller_stacklevel as _caller_stacklevel
+from ._deprecation import warn_deprecated as _warn_deprecated
 from .masks import AttnMask, causal_mask, merge_causal
 from .shapecheck import raise_shape_error, typechecked
 
@@ -82,9 +81,8 @@ def scaled_dot_product_attention(
     """
     scale, is_causal = _prepare(scaled_dot_product_attention, q, k, v, scale, is_causal, dropout_p)
     if return_weights:
-        warnings.warn("scaled_dot_product_attention(..., return_weights=True) is deprecated; use "
-                      "scaled_dot_product_attention_with_weights(...)", DeprecationWarning,
-                      stacklevel=_caller_stacklevel())
+        _warn_deprecated("scaled_dot_product_attention(..., return_weights=True) is deprecated; use "
+                         "scaled_dot_product_attention_with_weights(...)")
         if backend == "sdpa":
             raise ValueError("scaled_dot_product_attention: backend='sdpa' cannot return weights; "
                              "use backend='reference'")
