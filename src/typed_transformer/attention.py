@@ -75,6 +75,8 @@ def scaled_dot_product_attention(
         ``return_weights=True``.
     """
     h, g = q.shape[1], k.shape[1]
+    if g == 0:
+        raise_shape_error(_NAME, "k", "axis g is 0: need at least one key/value head", axis="g", actual=0)
     if h % g != 0:
         raise_shape_error(_NAME, "k", f"axis g is {g}, which does not divide h={h} (bound by q)",
                           axis="g", actual=g, bound_by="q")
@@ -83,6 +85,8 @@ def scaled_dot_product_attention(
         raise_shape_error(_NAME, bad, f"dtype is {str(dtype)[6:]}, expected {str(q.dtype)[6:]} (the dtype of q)")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1), got {dropout_p}")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"scaled_dot_product_attention: scale must be a finite number, got {scale}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     t, s = q.shape[2], k.shape[2]
