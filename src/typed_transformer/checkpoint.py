@@ -22,10 +22,12 @@ Guarantees (docs/reliability.md lists the faults they were tested against):
 """
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -241,6 +243,7 @@ def save_checkpoint(
         OSError: the file cannot be written (the previous checkpoint, if any, is left as it was and the
             temporary file is removed).
     """
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -273,7 +276,12 @@ def save_checkpoint(
     try:
         # O_EXCL on a fresh random name; mode 0o666 filtered by the umask, like any file the user creates.
         os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        save_file(tensors, str(temporary), metadata=metadata)
+        try:
+            save_file(tensors, str(temporary), metadata=metadata)
+        except SafetensorError as err:  # its I/O errors end in "(os error N)": make them the OSError they are
+            found = re.search(r"os error (\d+)", str(err))
+            number = int(found.group(1)) if found else errno.EIO
+            raise OSError(number, os.strerror(number), str(temporary)) from None
         with open(temporary, "rb") as stream:
             os.fsync(stream.fileno())
         os.replace(temporary, path)

@@ -288,6 +288,7 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
     history: list[dict[str, float]] = []
     start = 0
     saved: tuple[int, Path] | None = None
+    plotted = -1  # len(history) when loss.png was last drawn
     if resume is not None:
         if resume.optimizer_state is not None:
             optimizer.load_state_dict(resume.optimizer_state)
@@ -310,13 +311,19 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
         bad = _non_finite_weight(model)
         if bad is not None:
             raise diverged(iteration, f"weight {bad} holds NaN or infinity")
+        # Finite but exploded weights (a huge step) show as a non-finite loss: one batch decides before saving.
+        probe = evaluate(model, {"val": eval_batches["val"][:1]})["val"]
+        if not math.isfinite(probe):
+            raise diverged(iteration, f"the loss of the weights to be saved is {probe}")
         rng = {"batches": batch_generator.get_state(), "torch": torch.get_rng_state()}
         path = save_checkpoint(out / CHECKPOINT_NAME, model, data.tokenizer, iteration=iteration,
                                train_config=asdict(config), history=history, optimizer=optimizer, rng=rng,
                                info=info)
-        nonlocal saved
+        nonlocal saved, plotted
         saved = (iteration, path)
-        plot_history(history, out / "loss.png")
+        if plotted != len(history):  # the curve changes only with a new evaluation
+            plot_history(history, out / "loss.png")
+            plotted = len(history)
         return path
 
     tokens_per_step = config.batch_size * block
