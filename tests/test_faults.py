@@ -50,9 +50,10 @@ def _child(argv: list[str], log: str, marker: str, mode: str) -> None:
 
         real = safetensors.torch.save_file
 
-        def save_then_hang(tensors: dict[str, torch.Tensor], filename: str, metadata: Any = None) -> None:
+        def save_then_hang(tensors: dict[str, torch.Tensor], filename: str | os.PathLike[Any],
+                           metadata: dict[str, str] | None = None) -> None:
             real(tensors, filename, metadata=metadata)
-            Path(marker).write_text(filename)
+            Path(marker).write_text(str(filename))
             time.sleep(60)
 
         safetensors.torch.save_file = save_then_hang
