@@ -276,8 +276,10 @@ def save_checkpoint(
     try:
         # O_EXCL on a fresh random name; mode 0o666 filtered by the umask, like any file the user creates.
         os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        mode = temporary.stat().st_mode & 0o777  # 0o666 less the umask; safetensors writes files 0o600
         try:
             save_file(tensors, str(temporary), metadata=metadata)
+            os.chmod(temporary, mode)
         except SafetensorError as err:  # its I/O errors end in "(os error N)": make them the OSError they are
             found = re.search(r"os error (\d+)", str(err))
             number = int(found.group(1)) if found else errno.EIO
