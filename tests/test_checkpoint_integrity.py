@@ -99,7 +99,7 @@ def test_edited_metadata_fails_the_integrity_check(saved: Path, tmp_path: Path) 
     assert refused(path) == "corrupt checkpoint (no sha256 integrity field)"
 
 
-def _set(key: str, value: Any) -> Callable[[dict[str, Tensor], dict[str, str]], None]:
+def _set(key: str, value: Any) -> Callable[[dict[str, Tensor], dict[str, str]], object]:
     return lambda tensors, metadata: metadata.update({key: value if isinstance(value, str) else json.dumps(value)})
 
 
@@ -112,12 +112,12 @@ def _drop(name: str) -> Callable[[dict[str, Tensor], dict[str, str]], object]:
     return lambda tensors, metadata: tensors.pop(name)
 
 
-def _replace(name: str, value: Tensor) -> Callable[[dict[str, Tensor], dict[str, str]], None]:
+def _replace(name: str, value: Tensor) -> Callable[[dict[str, Tensor], dict[str, str]], object]:
     return lambda tensors, metadata: tensors.update({name: value})
 
 
 # Each corruption is re-signed (a valid hash), so only the field validation can catch it.
-CORRUPTIONS: list[tuple[str, Callable[[dict[str, Tensor], dict[str, str]], None], str]] = [
+CORRUPTIONS: list[tuple[str, Callable[[dict[str, Tensor], dict[str, str]], object], str]] = [
     ("iteration -5", _set("iteration", "-5"), "iteration must be a non-negative integer, got '-5'"),
     ("iteration text", _set("iteration", "seven"), "iteration must be a non-negative integer, got 'seven'"),
     ("history not a list", _set("history", {"iter": 0}), "history must be a list, got dict"),
