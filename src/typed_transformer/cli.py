@@ -207,9 +207,14 @@ TRAIN_EXTRA = {"train": ("safetensors", "tqdm", "matplotlib"), "generate": ("saf
 
 
 def _require_train_extra(command: str) -> None:
-    import importlib.util
+    import importlib
 
-    missing = [name for name in TRAIN_EXTRA[command] if importlib.util.find_spec(name) is None]
+    missing = []
+    for name in TRAIN_EXTRA[command]:
+        try:
+            importlib.import_module(name)  # the command imports it anyway; a broken install counts as missing
+        except ImportError:
+            missing.append(name)
     if missing:
         raise ValueError(f"{command} needs the [train] extra: pip install 'typed-transformer[train]' "
                          f"(missing: {', '.join(missing)})")
