@@ -2,8 +2,8 @@
 
 * ``train``: train a character-level GPT on a text file (default: ~1 MB of Python's own standard library).
 * ``generate``: sample text from a checkpoint.
-* ``bench attention`` / ``bench gpt`` / ``bench checks``: the scripts in the checkout's ``benchmarks/`` folder (side-by-side
-  ratios); not part of the installed library, so they need a source checkout.
+* ``bench attention`` / ``bench gpt`` / ``bench checks``: the scripts in the checkout's ``benchmarks/`` folder
+  (side-by-side ratios); not part of the installed library, so they need a source checkout.
 * ``audit MODULE:ATTR``: audit a third-party attention function (exit 1 when a check fails).
 
 Bad arguments, bad files and bad checkpoints give one line on stderr and exit code 2, never a traceback.
