@@ -26,6 +26,7 @@ SIGINT (Ctrl-C) and SIGTERM stop between two steps and save; a second one stops 
 import math
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -182,8 +183,9 @@ class _Interrupt:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "_Interrupt":
-        for signum in self.SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._handle)
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
