@@ -119,6 +119,8 @@ class Block(nn.Module):
     ``4 n_embd``) with no dropout inside, so dropout sits where nanoGPT has it: on each residual branch.
     """
 
+    __same_dtype__ = ("x",)  # inputs that must have the parameters' dtype (shapecheck)
+
     def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None) -> None:
         super().__init__()
         self.n_embd = config.n_embd
