@@ -191,7 +191,7 @@ def test_temporary_names_are_unique_and_cleaned(tmp_path: Path) -> None:
     assert all(re.fullmatch(rf"\.checkpoint\.safetensors\.tmp-{os.getpid()}-[0-9a-f]{{8}}\.safetensors", p.name)
                for p in names)
     stale = [*sorted(names)[:3], tmp_path / ".checkpoint.safetensors.abc123.tmp", tmp_path / ".loss.png.tmp.png",
-             temporary_path(tmp_path / "loss.png")]
+             temporary_path(tmp_path / "loss.png"), tmp_path / ".tmpDSoRlw"]  # the last: safetensors' own
     keep = [final, tmp_path / "loss.png", tmp_path / "notes.tmp", tmp_path / LOCK_NAME]
     for path in (*stale, *keep):
         path.write_bytes(b"x")

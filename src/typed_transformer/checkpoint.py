@@ -99,7 +99,9 @@ def remove_temporaries(directory: Path) -> list[Path]:
     temporary file is taken away. Also matches the names older versions used.
     """
     removed = []
-    patterns = (".*.tmp-*", f".{CHECKPOINT_NAME}.*.tmp", ".loss.png.tmp.png")
+    # Ours, older versions' names, and the ".tmpXXXXXX" files of the Rust tempfile crate, through which
+    # safetensors itself writes before renaming onto the name it was given.
+    patterns = (".*.tmp-*", f".{CHECKPOINT_NAME}.*.tmp", ".loss.png.tmp.png", ".tmp??????")
     for pattern in patterns:
         for path in directory.glob(pattern):
             with contextlib.suppress(FileNotFoundError):
