@@ -162,6 +162,23 @@ def test_resume_accepts_the_same_preset_and_the_changeable_options(copy: tuple[P
     assert saved.train_config["checkpoint_interval"] == 7
 
 
+def test_resume_with_the_preset_name_alone(copy: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    text, out = copy  # trained with --block-size 8; --preset baby alone (block 64) still names the same model
+    argv = ["train", "--data", str(text), "--resume", "--preset", "baby", "--max-iters", "11", "--no-progress",
+            "--sample-tokens", "0", "--out", str(out)]
+    assert main(argv) == 0
+    assert load_checkpoint(out).iteration == 11
+
+
+def test_the_documented_resume_list_is_the_code_s() -> None:
+    from typed_transformer.cli import CHANGEABLE_ON_RESUME
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reliability.md").read_text(encoding="utf-8")
+    row = next(line for line in page.splitlines() if line.startswith("| `--max-iters`"))
+    may_change = row.split(" | ")[0].removeprefix("| ")
+    assert may_change == ", ".join(f"`{flag}`" for flag in CHANGEABLE_ON_RESUME)
+
+
 def test_eval_interval_no_longer_sets_the_checkpoint_interval(trained: tuple[Path, Path], tmp_path: Path) -> None:
     text, _ = trained
     base = ["train", "--data", str(text), "--max-iters", "2", *TINY]

@@ -274,8 +274,9 @@ def _train_locked(args: argparse.Namespace) -> int:
         model = resume.model
         saved_preset = resume.info.get("preset")
         if args.preset is not None:
-            expected = GPTConfig.preset(args.preset, model.config.vocab_size, **overrides)
-            same = {**expected.to_dict(), "dropout": 0.0} == {**model.config.to_dict(), "dropout": 0.0}
+            # The preset's architecture; block size, dropout and positions are flags of their own, checked below.
+            expected = GPTConfig.preset(args.preset, model.config.vocab_size)
+            same = all(getattr(expected, key) == getattr(model.config, key) for key in ("n_layer", "n_head", "n_embd"))
             if (saved_preset is not None and saved_preset != args.preset) or not same:
                 raise ValueError(f"--preset {args.preset} differs from the checkpoint's model "
                                  f"({saved_preset or 'custom'}: n_layer={model.config.n_layer}, "
