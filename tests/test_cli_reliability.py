@@ -103,6 +103,25 @@ def test_numeric_flags_out_of_range(argv: list[str], message: str, trained: tupl
     assert line == f"typed-transformer {filled[0]}: error: {message}"
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--batch-size", "4096", "--block-size", "8192"],
+         "--batch-size 4096 x block size 8192 = 33,554,432 tokens per step, more than 262,144; lower --batch-size or "
+         "--block-size"),
+        (["--batch-size", "4096", "--eval-iters", "1000"],  # baby's block size 64
+         "--eval-iters 1000 x 262,144 tokens per batch = 262,144,000 evaluation tokens held in memory, more than "
+         "16,777,216; lower --eval-iters or --batch-size"),
+    ],
+)
+def test_sizes_that_cannot_fit_together(flags: list[str], message: str, trained: tuple[Path, Path], tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    text, _ = trained
+    capsys.readouterr()
+    assert main(["train", "--data", str(text), "--out", str(tmp_path / "run"), *flags]) == 2
+    assert one_line(capsys.readouterr().err) == f"typed-transformer: error: {message}"
+
+
 def test_bounds_are_inclusive(trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     _, out = trained
     assert main([*[a.format(run=out) for a in GENERATE], "--temperature", "0.01", "--seed", "4294967295",

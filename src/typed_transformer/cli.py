@@ -38,6 +38,8 @@ MAX_LEARNING_RATE = 1.0
 MIN_TEMPERATURE = 0.01  # below this, logits / temperature overflow float32 and sampling is greedy anyway
 MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**32 - 1
+MAX_TOKENS_PER_STEP = 2**18  # batch size x block size (the baby run has 768, the seed run 3,072)
+MAX_EVAL_TOKENS = 2**24  # eval iters x batch size x block size, held in memory for the whole run
 
 
 class _Parser(argparse.ArgumentParser):
@@ -301,6 +303,7 @@ def _train_locked(args: argparse.Namespace) -> int:
         if CharTokenizer.from_text(text) != tokenizer:
             raise ValueError(f"{source}: its vocabulary ({len(set(text))} characters) differs from the "
                              f"checkpoint's ({tokenizer.vocab_size})")
+        _check_sizes(config.batch_size, model.config.block_size, config.eval_iters)
         data = TextData.from_text(text, model.config.block_size, tokenizer=tokenizer, source=source)
         if resume.iteration >= config.max_iters:
             raise ValueError(f"the checkpoint is already at iteration {resume.iteration}; "
@@ -315,6 +318,7 @@ def _train_locked(args: argparse.Namespace) -> int:
     else:
         config = TrainConfig.for_preset(preset, **train_overrides)
         block = overrides.get("block_size", GPTConfig.preset(preset, 1).block_size)
+        _check_sizes(config.batch_size, block, config.eval_iters)
         data = TextData.from_text(text, block, source=source)
         torch.manual_seed(config.seed)
         model = GPT(GPTConfig.preset(preset, data.tokenizer.vocab_size, **overrides))
@@ -339,6 +343,17 @@ def _train_locked(args: argparse.Namespace) -> int:
         print("sample:")
         print(result.sample)
     return 0
+
+
+def _check_sizes(batch_size: int, block_size: int, eval_iters: int) -> None:
+    """Refuse combinations of in-range sizes that cannot fit (each flag alone is bounded by the parser)."""
+    step = batch_size * block_size
+    if step > MAX_TOKENS_PER_STEP:
+        raise ValueError(f"--batch-size {batch_size} x block size {block_size} = {step:,} tokens per step, more than "
+                         f"{MAX_TOKENS_PER_STEP:,}; lower --batch-size or --block-size")
+    if eval_iters * step > MAX_EVAL_TOKENS:
+        raise ValueError(f"--eval-iters {eval_iters} x {step:,} tokens per batch = {eval_iters * step:,} evaluation "
+                         f"tokens held in memory, more than {MAX_EVAL_TOKENS:,}; lower --eval-iters or --batch-size")
 
 
 def _generate(args: argparse.Namespace) -> int:
