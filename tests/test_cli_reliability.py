@@ -288,7 +288,13 @@ def test_a_signal_while_importing_is_one_line(signum: int, code: int, line: str)
     # torch takes over a second to import; the launcher catches the signal around that import.
     process = subprocess.Popen([*LAUNCHER, "generate", "--checkpoint", "nowhere"], stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    time.sleep(0.3)
+    # Wait until the launcher catches SIGTERM (its first statement), however slow the interpreter starts.
+    status = Path(f"/proc/{process.pid}/status")
+    deadline = time.monotonic() + 60
+    while not int(next(line for line in status.read_text().splitlines() if line.startswith("SigCgt:")).split()[1],
+                  16) >> (signal.SIGTERM - 1) & 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
     process.send_signal(signum)
     _, err = process.communicate(timeout=60)
     assert process.returncode == code, err
