@@ -195,7 +195,7 @@ class _Interrupt:
 
     def __exit__(self, *exc: object) -> None:
         for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
 
 
 def plot_history(history: list[dict[str, float]], path: Path, title: str = "") -> Path | None:
