@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="context length (default: preset's)")
     train.add_argument("--lr", type=_learning_rate, default=None,
                        help="peak learning rate, decaying to a tenth (default: 3e-3 for baby, 1e-3 for seed)")
-    train.add_argument("--eval-interval", type=_int_in(1, MAX_ITERS), default=None, help="default 250")
+    train.add_argument("--eval-interval", type=_int_in(1, MAX_ITERS), default=None,
+                       help="iterations between evaluations (default 250; checkpoints: --checkpoint-interval)")
     train.add_argument("--checkpoint-interval", type=_int_in(1, MAX_ITERS), default=None,
                        help="iterations between checkpoints (default 250; one is also written at the end)")
     train.add_argument("--eval-iters", type=_int_in(1, MAX_EVAL_ITERS), default=None,
