@@ -379,3 +379,25 @@ def test_generate_refuses_a_checkpoint_with_nan_weights(trained: tuple[Path, Pat
     assert main(["generate", "--checkpoint", str(bad)]) == 2
     assert one_line(capsys.readouterr().err) == (f"typed-transformer: error: {bad}: corrupt checkpoint (weight "
                                                  "ln_f.weight holds NaN or infinity)")
+
+
+def test_generate_from_exploded_but_finite_weights_is_one_line(trained: tuple[Path, Path], tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from typed_transformer.checkpoint import _digest
+
+    _, out = trained
+    with safe_open(str(out / CHECKPOINT_NAME), framework="pt") as handle:
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+        metadata = dict(handle.metadata())
+    tensors["model.tok_emb.weight"] = tensors["model.tok_emb.weight"] * 1e30  # finite, but the logits are not
+    metadata["sha256"] = _digest(tensors, metadata)
+    bad = tmp_path / "exploded.safetensors"
+    save_file(tensors, str(bad), metadata=metadata)
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(bad), "--max-new-tokens", "3"]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        "typed-transformer: error: the model's output is not finite (its weights are finite but exploded: the run "
+        "that wrote this checkpoint diverged)")

@@ -405,6 +405,9 @@ def _run_training_command(args: argparse.Namespace) -> int:
             return 1
         if _out_of_memory(err):
             return _fail("out of memory: lower --batch-size, --block-size or --eval-iters")
+        if "probability tensor contains" in str(err):  # torch.multinomial on NaN or infinite probabilities
+            return _fail("the model's output is not finite (its weights are finite but exploded: the run that "
+                         "wrote this checkpoint diverged)")
         raise
 
 
