@@ -2,8 +2,8 @@
 
 Module-level imports between the package's modules must follow ``ORDER`` (a module imports only modules
 listed before it). Imports inside functions are the documented exceptions only: the ``from_torch``/``to_torch``
-aliases of ``multihead`` and ``layers`` import ``interop`` when called, and the command line imports what each
-command needs.
+aliases of ``multihead`` and ``layers`` import ``interop`` when called, ``checkpoint`` imports ``training`` when
+it loads a run's settings, and the command line imports what each command needs.
 """
 
 import ast
@@ -20,7 +20,7 @@ ORDER = ["_deprecation", "_signals", "shapecheck", "masks", "attention", "positi
 
 #: (importer, imported) pairs allowed inside a function body, where the import is the only way back.
 LATE_IMPORTS = {("multihead", "interop"), ("layers", "interop"),
-                # issue 13's checkpoint code reads a run's TrainConfig only when it loads one
+                # checkpoint reads a run's TrainConfig only when it loads one
                 ("checkpoint", "training")}
 
 

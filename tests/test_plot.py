@@ -167,3 +167,21 @@ def test_cli_missing_checkpoint_is_one_line(tmp_path: Path, capsys: pytest.Captu
     assert code == 2
     assert err.startswith("typed-transformer: error: ")
     assert err.count("\n") == 1
+
+
+def test_cli_without_matplotlib_names_the_extra(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError, as when it is not installed
+    code = main(["attention", "--checkpoint", str(run_dir), "--text", "def", "--out", str(tmp_path / "a.png")])
+    assert code == 2
+    assert capsys.readouterr().err == ("typed-transformer: error: attention needs the [train] extra: pip install "
+                                       "'typed-transformer[train]' (missing: matplotlib)\n")
+    assert not (tmp_path / "a.png").exists()
+
+
+def test_plot_attention_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    with pytest.raises(ModuleNotFoundError, match=r"^plot_attention needs matplotlib: pip install "
+                                                  r"'typed-transformer\[train\]'$"):
+        plot_attention(torch.full((1, 2, 2), 0.5), "ab")
