@@ -36,7 +36,7 @@ MaskKind = Literal["none", "keep", "padding", "fully_masked"]
 def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_causal: bool = False,
                  min_batch: int = 1, min_len: int | None = None, max_len: int | None = None,
                  min_head_dim: int | None = None, max_head_dim: int | None = None,
-                 amplitude: float = 1.0) -> Example:
+                 amplitude: float = 1.0, single_query: bool = False) -> Example:
     """One example the candidate supports (its declarations narrow the sizes), with a mask of ``mask`` kind:
     a keep-mask with at least one key per row (per head when supported), a key padding mask ``(b, 1, 1, s)``,
     or a keep-mask whose query row 0 allows no key."""
@@ -66,6 +66,8 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
         sizes = {"h": shape.h, "g": shape.g, "d": shape.d, "dv": shape.dv}
         widths = None
     b = max(shape.b, min_batch)
+    t = 1 if single_query and not same and low <= 1 else shape.t
+    shape = dataclasses.replace(shape, t=t)
     keep: Tensor | None = None
     if mask in ("keep", "fully_masked"):
         heads = sizes["h"] if conv.per_head_masks and data.draw(st.booleans(), label="per_head") else 1
@@ -181,7 +183,9 @@ def causality(run: Run, data: st.DataObject) -> None:
     """``is_causal=True`` against the reference, and a query's output does not move when keys it may not see
     change."""
     _need_causal(run)
-    example = draw_example(run, data, is_causal=True)
+    # a single query (decoding) a quarter of the time: its causal rule differs between libraries
+    single = data.draw(st.sampled_from([False, False, False, True]), label="single_query")
+    example = draw_example(run, data, is_causal=True, single_query=single)
     out, allowed = compare(run, example, is_causal=True, what="is_causal=True")
     visible = effective_keep(None, True, example.t, example.s, run.adapter.conventions)
     assert visible is not None
@@ -257,14 +261,22 @@ def padding(run: Run, data: st.DataObject) -> None:
     assert keep is not None
     out, allowed = compare(run, example, keep=keep, what="key padding mask (b, 1, 1, s)")
     ins = example.inputs()
-    tied = ins[1] is ins[0]
+    # one input, or t = s required: dropping a padded key drops that query position too
+    positions = ins[1] is ins[0] or run.adapter.conventions.self_attention
     for i in range(example.b):
         real = keep[i, 0, 0].nonzero().flatten()
+        if len(real) < run.adapter.conventions.lengths[0]:
+            continue  # shorter than the candidate supports
+
         def keep_real(x: Tensor, real: Tensor = real) -> Tensor:
             return x[..., real, :]
 
-        alone = run.adapter.call(keys_map(run, batch(ins, i), keep_real), None, False, run.dtype)
-        mine = out[i:i + 1, ..., real, :] if tied else out[i:i + 1]
+        q, k, v = batch(ins, i)
+        alone_ins = keys_map(run, (q, k, v), keep_real)
+        if positions and alone_ins[0] is not alone_ins[1]:
+            alone_ins = (keep_real(q), alone_ins[1], alone_ins[2])
+        alone = run.adapter.call(alone_ins, None, False, run.dtype)
+        mine = out[i:i + 1, ..., real, :] if positions else out[i:i + 1]
         same(mine, alone, allowed, example, f"batch element {i}: padding to {example.s} keys vs keeping only the "
              f"{len(real)} real ones {real.tolist()}")
 
@@ -294,18 +306,40 @@ def mask_and_causal(run: Run, data: st.DataObject) -> None:
 
 @register("large_logits")
 def large_logits(run: Run, data: st.DataObject) -> None:
-    """Inputs scaled so that the logits reach +-100 to +-1e5 (a softmax without max subtraction overflows;
-    a finite mask fill such as -1e4 leaks), with and without masks."""
+    """Inputs scaled so that the logits reach +-100 to +-1e5: either the largest logit reaches the target (a
+    softmax without max subtraction overflows) or, with a mask, the largest allowed logit of some row sinks to
+    -target (a finite mask fill such as -1e4 then outweighs every allowed key)."""
     mask: MaskKind = "none"
     if run.adapter.conventions.supports_mask:
-        mask = data.draw(st.sampled_from(["keep", "none", "padding"]), label="mask")
+        mask = data.draw(st.sampled_from(["keep", "padding", "none"]), label="mask")
     example = draw_example(run, data, mask=mask)
-    target = data.draw(st.sampled_from([1e3, 1e5, 1e2, 1e4]), label="logit_target")
-    largest = run.adapter.logit_bound(example.inputs())
-    amplitude = math.sqrt(target / max(largest, 1e-6))
+    keep = example.mask()
+    sink = keep is not None and data.draw(st.booleans(), label="sink_a_row")
+    targets = [1e5, 1e4] if sink else [1e3, 1e5, 1e2, 1e4]  # a fill of -1e4 leaks from a row at -1e4 down
+    target = data.draw(st.sampled_from(targets), label="logit_target")
+    logits = run.adapter.logits(example.inputs())
+    reach = float(logits.abs().max())
+    how = "largest |logit|"
+    if sink and keep is not None:
+        # the most negative logit of a row with at least two keys becomes that row's only allowed key
+        full = keep.expand_as(logits).clone()
+        candidates = logits.masked_fill(~full, math.inf) if example.s > 1 else logits.new_full(logits.shape, math.inf)
+        lowest = float(candidates.min())
+        if lowest < 0:
+            index = int(candidates.argmin())
+            b, h, t, s = (int(i) for i in torch.unravel_index(torch.tensor(index), logits.shape))
+            if keep.shape[1] == 1:  # keep the mask's head layout: the row changes for every head
+                keep, h = keep.expand(keep.shape[0], 1, example.t, example.s).clone(), 0
+            else:
+                keep = full
+            keep[b, h, t] = False
+            keep[b, h, t, s] = True
+            reach, how = -lowest, "a row's only allowed logit at -target"
+            example = dataclasses.replace(example, keep=mask_to_list(keep))
+    amplitude = math.sqrt(target / max(reach, 1e-6))
     example = dataclasses.replace(example, amplitude=amplitude)
     run.current = example
-    compare(run, example, keep=example.mask(), what=f"logits up to {target:g}")
+    compare(run, example, keep=keep, what=f"logits scaled to {target:g} ({how})")
 
 
 @register("gradients")

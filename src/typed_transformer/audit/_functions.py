@@ -119,6 +119,14 @@ class FunctionAdapter:
         grouped = rearrange(q.abs(), "b (g r) t d -> b g r t d", g=k.shape[1])
         return float(einsum(grouped, k.abs(), "b g r t d, b g s d -> b g r t s").max()) * abs(scale)
 
+    def logits(self, ins: Inputs) -> Tensor:
+        """The float64 logits ``(b, h, t, s)`` of the reference."""
+        q, k, _ = ins
+        scale = self.conventions.scale if self.conventions.scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        grouped = rearrange(q.double(), "b (g r) t d -> b g r t d", g=k.shape[1])
+        logits = einsum(grouped, k.double(), "b g r t d, b g s d -> b g r t s") * scale
+        return rearrange(logits, "b g r t s -> b (g r) t s")
+
     def rows(self, keep: Tensor, example: Example) -> Tensor:
         return keep.any(dim=-1, keepdim=True)
 

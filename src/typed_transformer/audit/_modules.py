@@ -258,6 +258,13 @@ class ModuleAdapter:
         grouped = rearrange(q.abs(), "b (g r) t d -> b g r t d", g=k.shape[1])
         return float(einsum(grouped, k.abs(), "b g r t d, b g s d -> b g r t s").max()) * abs(self.weights.scale)
 
+    def logits(self, ins: Inputs) -> Tensor:
+        """The float64 logits ``(b, h, t, s)`` of the reference."""
+        q, k, _ = self._project(ins, torch.float64)
+        grouped = rearrange(q, "b (g r) t d -> b g r t d", g=k.shape[1])
+        logits = einsum(grouped, k, "b g r t d, b g s d -> b g r t s") * self.weights.scale
+        return rearrange(logits, "b g r t s -> b (g r) t s")
+
     def rows(self, keep: Tensor, example: Example) -> Tensor:
         return rearrange(keep.any(dim=-1).all(dim=1), "b t -> b t 1")
 
