@@ -190,6 +190,7 @@ def causality(run: Run, data: st.DataObject) -> None:
     visible = effective_keep(None, True, example.t, example.s, run.adapter.conventions)
     assert visible is not None
     ins = example.inputs()
+    visible = visible[0, 0]
     for i in range(example.t):
         future = ~visible[i]
         if not future.any() or not visible[i].any():
@@ -345,14 +346,14 @@ def large_logits(run: Run, data: st.DataObject) -> None:
 @register("gradients")
 def gradients(run: Run, data: st.DataObject) -> None:
     """Gradients with respect to every input against the reference's, with no mask, a keep-mask, a causal
-    mask or (declared ``zero`` or ``uniform``) fully masked rows: gradients must be finite."""
+    mask or (declared ``zero``) fully masked rows, whose gradients must be finite (zero)."""
     a, conv = run.adapter, run.adapter.conventions
     if not conv.supports_autograd:
         raise Skip("supports_autograd=False")
     kinds: list[str] = ["none"]
     if conv.supports_mask:
         kinds.append("keep")
-        if conv.fully_masked in ("zero", "uniform"):
+        if conv.fully_masked == "zero":  # NaN rows have no gradient; uniform rows' "gradient" is not defined
             kinds.append("fully_masked")
     if conv.supports_causal:
         kinds.append("causal")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
 
 import torch
-from einops import rearrange
+from einops import einsum, rearrange
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
@@ -20,7 +20,6 @@ from torch import Tensor
 
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask
-from ..positions import RotaryEmbedding
 from ..shapecheck import typechecked
 from ..strategies import randn
 
@@ -152,10 +151,10 @@ def causal_keep(t: int, s: int, conventions: Conventions) -> Bool[Tensor, "t s"]
 
 
 def effective_keep(keep: Tensor | None, is_causal: bool, t: int, s: int, conventions: Conventions) -> Tensor | None:
-    """``keep`` ANDed with the candidate's causal mask (None when neither is given)."""
+    """``keep`` ANDed with the candidate's causal mask, ``(#b, #h, t, s)`` (None when neither is given)."""
     if not is_causal:
         return keep
-    causal = causal_keep(t, s, conventions)
+    causal = rearrange(causal_keep(t, s, conventions), "t s -> 1 1 t s")
     return causal if keep is None else keep & causal
 
 
@@ -196,17 +195,23 @@ DEFAULT_CONVENTIONS = Conventions()
 def rotate(x: Tensor, base: float, style: Literal["half", "interleaved"], offset: int = 0) -> Tensor:
     """The reference rotary embedding of ``x (b, h, t, d)`` at positions ``offset + j``: pairs
     ``(x[i], x[i + d/2])`` (``"half"``, GPT-NeoX / Llama) or ``(x[2i], x[2i + 1])`` (``"interleaved"``, GPT-J,
-    the RoFormer paper), angle ``pos * base^(-2i/d)``; computed in float64, returned in ``x``'s dtype."""
-    d = x.shape[-1]
-    rotary = RotaryEmbedding(d, base=base)
+    the RoFormer paper), angle ``pos * base^(-2i/d)``; computed in float64, returned in ``x``'s dtype. Written out
+    here, not with :class:`~typed_transformer.RotaryEmbedding`, so that it stays independent of the code it audits."""
+    half = x.shape[-1] // 2
+    positions = torch.arange(offset, offset + x.shape[2], dtype=torch.float64)
+    theta = einsum(positions, base ** (-torch.arange(half, dtype=torch.float64) / half), "t, i -> t i")
     y = x.double()
     if style == "interleaved":
-        y = rearrange(y, "b h t (i two) -> b h t (two i)", two=2)
-    y = rotary(y, offset)
-    assert isinstance(y, Tensor)
+        first, second = y[..., 0::2], y[..., 1::2]
+    else:
+        first, second = y[..., :half], y[..., half:]
+    cos, sin = theta.cos(), theta.sin()
+    a, b = first * cos - second * sin, second * cos + first * sin
     if style == "interleaved":
-        y = rearrange(y, "b h t (two i) -> b h t (i two)", two=2)
-    return y.to(x.dtype)
+        out = rearrange(torch.stack([a, b], dim=-1), "b h t i two -> b h t (i two)")
+    else:
+        out = torch.cat([a, b], dim=-1)
+    return out.to(x.dtype)
 
 
 # ----------------------------------------------------------------------------------------------------

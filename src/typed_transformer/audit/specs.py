@@ -9,8 +9,8 @@ Conventions each module gets (what its forward does, as the audit found it on th
 versions): Hugging Face modules take additive masks filled with ``finfo(dtype).min`` (a fully masked row
 then attends uniformly: ``fully_masked="uniform"``) and get causality as a mask; torchtune applies its own
 causal mask only when no mask is given (``mask_with_causal=False``) and takes ``(b, t, s)`` masks
-(``per_head_masks=False``); x-transformers groups query heads ``(r g)`` and fills masks with
-``-finfo.max`` (uniform rows).
+(``per_head_masks=False``); x-transformers groups query heads ``(r g)``, zeroes fully masked rows and
+computes its softmax in float32 whatever the input dtype (a float64 audit reports it).
 """
 
 import math
@@ -193,8 +193,8 @@ def _llama_decode(m: Any, x: Tensor) -> Tensor:
     outs = []
     for i in range(x.shape[1]):
         token = x[:, i:i + 1]
-        mask = torch.zeros(x.shape[0], 1, 1, i + 1, dtype=x.dtype)  # one query sees every cached key
-        outs.append(m(token, position_embeddings=_llama_rotary(m, token, i), attention_mask=mask, cache=cache)[0])
+        # no mask: one query sees every cached key
+        outs.append(m(token, position_embeddings=_llama_rotary(m, token, i), attention_mask=None, cache=cache)[0])
     return torch.cat(outs, dim=1)
 
 
@@ -258,7 +258,7 @@ def _x_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep
 
 
 X_TRANSFORMERS = ModuleSpec(
-    "x_transformers", _x_forward, Conventions(self_attention=True, fully_masked="uniform"),
+    "x_transformers", _x_forward, Conventions(self_attention=True, fully_masked="zero"),
     q="to_q", k="to_k", v="to_v", out="to_out", num_heads="heads", num_kv_heads="kv_heads", scale="scale",
     grouping="r g", build=lambda cls, config: cls(**config),
     module_type="x_transformers.x_transformers.Attention")
