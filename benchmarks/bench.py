@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from typed_transformer.multihead import MultiHeadAttention
 from typed_transformer.shapecheck import shape_checks
 
-__all__ = ["AttentionCase", "bench_attention", "format_attention_table"]
+__all__ = ["AttentionCase", "bench_attention", "bench_checks", "format_attention_table"]
 
 
 @dataclass(frozen=True)
@@ -350,9 +350,9 @@ def bench_generation(*, new_tokens: int = 500, block_sizes: tuple[int, ...] = (6
 def decode_step_costs(block_size: int = 64, *, repeats: int = 200) -> tuple[float, float]:
     """Milliseconds of one cached one-token step (with ``block_size - 1`` positions cached) and of one
     uncached forward over a full ``block_size`` window, at the baby preset, as generation runs them
-    (no_grad, checks suspended after the checked prefill). Their ratio bounds what any KV cache can gain."""
+    (no_grad, without shape checks). Their ratio bounds what any KV cache can gain."""
     from typed_transformer.gpt import GPT, GPTConfig
-    from typed_transformer.shapecheck import suspended_checks
+    from typed_transformer.shapecheck import shape_checks
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("baby", 65, block_size=block_size)).eval()
@@ -360,7 +360,7 @@ def decode_step_costs(block_size: int = 64, *, repeats: int = 200) -> tuple[floa
     token = window[:, :1]
     step_ms: list[float] = []
     window_ms: list[float] = []
-    with torch.no_grad(), suspended_checks():
+    with torch.no_grad(), shape_checks(False):
         for r in range(repeats + 10):
             caches = model.new_caches()
             model(window[:, :-1], kv_caches=caches)
@@ -400,6 +400,72 @@ def format_gpt_table(training: list[GPTRow], generation: list[GPTRow],
                      f"{window:.3f} ms: a KV cache can speed up baby-preset generation by at most "
                      f"{window / step:.2f}x here")
     return "\n".join(lines)
+
+
+def bench_checks(*, seconds: float = 20.0, batch_size: int = 12) -> str:
+    """What the shape checks cost, in each mode, side by side in this process.
+
+    1. One baby-preset GPT training step (forward, backward, clip, AdamW) with checks off, in the default
+       mode (only ``GPT.forward`` is checked: the calls the model makes to itself are not) and in strict mode
+       (every nested call checked). Single steps rotate through the three modes (A B C, B C A, C A B, ...) for
+       about ``seconds``; medians.
+    2. One direct ``MultiHeadAttention`` call at the small size (eval, no_grad), checks off / on, in
+       microseconds per call: the fixed cost a user pays on a call from their own code.
+    """
+    from typed_transformer.gpt import GPT, GPTConfig
+    from typed_transformer.shapecheck import strict_checks
+
+    modes = {"off": (False, False), "default": (True, False), "strict": (True, True)}
+    config = GPTConfig.preset("baby", 65)
+    torch.manual_seed(0)
+    model = GPT(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(65, (batch_size, config.block_size), generator=generator)
+    y = torch.randint(65, (batch_size, config.block_size), generator=generator)
+
+    def train_step(mode: str) -> None:
+        on, strict = modes[mode]
+        with shape_checks(on), strict_checks(strict):
+            _train_step(model, optimizer, x, y)
+
+    warm = [ms for mode in modes for ms in _median_ms(functools.partial(train_step, mode), 2, 1)]
+    steps = max(6, min(300, round(seconds * 1e3 / (len(modes) * statistics.median(warm)))))
+    names = list(modes)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(steps):
+        for name in names[i % 3:] + names[:i % 3]:
+            samples[name] += _median_ms(functools.partial(train_step, name), 1, 1)
+    step = {name: statistics.median(v) for name, v in samples.items()}
+
+    case = SMALL
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(case.d_model, case.h).eval()
+    query = torch.randn(case.b, case.t, case.d_model, generator=generator)
+
+    def call(mode: str, inner: int = 200) -> list[float]:
+        on, strict = modes[mode]
+        with shape_checks(on), strict_checks(strict), torch.no_grad():
+            return _median_ms(lambda: mha(query), 1, inner)
+
+    for mode in modes:
+        call(mode)
+    per_call: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(30):
+        for name in names[i % 3:] + names[:i % 3]:
+            per_call[name] += call(name)
+    direct = {name: statistics.median(v) * 1e3 for name, v in per_call.items()}  # microseconds
+
+    return "\n".join([
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of interleaved runs",
+        f"baby preset train step (batch {batch_size}, block {config.block_size}), {steps} steps per mode: "
+        f"checks off {step['off']:.2f} ms, default {step['default']:.2f} ms, strict {step['strict']:.2f} ms",
+        f"  checks on (default mode) / off = {step['default'] / step['off']:.3f}x (target <= 1.02x); "
+        f"strict / off = {step['strict'] / step['off']:.3f}x",
+        f"MultiHeadAttention call, small size (b={case.b}, t={case.t}, d_model={case.d_model}, h={case.h}), eval: "
+        f"checks off {direct['off']:.1f} us, on {direct['default']:.1f} us (strict {direct['strict']:.1f} us): "
+        f"check overhead {direct['default'] - direct['off']:.1f} us per call",
+    ])
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ Profiles (pick one with ``HYPOTHESIS_PROFILE=<name>``; default ``ci`` when ``CI`
 
 import os
 
+# Strict shape checks unless the environment says otherwise (see tests/conftest.py); set before the import below.
+os.environ.setdefault("TYPED_TRANSFORMER_STRICT", "1")
+
 import torch
 from hypothesis import HealthCheck, Phase, settings
 

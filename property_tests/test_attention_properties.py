@@ -27,7 +27,7 @@ from property_tests.helpers import (
     fewer_examples,
     keep_of,
 )
-from typed_transformer import scaled_dot_product_attention
+from typed_transformer import scaled_dot_product_attention, scaled_dot_product_attention_with_weights
 from typed_transformer.strategies import (
     AttentionInputs,
     AttentionShape,
@@ -54,10 +54,8 @@ def attend(inputs: AttentionInputs, backend: Backend, *, attn_mask: Tensor | Non
 
 def attend_with_weights(inputs: AttentionInputs, *, attn_mask: Tensor | None = None, is_causal: bool = False,
                         scale: float | None = None, dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
-    result = call_valid(scaled_dot_product_attention, inputs.q, inputs.k, inputs.v, attn_mask=attn_mask,
-                        is_causal=is_causal, scale=scale, dropout_p=dropout_p, return_weights=True)
-    assert isinstance(result, tuple)
-    return result
+    return call_valid(scaled_dot_product_attention_with_weights, inputs.q, inputs.k, inputs.v, attn_mask=attn_mask,
+                      is_causal=is_causal, scale=scale, dropout_p=dropout_p)
 
 
 def combined_keep(shape: AttentionShape, mask: Tensor | None, is_causal: bool) -> Tensor:

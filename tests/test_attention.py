@@ -7,7 +7,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from typed_transformer import ShapeError, causal_mask, scaled_dot_product_attention, shape_checks
+from typed_transformer import (
+    ShapeError,
+    causal_mask,
+    scaled_dot_product_attention,
+    scaled_dot_product_attention_with_weights,
+    shape_checks,
+)
 
 BACKENDS = ["reference", "sdpa"]
 
@@ -74,7 +80,7 @@ def test_fully_masked_rows_have_zero_weights_also_with_float_masks() -> None:
     q, k, v = randn(1, 1, 2, 4, seed=1), randn(1, 1, 3, 4, seed=2), randn(1, 1, 3, 4, seed=3)
     bias = torch.zeros(2, 3, dtype=torch.float64)
     bias[0] = float("-inf")
-    out, weights = scaled_dot_product_attention(q, k, v, attn_mask=bias, return_weights=True)
+    out, weights = scaled_dot_product_attention_with_weights(q, k, v, attn_mask=bias)
     assert torch.equal(weights[0, 0, 0], torch.zeros(3, dtype=torch.float64))
     assert torch.equal(out[0, 0, 0], torch.zeros(4, dtype=torch.float64))
     torch.testing.assert_close(weights[0, 0, 1].sum(), torch.tensor(1.0, dtype=torch.float64))
@@ -102,7 +108,7 @@ def test_scale_is_honoured() -> None:
 def test_dropout_is_applied_to_the_returned_weights() -> None:
     q, k, v = randn(1, 1, 6, 4, seed=1), randn(1, 1, 6, 4, seed=2), randn(1, 1, 6, 4, seed=3)
     torch.manual_seed(0)
-    out, weights = scaled_dot_product_attention(q, k, v, dropout_p=0.5, return_weights=True)
+    out, weights = scaled_dot_product_attention_with_weights(q, k, v, dropout_p=0.5)
     torch.testing.assert_close(out, weights @ v)
     assert (weights == 0).any()
     assert not torch.allclose(weights.sum(-1), torch.ones(1, 1, 6, dtype=torch.float64))
@@ -118,7 +124,8 @@ def test_grouped_query_heads_share_key_value_heads() -> None:
 
 def test_invalid_arguments() -> None:
     q, k, v = randn(1, 2, 3, 4), randn(1, 2, 3, 4), randn(1, 2, 3, 4)
-    with pytest.raises(ValueError, match="cannot return weights") as value_error:
+    with pytest.raises(ValueError, match="cannot return weights") as value_error, \
+            pytest.warns(DeprecationWarning, match="use scaled_dot_product_attention_with_weights"):
         scaled_dot_product_attention(q, k, v, backend="sdpa", return_weights=True)
     assert str(value_error.value) == ("scaled_dot_product_attention: backend='sdpa' cannot return weights; "
                                       "use backend='reference'")

@@ -3,8 +3,11 @@
 import inspect
 import io
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import jaxtyping
 import pytest
@@ -292,3 +295,217 @@ def test_shape_trace_switches_checks_on_for_its_block() -> None:
         with tt.shape_trace(io.StringIO()), pytest.raises(ShapeError):
             scaled_dot_product_attention(q, torch.randn(2, 4, 16, 7), v)
         assert not tt.checks_enabled()
+
+
+# ---------------------------------------------------------------------------------------------------
+# One switch (jaxtyping's), two modes (default and strict)
+# ---------------------------------------------------------------------------------------------------
+
+
+def _run(code: str, **env: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                         check=True)
+    return out.stdout.splitlines()
+
+
+def test_the_switch_is_jaxtypings_own() -> None:
+    def disabled() -> bool:
+        return bool(jaxtyping.config.jaxtyping_disable)
+
+    with tt.shape_checks(False):
+        assert disabled()
+    assert not disabled()
+    jaxtyping.config.update("jaxtyping_disable", True)
+    try:
+        assert not tt.checks_enabled()
+        q, _, v = qkv()
+        with pytest.raises(RuntimeError):  # unchecked: torch's own error from inside the computation
+            scaled_dot_product_attention(q, torch.randn(2, 4, 16, 7), v)
+    finally:
+        jaxtyping.config.update("jaxtyping_disable", False)
+
+
+def test_set_shape_checks_overrides_the_environment_variable() -> None:
+    # Reported: with JAXTYPING_DISABLE=1, set_shape_checks(True) said "on" while jaxtyping stayed off and the
+    # call failed inside einsum with a RuntimeError.
+    code = (
+        "import torch, typed_transformer as tt\n"
+        "tt.set_shape_checks(True)\n"
+        "try:\n"
+        "    tt.scaled_dot_product_attention(torch.randn(1,1,2,4), torch.randn(1,1,2,3), torch.randn(1,1,2,4))\n"
+        "except tt.ShapeError as err:\n"
+        "    print(err.summary)\n"
+    )
+    assert _run(code, JAXTYPING_DISABLE="1") == [f"{SDPA}(): k: axis d is 3, expected 4 (bound by q)"]
+
+
+def test_shape_trace_works_when_the_environment_switched_checks_off() -> None:
+    # Reported: with JAXTYPING_DISABLE=1, shape_trace crashed a correct call with jaxtyping's AnnotationError.
+    code = (
+        "import torch, typed_transformer as tt\n"
+        "q = torch.randn(1, 1, 2, 4)\n"
+        "with tt.shape_trace():\n"
+        "    tt.scaled_dot_product_attention(q, q, q)\n"
+        "print(tt.checks_enabled())\n"
+    )
+    assert _run(code, JAXTYPING_DISABLE="1", TYPED_TRANSFORMER_STRICT="0") == [
+        "scaled_dot_product_attention(q=f32[1,1,2,4], k=f32[1,1,2,4], v=f32[1,1,2,4])  b=1 h=1 t=2 d=4 g=1 s=2 dv=4",
+        "-> f32[1,1,2,4]",
+        "False",
+    ]
+
+
+def test_strict_mode_from_the_environment() -> None:
+    code = "import typed_transformer as tt; print(tt.strict_checks_enabled())"
+    assert _run(code, TYPED_TRANSFORMER_STRICT="1") == ["True"]
+    assert _run(code, TYPED_TRANSFORMER_STRICT="0") == ["False"]
+
+
+def _inner(x: Float[Tensor, "b d"], y: Float[Tensor, "b d"]) -> Float[Tensor, "b d"]:
+    return x
+
+
+inner = typechecked(_inner)
+
+
+def _outer(x: Float[Tensor, "b d"]) -> Float[Tensor, "b d"]:
+    return inner(x, x[:, :1])  # an internal shape bug: y has one column
+
+
+outer = typechecked(_outer)
+
+
+def test_default_mode_checks_the_outer_call_and_not_the_library_calling_itself() -> None:
+    x = torch.ones(2, 3)
+    with tt.strict_checks(False):
+        assert not tt.strict_checks_enabled()
+        assert outer(x) is x  # the nested call is not re-checked
+        with pytest.raises(ShapeError) as info:
+            outer(torch.ones(2, 3, 1))  # the call the user makes is
+        assert (info.value.function, info.value.argument) == (f"{__name__}._outer", "x")
+        with pytest.raises(ShapeError) as info:
+            inner(x, x[:, :1])  # and any checked function called directly is the outer call
+        assert (info.value.argument, info.value.axis) == ("y", "d")
+
+
+def test_strict_mode_checks_every_nested_call() -> None:
+    with tt.strict_checks(), pytest.raises(ShapeError) as info:
+        outer(torch.ones(2, 3))
+    assert info.value.summary == f"{__name__}._inner(): y: axis d is 1, expected 3 (bound by x)"
+
+
+def test_a_users_module_calling_ours_is_checked_in_default_mode() -> None:
+    class Mine(nn.Module):  # user code, not checked itself
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention = MultiHeadAttention(16, 4)
+
+        def forward(self, x: Tensor) -> Tensor:
+            out: Tensor = self.attention(x)[0]
+            return out
+
+    with tt.strict_checks(False), pytest.raises(ShapeError) as info:
+        Mine()(torch.randn(2, 5, 12))
+    assert info.value.summary == f"{MHA}(): query: axis input_dim is 12, expected 16 (self.input_dim)"
+
+
+def test_shape_trace_shows_nested_calls_in_default_mode_too() -> None:
+    m = MultiHeadAttention(8, 2)
+    stream = io.StringIO()
+    with tt.strict_checks(False), tt.shape_trace(stream):
+        m(torch.randn(1, 3, 8))
+    assert stream.getvalue().splitlines() == [
+        "MultiHeadAttention.forward(query=f32[1,3,8])  b=1 t=3 input_dim=8",
+        "  scaled_dot_product_attention(q=f32[1,2,3,4], k=f32[1,2,3,4], v=f32[1,2,3,4])  b=1 h=2 t=3 d=4 g=2 s=3 dv=4",
+        "  -> f32[1,2,3,4]",
+        "-> (f32[1,3,8], None)",
+    ]
+
+
+def test_unexplained_rejections_carry_jaxtypings_own_words() -> None:
+    def batched(x: Float[Tensor, "*batch d"], y: Float[Tensor, "*batch d"]) -> None:
+        return None
+
+    with pytest.raises(ShapeError) as info:
+        typechecked(batched)(torch.ones(2, 3), torch.ones(2, 4))
+    err = info.value
+    assert (err.argument, err.axis, err.actual, err.expected) == ("y", None, None, None)
+    assert err.reason == "the size of dimension d is 4 which does not equal the existing value of 3"  # jaxtyping's
+
+
+def test_the_library_imports_no_private_jaxtyping_module() -> None:
+    src = Path(tt.__file__).parent
+    offenders = [str(path) for path in src.rglob("*.py") if re.search(r"jaxtyping\._|from jaxtyping import _",
+                                                                       path.read_text())]
+    assert offenders == []
+
+
+def test_deprecated_return_weights_warns_and_matches_the_new_function() -> None:
+    q, k, v = qkv(b=1, h=2, t=3, d=4)
+    with pytest.warns(DeprecationWarning, match="use scaled_dot_product_attention_with_weights") as record:
+        old = scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)
+    assert record[0].filename == __file__  # attributed to the caller, through the checks' wrappers
+    new = tt.scaled_dot_product_attention_with_weights(q, k, v, is_causal=True)
+    assert isinstance(old, tuple)
+    torch.testing.assert_close(old, new)
+
+
+# ---------------------------------------------------------------------------------------------------
+# dtype and device agreement (what annotations cannot say)
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_input_of_another_dtype_than_the_modules_parameters() -> None:
+    # Reported: a float64 query passed the check and failed inside F.linear ("mat1 and mat2 must have the same
+    # dtype"). Now the check names the argument, in both modes.
+    m = MultiHeadAttention(8, 2)
+    for strict in (False, True):
+        with tt.strict_checks(strict), pytest.raises(ShapeError) as info:
+            m(torch.randn(2, 3, 8, dtype=torch.float64))
+        assert info.value.summary == (f"{MHA}(): query: dtype is float64, expected float32 "
+                                      "(the dtype of the module's parameters)")
+
+
+@pytest.mark.parametrize(("module", "kwargs", "argument", "source"), [
+    (lambda: tt.TransformerEncoderLayer(8, 2, 16), {"src": torch.randn(1, 3, 8).double()}, "src",
+     "the module's parameters"),
+    (lambda: tt.TransformerDecoder(tt.TransformerDecoderLayer(8, 2, 16), 1),
+     {"tgt": torch.randn(1, 3, 8), "memory": torch.randn(1, 2, 8).double()}, "memory", "tgt"),
+    (lambda: tt.Transformer(8, 2, 1, 1, 16), {"src": torch.randn(1, 2, 8), "tgt": torch.randn(1, 3, 8).double()},
+     "tgt", "src"),
+    (lambda: tt.FeedForward(8, 16), {"x": torch.randn(1, 3, 8).double()}, "x", "the module's parameters"),
+])
+def test_every_layer_names_an_input_of_the_wrong_dtype(module: Any, kwargs: dict[str, Tensor], argument: str,
+                                                      source: str) -> None:
+    with tt.strict_checks(False), pytest.raises(ShapeError) as info:
+        module()(**kwargs)
+    assert (info.value.argument, info.value.reason) == (argument, f"dtype is float64, expected float32 (the dtype of "
+                                                                  f"{source})")
+
+
+def test_a_module_in_double_precision_takes_double_inputs() -> None:
+    m = MultiHeadAttention(8, 2, dtype=torch.float64)
+    assert m(torch.randn(2, 3, 8, dtype=torch.float64))[0].dtype == torch.float64
+    # A float additive mask of another dtype is not an input to the projections: still accepted.
+    out, _ = m(torch.randn(2, 3, 8, dtype=torch.float64), attn_mask=torch.zeros(3, 3))
+    assert out.dtype == torch.float64
+
+
+def test_tensors_on_another_device() -> None:
+    # Reported: q on the CPU and k, v on the meta device silently returned a meta tensor.
+    q, k, v = qkv(b=1, h=2, t=3, d=4)
+    with pytest.raises(ShapeError) as info:
+        scaled_dot_product_attention(q, k.to("meta"), v.to("meta"))
+    assert info.value.summary == f"{SDPA}(): k: device is meta, expected cpu (the device of q)"
+    m = MultiHeadAttention(8, 2)
+    with pytest.raises(ShapeError) as info:
+        m(torch.randn(1, 3, 8, device="meta"))
+    assert info.value.summary == f"{MHA}(): query: device is meta, expected cpu (the device of the module's parameters)"
+
+
+def test_same_dtype_must_name_a_parameter() -> None:
+    def f(x: Float[Tensor, " n"]) -> Float[Tensor, " n"]:
+        return x
+
+    with pytest.raises(TypeError, match="has no parameter 'y'"):
+        typechecked(f, same_dtype=("y",))

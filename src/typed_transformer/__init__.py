@@ -10,7 +10,7 @@ Modules, in dependency order: ``shapecheck`` -> ``masks`` -> ``attention`` -> ``
 
 from jaxtyping import TypeCheckError
 
-from .attention import scaled_dot_product_attention
+from .attention import scaled_dot_product_attention, scaled_dot_product_attention_with_weights
 from .gpt import GPT, GPTConfig
 from .layers import (
     FeedForward,
@@ -36,8 +36,11 @@ from .shapecheck import (
     checks_enabled,
     is_checked,
     set_shape_checks,
+    set_strict_checks,
     shape_checks,
     shape_trace,
+    strict_checks,
+    strict_checks_enabled,
 )
 
 __version__ = "0.1.0"
@@ -68,7 +71,11 @@ __all__ = [
     "key_padding_mask_to_torch",
     "merge_masks",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_with_weights",
     "set_shape_checks",
+    "set_strict_checks",
     "shape_checks",
     "shape_trace",
+    "strict_checks",
+    "strict_checks_enabled",
 ]

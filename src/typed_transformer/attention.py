@@ -24,6 +24,9 @@ Behaviour that is specified (and tested against torch):
 """
 
 import math
+import sys
+import warnings
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -35,11 +38,9 @@ from torch import Tensor
 from .masks import AttnMask, causal_mask
 from .shapecheck import raise_shape_error, typechecked
 
-__all__ = ["Backend", "scaled_dot_product_attention"]
+__all__ = ["Backend", "scaled_dot_product_attention", "scaled_dot_product_attention_with_weights"]
 
 Backend = Literal["reference", "sdpa"]
-
-_NAME = "typed_transformer.attention.scaled_dot_product_attention"
 
 
 def scaled_dot_product_attention(
@@ -65,38 +66,99 @@ def scaled_dot_product_attention(
         is_causal: apply a bottom-right aligned causal mask (ANDed with ``attn_mask``).
         scale: logit scale; default ``1 / sqrt(d)``.
         dropout_p: dropout on the attention weights, always applied when > 0 (pass 0.0 in eval mode).
-        return_weights: also return the attention weights ``(b, h, t, s)`` (after dropout, as
-            ``nn.MultiheadAttention`` returns them). Only the reference backend can.
+        return_weights: deprecated, use :func:`scaled_dot_product_attention_with_weights`; ``True`` returns
+            ``(output, weights)`` as that function does and warns (``DeprecationWarning``).
         backend: ``"reference"`` (this module's einsum equation) or ``"sdpa"``
             (``torch.nn.functional.scaled_dot_product_attention``, same results, faster).
 
     Returns:
-        The output ``(b, h, t, dv)`` in the dtype of ``q``, or ``(output, weights)`` with
-        ``return_weights=True``.
+        The output ``(b, h, t, dv)`` in the dtype of ``q``.
+
+    Raises:
+        ShapeError: a tensor of the wrong shape or dtype (named in the message), ``g`` not dividing ``h``,
+            or ``k``/``v`` of another dtype than ``q``.
+        ValueError: ``dropout_p`` outside ``[0, 1)``, an unknown backend, or ``return_weights`` with
+            ``backend="sdpa"``.
     """
+    scale, is_causal = _prepare(scaled_dot_product_attention, q, k, v, scale, is_causal, dropout_p)
+    if return_weights:
+        warnings.warn("scaled_dot_product_attention(..., return_weights=True) is deprecated; use "
+                      "scaled_dot_product_attention_with_weights(...)", DeprecationWarning,
+                      stacklevel=_caller_stacklevel())
+        if backend == "sdpa":
+            raise ValueError("scaled_dot_product_attention: backend='sdpa' cannot return weights; "
+                             "use backend='reference'")
+    if backend == "sdpa":
+        return _sdpa(q, k, v, attn_mask, is_causal, scale, dropout_p)
+    if backend != "reference":
+        raise ValueError(f"scaled_dot_product_attention: backend must be 'reference' or 'sdpa', got {backend!r}")
+    out, weights = _reference(q, k, v, attn_mask, is_causal, scale, dropout_p)
+    return (out, weights) if return_weights else out
+
+
+def scaled_dot_product_attention_with_weights(
+    q: Float[Tensor, "b h t d"],
+    k: Float[Tensor, "b g s d"],
+    v: Float[Tensor, "b g s dv"],
+    *,
+    attn_mask: AttnMask | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[Float[Tensor, "b h t dv"], Float[Tensor, "b h t s"]]:
+    """:func:`scaled_dot_product_attention` on the reference path, also returning the attention weights.
+
+    The arguments and the output are those of :func:`scaled_dot_product_attention`; the weights
+    ``(b, h, t, s)`` are the softmax after dropout, as ``nn.MultiheadAttention`` returns them, zero for
+    masked keys and for query rows with no allowed key.
+
+    Returns:
+        ``(output (b, h, t, dv), weights (b, h, t, s))``, both in the dtype of ``q``.
+
+    Raises:
+        ShapeError: as :func:`scaled_dot_product_attention`.
+        ValueError: ``dropout_p`` outside ``[0, 1)``.
+    """
+    scale, is_causal = _prepare(scaled_dot_product_attention_with_weights, q, k, v, scale, is_causal, dropout_p)
+    return _reference(q, k, v, attn_mask, is_causal, scale, dropout_p)
+
+
+def _prepare(function: Callable[..., object], q: Tensor, k: Tensor, v: Tensor, scale: float | None,
+             is_causal: bool, dropout_p: float) -> tuple[float, bool]:
+    """What annotations cannot say about the arguments; the scale and causal flag to compute with."""
     h, g = q.shape[1], k.shape[1]
     if h % g != 0:
-        raise_shape_error(_NAME, "k", f"axis g is {g}, which does not divide h={h} (bound by q)",
+        raise_shape_error(function, "k", f"axis g is {g}, which does not divide h={h} (bound by q)",
                           axis="g", actual=g, bound_by="q")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         bad, dtype = ("k", k.dtype) if k.dtype != q.dtype else ("v", v.dtype)
-        raise_shape_error(_NAME, bad, f"dtype is {str(dtype)[6:]}, expected {str(q.dtype)[6:]} (the dtype of q)")
+        raise_shape_error(function, bad, f"dtype is {str(dtype)[6:]}, expected {str(q.dtype)[6:]} (the dtype of q)")
     if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1), got {dropout_p}")
+        raise ValueError(f"{function.__name__}: dropout_p must be in [0, 1), got {dropout_p}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     t, s = q.shape[2], k.shape[2]
     if is_causal and t == 1 and s >= 1:
         is_causal = False  # bottom-right: a single query is the newest position and sees every key
+    return scale, is_causal
 
-    if backend == "sdpa":
-        if return_weights:
-            raise ValueError("scaled_dot_product_attention: backend='sdpa' cannot return weights; "
-                             "use backend='reference'")
-        return _sdpa(q, k, v, attn_mask, is_causal, scale, dropout_p)
-    if backend != "reference":
-        raise ValueError(f"scaled_dot_product_attention: backend must be 'reference' or 'sdpa', got {backend!r}")
 
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that attributes a warning to the first frame outside this library and the checks'
+    wrappers (jaxtyping, beartype), however many of those wrappers the call went through."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith(("typed_transformer.", "jaxtyping", "beartype")) and module:
+            break
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float,
+               dropout_p: float) -> tuple[Tensor, Tensor]:
+    """The paper's equation with our conventions: ``(output, weights)``."""
+    t, s, g = q.shape[2], k.shape[2], k.shape[1]
     keep: Tensor | None = causal_mask(t, s, device=q.device) if is_causal else None
     bias: Tensor | None = None
     if attn_mask is not None:
@@ -126,9 +188,7 @@ def scaled_dot_product_attention(
     grouped_w = rearrange(weights, "b (g r) t s -> b g r t s", g=g)
     out = einsum(grouped_w, v.to(compute), "b g r t s, b g s dv -> b g r t dv")
     out = rearrange(out, "b g r t dv -> b (g r) t dv").to(q.dtype)
-    if return_weights:
-        return out, weights.to(q.dtype)
-    return out
+    return out, weights.to(q.dtype)
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float,
@@ -163,3 +223,4 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: 
 
 
 scaled_dot_product_attention = typechecked(scaled_dot_product_attention)
+scaled_dot_product_attention_with_weights = typechecked(scaled_dot_product_attention_with_weights)

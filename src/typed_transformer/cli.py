@@ -2,8 +2,8 @@
 
 * ``train``: train a character-level GPT on a text file (default: ~1 MB of Python's own standard library).
 * ``generate``: sample text from a checkpoint.
-* ``bench attention`` / ``bench gpt``: the scripts in the checkout's ``benchmarks/`` folder (side-by-side
-  ratios); not part of the installed library, so they need a source checkout.
+* ``bench attention`` / ``bench gpt`` / ``bench checks``: the scripts in the checkout's ``benchmarks/`` folder
+  (side-by-side ratios); not part of the installed library, so they need a source checkout.
 * ``audit MODULE:ATTR``: audit a third-party attention function; ``audit --module MODULE:CLASS --spec NAME
   --config JSON``: an attention module with its own weights (exit 1 when a check fails).
 
@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="measured training steps per variant (default: as many as fit in about 20 s per preset)")
     gpt.add_argument("--threads", type=_positive_int, default=None)
     gpt.add_argument("--skip-generation", action="store_true")
+    checks = which.add_parser("checks", help="what the shape checks cost: off, default and strict mode")
+    checks.add_argument("--seconds", type=_positive_float, default=20.0,
+                        help="rough time budget of the training-step comparison (default 20)")
+    checks.add_argument("--threads", type=_positive_int, default=None)
 
     audit = commands.add_parser("audit", help="audit a third-party attention function or module against the "
                                 "reference")
@@ -412,6 +416,13 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         cases = {"small": [SMALL], "training": [TRAINING], "both": [SMALL, TRAINING]}[args.size]
         print(format_attention_table(bench_attention(cases, seconds=args.seconds)))
+        return 0
+    if args.command == "bench" and args.which == "checks":
+        import torch
+
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        print(bench.bench_checks(seconds=args.seconds))
         return 0
     if args.command == "audit":
         return _audit(args)

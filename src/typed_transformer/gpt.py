@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from .layers import FeedForward
 from .multihead import KVCache, MultiHeadAttention
 from .positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
-from .shapecheck import raise_shape_error, shape_checked, suspended_checks, typechecked
+from .shapecheck import raise_shape_error, shape_checked, typechecked
 
 __all__ = ["GPT", "PRESETS", "GPTConfig"]
 
@@ -109,6 +109,8 @@ class Block(nn.Module):
     The MLP is the stack's :class:`~typed_transformer.layers.FeedForward` (``linear2(GELU(linear1(x)))``, width
     ``4 n_embd``) with no dropout inside, so dropout sits where nanoGPT has it: on each residual branch.
     """
+
+    __same_dtype__ = ("x",)  # inputs that must have the parameters' dtype (shapecheck)
 
     def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None) -> None:
         super().__init__()
@@ -198,13 +200,13 @@ class GPT(nn.Module):
         positions, placed after the cached ones."""
         t = idx.shape[1]
         offset = 0 if not kv_caches else kv_caches[0].length
-        name = "typed_transformer.gpt.GPT.forward"
         if kv_caches is not None and len(kv_caches) != len(self.blocks):
             raise ValueError(f"GPT.forward: kv_caches has {len(kv_caches)} caches for {len(self.blocks)} layers")
         if offset + t > self.config.block_size:
-            raise_shape_error(name, "idx", f"axis t is {t}" + (f" after {offset} cached positions" if offset else "")
-                              + f", more than block_size={self.config.block_size}",
-                              axis="t", actual=offset + t, expected=self.config.block_size)
+            cached = f" after {offset} cached positions" if offset else ""
+            limit = self.config.block_size
+            raise_shape_error(GPT.forward, "idx", f"axis t is {t}{cached}, more than block_size={limit}", axis="t",
+                              actual=offset + t, expected=limit)
         if not torch.compiler.is_compiling():
             # Out-of-range ids would otherwise surface as an index error deep inside embedding or loss.
             _check_ids("idx", idx, 0, self.vocab_size)
@@ -261,17 +263,15 @@ class GPT(nn.Module):
         Sampling: logits / ``temperature``, then the ``top_k`` largest, then the smallest set whose
         probability reaches ``top_p``; ``greedy`` takes the argmax instead. ``generator`` makes it reproducible.
 
-        Shape checks: the arguments and the first (prefill) forward pass are checked through every layer;
-        the later one-token steps reuse shapes the library built itself and run unchecked (in this context
-        only), which makes them several times cheaper.
+        Shape checks: the arguments are checked at this call; the forward passes it makes are the library
+        calling itself and are checked again only in strict mode (see :mod:`typed_transformer.shapecheck`).
         """
         check_sampling(max_new_tokens, temperature, top_k, top_p, greedy)
         block = self.config.block_size
         caches = self.new_caches() if use_cache else None
-        logits, _ = self(idx[:, -block:], kv_caches=caches)  # checked, down to every layer
-        with suspended_checks():  # later steps only feed back shapes the checked prefill established
-            return self._decode(idx, logits, caches, max_new_tokens, temperature=temperature, top_k=top_k,
-                                top_p=top_p, greedy=greedy, generator=generator, use_cache=use_cache)
+        logits, _ = self(idx[:, -block:], kv_caches=caches)
+        return self._decode(idx, logits, caches, max_new_tokens, temperature=temperature, top_k=top_k,
+                            top_p=top_p, greedy=greedy, generator=generator, use_cache=use_cache)
 
     def _decode(self, idx: Tensor, logits: Tensor, caches: list[KVCache] | None, max_new_tokens: int, *,
                 temperature: float, top_k: int | None, top_p: float | None, greedy: bool,

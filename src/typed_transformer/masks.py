@@ -68,7 +68,7 @@ def attn_mask_from_torch(
     mask = ~attn_mask if attn_mask.dtype == torch.bool else attn_mask
     if mask.ndim == 3:
         if mask.shape[0] % num_heads != 0:
-            raise_shape_error("typed_transformer.masks.attn_mask_from_torch", "attn_mask",
+            raise_shape_error(attn_mask_from_torch, "attn_mask",
                               f"axis 0 is {mask.shape[0]}, not a multiple of num_heads={num_heads} "
                               "(torch lays 3-D masks out as ((b h), t, s))")
         mask = rearrange(mask, "(b h) t s -> b h t s", h=num_heads)

@@ -24,14 +24,12 @@ from einops import rearrange, reduce, repeat
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
-from .attention import Backend, scaled_dot_product_attention
+from .attention import Backend, scaled_dot_product_attention, scaled_dot_product_attention_with_weights
 from .masks import causal_mask, merge_masks
 from .positions import RotaryEmbedding
 from .shapecheck import raise_shape_error, shape_checked
 
 __all__ = ["KVCache", "MultiHeadAttention"]
-
-_NAME = "typed_transformer.multihead.MultiHeadAttention.forward"
 
 
 @shape_checked
@@ -63,7 +61,7 @@ class KVCache:
         assert self.v is not None  # k and v are set and reset together
         for name, new, old in (("k", k, self.k), ("v", v, self.v)):
             if new.shape[:2] != old.shape[:2] or new.shape[3] != old.shape[3]:
-                raise_shape_error("typed_transformer.multihead.KVCache.append", name,
+                raise_shape_error(KVCache.append, name,
                                   f"is {tuple(new.shape)}, but the cache holds {tuple(old.shape)} "
                                   "(b, g and the head size must stay the same)")
         self.k = torch.cat([self.k, k], dim=2)
@@ -114,6 +112,8 @@ class MultiHeadAttention(nn.Module):
     ``output (b, t, d_model)``; weights ``(b, t, s')`` averaged over heads or ``(b, h, t, s')`` per head,
     where ``s' = s + add_bias_kv + add_zero_attn``.
     """
+
+    __same_dtype__ = ("query", "key", "value")  # inputs that must have the parameters' dtype (shapecheck)
 
     in_proj: nn.Linear | None
     q_proj: nn.Linear | None
@@ -259,12 +259,13 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("MultiHeadAttention.forward: value was given without key")
         if key is None and (self.kdim != self.input_dim or self.vdim != self.input_dim):
             width = "kdim" if self.kdim != self.input_dim else "vdim"
-            raise_shape_error(_NAME, "key", f"is None (self-attention), but this module takes keys/values of width "
+            raise_shape_error(MultiHeadAttention.forward, "key",
+                              "is None (self-attention), but this module takes keys/values of width "
                               f"kdim={self.kdim}, vdim={self.vdim}, not the query width input_dim={self.input_dim}; "
                               "pass key and value", axis=width, expected=getattr(self, width))
         for name, other in (("key", key), ("value", value)):
             if other is not None and other.dtype != query.dtype:
-                raise_shape_error(_NAME, name, f"dtype is {str(other.dtype)[6:]}, expected "
+                raise_shape_error(MultiHeadAttention.forward, name, f"dtype is {str(other.dtype)[6:]}, expected "
                                   f"{str(query.dtype)[6:]} (the dtype of query)")
         self_attention = key is None
         if key is not None and value is None:
@@ -280,7 +281,8 @@ class MultiHeadAttention(nn.Module):
             for name, mask in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
                 if mask is not None and mask.shape[-1] != s:
                     why = f"self-attention with {offset} cached positions" if offset else "self-attention: s = t"
-                    raise_shape_error(_NAME, name, f"axis s is {mask.shape[-1]}, expected {s} ({why}, bound by query)",
+                    raise_shape_error(MultiHeadAttention.forward, name,
+                                      f"axis s is {mask.shape[-1]}, expected {s} ({why}, bound by query)",
                                       axis="s", actual=mask.shape[-1], expected=s, bound_by="query")
 
         q, k, v = self._project(query, key, value)
@@ -304,15 +306,15 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         weights: Tensor | None = None
         if need_weights:
-            out, weights = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=core_causal,
-                                                        dropout_p=dropout_p, return_weights=True,
-                                                        backend="reference")
+            out, weights = scaled_dot_product_attention_with_weights(q, k, v, attn_mask=mask, is_causal=core_causal,
+                                                                     dropout_p=dropout_p)
             if average_attn_weights:
                 weights = reduce(weights, "b h t s -> b t s", "mean")
         else:
-            out = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=core_causal,
-                                               dropout_p=dropout_p, backend=self.backend)
-        assert isinstance(out, Tensor)
+            result = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=core_causal,
+                                                  dropout_p=dropout_p, backend=self.backend)
+            assert isinstance(result, Tensor)  # the tuple form is the deprecated return_weights=True
+            out = result
         out = rearrange(out, "b h t d -> b t (h d)")
         return self.out_proj(out), weights
 

@@ -79,7 +79,7 @@ class LearnedPositionalEmbedding(nn.Module):
         t = x.shape[1]
         if offset < 0 or offset + t > self.max_length:
             raise_shape_error(
-                "typed_transformer.positions.LearnedPositionalEmbedding.forward", "x",
+                LearnedPositionalEmbedding.forward, "x",
                 f"positions {offset}..{offset + t - 1} are beyond the {self.max_length} learned positions "
                 f"(axis t is {t}, offset {offset})", axis="t", actual=offset + t, expected=self.max_length)
         return x + self.weight[offset : offset + t].to(x.dtype)

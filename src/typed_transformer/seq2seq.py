@@ -32,22 +32,24 @@ __all__ = ["Positions", "Seq2SeqTransformer"]
 
 Positions = Literal["sinusoidal", "learned", "rotary", "none"]
 
-_NAME = "typed_transformer.seq2seq.Seq2SeqTransformer"
 
 
 @shape_checked
 class Seq2SeqTransformer(nn.Module):
     """Encoder-decoder Transformer over token ids (seed 000's model, ``nn.Transformer`` inside).
 
+    The other arguments are :class:`~typed_transformer.layers.Transformer`'s.
+
     Args:
-        src_vocab_size, trg_vocab_size: vocabulary sizes; token ids must lie in ``[0, size)``.
-        src_pad_idx, trg_pad_idx: padding ids; those positions are masked as keys.
+        src_vocab_size: source vocabulary size; token ids must lie in ``[0, size)``.
+        trg_vocab_size: target vocabulary size; token ids must lie in ``[0, size)``.
+        src_pad_idx: source padding id; those positions are masked as keys.
+        trg_pad_idx: target padding id; those positions are masked as keys.
         positions: ``"sinusoidal"``, ``"learned"`` (needs ``max_length``), ``"rotary"`` or ``"none"``.
         max_length: longest source or target sequence the model accepts (None: any, except for learned
             positions).
         final_norms: LayerNorm at the end of both stacks; default ``norm_first`` (pre-LN needs one,
             post-LN already ends in one).
-        The other arguments are :class:`~typed_transformer.layers.Transformer`'s.
     """
 
     __shape_checked__ = ("encode", "decode", "greedy_decode", "beam_search", "source_mask", "target_mask")
@@ -142,13 +144,13 @@ class Seq2SeqTransformer(nn.Module):
         vocab_size = self.src_vocab_size if side == "src" else self.trg_vocab_size
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
             bad = int(tokens.min()) if tokens.min() < 0 else int(tokens.max())
-            raise_shape_error(f"{_NAME}.{method}", argument,
+            raise_shape_error(getattr(type(self), method), argument,
                               f"token id {bad} is out of range [0, {vocab_size}) ({side}_vocab_size={vocab_size})",
                               actual=bad, expected=vocab_size, bound_by=f"{side}_vocab_size")
         length = tokens.shape[1]
         if self.max_length is not None and length > self.max_length:
             axis = "s" if side == "src" else "t"
-            raise_shape_error(f"{_NAME}.{method}", argument,
+            raise_shape_error(getattr(type(self), method), argument,
                               f"axis {axis} is {length}, longer than max_length={self.max_length}",
                               axis=axis, actual=length, expected=self.max_length, bound_by="max_length")
         embedding = self.src_embedding if side == "src" else self.trg_embedding

@@ -1,13 +1,36 @@
-"""The project's one shape-checking mechanism: jaxtyping + beartype at every public boundary.
+"""The project's one shape-checking mechanism: jaxtyping + beartype at the boundary the user calls.
 
 Every public function and every ``forward`` in typed_transformer carries jaxtyping annotations such as
 ``Float[Tensor, "b h t d"]``. :func:`typechecked` (for functions) and :func:`shape_checked` (for
-``nn.Module`` classes) turn those annotations into checks that run at the call, before any computation.
+``nn.Module`` classes) check those annotations at the call, before any computation, with
+``jaxtyping.jaxtyped(typechecker=beartype)``: jaxtyping and beartype decide, and only they.
 
-A failed check raises :class:`ShapeError`, a subclass of ``jaxtyping.TypeCheckError``, whose first line
+A rejected call raises :class:`ShapeError`, a subclass of ``jaxtyping.TypeCheckError``, whose first line
 names the function, the argument, the axis and both sizes::
 
-    typed_transformer.scaled_dot_product_attention(): k: axis d is 7, expected 8 (bound by q)
+    typed_transformer.attention.scaled_dot_product_attention(): k: axis d is 7, expected 8 (bound by q)
+
+The explanation is written by this module *after* jaxtyping has rejected the call (it costs nothing on the
+happy path). It reads the annotation's own text (``dim_str``) to say which axis disagreed; when it cannot
+explain a rejection, or would name another argument than jaxtyping did, the ``ShapeError`` carries
+jaxtyping's own words instead, never a wrong explanation.
+
+Where checks run (the two modes):
+
+* **Default**: a checked function called from user code is checked. Calls the library makes to itself
+  while inside a checked call (``GPT`` -> blocks -> attention -> core) are not checked again: their shapes
+  follow from the outer check. Checks written in a body (``raise_shape_error``, e.g. a cache whose sizes
+  do not match) run in both modes, so what a user hands in is checked where it enters.
+* **Strict**: every nested call is checked too. ``TYPED_TRANSFORMER_STRICT=1`` in the environment,
+  :func:`set_strict_checks` or the :func:`strict_checks` context manager. The project's test suite runs
+  in strict mode, so an internal shape bug is still caught by our tests.
+
+:func:`shape_trace` prints (and checks) every nested call whatever the mode.
+
+The one switch: ``jaxtyping.config`` (``JAXTYPING_DISABLE=1`` in the environment, or
+``jaxtyping.config.update("jaxtyping_disable", True)``) is the single source of truth;
+:func:`set_shape_checks` and :func:`shape_checks` read and write that same setting, so the two can never
+disagree.
 
 Design decisions (measured in the project notes, ``shared/notes/shape-checking.md``):
 
@@ -18,13 +41,7 @@ Design decisions (measured in the project notes, ``shared/notes/shape-checking.m
   (mutmut's trampoline, say) makes jaxtyping resolve them against the wrong globals and silently
   skip the check.
 * While ``torch.compile`` traces, checks are skipped: Dynamo mis-evaluates jaxtyping's ``isinstance``
-  (pytorch/pytorch#122093). Eager calls are always checked.
-* Each function's annotations are also compiled once into a plan that checks a call in a few
-  microseconds instead of jaxtyping + beartype's 30-100; the plan only ever passes what jaxtyping would
-  pass, and anything it rejects (or does not model) goes through jaxtyping + beartype, which decide and
-  explain. ``property_tests/test_fast_path.py`` compares the two paths on random calls.
-* Checks can be switched off for speed with ``JAXTYPING_DISABLE=1`` in the environment, or at run time
-  with :func:`set_shape_checks` / the :func:`shape_checks` context manager.
+  (pytorch/pytorch#122093). Eager calls are checked as described above.
 """
 
 import contextlib
@@ -32,6 +49,7 @@ import contextvars
 import functools
 import inspect
 import os
+import re
 import sys
 import types
 import typing
@@ -39,11 +57,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, ParamSpec, TypeVar, Union
 
+import jaxtyping
 import torch
 from beartype import BeartypeConf, beartype
 from beartype.door import is_bearable
 from jaxtyping import AbstractArray, TypeCheckError, jaxtyped
-from jaxtyping import _array_types as jaxtyping_array_types
 
 __all__ = [
     "ShapeError",
@@ -51,9 +69,12 @@ __all__ = [
     "is_checked",
     "raise_shape_error",
     "set_shape_checks",
+    "set_strict_checks",
     "shape_checked",
     "shape_checks",
     "shape_trace",
+    "strict_checks",
+    "strict_checks_enabled",
     "typechecked",
 ]
 
@@ -64,76 +85,36 @@ C = TypeVar("C", bound=type)
 _CHECKED_ATTR = "__typed_transformer_checked__"
 # `0` is a fine value for a `float` parameter (PEP 484 numeric tower); beartype's default says no.
 _TYPECHECKER = beartype(conf=BeartypeConf(is_pep484_tower=True))
+STRICT_ENV = "TYPED_TRANSFORMER_STRICT"
 
 
-def _install_dim_cache() -> None:
-    """Let jaxtyping evaluate f-string and symbolic dims (``"{self.d_model}"``, ``"t+1"``) from cached code.
-
-    jaxtyping's ``_check_dims`` calls ``eval`` on the same few strings at every call, compiling them anew
-    each time (~13 us each; a GPT forward evaluates about 80). Giving its module an ``eval`` that compiles
-    each string once makes the same checks about twice as cheap. The result is identical by construction;
-    if a jaxtyping version no longer has that module, nothing is patched.
-    """
-    try:
-        from jaxtyping import _array_types
-    except ImportError:  # pragma: no cover - layout of another jaxtyping version
-        return
-    if not hasattr(_array_types, "_check_dims"):  # pragma: no cover
-        return
-    compiled: dict[str, types.CodeType] = {}
-    builtin_eval = eval
-
-    def cached_eval(source: Any, globals_: Any = None, locals_: Any = None) -> Any:
-        if isinstance(source, str):
-            code = compiled.get(source)
-            if code is None:
-                code = compiled[source] = compile(source, "<jaxtyping dim>", "eval")
-            return builtin_eval(code, globals_, locals_)
-        return builtin_eval(source, globals_, locals_)
-
-    _array_types.eval = cached_eval  # type: ignore[attr-defined]
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-_install_dim_cache()
-
-
-def _env_disabled() -> bool:
-    return os.environ.get("JAXTYPING_DISABLE", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-_enabled: bool = not _env_disabled()
-# The compiled fast path (see _Plan); switched off only to compare it with jaxtyping + beartype in tests.
-_fast_path: bool = True
-# Per-context suspension, for loops inside the library whose shapes the library itself built (generation
-# steps after the checked prefill); unlike set_shape_checks it does not affect other threads.
-_SUSPENDED: contextvars.ContextVar[bool] = contextvars.ContextVar("typed_transformer_suspended", default=False)
+_strict: bool = _env_flag(STRICT_ENV)
+# True while a checked call of this context (thread, task) is running: nested library calls skip the check.
+_INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("typed_transformer_inside", default=False)
 
 
 def checks_enabled() -> bool:
-    """Whether shape checks run on eager calls (they never run while ``torch.compile`` traces)."""
-    return _enabled
+    """Whether shape checks run on eager calls: ``not jaxtyping.config.jaxtyping_disable``.
+
+    They never run while ``torch.compile`` traces.
+    """
+    return not jaxtyping.config.jaxtyping_disable
 
 
 def set_shape_checks(enabled: bool) -> bool:
     """Switch shape checks on or off for the whole process; returns the previous setting.
 
-    Off, a checked call costs one flag test (well under a microsecond). ``JAXTYPING_DISABLE=1`` in the
-    environment starts the process with checks off.
+    This writes jaxtyping's own switch (``jaxtyping.config.update("jaxtyping_disable", not enabled)``), the
+    one ``JAXTYPING_DISABLE=1`` sets at start-up, so it also switches any other jaxtyping checks in the
+    process. Off, a checked call costs one flag test (well under a microsecond).
     """
-    global _enabled
-    previous = _enabled
-    _enabled = bool(enabled)
+    previous = checks_enabled()
+    jaxtyping.config.update("jaxtyping_disable", not enabled)
     return previous
-
-
-@contextlib.contextmanager
-def suspended_checks() -> Iterator[None]:
-    """Skip checks in this context (thread, task) only; for library-internal loops, not for users."""
-    token = _SUSPENDED.set(True)
-    try:
-        yield
-    finally:
-        _SUSPENDED.reset(token)
 
 
 @contextlib.contextmanager
@@ -144,6 +125,32 @@ def shape_checks(enabled: bool) -> Iterator[None]:
         yield
     finally:
         set_shape_checks(previous)
+
+
+def strict_checks_enabled() -> bool:
+    """Whether nested library calls are checked too (strict mode); see the module docstring."""
+    return _strict
+
+
+def set_strict_checks(enabled: bool) -> bool:
+    """Switch strict mode on or off for the whole process; returns the previous setting.
+
+    ``TYPED_TRANSFORMER_STRICT=1`` in the environment starts the process in strict mode.
+    """
+    global _strict
+    previous = _strict
+    _strict = bool(enabled)
+    return previous
+
+
+@contextlib.contextmanager
+def strict_checks(enabled: bool = True) -> Iterator[None]:
+    """Context manager: ``with strict_checks(): model(x)`` checks every nested call, then restores."""
+    previous = set_strict_checks(enabled)
+    try:
+        yield
+    finally:
+        set_strict_checks(previous)
 
 
 def is_checked(fn: object) -> bool:
@@ -196,9 +203,14 @@ class ShapeError(TypeCheckError):
         super().__init__(self.summary + (("\n" + details) if details else ""))
 
 
-def raise_shape_error(function: str, argument: str, reason: str, **kwargs: Any) -> typing.NoReturn:
-    """Raise a :class:`ShapeError` for a constraint that annotations cannot express (e.g. h % g)."""
-    raise ShapeError(function, argument, reason, **kwargs)
+def raise_shape_error(function: Callable[..., Any] | str, argument: str, reason: str, **kwargs: Any
+                      ) -> typing.NoReturn:
+    """Raise a :class:`ShapeError` for a constraint that annotations cannot express (e.g. h % g).
+
+    ``function`` is the function (or method) being called, whose qualified name the error carries, so
+    that the name follows a rename; a string is taken as the name itself.
+    """
+    raise ShapeError(function if isinstance(function, str) else _qualname(function), argument, reason, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -269,55 +281,90 @@ class _Problem:
     score: int = 0  # how far the value got before failing; used to pick the alternative to report
 
 
+_Token = tuple[str, Any, bool]  # (kind, payload, broadcastable); kinds below
+
+
+@functools.lru_cache(maxsize=1024)
+def _tokens(dim_str: str) -> tuple[_Token, ...] | None:
+    """The axes of an annotation's shape string, for explaining a rejection; None when it has a variadic axis.
+
+    Reads the text as jaxtyping documents it: ``name``, ``#name`` (may be 1), ``_``/``_name`` (anything),
+    an integer or ``name=4`` (fixed), anything else an expression (``t+1``, ``{self.d_model}``).
+    """
+    tokens: list[_Token] = []
+    for elem in dim_str.split():
+        if "..." in elem or "*" in elem:
+            return None
+        broadcastable = elem.startswith("#")
+        elem = elem.lstrip("#?")
+        if elem.startswith("_"):
+            tokens.append(("anonymous", None, False))
+            continue
+        if elem.count("=") == 1:
+            elem = elem.split("=")[1]
+        if elem.isidentifier():
+            tokens.append(("named", elem, broadcastable))
+        elif re.fullmatch(r"-?\d+", elem):
+            tokens.append(("fixed", int(elem), broadcastable))
+        else:
+            tokens.append(("expression", elem, broadcastable))
+    return tuple(tokens)
+
+
+def _dtype_names(hint: type[AbstractArray]) -> list[str] | None:
+    """The dtype names a jaxtyping array type accepts (``Float`` -> float16, ...), None for any dtype."""
+    names = getattr(hint.dtype, "dtypes", None)
+    if isinstance(names, list | tuple) and all(isinstance(n, str) for n in names):
+        return list(names)
+    return None
+
+
 def _check_array(hint: type[AbstractArray], value: torch.Tensor, memo: _Memo, argname: str,
                  arguments: dict[str, Any]) -> _Problem | None:
-    dtype_name = repr(value.dtype).rsplit(".", 1)[-1]
-    dtypes = getattr(hint, "dtypes", None)
-    category = getattr(getattr(hint, "dtype", None), "__name__", "")
-    if isinstance(dtypes, list | tuple) and dtype_name not in dtypes:
-        wanted = _DTYPE_WORDS.get(category, f"one of {', '.join(map(str, dtypes))}")
+    dtype_name = repr(value.dtype).rsplit(".", 1)[-1]  # jaxtyping's spelling of a torch dtype
+    dtypes = _dtype_names(hint)
+    if dtypes is not None and dtype_name not in dtypes:
+        category = hint.dtype.__name__
+        wanted = _DTYPE_WORDS.get(category, f"one of {', '.join(dtypes)}")
         return _Problem(f"dtype is {dtype_name}, expected {wanted}", score=0)
-    dims: list[Any] = list(hint.dims)
-    variadic = [d for d in dims if not hasattr(d, "broadcastable") or type(d).__name__ == "_NamedVariadicDim"]
-    if variadic:
-        if value.ndim < len(dims) - 1:
-            return _Problem(f"has {value.ndim} axes {tuple(value.shape)}, expected at least {len(dims) - 1} "
+    tokens = _tokens(hint.dim_str)
+    if tokens is None:
+        minimum = len(hint.dim_str.split()) - 1
+        if value.ndim < minimum:
+            return _Problem(f"has {value.ndim} axes {tuple(value.shape)}, expected at least {minimum} "
                             f"'{hint.dim_str}'", score=1)
-        return None  # variadic shapes are left to jaxtyping itself
-    if value.ndim != len(dims):
-        return _Problem(f"has {value.ndim} axes {tuple(value.shape)}, expected {len(dims)} '{hint.dim_str}'",
+        return None  # variadic shapes: no explanation; jaxtyping's own words are used
+    if value.ndim != len(tokens):
+        return _Problem(f"has {value.ndim} axes {tuple(value.shape)}, expected {len(tokens)} '{hint.dim_str}'",
                         score=1)
-    for index, (dim, size) in enumerate(zip(dims, value.shape, strict=True)):
-        kind = type(dim).__name__
-        if kind == "_AnonymousDim" or (getattr(dim, "broadcastable", False) and size == 1):
+    for index, ((kind, payload, broadcastable), size) in enumerate(zip(tokens, value.shape, strict=True)):
+        if kind == "anonymous" or (broadcastable and size == 1):
             continue
-        if kind == "_FixedDim":
-            if dim.size != size:
-                return _Problem(f"axis {index} is {size}, expected {dim.size} ('{hint.dim_str}')",
-                                axis=str(index), actual=size, expected=dim.size, score=2 + index)
-        elif kind == "_SymbolicDim":
+        if kind == "fixed":
+            if payload != size:
+                return _Problem(f"axis {index} is {size}, expected {payload} ('{hint.dim_str}')",
+                                axis=str(index), actual=size, expected=payload, score=2 + index)
+        elif kind == "expression":
             try:
-                expr = eval(f"f'{dim.elem}'", dict(arguments))
+                expr = eval(f"f'{payload}'", dict(arguments))
                 expected = eval(expr, dict(memo.sizes))
             except Exception:
                 continue
             if expected != size:
-                label = _axis_label(dim.elem)
-                source = dim.elem.strip("{}") if label != dim.elem else f"{expr}"
+                label = _axis_label(payload)
+                source = payload.strip("{}") if label != payload else f"{expr}"
                 return _Problem(f"axis {label} is {size}, expected {expected} ({source})",
                                 axis=label, actual=size, expected=int(expected), bound_by=source,
                                 score=2 + index)
-        elif kind == "_NamedDim":
-            if dim.name in memo.sizes:
-                if memo.sizes[dim.name] != size:
-                    binder = memo.binders[dim.name]
-                    return _Problem(
-                        f"axis {dim.name} is {size}, expected {memo.sizes[dim.name]} (bound by {binder})",
-                        axis=dim.name, actual=size, expected=memo.sizes[dim.name], bound_by=binder,
-                        score=2 + index)
-            else:
-                memo.sizes[dim.name] = size
-                memo.binders[dim.name] = argname
+        elif payload in memo.sizes:
+            if memo.sizes[payload] != size:
+                binder = memo.binders[payload]
+                return _Problem(
+                    f"axis {payload} is {size}, expected {memo.sizes[payload]} (bound by {binder})",
+                    axis=payload, actual=size, expected=memo.sizes[payload], bound_by=binder, score=2 + index)
+        else:
+            memo.sizes[payload] = size
+            memo.binders[payload] = argname
     return None
 
 
@@ -386,6 +433,11 @@ def _explain(fn: Callable[..., Any], sig: inspect.Signature, hints: dict[str, An
     except TypeError:
         arguments = {}
     details = _call_details(hints, arguments)
+    # The parameter jaxtyping rejected; an explanation that names another one is not given.
+    argument = "return value"
+    marker = "typechecking parameter '"
+    if marker in text:
+        argument = text.split(marker, 1)[1].split("'", 1)[0]
     if "checking the return value" not in text:
         memo = _Memo()
         for argname, value in arguments.items():
@@ -393,13 +445,11 @@ def _explain(fn: Callable[..., Any], sig: inspect.Signature, hints: dict[str, An
                 continue
             problem = _check_value(hints[argname], value, memo, argname, arguments)
             if problem is not None:
+                if argname != argument:
+                    break
                 return ShapeError(name, argname, problem.reason, axis=problem.axis, actual=problem.actual,
                                   expected=problem.expected, bound_by=problem.bound_by, details=details)
     # Fall back on jaxtyping's own words: the innermost beartype violation carries the reason.
-    argument = "return value"
-    marker = "typechecking parameter '"
-    if marker in text:
-        argument = text.split(marker, 1)[1].split("'", 1)[0]
     reason = ""
     cause: BaseException | None = err
     while cause is not None:
@@ -471,10 +521,11 @@ def shape_trace(file: IO[str] | None = None) -> Iterator[None]:
           -> f32[30,8,5,64]
         -> (f32[30,5,512], None)
 
-    Checks still run while tracing (and are switched on for the block if they were off).
+    Every nested call is traced and checked, in default and in strict mode alike, and checks are switched
+    on for the block if they were off.
     """
     token = _TRACE.set(_Tracer(file if file is not None else sys.stdout))
-    previous = set_shape_checks(True)
+    previous = set_shape_checks(True)  # jaxtyping's own switch: jaxtyped must check inside the block
     try:
         yield
     finally:
@@ -493,12 +544,12 @@ def _bound_sizes(hints: dict[str, Any], arguments: dict[str, Any]) -> dict[str, 
         if argname not in hints or not isinstance(value, torch.Tensor):
             continue
         for alternative in _array_alternatives(hints[argname])[0]:
-            if len(alternative.dims) != value.ndim:
+            tokens = _tokens(alternative.dim_str)
+            if tokens is None or len(tokens) != value.ndim:
                 continue
-            for dim, size in zip(alternative.dims, value.shape, strict=True):
-                elem = getattr(dim, "elem", None)
-                if isinstance(elem, str) and _axis_label(elem) != elem:
-                    sizes.setdefault(_axis_label(elem), size)
+            for (kind, payload, _), size in zip(tokens, value.shape, strict=True):
+                if kind == "expression" and _axis_label(payload) != payload:
+                    sizes.setdefault(_axis_label(payload), size)
             break
     return sizes
 
@@ -545,261 +596,15 @@ def _resolve_annotations(fn: Callable[..., Any]) -> dict[str, Any]:
     return dict(annotations)
 
 
-# ----------------------------------------------------------------------------------------------------
-# The fast path: the same rules, compiled once per function
-# ----------------------------------------------------------------------------------------------------
-#
-# jaxtyping + beartype cost 30-100 us per call (signature binding, a memo stack, isinstance on array
-# types, beartype's checker lookup), which adds up to ~2 ms over the ~18 checked calls of a small GPT
-# forward. A plan compiles a function's annotations once into tuples and checks a call in a few
-# microseconds. It only ever says "passes" when jaxtyping would: anything it does not model exactly
-# (variadic dims, tree paths, mixed unions, unusual hints) disables the plan for that function, and
-# any failure it finds is re-checked by jaxtyping + beartype, whose verdict and error are the ones
-# raised. property_tests/test_fast_path.py calls the same functions with random arguments through both
-# paths and requires the same verdict and message.
+def typechecked(fn: Callable[P, R], *, same_dtype: tuple[str, ...] = ()) -> Callable[P, R]:
+    """Return ``fn`` with its jaxtyping annotations checked by ``jaxtyped(typechecker=beartype)``.
 
-_ANON, _FIXED, _NAMED, _ATTR, _SYMBOLIC = range(5)
-# jaxtyping's marker for "any dtype" (Shaped); with another jaxtyping layout such hints take the full check.
-_ANY_DTYPE = getattr(jaxtyping_array_types, "_any_dtype", object())
-_NOT_GIVEN = object()
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = repr(dtype).rsplit(".", 1)[-1]  # jaxtyping's spelling
-    return name
-
-
-_Dim = tuple[int, Any, bool]  # (kind, payload, broadcastable)
-_Alternative = tuple[frozenset[str] | None, tuple[_Dim, ...]]  # (dtype names or None = any, dims)
-
-
-class _Unsupported(Exception):
-    """An annotation the fast path does not model; the function keeps the full check only."""
-
-
-def _compile_dim(dim: Any) -> _Dim:
-    kind = type(dim).__name__
-    broadcastable = bool(getattr(dim, "broadcastable", False))
-    if kind == "_AnonymousDim":
-        return (_ANON, None, False)
-    if kind == "_FixedDim":
-        return (_FIXED, dim.size, broadcastable)
-    if kind == "_NamedDim" and not dim.treepath:
-        return (_NAMED, dim.name, broadcastable)
-    if kind == "_SymbolicDim" and isinstance(dim.elem, str):
-        elem = dim.elem
-        inner = elem[1:-1]
-        if elem.startswith("{self.") and elem.endswith("}") and inner[5:].isidentifier():
-            return (_ATTR, inner[5:], broadcastable)  # "{self.d_model}": one getattr, no eval
-        return (_SYMBOLIC, compile(f"f'{elem}'", "<jaxtyping dim>", "eval"), broadcastable)
-    raise _Unsupported(kind)
-
-
-def _compile_array_hint(hint: Any) -> tuple[tuple[_Alternative, ...], bool] | None:
-    """``(alternatives, None allowed)`` for a hint made of jaxtyping tensor types (and None); None if the
-    hint has no array alternative. Raises _Unsupported for what the fast path does not model."""
-    arrays, others = _array_alternatives(hint)
-    if not arrays:
-        return None
-    if any(other is not type(None) for other in others):
-        raise _Unsupported("array or something else")
-    alternatives = []
-    for array in arrays:
-        if array.array_type is not torch.Tensor or array.index_variadic is not None:
-            raise _Unsupported("not a plain tensor shape")
-        dtypes: Any = array.dtypes  # a sequence of names, or jaxtyping's "any dtype" marker
-        names: frozenset[str] | None
-        if dtypes is _ANY_DTYPE:
-            names = None
-        elif isinstance(dtypes, list | tuple) and all(isinstance(d, str) for d in dtypes):
-            names = frozenset(dtypes)
-        else:
-            raise _Unsupported("dtype pattern")
-        alternatives.append((names, tuple(_compile_dim(d) for d in array.dims)))
-    return tuple(alternatives), type(None) in others
-
-
-def _compile_simple_hint(hint: Any) -> Callable[[Any], bool]:
-    """A predicate at least as strict as beartype's for the plain hints the library uses."""
-    if hint is Any:
-        return lambda value: True
-    if hint is float:  # PEP 484 tower, as configured for beartype: int is a float
-        return lambda value: isinstance(value, int | float)
-    if hint is complex:
-        raise _Unsupported("complex")
-    origin = typing.get_origin(hint)
-    if origin is typing.Literal:
-        allowed = typing.get_args(hint)
-        return lambda value: any(value is a or (type(value) is type(a) and value == a) for a in allowed)
-    if origin in (Union, types.UnionType):
-        parts = [_compile_simple_hint(a) for a in typing.get_args(hint)]
-        return lambda value: any(part(value) for part in parts)
-    if isinstance(hint, type) and origin is None:
-        return lambda value: isinstance(value, hint)
-    if origin in (list, tuple) and isinstance(hint, types.GenericAlias):
-        args = typing.get_args(hint)
-        if origin is list and len(args) == 1:
-            item = _compile_simple_hint(args[0])
-            return lambda value: isinstance(value, list) and all(item(v) for v in value)
-    raise _Unsupported(repr(hint))
-
-
-@dataclass
-class _Plan:
-    positional: tuple[str, ...]  # names of the parameters that can be passed by position, in order
-    names: frozenset[str]
-    defaults: dict[str, Any]
-    arrays: tuple[tuple[str, tuple[_Alternative, ...], bool], ...]
-    simple: tuple[tuple[str, Callable[[Any], bool]], ...]
-    returns: Any  # None: no check; ("array", alternatives, none_ok) or ("tuple", [parts])
-
-    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
-        if len(args) > len(self.positional):
-            return None
-        values = dict(zip(self.positional, args, strict=False))
-        for name, value in kwargs.items():
-            if name in values or name not in self.names:
-                return None  # let the full path raise Python's own TypeError
-            values[name] = value
-        return values
-
-    def check_params(self, values: dict[str, Any]) -> dict[str, int] | None:
-        """The axis sizes bound by the arguments, or None when anything is (or might be) wrong."""
-        memo: dict[str, int] = {}
-        for name, test in self.simple:
-            if name in values and not test(values[name]):
-                return None
-        for name, alternatives, none_ok in self.arrays:
-            value = values.get(name, _NOT_GIVEN)
-            if value is _NOT_GIVEN:
-                value = self.defaults.get(name)
-            if value is None:
-                if none_ok:
-                    continue
-                return None
-            if not _fits(value, alternatives, memo, values, self.defaults):
-                return None
-        return memo
-
-    def check_return(self, out: Any, memo: dict[str, int], values: dict[str, Any]) -> bool:
-        if self.returns is None:
-            return True
-        if self.returns[0] == "none":
-            return out is None
-        if self.returns[0] == "array":
-            return _fits_or_none(out, self.returns[1], self.returns[2], memo, values, self.defaults)
-        parts = self.returns[1]
-        if not isinstance(out, tuple) or len(out) != len(parts):
-            return False
-        return all(_fits_or_none(o, alts, none_ok, memo, values, self.defaults)
-                   for o, (alts, none_ok) in zip(out, parts, strict=True))
-
-
-def _fits_or_none(value: Any, alternatives: tuple[_Alternative, ...], none_ok: bool, memo: dict[str, int],
-                  values: dict[str, Any], defaults: dict[str, Any]) -> bool:
-    if value is None:
-        return none_ok
-    return _fits(value, alternatives, memo, values, defaults)
-
-
-def _fits(value: Any, alternatives: tuple[_Alternative, ...], memo: dict[str, int], values: dict[str, Any],
-          defaults: dict[str, Any]) -> bool:
-    """jaxtyping's isinstance over a union of tensor types: the first alternative that fits binds its
-    axes into ``memo``; a failed alternative binds nothing."""
-    if not isinstance(value, torch.Tensor):
-        return False
-    shape = value.shape
-    dtype = _DTYPE_NAMES.get(value.dtype) or _dtype_name(value.dtype)
-    for dtypes, dims in alternatives:
-        if (dtypes is not None and dtype not in dtypes) or len(dims) != len(shape):
-            continue
-        added: list[str] = []  # axes this alternative bound: unbound again if it fails
-        for (kind, payload, broadcastable), size in zip(dims, shape, strict=True):
-            if kind == _ANON or (broadcastable and size == 1):
-                continue
-            if kind == _NAMED:
-                bound = memo.get(payload)
-                if bound is None:
-                    memo[payload] = size
-                    added.append(payload)
-                elif bound != size:
-                    break
-            elif kind == _FIXED:
-                if payload != size:
-                    break
-            elif kind == _ATTR:
-                owner = values.get("self")
-                if owner is None or getattr(owner, payload, None) != size:
-                    break
-            else:
-                try:
-                    text = eval(payload, {**defaults, **values})  # the f-string, as jaxtyping does
-                    expected = eval(_compiled_expression(text), dict(memo))
-                except Exception:
-                    break
-                if expected != size:
-                    break
-        else:
-            return True
-        for name in added:
-            del memo[name]
-    return False
-
-
-@functools.lru_cache(maxsize=1024)
-def _compiled_expression(text: str) -> types.CodeType:
-    return compile(text, "<jaxtyping dim>", "eval")
-
-
-def _make_plan(sig: inspect.Signature, hints: dict[str, Any]) -> _Plan | None:
-    """The fast-path plan of a function, or None when it must always take the full check."""
-    try:
-        positional: list[str] = []
-        defaults: dict[str, Any] = {}
-        arrays = []
-        simple = []
-        for name, param in sig.parameters.items():
-            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise _Unsupported("*args/**kwargs")
-            if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
-                positional.append(name)
-            if param.default is not param.empty:
-                defaults[name] = param.default
-            if name not in hints:
-                continue
-            compiled = _compile_array_hint(hints[name])
-            if compiled is None:
-                simple.append((name, _compile_simple_hint(hints[name])))
-            else:
-                arrays.append((name, *compiled))
-        returns: Any = None
-        hint = hints.get("return", inspect.Signature.empty)
-        if hint is None or hint is type(None):
-            returns = ("none",)
-        elif hint is not inspect.Signature.empty:
-            if typing.get_origin(hint) is tuple and ... not in typing.get_args(hint):
-                parts = []
-                for part in typing.get_args(hint):
-                    compiled = _compile_array_hint(part)
-                    if compiled is None:
-                        raise _Unsupported("non-tensor tuple element")
-                    parts.append(compiled)
-                returns = ("tuple", tuple(parts))
-            else:
-                compiled = _compile_array_hint(hint)
-                if compiled is None:
-                    raise _Unsupported("non-tensor return")
-                returns = ("array", *compiled)
-        return _Plan(tuple(positional), frozenset(sig.parameters), defaults, tuple(arrays), tuple(simple), returns)
-    except _Unsupported:
-        return None
-
-
-def typechecked(fn: Callable[P, R]) -> Callable[P, R]:
-    """Return ``fn`` with its jaxtyping annotations checked at every eager call.
+    Checked at every eager call from outside the library, and at every call in strict mode (see the module
+    docstring); a rejection is raised as a :class:`ShapeError`. Beyond the annotations, a checked call
+    requires every tensor argument on one device (that of the module's parameters, for a method of a module
+    that has some), and the floating-point arguments named in ``same_dtype`` in the dtype of the module's
+    parameters: annotations cannot say either, and torch would otherwise fail deep inside (or, with the meta
+    device, silently return a meta tensor).
 
     Apply it by re-binding, not as a decorator (mutmut skips decorated functions)::
 
@@ -810,6 +615,10 @@ def typechecked(fn: Callable[P, R]) -> Callable[P, R]:
         return fn
     hints = _resolve_annotations(fn)
     sig = inspect.signature(fn)
+    positions = {name: index for index, name in enumerate(sig.parameters)}
+    unknown = [name for name in same_dtype if name not in positions]
+    if unknown:
+        raise TypeError(f"typechecked: {fn.__qualname__} has no parameter {unknown[0]!r} (same_dtype)")
     own_prefix = f"{fn.__module__}.{fn.__qualname__}."
     returns = hints.get("return", inspect.Signature.empty)
 
@@ -817,6 +626,9 @@ def typechecked(fn: Callable[P, R]) -> Callable[P, R]:
     # Instead the return value is checked here, inside the body that jaxtyping calls: its memo of axis
     # sizes (bound by the parameters) is still the current one, so the return shares the parameters' axes.
     def body(*args: Any, **kwargs: Any) -> Any:
+        problem = _disagreement(fn, positions, same_dtype, args, kwargs)
+        if problem is not None:
+            raise problem
         out = fn(*args, **kwargs)
         if returns is not inspect.Signature.empty and not is_bearable(out, returns):
             raise _return_error(fn, sig, hints, args, kwargs, out)
@@ -826,27 +638,16 @@ def typechecked(fn: Callable[P, R]) -> Callable[P, R]:
     body.__annotations__ = {k: v for k, v in hints.items() if k != "return"}
     body.__name__, body.__qualname__, body.__module__ = fn.__name__, fn.__qualname__, fn.__module__
     checked = jaxtyped(typechecker=_TYPECHECKER)(body)
-    plan = _make_plan(sig, hints)
+    config = jaxtyping.config
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        if torch.compiler.is_compiling() or not _enabled:
+        if torch.compiler.is_compiling() or config.jaxtyping_disable:
             return fn(*args, **kwargs)
         tracer = _TRACE.get()
-        if tracer is None:
-            if _SUSPENDED.get():
-                return fn(*args, **kwargs)
-            if plan is not None and _fast_path:
-                values = plan.arguments(args, kwargs)
-                memo = None if values is None else plan.check_params(values)
-                if values is not None and memo is not None:
-                    out = fn(*args, **kwargs)
-                    if plan.check_return(out, memo, values):
-                        return out
-                    # A wrong return is a bug in the function, not in the call; it cannot be re-run (side
-                    # effects), so it is explained by the same walk the full path uses for its errors.
-                    raise _return_error(fn, sig, hints, args, kwargs, out)
-                # Otherwise something is, or might be, wrong: jaxtyping and beartype decide and explain.
+        if tracer is None and not _strict and _INSIDE.get():
+            return fn(*args, **kwargs)  # a call the library makes to itself: the outer check covers it
+        token = _INSIDE.set(True)
         try:
             if tracer is not None:
                 return typing.cast(R, _traced_call(tracer, fn, checked, sig, hints, args, kwargs))
@@ -857,6 +658,8 @@ def typechecked(fn: Callable[P, R]) -> Callable[P, R]:
             if own_prefix not in str(err).split("\n", 1)[0] + ".":
                 raise  # a check inside the body, not ours
             raise _explain(fn, sig, hints, args, kwargs, err) from err
+        finally:
+            _INSIDE.reset(token)
 
     setattr(wrapper, _CHECKED_ATTR, True)
     return wrapper
@@ -866,7 +669,9 @@ def shape_checked(cls: C) -> C:
     """Class decorator: check ``forward`` (for ``nn.Module`` subclasses) and any other method listed in
     the class attribute ``__shape_checked__``.
 
-    A class decorator keeps the methods themselves undecorated, so mutation testing still mutates them.
+    ``__same_dtype__`` (a tuple of ``forward``'s parameter names) lists the floating-point inputs that must have
+    the dtype of the module's parameters (see :func:`typechecked`). A class decorator keeps the methods
+    themselves undecorated, so mutation testing still mutates them.
     """
     names = ("forward", *getattr(cls, "__shape_checked__", ()))
     for name in names:
@@ -875,5 +680,36 @@ def shape_checked(cls: C) -> C:
             continue
         if isinstance(method, staticmethod | classmethod):
             raise TypeError(f"shape_checked: {cls.__name__}.{name} must be a plain method")
-        setattr(cls, name, typechecked(method))
+        same_dtype = tuple(getattr(cls, "__same_dtype__", ())) if name == "forward" else ()
+        setattr(cls, name, typechecked(method, same_dtype=same_dtype))
     return cls
+
+
+def _disagreement(fn: Callable[..., Any], positions: dict[str, int], same_dtype: tuple[str, ...],
+                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> ShapeError | None:
+    """A tensor argument on another device, or a ``same_dtype`` argument in another dtype than the module's
+    parameters; None when all agree. Costs a few microseconds, so it runs only where the call is checked."""
+    owner = args[0] if args and isinstance(args[0], torch.nn.Module) else None
+    reference = next(owner.parameters(), None) if owner is not None else None
+    named = [(name, args[index] if index < len(args) else kwargs.get(name)) for name, index in positions.items()]
+    tensors = [(name, value) for name, value in named if isinstance(value, torch.Tensor)]
+    if reference is not None:
+        device, source = reference.device, "the device of the module's parameters"
+    elif tensors:
+        device, source = tensors[0][1].device, f"the device of {tensors[0][0]}"
+    for name, value in tensors:
+        if value.device != device:
+            return ShapeError(_qualname(fn), name, f"device is {value.device}, expected {device} ({source})")
+    if reference is not None and reference.is_floating_point():
+        given = dict(tensors)
+        first: str | None = None  # the first input is compared with the parameters, later ones with it
+        for name in same_dtype:
+            tensor = given.get(name)
+            if tensor is None or not tensor.is_floating_point():
+                continue
+            if tensor.dtype != reference.dtype:
+                source = "the module's parameters" if first is None else first
+                return ShapeError(_qualname(fn), name, f"dtype is {_short_dtype(tensor.dtype)}, expected "
+                                  f"{_short_dtype(reference.dtype)} (the dtype of {source})")
+            first = first or name
+    return None
