@@ -11,18 +11,20 @@ collapsed to about 2 ulp, because the reference run in float64 is the reference 
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests import _audit_candidates as cands  # noqa: E402
-from typed_transformer import scaled_dot_product_attention  # noqa: E402
-from typed_transformer.audit import Conventions, audit_attention  # noqa: E402
+from tests import _audit_candidates as cands
+from typed_transformer import scaled_dot_product_attention
+from typed_transformer.audit import Conventions, audit_attention
 
-CANDIDATES = {
+CANDIDATES: dict[str, tuple[Callable[..., Any], Conventions]] = {
     "torch_sdpa": (F.scaled_dot_product_attention, Conventions.torch_sdpa()),
     "typed_transformer": (scaled_dot_product_attention, Conventions.typed_transformer()),
     "textbook": (cands.naive_attention, Conventions(causal_alignment="top-left", fully_masked="nan")),

@@ -208,7 +208,10 @@ LLAMA = ModuleSpec("llama", _llama_forward, _HF, num_heads="config.num_attention
 def _hf_build(cls: type, config_name: str, config: dict[str, Any], **kwargs: Any) -> nn.Module:
     import transformers
 
-    module: nn.Module = cls(getattr(transformers, config_name)(**config), **kwargs)
+    hf_config = getattr(transformers, config_name)(**config)
+    if getattr(hf_config, "_attn_implementation", None) is None:
+        hf_config._attn_implementation = "eager"  # a standalone module: no model chose a kernel
+    module: nn.Module = cls(hf_config, **kwargs)
     return module
 
 
