@@ -104,6 +104,7 @@ def test_shipped_spec_audits_its_real_module(spec: str) -> None:
     assert {"reference", "masking", "padding", "large_logits", "gradients", "batch_independence"} <= ran
     if spec in ("llama", "typed_transformer"):
         assert {"rope", "incremental_decoding"} <= ran
+    assert report.untested[-1].startswith("head counts and sizes other than the module's (h=")
 
 
 def test_real_behaviours_are_reported() -> None:

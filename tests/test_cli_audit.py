@@ -68,6 +68,8 @@ def test_audit_other_conventions(capsys: pytest.CaptureFixture[str]) -> None:
          "tests._audit_candidates:plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> "
          "torch.Tensor cannot be called as candidate(q, k, v, attn_mask=..., is_causal=...)"),
         (["audit", "--module", "torch.nn:MultiheadAttention"], "--spec: missing"),
+        (["audit", "--module", "torch.nn:MultiheadAttention", "--spec", "torch_mha", "--layout", "bthd"],
+         "--layout describes a candidate function; a module's conventions come from its --spec"),
         (["audit", "--module", "torch.nn:MultiheadAttention", "--spec", "nope"], "--spec: unknown spec 'nope'"),
         (["audit", "--module", "torch.nn:MultiheadAttention", "--spec", "torch_mha", "--config", "{"],
          "--config is not valid JSON"),

@@ -315,6 +315,14 @@ def _audit(args: argparse.Namespace) -> int:
         return _fail(f"--spec: {'missing' if args.spec is None else f'unknown spec {args.spec!r}'} "
                      f"(choose {', '.join(SPECS)})")
     target = args.candidate or args.module
+    function_only = {"layout": "bhtd", "mask_polarity": "keep", "mask_kind": "bool", "causal_alignment": "bottom-right",
+                     "scale": None, "gqa": False, "grouping": "g r", "self_attention": False, "equal_head_sizes": False,
+                     "even_head_size": False, "no_mask": False, "no_causal": False, "no_mask_with_causal": False,
+                     "decode_sees_all": False, "no_autograd": False}
+    changed = [name for name, default in function_only.items() if getattr(args, name) != default]
+    if args.module is not None and changed:
+        return _fail(f"--{changed[0].replace('_', '-')} describes a candidate function; a module's conventions come "
+                     f"from its --spec")
     if args.candidate is not None and ":" not in args.candidate:
         return _fail(f"candidate must be MODULE:ATTR, got {args.candidate!r}")
     try:

@@ -19,6 +19,7 @@ from ._core import (
     Run,
     Skip,
     bound,
+    candidate_code,
     effective_keep,
     error,
     mask_to_list,
@@ -374,7 +375,8 @@ def gradients(run: Run, data: st.DataObject) -> None:
         leaves = [x.to(dtype).detach().requires_grad_(True) for x in (ins[:1] if tied else ins)]
         leaf_ins: Inputs = (leaves[0], leaves[0], leaves[0]) if tied else (leaves[0], leaves[1], leaves[2])
         out = fn(leaf_ins, keep, is_causal, dtype)
-        torch.autograd.backward([(out.double().nan_to_num(0.0) * cotangent).sum()])
+        with candidate_code():  # the candidate's backward (or an output of the wrong shape)
+            torch.autograd.backward([(out.double().nan_to_num(0.0) * cotangent).sum()])
         return [x.grad if x.grad is not None else torch.zeros_like(x) for x in leaves]
 
     g64, glow, gcand = grads(a.reference, torch.float64), grads(a.reference, run.dtype), grads(a.call, run.dtype)

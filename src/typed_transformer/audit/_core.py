@@ -6,7 +6,8 @@ import importlib.metadata
 import json
 import math
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
 
@@ -485,6 +486,22 @@ class Skip(Exception):
     """The check does not apply to this candidate (the message says why)."""
 
 
+class CandidateRaised(Exception):
+    """The candidate's own code raised (the exception is the ``__cause__``): a failure of the check. Any other
+    exception inside a check is a bug of the audit and propagates."""
+
+
+@contextmanager
+def candidate_code() -> Iterator[None]:
+    """Run the candidate's code: its exceptions become :class:`CandidateRaised`."""
+    try:
+        yield
+    except (CheckFailure, Skip, CandidateRaised):
+        raise
+    except Exception as err:
+        raise CandidateRaised(f"{type(err).__name__}: {err}") from err
+
+
 @dataclass
 class Run:
     """State shared by the examples of one check: worst passing ratio, examples run before the first failure,
@@ -552,8 +569,9 @@ def run_check(check: Check, adapter: Adapter, dtype: torch.dtype, *, max_example
             raise
         except Skip:
             raise
-        except Exception as err:  # the candidate raised: that is a failure of this check
+        except CandidateRaised as raised:  # the candidate raised: that is a failure of this check
             run.failing = True
+            err = raised.__cause__ or raised
             first_line = str(err).splitlines()[0] if str(err) else ""
             raise CheckFailure(f"candidate raised {type(err).__name__}: {first_line}", run.current) from err
 

@@ -24,6 +24,7 @@ from ._core import (
     Conventions,
     Example,
     Inputs,
+    candidate_code,
     environment,
     reference_attention,
     run_check,
@@ -101,7 +102,8 @@ class FunctionAdapter:
 
     def call(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor:
         args, kwargs = to_candidate(ins, keep, is_causal, dtype, self.conventions)
-        out = self.candidate(*args, **kwargs)
+        with candidate_code():
+            out = self.candidate(*args, **kwargs)
         if not isinstance(out, Tensor):
             raise CheckFailure(f"returned {type(out).__name__}, expected a tensor")
         return from_candidate(out, ins[1].shape[1], self.conventions)
@@ -173,8 +175,13 @@ def run_audit(adapter: Adapter, *, checks: Sequence[str] | None, dtypes: Sequenc
             if result.status == "SKIP":  # the reason does not depend on the dtype: one row
                 result.dtype = ""
                 break
+    untested = adapter.conventions.untested()
+    if adapter.fixed is not None:  # a module: its head counts and sizes are what they are
+        untested = [note for note in untested if "supports_gqa" not in note]
+        untested.append(f"head counts and sizes other than the module's (h={adapter.fixed['h']}, "
+                        f"g={adapter.fixed['g']}, d={adapter.fixed['d']}, dv={adapter.fixed['dv']})")
     return AuditReport(adapter.name, conventions, results, seed, max_examples, [DTYPE_NAMES[d] for d in dtypes],
-                       tolerance, environment(), adapter.conventions.untested())
+                       tolerance, environment(), untested)
 
 
 def audit_attention(

@@ -20,6 +20,7 @@ from ._core import (
     Conventions,
     Example,
     Inputs,
+    candidate_code,
     reference_attention,
     rotate,
 )
@@ -224,9 +225,11 @@ class ModuleAdapter:
 
     def call(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor:
         x, key, value = (z.to(dtype) for z in ins)
-        if self.conventions.self_attention:
-            return self.spec.forward(self.module(dtype), x, None, None, keep, is_causal)
-        return self.spec.forward(self.module(dtype), x, key, value, keep, is_causal)
+        module = self.module(dtype)
+        with candidate_code():
+            if self.conventions.self_attention:
+                return self.spec.forward(module, x, None, None, keep, is_causal)
+            return self.spec.forward(module, x, key, value, keep, is_causal)
 
     def _project(self, ins: Inputs, dtype: torch.dtype, offset: int = 0) -> tuple[Tensor, Tensor, Tensor]:
         w = self.weights
@@ -271,12 +274,16 @@ class ModuleAdapter:
     def decode(self, ins: Inputs, dtype: torch.dtype) -> Tensor | None:
         if self.spec.decode is None:
             return None
-        return self.spec.decode(copy.deepcopy(self.module(dtype)), ins[0].to(dtype))
+        module = copy.deepcopy(self.module(dtype))
+        with candidate_code():
+            return self.spec.decode(module, ins[0].to(dtype))
 
     def fast_path(self, x: Tensor, padding: Tensor, dtype: torch.dtype) -> Tensor | None:
         if self.spec.fast_path is None:
             return None
-        return self.spec.fast_path(copy.deepcopy(self.module(dtype)), x.to(dtype), padding)
+        module = copy.deepcopy(self.module(dtype))
+        with candidate_code():
+            return self.spec.fast_path(module, x.to(dtype), padding)
 
     def repro(self, example: Example, check: str) -> str:
         fields = ", ".join(f"{key}={value!r}" for key, value in dataclasses.asdict(example).items())
