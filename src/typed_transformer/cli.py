@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--spec", default=None, help="the module's spec: torch_mha, typed_transformer, gpt2, bert, "
                        "llama, torchtune, x_transformers")
     audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
-                       "(Hugging Face modules: the config's fields)")
+                       "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
     audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd")
     audit.add_argument("--mask-polarity", choices=["keep", "drop"], default="keep",
                        help="keep: True = may attend (SDPA); drop: True = masked out (nn.MultiheadAttention)")
@@ -359,6 +359,10 @@ def _audit(args: argparse.Namespace) -> int:
             except Exception as err:
                 first_line = str(err).splitlines()[0] if str(err) else ""
                 return _fail(f"cannot build {target} from --config: {type(err).__name__}: {first_line}")
+            from .strategies import randomize_parameters
+
+            # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
+            module = randomize_parameters(module, args.seed)
             report = audit_module(module, spec, fully_masked=args.fully_masked, name=f"{target} (spec {spec.name})",
                                   **options)
         else:
