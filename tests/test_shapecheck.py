@@ -509,3 +509,15 @@ def test_same_dtype_must_name_a_parameter() -> None:
 
     with pytest.raises(TypeError, match="has no parameter 'y'"):
         typechecked(f, same_dtype=("y",))
+
+
+def test_a_kv_cache_from_another_model_is_refused_where_it_enters_in_default_mode() -> None:
+    # The outer signature (GPT.forward) does not describe a cache's contents; the cache checks what it is given.
+    small = tt.GPT(tt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8))
+    other = tt.GPT(tt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=4, n_embd=8))
+    caches = other.new_caches()
+    other(torch.ones(1, 3, dtype=torch.long), kv_caches=caches)
+    with tt.strict_checks(False), pytest.raises(ShapeError) as info:
+        small(torch.ones(1, 1, dtype=torch.long), kv_caches=caches)
+    assert info.value.summary == ("typed_transformer.multihead.KVCache.append(): k: is (1, 2, 1, 4), but the cache "
+                                  "holds (1, 4, 3, 2) (b, g and the head size must stay the same)")
