@@ -176,3 +176,16 @@ def test_counterexample_replays(monkeypatch: pytest.MonkeyPatch) -> None:
     want = scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=True)
     assert isinstance(want, Tensor)
     assert not torch.allclose(got.double(), want, atol=1e-3)
+
+
+def test_declared_lengths_hold_in_every_check() -> None:
+    seen: list[tuple[int, int]] = []
+
+    def spy(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+        seen.append((q.shape[-2], k.shape[-2]))
+        return cands.even_heads_in_range(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+    conventions = Conventions(even_head_size=True, head_sizes=(2, 6), lengths=(2, 5))
+    report = audit_attention(spy, conventions=conventions, max_examples=5)
+    assert report.passed, report.table()
+    assert all(2 <= t <= 5 and 2 <= s <= 5 for t, s in seen)

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..strategies import attention_shapes, keep_masks, key_padding_masks, seeds
 from ._core import (
+    DEFAULT_CONVENTIONS,
     CheckFailure,
     Example,
     Inputs,
@@ -43,7 +44,9 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
     or a keep-mask whose query row 0 allows no key."""
     a, conv = run.adapter, run.adapter.conventions
     low, high = conv.lengths
-    low, high = max(low, min_len or low), max(max(low, min_len or low), max_len or high)
+    if max_len is not None and conv.lengths == DEFAULT_CONVENTIONS.lengths:
+        high = max_len  # the default range may grow; a declared one is kept
+    low = min(max(low, min_len or low), high)
     tied = a.fixed is not None and bool(a.fixed.get("tied", 0))
     same = conv.self_attention or tied
     if a.fixed is not None:
