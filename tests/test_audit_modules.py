@@ -5,6 +5,7 @@ Third-party modules are skipped (with the reason) when their library is not inst
 ``audit-test`` extra, so they run there."""
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from typed_transformer.audit import (
     AuditReport,
     AuditUsageError,
     ModuleSpec,
+    Rotary,
     additive_mask,
     audit_module,
     audit_multihead,
@@ -342,3 +344,18 @@ def test_a_spec_for_your_own_module_in_a_few_lines() -> None:
                       num_heads="heads")
     report = audit_module(randomize_parameters(FusedAttention(8, 2), 0), spec, **QUICK)
     assert report.passed, report.table()
+
+
+def test_torchtune_with_its_interleaved_rotary_embedding() -> None:
+    """torchtune rotates pairs (x[2i], x[2i+1]): its spec declares so and passes; declaring Llama's half-split pairs
+    instead fails ``rope``."""
+    modules = pytest.importorskip("torchtune.modules", reason="torchtune is not installed (extra audit-test)")
+    module = randomize_parameters(SPECS["torchtune"].build(  # type: ignore[misc]
+        modules.MultiHeadAttention, {"embed_dim": 16, "num_heads": 4, "num_kv_heads": 2, "bias": True,
+                                     "rotary_base": 500}), 0)
+    report = audit_module(module, "torchtune", dtypes=[torch.float32], **QUICK)
+    assert report.passed, report.table()
+    assert report.status("rope") == "PASS"
+    half = dataclasses.replace(SPECS["torchtune"], rotary=Rotary("pos_embeddings.base", "half", when="pos_embeddings"))
+    report = audit_module(module, half, dtypes=[torch.float32], checks=["reference", "rope"], **QUICK)
+    assert report.failed == ["reference", "rope"], report.table()

@@ -232,11 +232,18 @@ def _torchtune_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | No
 
 
 def _build_torchtune(cls: type, config: dict[str, Any]) -> nn.Module:
+    """``config``: ``embed_dim``, ``num_heads`` and optionally ``num_kv_heads``, ``head_dim``, ``bias`` (of the
+    ``nn.Linear`` projections, default False) and ``rotary_base`` (torchtune's ``RotaryPositionalEmbeddings``)."""
     config = dict(config)
     embed, heads = config["embed_dim"], config["num_heads"]
     kv_heads = config.setdefault("num_kv_heads", heads)
     head_dim = config.setdefault("head_dim", embed // heads)
     bias = config.pop("bias", False)
+    base = config.pop("rotary_base", None)
+    if base is not None:
+        from torchtune.modules import RotaryPositionalEmbeddings  # type: ignore[import-untyped]
+
+        config["pos_embeddings"] = RotaryPositionalEmbeddings(head_dim, base=base)
     module: nn.Module = cls(**config, q_proj=nn.Linear(embed, heads * head_dim, bias=bias),
                             k_proj=nn.Linear(embed, kv_heads * head_dim, bias=bias),
                             v_proj=nn.Linear(embed, kv_heads * head_dim, bias=bias),
@@ -248,6 +255,7 @@ TORCHTUNE = ModuleSpec(
     "torchtune", _torchtune_forward,
     Conventions(self_attention=True, causal_alignment="top-left", mask_with_causal=False, per_head_masks=False),
     out="output_proj", num_kv_heads="num_kv_heads", head_dim="head_dim", build=_build_torchtune,
+    rotary=Rotary("pos_embeddings.base", "interleaved", when="pos_embeddings"),
     module_type="torchtune.modules.attention.MultiHeadAttention")
 
 
