@@ -45,6 +45,11 @@ Hypothesis test with shrinking): ``reference``, ``scale``, ``causality``, ``batc
 ``dtype``; for modules also ``rope``, ``incremental_decoding`` and ``fast_path``.
 """
 
+from collections.abc import Callable
+from typing import Any, Literal
+
+from torch import nn
+
 from ._checks import draw_example
 from ._core import (
     CHECKS_VERSION,
@@ -76,7 +81,8 @@ FUNCTION_CHECKS: tuple[str, ...] = tuple(name for name, check in REGISTRY.items(
 MODULE_CHECKS: tuple[str, ...] = tuple(name for name, check in REGISTRY.items() if "module" in check.kinds)
 
 
-def audit_multihead(module: object, *, fully_masked: str = "zero", **options: object) -> AuditReport:
+def audit_multihead(module: nn.Module | Callable[[], nn.Module], *,
+                    fully_masked: Literal["zero", "nan", "uniform", "any"] = "zero", **options: Any) -> AuditReport:
     """``audit_module(module, "torch_mha", ...)``: ``nn.MultiheadAttention`` (or a factory of one), its slow
     path on cross-attention inputs and its inference fast path (eval, no grad, batch-first self-attention
     with key padding) as the separate ``fast_path`` check.
@@ -84,7 +90,7 @@ def audit_multihead(module: object, *, fully_masked: str = "zero", **options: ob
     Raises:
         AuditUsageError: ``module`` is not an ``nn.MultiheadAttention``.
     """
-    return audit_module(module, "torch_mha", fully_masked=fully_masked, **options)  # type: ignore[arg-type]
+    return audit_module(module, "torch_mha", fully_masked=fully_masked, **options)
 
 
 __all__ = [
