@@ -1,5 +1,6 @@
 """The ``train`` and ``generate`` commands: a tiny run, resumption, generation, and one-line errors."""
 
+import hashlib
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -47,7 +48,8 @@ def test_train_writes_a_checkpoint_and_a_plot(trained: tuple[Path, Path]) -> Non
     assert checkpoint.model.config.n_embd == 128
     assert checkpoint.tokenizer.chars == "".join(sorted(set(TEXT)))
     assert [h["iter"] for h in checkpoint.history] == [0, 10, 20]
-    assert checkpoint.info == {"source": str(text), "text_chars": len(TEXT)}
+    assert checkpoint.info == {"source": str(text), "text_chars": len(TEXT), "preset": "baby",
+                               "text_sha256": hashlib.sha256(TEXT.encode()).hexdigest()}
     assert checkpoint.train_config["max_iters"] == 20
     assert checkpoint.train_config["batch_size"] == 4
     assert (checkpoint.train_config["learning_rate"], checkpoint.train_config["min_lr"]) == (3e-3, 3e-4)  # baby's

@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from typed_transformer.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint
+from typed_transformer.checkpoint import CHECKPOINT_NAME, CheckpointError, _digest, load_checkpoint, save_checkpoint
 from typed_transformer.data import TextData
 from typed_transformer.gpt import GPT, GPTConfig
 from typed_transformer.training import TrainConfig, TrainResult, learning_rate, train
@@ -124,7 +124,7 @@ def test_checkpoint_is_a_plain_safetensors_file(tmp_path: Path, data: TextData) 
     raw = path.read_bytes()
     (header_length,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8 : 8 + header_length])  # JSON header, then raw tensor bytes: no pickle
-    assert header["__metadata__"]["format"] == "typed-transformer-gpt/1"
+    assert header["__metadata__"]["format"] == "typed-transformer-gpt/2"
     assert json.loads(header["__metadata__"]["tokenizer"]) == {"chars": data.tokenizer.chars}
     with safe_open(str(path), framework="pt") as handle:
         keys = set(handle.keys())
@@ -149,7 +149,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temporary_file(
         written.append(filename)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("typed_transformer.checkpoint.save_file", failing_save_file)
+    monkeypatch.setattr("safetensors.torch.save_file", failing_save_file)
     with pytest.raises(OSError, match="No space left on device"):
         save_checkpoint(tmp_path, tiny_model(data, seed=2), data.tokenizer, iteration=2)
     assert len(written) == 1
@@ -170,7 +170,7 @@ def test_an_interrupt_during_save_also_cleans_up(tmp_path: Path, data: TextData,
         Path(filename).write_bytes(b"partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("typed_transformer.checkpoint.save_file", interrupted)
+    monkeypatch.setattr("safetensors.torch.save_file", interrupted)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(tmp_path, tiny_model(data), data.tokenizer, iteration=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT_NAME]
@@ -226,7 +226,7 @@ def test_a_checkpoint_missing_a_weight(tmp_path: Path, data: TextData) -> None:
         metadata = handle.metadata()
     tensors = load_file(str(path))
     del tensors["model.blocks.1.mlp.linear1.weight"]
-    save_file(tensors, str(path), metadata=metadata)
+    save_file(tensors, str(path), metadata={**metadata, "sha256": _digest(tensors, metadata)})
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(path)
     assert str(info.value).startswith(f"{path}: weights do not fit the model (missing ['blocks.1.mlp.linear1.weight']")

@@ -127,6 +127,8 @@ def _prepare(function: Callable[..., object], q: Tensor, k: Tensor, v: Tensor, s
              is_causal: bool, dropout_p: float) -> tuple[float, bool]:
     """What annotations cannot say about the arguments; the scale and causal flag to compute with."""
     h, g = q.shape[1], k.shape[1]
+    if g == 0:
+        raise_shape_error(function, "k", "axis g is 0: need at least one key/value head", axis="g", actual=0)
     if h % g != 0:
         raise_shape_error(function, "k", f"axis g is {g}, which does not divide h={h} (bound by q)",
                           axis="g", actual=g, bound_by="q")
@@ -135,6 +137,8 @@ def _prepare(function: Callable[..., object], q: Tensor, k: Tensor, v: Tensor, s
         raise_shape_error(function, bad, f"dtype is {str(dtype)[6:]}, expected {str(q.dtype)[6:]} (the dtype of q)")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"{function.__name__}: dropout_p must be in [0, 1), got {dropout_p}")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"{function.__name__}: scale must be a finite number, got {scale}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     t, s = q.shape[2], k.shape[2]

@@ -1,36 +1,74 @@
-"""Checkpoints: one safetensors file holding everything a run needs to continue, written atomically.
+"""Checkpoints: one safetensors file holding everything a run needs to continue, written atomically,
+verified on load; and the run directory that holds it, locked for the lifetime of a run.
 
 ``checkpoint.safetensors`` holds tensors only (never pickle): the model weights under ``model.``, the
 optimizer state under ``optim.``, the random-number states under ``rng.``. Everything else (model config,
-tokenizer, training config, iteration, loss history) is JSON in the safetensors metadata header.
+tokenizer, training config, iteration, loss history) is JSON in the safetensors metadata header, together
+with ``sha256``: a hash of every tensor (name, dtype, shape, bytes) and every other metadata field (format
+``typed-transformer-gpt/2``; files of format ``/1``, written before the hash existed, still load, with every
+field validated but without the hash check).
 
-Writing goes to a temporary file in the same directory, flushed to disk, then renamed over the old
-checkpoint (``os.replace`` is atomic), so an interrupted write leaves the previous checkpoint intact.
+Guarantees (docs/reliability.md lists the faults they were tested against):
+
+* Atomic: the file is written under a unique temporary name in the same directory, flushed to disk, then
+  renamed over the old checkpoint (``os.replace``), so a crash or ``kill -9`` at any moment leaves either the
+  old or the new checkpoint, never a mixture. Temporary files keep the process umask.
+* Verified: :func:`load_checkpoint` recomputes the hash and validates every field (model config, tokenizer,
+  iteration, history, training config, optimizer tensors, random-number states, finite weights); anything
+  wrong is a :class:`CheckpointError` with a one-line message.
+* Exclusive: :func:`run_directory` takes an ``fcntl.flock`` lock on ``<dir>/.lock`` for a run's lifetime (a
+  second run into the same directory is refused), removes temporary files left by killed runs, and checks that
+  the directory is writable before the first step.
+
+``safetensors`` (the ``[train]`` extra) is imported only when a checkpoint is read or written.
 """
 
+import contextlib
+import errno
+import hashlib
 import json
+import math
 import os
-import tempfile
+import re
+import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from .data import CharTokenizer
+from .data import CharTokenizer, DataError
 from .gpt import GPT, GPTConfig
 
-__all__ = ["CHECKPOINT_NAME", "Checkpoint", "CheckpointError", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CHECKPOINT_NAME",
+    "LOCK_NAME",
+    "Checkpoint",
+    "CheckpointError",
+    "RunDirectoryError",
+    "load_checkpoint",
+    "remove_temporaries",
+    "run_directory",
+    "save_checkpoint",
+    "temporary_path",
+]
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
-FORMAT = "typed-transformer-gpt/1"
+LOCK_NAME = ".lock"
+FORMAT = "typed-transformer-gpt/2"
+#: Checkpoints written before the integrity hash existed: loaded with every field validated, but unverified.
+LEGACY_FORMAT = "typed-transformer-gpt/1"
+_METADATA_KEYS = ("format", "model_config", "tokenizer", "iteration", "train_config", "history", "optimizer", "info")
 
 
 class CheckpointError(ValueError):
-    """A checkpoint is missing, unreadable or not ours; the message is one line."""
+    """A checkpoint is missing, unreadable, damaged or not ours; the message is one line."""
+
+
+class RunDirectoryError(ValueError):
+    """The run directory cannot be used (not a directory, not writable, locked by another run); one line."""
 
 
 @dataclass
@@ -45,6 +83,137 @@ class Checkpoint:
     optimizer_state: dict[str, Any] | None = None
     rng: dict[str, Tensor] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Temporary files and the run directory
+# ---------------------------------------------------------------------------------------------------
+
+
+def temporary_path(final: Path) -> Path:
+    """A unique temporary name next to ``final`` (``.NAME.tmp-PID-RANDOM.SUFFIX``), removed by
+    :func:`remove_temporaries` when a run was killed before it could rename or delete it."""
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}{final.suffix}")
+
+
+def remove_temporaries(directory: Path) -> list[Path]:
+    """Delete the temporary files of earlier (killed) runs in ``directory``; returns what was removed.
+
+    Call it only while holding the directory's lock (:func:`run_directory` does), so that no live run's
+    temporary file is taken away. Also matches the names older versions used.
+    """
+    removed = []
+    # Ours, older versions' names, and the ".tmpXXXXXX" files of the Rust tempfile crate, through which
+    # safetensors itself writes before renaming onto the name it was given.
+    patterns = (".*.tmp-*", f".{CHECKPOINT_NAME}.*.tmp", ".loss.png.tmp.png", ".tmp??????")
+    for pattern in patterns:
+        for path in directory.glob(pattern):
+            with contextlib.suppress(FileNotFoundError):
+                if path.is_file() and not path.is_symlink():
+                    path.unlink()
+                    removed.append(path)
+    return removed
+
+
+def describe_os_error(err: OSError) -> str:
+    """``path: reason`` in one line, for a file-system error."""
+    reason = err.strerror or (str(err).splitlines()[0] if str(err) else type(err).__name__)
+    return f"{err.filename}: {reason}" if err.filename is not None else reason
+
+
+_held: dict[Path, list[int]] = {}  # resolved directory -> [lock file descriptor, nesting depth]
+
+
+@contextlib.contextmanager
+def run_directory(directory: str | Path) -> Iterator[Path]:
+    """Hold ``directory`` for one run: create it, lock it, clean it, check it is writable.
+
+    The lock is ``fcntl.flock(LOCK_EX | LOCK_NB)`` on ``directory/.lock`` (the file holds the owner's pid) and
+    is released when the block ends or the process dies, however it dies. It is re-entrant within a process
+    (the command line holds it around :func:`~typed_transformer.training.train`, which takes it too).
+
+    Raises:
+        RunDirectoryError: the path is a file or below a file, cannot be created or written (read-only,
+            permission, disk full, file-size limit), or another process holds the lock.
+    """
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise RunDirectoryError(f"{directory}: exists and is not a directory") from None
+    except NotADirectoryError:
+        raise RunDirectoryError(f"{directory}: cannot be created, a part of the path is a file") from None
+    except OSError as err:
+        raise RunDirectoryError(f"{directory}: cannot create the run directory ({err.strerror})") from None
+    if not directory.is_dir():
+        raise RunDirectoryError(f"{directory}: exists and is not a directory")
+    key = directory.resolve()
+    if key in _held:
+        _held[key][1] += 1
+        try:
+            yield directory
+        finally:
+            _held[key][1] -= 1
+        return
+    import fcntl
+
+    lock = directory / LOCK_NAME
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as err:
+        raise RunDirectoryError(f"{directory}: not writable ({err.strerror})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise RunDirectoryError(f"{directory}: another run is using this directory (pid {owner or '?'} "
+                                    f"holds {lock}); wait for it to finish or choose another --out") from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            remove_temporaries(directory)
+            probe = temporary_path(directory / "write-test")
+            with open(probe, "wb") as stream:
+                stream.write(b"\0" * 4096)
+                stream.flush()
+                os.fsync(stream.fileno())
+            probe.unlink()
+        except OSError as err:
+            raise RunDirectoryError(f"{directory}: not writable ({err.strerror})") from None
+        _held[key] = [fd, 1]
+        try:
+            yield directory
+        finally:
+            del _held[key]
+            with contextlib.suppress(OSError):
+                remove_temporaries(directory)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# ---------------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------------
+
+
+def _tensor_bytes(value: Tensor) -> memoryview:
+    flat = value.detach().cpu().contiguous().reshape(-1)
+    array: Any = flat.view(torch.uint8).numpy()  # a view: no copy
+    return memoryview(array)
+
+
+def _digest(tensors: dict[str, Tensor], metadata: dict[str, str]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, and every metadata field but the hash."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        value = tensors[name]
+        digest.update(f"tensor\0{name}\0{value.dtype}\0{tuple(value.shape)}\0".encode())
+        digest.update(_tensor_bytes(value))
+    for key in sorted(metadata):
+        if key != "sha256":
+            digest.update(f"meta\0{key}\0{metadata[key]}\0".encode())
+    return digest.hexdigest()
 
 
 def _optimizer_tensors(state: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -62,18 +231,6 @@ def _optimizer_tensors(state: dict[str, Any]) -> tuple[dict[str, Tensor], dict[s
     return tensors, {"param_groups": state["param_groups"], "state": per_param}
 
 
-def _optimizer_state(tensors: dict[str, Tensor], meta: dict[str, Any]) -> dict[str, Any]:
-    state: dict[int, dict[str, Any]] = {int(i): dict(entry) for i, entry in meta["state"].items()}
-    for name, value in tensors.items():
-        if name.startswith("optim."):
-            _, index, key = name.split(".", 2)
-            state.setdefault(int(index), {})[key] = value
-    # JSON has no tuples; AdamW's betas (and similar pairs) were tuples when saved.
-    groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in group.items()}
-              for group in meta["param_groups"]]
-    return {"state": state, "param_groups": groups}
-
-
 def save_checkpoint(
     path: str | Path,
     model: GPT,
@@ -86,7 +243,15 @@ def save_checkpoint(
     rng: dict[str, Tensor] | None = None,
     info: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint file atomically; ``path`` is the file or the directory to put it in."""
+    """Write the checkpoint file atomically; ``path`` is the file or the directory to put it in.
+
+    Raises:
+        OSError: the file cannot be written (the previous checkpoint, if any, is left as it was and the
+            temporary file is removed).
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
     path = Path(path)
     if path.is_dir() or not path.suffix:
         path = path / CHECKPOINT_NAME
@@ -112,60 +277,224 @@ def save_checkpoint(
         "optimizer": json.dumps(optimizer_meta),
         "info": json.dumps(info or {}),
     }
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(handle)
+    metadata["sha256"] = _digest(tensors, metadata)
+    temporary = temporary_path(path)
     try:
-        save_file(tensors, temporary, metadata=metadata)
+        # O_EXCL on a fresh random name; mode 0o666 filtered by the umask, like any file the user creates.
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        mode = temporary.stat().st_mode & 0o777  # 0o666 less the umask; safetensors writes files 0o600
+        try:
+            save_file(tensors, str(temporary), metadata=metadata)
+            os.chmod(temporary, mode)
+        except SafetensorError as err:  # its I/O errors end in "(os error N)": make them the OSError they are
+            found = re.search(r"os error (\d+)", str(err))
+            number = int(found.group(1)) if found else errno.EIO
+            raise OSError(number, os.strerror(number), str(temporary)) from None
         with open(temporary, "rb") as stream:
             os.fsync(stream.fileno())
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
+    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every platform)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
     return path
 
 
+# ---------------------------------------------------------------------------------------------------
+# Reading and validating
+# ---------------------------------------------------------------------------------------------------
+
+
+def _json(metadata: dict[str, str], key: str) -> Any:
+    if key not in metadata:
+        raise ValueError(f"no {key!r} field")
+    try:
+        return json.loads(metadata[key])
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{key} is not valid JSON ({err.msg})") from None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _validate_history(history: Any, iteration: int) -> list[dict[str, float]]:
+    if not isinstance(history, list):
+        raise ValueError(f"history must be a list, got {type(history).__name__}")
+    previous = -1.0
+    for entry in history:
+        if not isinstance(entry, dict) or "iter" not in entry:
+            raise ValueError(f"history entry {entry!r} is not a dict with 'iter'")
+        for key, value in entry.items():
+            if key not in ("iter", "train", "val") or not _is_number(value):
+                raise ValueError(f"history entry {entry!r}: {key!r} must be iter, train or val with a finite number")
+        step = entry["iter"]
+        if step != int(step) or not previous < step <= iteration:
+            raise ValueError(f"history entry {entry!r}: iterations must increase and not pass {iteration}")
+        previous = step
+    return history
+
+
+def _validate_train_config(config: Any) -> dict[str, Any]:
+    from .training import TrainConfig
+
+    if not isinstance(config, dict):
+        raise ValueError(f"train_config must be a dict, got {type(config).__name__}")
+    known = set(TrainConfig.__dataclass_fields__)
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(f"train_config has unknown key {unknown[0]!r}")
+    TrainConfig(**config)  # type and range checks
+    return config
+
+
+def _optimizer_state(tensors: dict[str, Tensor], meta: Any, model: GPT) -> dict[str, Any]:
+    """Rebuild ``optimizer.state_dict()`` and check it fits ``model`` (AdamW over ``parameter_groups``)."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("param_groups"), list) \
+            or not isinstance(meta.get("state"), dict):
+        raise ValueError("optimizer metadata must hold param_groups and state")
+    shapes = [p.shape for group in model.parameter_groups(0.0) for p in group["params"]]
+    listed: list[Any] = []
+    groups = []
+    for group in meta["param_groups"]:
+        if not isinstance(group, dict) or not isinstance(group.get("params"), list):
+            raise ValueError("optimizer param_groups entries must be dicts with params")
+        listed += group["params"]
+        # JSON has no tuples; AdamW's betas (and similar pairs) were tuples when saved.
+        groups.append({k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in group.items()})
+    if not all(isinstance(i, int) for i in listed) or sorted(listed) != list(range(len(shapes))):
+        raise ValueError(f"optimizer param_groups do not list the model's {len(shapes)} parameters once each")
+    state: dict[int, dict[str, Any]] = {}
+    for index, entry in meta["state"].items():
+        if not (isinstance(index, str) and index.isdigit() and int(index) < len(shapes)) or not isinstance(entry, dict):
+            raise ValueError(f"optimizer state for unknown parameter {index!r}")
+        state[int(index)] = dict(entry)
+    for name, value in tensors.items():
+        if name.startswith("optim."):
+            parts = name.split(".", 2)
+            if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) not in state:
+                raise ValueError(f"optimizer tensor {name} belongs to no parameter")
+            state[int(parts[1])][parts[2]] = value
+    for index, entry in state.items():
+        for key, expected in (("exp_avg", shapes[index]), ("exp_avg_sq", shapes[index]), ("step", torch.Size())):
+            found = entry.get(key)
+            if not isinstance(found, Tensor):
+                raise ValueError(f"optimizer state of parameter {index} lacks the tensor {key}")
+            value = found
+            if value.shape != expected or not value.is_floating_point():
+                raise ValueError(f"optimizer tensor {index}.{key} has shape {tuple(value.shape)}, "
+                                 f"expected {tuple(expected)}")
+            if not bool(torch.isfinite(value).all()):
+                raise ValueError(f"optimizer tensor {index}.{key} holds NaN or infinity")
+    return {"state": state, "param_groups": groups}
+
+
+def _validate_rng(rng: dict[str, Tensor]) -> dict[str, Tensor]:
+    size = torch.Generator().get_state().shape
+    for name, value in rng.items():
+        if name not in ("batches", "torch"):
+            raise ValueError(f"unknown random-number state rng.{name}")
+        if value.dtype != torch.uint8 or value.shape != size:
+            raise ValueError(f"random-number state rng.{name} is {value.dtype} {tuple(value.shape)}, "
+                             f"expected uint8 {tuple(size)}")
+        try:
+            torch.Generator().set_state(value)
+        except RuntimeError as err:
+            raise ValueError(f"random-number state rng.{name} is invalid ({str(err).splitlines()[0]})") from None
+    return rng
+
+
 def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Read a checkpoint written by :func:`save_checkpoint`; ``path`` is the file or its directory."""
+    """Read and verify a checkpoint written by :func:`save_checkpoint`; ``path`` is the file or its directory.
+
+    Raises:
+        CheckpointError: missing, unreadable, not ours, failing the integrity check (modified or damaged),
+            or a field out of range (one line naming the path and the field).
+    """
+    from safetensors import SafetensorError, safe_open
+
     path = Path(path)
     if path.is_dir():
         path = path / CHECKPOINT_NAME
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint")
     try:
-        tensors = load_file(str(path), device=str(map_location))
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as handle:
+        tensors: dict[str, Tensor] = {}
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
             metadata = handle.metadata() or {}
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                tensors[name] = handle.get_tensor(name)
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"{path}: not a readable checkpoint ({str(err).splitlines()[0]})") from None
-    if metadata.get("format") != FORMAT:
+    if metadata.get("format") not in (FORMAT, LEGACY_FORMAT):
         raise CheckpointError(f"{path}: not a typed-transformer GPT checkpoint (format {metadata.get('format')!r})")
+    if metadata["format"] == FORMAT and "sha256" not in metadata:
+        raise CheckpointError(f"{path}: corrupt checkpoint (no sha256 integrity field)")
+    if "sha256" in metadata and _digest(tensors, metadata) != metadata["sha256"]:
+        raise CheckpointError(f"{path}: corrupt checkpoint (integrity check failed: the tensors or metadata were "
+                              "modified or damaged after it was written)")
     try:
-        config = GPTConfig.from_dict(json.loads(metadata["model_config"]))
-        tokenizer = CharTokenizer(json.loads(metadata["tokenizer"])["chars"])
+        unknown = sorted(set(metadata) - {*_METADATA_KEYS, "sha256"})
+        if unknown:
+            raise ValueError(f"unknown metadata field {unknown[0]!r}")
+        model_config = _json(metadata, "model_config")
+        if not isinstance(model_config, dict):
+            raise ValueError("model_config must be a dict")
+        config = GPTConfig.from_dict(model_config)
+        tokenizer_meta = _json(metadata, "tokenizer")
+        if not isinstance(tokenizer_meta, dict) or not isinstance(tokenizer_meta.get("chars"), str):
+            raise ValueError("tokenizer must be a dict with the string 'chars'")
+        tokenizer = CharTokenizer(tokenizer_meta["chars"])
+        if tokenizer.vocab_size != config.vocab_size:
+            raise ValueError(f"the tokenizer has {tokenizer.vocab_size} characters, the model's vocab_size is "
+                             f"{config.vocab_size}")
+        text = metadata.get("iteration", "")
+        if not text.isdigit():
+            raise ValueError(f"iteration must be a non-negative integer, got {text!r}")
+        iteration = int(text)
+        history = _validate_history(_json(metadata, "history"), iteration)
+        train_config = _validate_train_config(_json(metadata, "train_config"))
+        info = _json(metadata, "info")
+        if not isinstance(info, dict):
+            raise ValueError("info must be a dict")
+        unexpected_prefix = sorted(k for k in tensors if k.split(".", 1)[0] not in ("model", "optim", "rng"))
+        if unexpected_prefix:
+            raise ValueError(f"unexpected tensor {unexpected_prefix[0]}")
         model = GPT(config)
         weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
-        missing, unexpected = model.load_state_dict(weights, strict=False)
+        try:
+            missing, unexpected = model.load_state_dict(weights, strict=False)
+        except RuntimeError as err:  # a shape mismatch
+            message = " ".join(str(err).split())
+            raise CheckpointError(f"{path}: weights do not fit the model ({message[:200]})") from None
         if config.tie_weights:
             missing = [k for k in missing if k != "lm_head.weight"]
         if missing or unexpected:
             raise CheckpointError(f"{path}: weights do not fit the model (missing {missing[:3]}, "
                                   f"unexpected {unexpected[:3]})")
-        optimizer_meta = json.loads(metadata["optimizer"])
-        return Checkpoint(
-            model=model.to(map_location),
-            tokenizer=tokenizer,
-            iteration=int(metadata["iteration"]),
-            train_config=json.loads(metadata["train_config"]),
-            history=json.loads(metadata["history"]),
-            optimizer_state=_optimizer_state(tensors, optimizer_meta) if optimizer_meta else None,
-            rng={k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")},
-            info=json.loads(metadata.get("info", "{}")),
-        )
+        for name, value in weights.items():
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise ValueError(f"weight {name} holds NaN or infinity")
+        optimizer_meta = _json(metadata, "optimizer")
+        optimizer_state = None if optimizer_meta is None else _optimizer_state(tensors, optimizer_meta, model)
+        if optimizer_meta is None and any(k.startswith("optim.") for k in tensors):
+            raise ValueError("optimizer tensors without optimizer metadata")
+        rng = _validate_rng({k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")})
     except CheckpointError:
         raise
-    except (KeyError, ValueError, TypeError, RuntimeError) as err:
-        reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    except (KeyError, ValueError, TypeError, DataError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise CheckpointError(f"{path}: corrupt checkpoint ({reason})") from None
+    if optimizer_state is not None and str(map_location) != "cpu":
+        for entry in optimizer_state["state"].values():
+            for key, value in entry.items():
+                if isinstance(value, Tensor) and key != "step":
+                    entry[key] = value.to(map_location)
+    return Checkpoint(model=model.to(map_location), tokenizer=tokenizer, iteration=iteration,
+                      train_config=train_config, history=history, optimizer_state=optimizer_state, rng=rng,
+                      info=info)

@@ -8,16 +8,39 @@
   --config JSON``: an attention module with its own weights (exit 1 when a check fails).
 
 Bad arguments, bad files and bad checkpoints give one line on stderr and exit code 2, never a traceback.
+Exit codes (docs/reliability.md has the full table): 0 done; 1 a failed audit check or a diverged training run
+(the last finite checkpoint is kept); 2 bad input (arguments, files, checkpoints, an unusable or locked --out, a
+file-system error, out of memory); 130 Ctrl-C (SIGINT); 143 SIGTERM. ``train`` saves on the first Ctrl-C or
+SIGTERM and stops at once on a second one.
 """
 
 import argparse
+import math
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
+from ._signals import exit_code, raise_terminated
+
 __all__ = ["main"]
+
+#: Ranges of the numeric flags (docs/reliability.md). Sizes are bounded so that a typo cannot ask for an
+#: allocation that takes the machine down or an evaluation that never ends.
+MAX_BATCH_SIZE = 4096
+MAX_BLOCK_SIZE = 8192
+MAX_EVAL_ITERS = 1000
+MAX_ITERS = 10**9
+MAX_TOKENS = 1_000_000
+MAX_LEARNING_RATE = 1.0
+MIN_TEMPERATURE = 0.01  # below this, logits / temperature overflow float32 and sampling is greedy anyway
+MAX_TEMPERATURE = 100.0
+MAX_SEED = 2**32 - 1
+MAX_TOKENS_PER_STEP = 2**18  # batch size x block size (the baby run has 768, the seed run 3,072)
+MAX_EVAL_TOKENS = 2**24  # eval iters x batch size x block size, held in memory for the whole run
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,9 +64,20 @@ def _number(convert: Callable[[str], Any], accept: Callable[[Any], bool], wanted
     return parse
 
 
-_positive_float = _number(float, lambda v: v > 0, "a positive number")
+_positive_float = _number(float, lambda v: v > 0 and math.isfinite(v), "a positive finite number")
 _positive_int = _number(int, lambda v: v > 0, "a positive integer")
 _non_negative_int = _number(int, lambda v: v >= 0, "a non-negative integer")
+
+
+def _int_in(low: int, high: int) -> Callable[[str], Any]:
+    return _number(int, lambda v: low <= v <= high, f"an integer from {low} to {high}")
+
+
+_learning_rate = _number(float, lambda v: 0 < v <= MAX_LEARNING_RATE and math.isfinite(v),
+                         f"a learning rate in (0, {MAX_LEARNING_RATE:g}]")
+_temperature = _number(float, lambda v: MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
+                       f"a temperature from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}")
+_seed = _int_in(0, MAX_SEED)
 _fraction = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 _dropout = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
@@ -55,35 +89,45 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a character-level GPT on a text file")
     train.add_argument("--data", type=Path, default=None,
                        help="UTF-8 text file (default: ~1 MB of this Python's standard-library source)")
-    train.add_argument("--preset", choices=["baby", "seed"], default="baby",
-                       help="baby: 4x4x128, block 64 (nanoGPT's CPU run); seed: 6x6x384, block 256, dropout 0.2")
-    train.add_argument("--max-iters", type=_positive_int, default=None, help="optimizer steps (default 2000)")
+    train.add_argument("--preset", choices=["baby", "seed"], default=None,
+                       help="baby (default): 4x4x128, block 64 (nanoGPT's CPU run); seed: 6x6x384, block 256, "
+                            "dropout 0.2")
+    train.add_argument("--max-iters", type=_int_in(1, MAX_ITERS), default=None, help="optimizer steps (default 2000)")
     train.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     train.add_argument("--out", type=Path, default=Path("runs/gpt"), help="checkpoint directory (default runs/gpt)")
-    train.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    train.add_argument("--batch-size", type=_positive_int, default=None, help="default 12")
-    train.add_argument("--block-size", type=_positive_int, default=None, help="context length (default: preset's)")
-    train.add_argument("--lr", type=_positive_float, default=None,
+    start = train.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    start.add_argument("--overwrite", action="store_true",
+                       help="start a fresh run even though --out holds a checkpoint (replaced at the first save)")
+    train.add_argument("--batch-size", type=_int_in(1, MAX_BATCH_SIZE), default=None, help="default 12")
+    train.add_argument("--block-size", type=_int_in(1, MAX_BLOCK_SIZE), default=None,
+                       help="context length (default: preset's)")
+    train.add_argument("--lr", type=_learning_rate, default=None,
                        help="peak learning rate, decaying to a tenth (default: 3e-3 for baby, 1e-3 for seed)")
-    train.add_argument("--eval-interval", type=_positive_int, default=None, help="default 250")
-    train.add_argument("--eval-iters", type=_positive_int, default=None, help="batches per evaluation (default 20)")
+    train.add_argument("--eval-interval", type=_int_in(1, MAX_ITERS), default=None,
+                       help="iterations between evaluations (default 250; checkpoints: --checkpoint-interval)")
+    train.add_argument("--checkpoint-interval", type=_int_in(1, MAX_ITERS), default=None,
+                       help="iterations between checkpoints (default 250; one is also written at the end)")
+    train.add_argument("--eval-iters", type=_int_in(1, MAX_EVAL_ITERS), default=None,
+                       help="batches per evaluation (default 20)")
     train.add_argument("--dropout", type=_dropout, default=None, help="default: preset's")
     train.add_argument("--positional", choices=["learned", "sinusoidal", "rope"], default=None,
                        help="position encoding (default learned)")
-    train.add_argument("--seed", type=_non_negative_int, default=None, help="default 1337")
-    train.add_argument("--sample-tokens", type=_non_negative_int, default=None,
+    train.add_argument("--seed", type=_seed, default=None, help="default 1337")
+    train.add_argument("--sample-tokens", type=_int_in(0, MAX_TOKENS), default=None,
                        help="characters to sample at the end (default 300)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     generate = commands.add_parser("generate", help="sample text from a checkpoint")
     generate.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
     generate.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    generate.add_argument("--max-new-tokens", type=_non_negative_int, default=500)
-    generate.add_argument("--temperature", type=_positive_float, default=0.8)
+    generate.add_argument("--max-new-tokens", type=_int_in(0, MAX_TOKENS), default=500)
+    generate.add_argument("--temperature", type=_temperature, default=0.8,
+                          help=f"default 0.8; from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}")
     generate.add_argument("--top-k", type=_positive_int, default=None)
     generate.add_argument("--top-p", type=_fraction, default=None)
     generate.add_argument("--greedy", action="store_true", help="always take the most likely character")
-    generate.add_argument("--seed", type=_non_negative_int, default=1337)
+    generate.add_argument("--seed", type=_seed, default=1337)
     generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     bench = commands.add_parser("bench", help="benchmarks that print side-by-side ratios")
     which = bench.add_subparsers(dest="which", required=True, parser_class=_Parser)
@@ -187,19 +231,56 @@ def _cuda_or_fail(device: str) -> None:
         raise ValueError("--device cuda: no CUDA device is available")
 
 
+#: What ``train`` and ``generate`` need beyond the core install: the ``[train]`` extra.
+TRAIN_EXTRA = {"train": ("safetensors", "tqdm", "matplotlib"), "generate": ("safetensors",)}
+
+
+def _require_train_extra(command: str) -> None:
+    import importlib
+
+    missing = []
+    for name in TRAIN_EXTRA[command]:
+        try:
+            importlib.import_module(name)  # the command imports it anyway; a broken install counts as missing
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ValueError(f"{command} needs the [train] extra: pip install 'typed-transformer[train]' "
+                         f"(missing: {', '.join(missing)})")
+
+
+#: Options a resumed run may change (the model, the data, the vocabulary and the seed may not).
+CHANGEABLE_ON_RESUME = ("--max-iters", "--lr", "--batch-size", "--eval-interval", "--eval-iters",
+                        "--checkpoint-interval", "--sample-tokens", "--device", "--no-progress")
+
+
 def _train(args: argparse.Namespace) -> int:
+    from .checkpoint import CHECKPOINT_NAME, run_directory
+
+    _require_train_extra("train")
+    with run_directory(args.out):
+        if not args.resume and not args.overwrite and (args.out / CHECKPOINT_NAME).exists():
+            raise ValueError(f"{args.out / CHECKPOINT_NAME} exists: continue that run with --resume or replace "
+                             "it with --overwrite")
+        return _train_locked(args)
+
+
+def _train_locked(args: argparse.Namespace) -> int:
+    import hashlib
+
     import torch
 
     from .checkpoint import CHECKPOINT_NAME, load_checkpoint
-    from .data import TextData, default_corpus, load_text
+    from .data import CharTokenizer, TextData, default_corpus, load_text
     from .gpt import GPT, GPTConfig
-    from .training import TrainConfig, train
+    from .training import TrainConfig, learning_rate, train
 
     _cuda_or_fail(args.device)
     if args.data is None:
         text, source = default_corpus()
     else:
         text, source = load_text(args.data), str(args.data)
+    text_sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
     overrides: dict[str, Any] = {}
     train_overrides: dict[str, Any] = {}
     for flag, key in (("block_size", "block_size"), ("dropout", "dropout"), ("positional", "positional")):
@@ -207,47 +288,77 @@ def _train(args: argparse.Namespace) -> int:
             overrides[key] = getattr(args, flag)
     for flag, key in (("max_iters", "max_iters"), ("batch_size", "batch_size"), ("lr", "learning_rate"),
                       ("eval_interval", "eval_interval"), ("eval_iters", "eval_iters"), ("seed", "seed"),
-                      ("sample_tokens", "sample_tokens")):
+                      ("sample_tokens", "sample_tokens"), ("checkpoint_interval", "checkpoint_interval")):
         if getattr(args, flag) is not None:
             train_overrides[key] = getattr(args, flag)
-    if "eval_interval" in train_overrides:
-        train_overrides.setdefault("checkpoint_interval", train_overrides["eval_interval"])
 
     resume = None
+    preset = args.preset or "baby"
     if args.resume:
         resume = load_checkpoint(args.out / CHECKPOINT_NAME)
         model = resume.model
+        saved_preset = resume.info.get("preset")
+        if args.preset is not None:
+            # The preset's architecture; block size, dropout and positions are flags of their own, checked below.
+            expected = GPTConfig.preset(args.preset, model.config.vocab_size)
+            same = all(getattr(expected, key) == getattr(model.config, key) for key in ("n_layer", "n_head", "n_embd"))
+            if (saved_preset is not None and saved_preset != args.preset) or not same:
+                raise ValueError(f"--preset {args.preset} differs from the checkpoint's model "
+                                 f"({saved_preset or 'custom'}: n_layer={model.config.n_layer}, "
+                                 f"n_head={model.config.n_head}, n_embd={model.config.n_embd}); "
+                                 "a resumed run keeps its model")
+        preset = saved_preset or "checkpoint's"
         for key, value in overrides.items():
             if getattr(model.config, key) != value:
                 raise ValueError(f"--{key.replace('_', '-')} {value} differs from the checkpoint's "
                                  f"{getattr(model.config, key)}; a resumed run keeps its model")
+        saved_seed = resume.train_config.get("seed", TrainConfig.seed)
+        if train_overrides.get("seed", saved_seed) != saved_seed:
+            raise ValueError(f"--seed {train_overrides['seed']} differs from the checkpoint's {saved_seed}; a "
+                             "resumed run continues the saved random state")
         config = TrainConfig.overridden(resume.train_config, **train_overrides)
         tokenizer = resume.tokenizer
-        if resume.info.get("text_chars") not in (None, len(text)):
-            raise ValueError(f"{source} is not the text the checkpoint was trained on "
-                             f"({len(text)} characters, the checkpoint's had {resume.info['text_chars']})")
+        saved_hash, saved_chars = resume.info.get("text_sha256"), resume.info.get("text_chars")
+        if saved_hash not in (None, text_sha256) or saved_chars not in (None, len(text)):
+            what = "length" if saved_chars not in (None, len(text)) else "sha256"
+            raise ValueError(f"{source} is not the text the checkpoint was trained on (its {what} differs from "
+                             f"that of {resume.info.get('source', 'the saved text')})")
+        if CharTokenizer.from_text(text) != tokenizer:
+            raise ValueError(f"{source}: its vocabulary ({len(set(text))} characters) differs from the "
+                             f"checkpoint's ({tokenizer.vocab_size})")
+        _check_sizes(config.batch_size, model.config.block_size, config.eval_iters)
         data = TextData.from_text(text, model.config.block_size, tokenizer=tokenizer, source=source)
         if resume.iteration >= config.max_iters:
             raise ValueError(f"the checkpoint is already at iteration {resume.iteration}; "
                              "pass a larger --max-iters")
         print(f"resuming {args.out / CHECKPOINT_NAME} at iteration {resume.iteration}", file=sys.stderr)
+        old = TrainConfig.overridden(resume.train_config)
+        if config.lr_decay_iters is None and old.max_iters != config.max_iters:
+            it = resume.iteration
+            print(f"note: the learning rate now decays over {config.max_iters} iterations instead of "
+                  f"{old.max_iters}: {learning_rate(config, it):.3g} at iteration {it} (the shorter schedule "
+                  f"had {learning_rate(old, it):.3g}); see docs/reliability.md", file=sys.stderr)
     else:
-        config = TrainConfig.for_preset(args.preset, **train_overrides)
-        block = overrides.get("block_size", GPTConfig.preset(args.preset, 1).block_size)
+        config = TrainConfig.for_preset(preset, **train_overrides)
+        block = overrides.get("block_size", GPTConfig.preset(preset, 1).block_size)
+        _check_sizes(config.batch_size, block, config.eval_iters)
         data = TextData.from_text(text, block, source=source)
         torch.manual_seed(config.seed)
-        model = GPT(GPTConfig.preset(args.preset, data.tokenizer.vocab_size, **overrides))
+        model = GPT(GPTConfig.preset(preset, data.tokenizer.vocab_size, **overrides))
     print(f"data: {source}: {len(text):,} characters, vocabulary {data.tokenizer.vocab_size}, "
           f"train {len(data.train):,} / val {len(data.val):,} tokens", file=sys.stderr)
-    print(f"model: {args.preset} preset, {model.num_parameters():,} parameters (without positions), "
+    print(f"model: {preset} preset, {model.num_parameters():,} parameters (without positions), "
           f"{model.config}", file=sys.stderr)
-    result = train(model, data, config, args.out, resume=resume, device=args.device,
-                   progress=not args.no_progress, info={"source": source, "text_chars": len(text)})
+    info = {"source": source, "text_chars": len(text), "text_sha256": text_sha256,
+            "preset": resume.info.get("preset") if resume is not None else preset}
+    result = train(model, data, config, args.out, resume=resume, overwrite=args.overwrite, device=args.device,
+                   progress=not args.no_progress, info={k: v for k, v in info.items() if v is not None})
     last = result.history[-1] if result.history else {}
     if result.interrupted:
-        print(f"interrupted at iteration {result.iteration}; saved {result.checkpoint} "
+        name = "SIGTERM" if result.signal == signal.SIGTERM else "Ctrl-C"
+        print(f"interrupted ({name}) at iteration {result.iteration}; saved {result.checkpoint} "
               f"(continue with --resume)", file=sys.stderr)
-        return 130
+        return 128 + (result.signal or signal.SIGINT)
     print(f"done: iteration {result.iteration}, train loss {last.get('train', float('nan')):.4f}, "
           f"val loss {last.get('val', float('nan')):.4f}; checkpoint {result.checkpoint}, "
           f"loss curve {args.out / 'loss.png'}")
@@ -257,7 +368,19 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_sizes(batch_size: int, block_size: int, eval_iters: int) -> None:
+    """Refuse combinations of in-range sizes that cannot fit (each flag alone is bounded by the parser)."""
+    step = batch_size * block_size
+    if step > MAX_TOKENS_PER_STEP:
+        raise ValueError(f"--batch-size {batch_size} x block size {block_size} = {step:,} tokens per step, more than "
+                         f"{MAX_TOKENS_PER_STEP:,}; lower --batch-size or --block-size")
+    if eval_iters * step > MAX_EVAL_TOKENS:
+        raise ValueError(f"--eval-iters {eval_iters} x {step:,} tokens per batch = {eval_iters * step:,} evaluation "
+                         f"tokens held in memory, more than {MAX_EVAL_TOKENS:,}; lower --eval-iters or --batch-size")
+
+
 def _generate(args: argparse.Namespace) -> int:
+    _require_train_extra("generate")
     import torch
 
     from .checkpoint import load_checkpoint
@@ -274,6 +397,40 @@ def _generate(args: argparse.Namespace) -> int:
                          top_p=args.top_p, greedy=args.greedy, generator=generator)
     print(checkpoint.tokenizer.decode(out[0].cpu()))
     return 0
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    import torch
+
+    if isinstance(err, MemoryError | torch.OutOfMemoryError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text)
+
+
+def _run_training_command(args: argparse.Namespace) -> int:
+    """``train`` or ``generate``, with every expected failure turned into one line and its exit code."""
+    from .checkpoint import CheckpointError, RunDirectoryError, describe_os_error
+    from .data import DataError
+
+    try:
+        return _train(args) if args.command == "train" else _generate(args)
+    except (DataError, CheckpointError, RunDirectoryError, ValueError) as err:
+        return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
+    except OSError as err:
+        return _fail(f"cannot write: {describe_os_error(err)} (the last checkpoint, if any, is intact)")
+    except (RuntimeError, MemoryError) as err:
+        from .training import TrainingDiverged
+
+        if isinstance(err, TrainingDiverged):
+            print(f"typed-transformer: error: {err}", file=sys.stderr)
+            return 1
+        if _out_of_memory(err):
+            return _fail("out of memory: lower --batch-size, --block-size or --eval-iters")
+        if "probability tensor contains" in str(err):  # torch.multinomial on NaN or infinite probabilities
+            return _fail("the model's output is not finite (its weights are finite but exploded: the run that "
+                         "wrote this checkpoint diverged)")
+        raise
 
 
 def _import(spec: str) -> Any:
@@ -387,15 +544,32 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit code. SIGINT and SIGTERM anywhere end with one line on stderr
+    and exit code 130 or 143 (``train`` saves first; see :func:`~typed_transformer.training.train`)."""
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    if in_main_thread:
+        signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as interrupt:
+        code = exit_code(interrupt)
+        if in_main_thread:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second signal while we report the first
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print(f"typed-transformer: {'terminated (SIGTERM)' if code == 143 else 'interrupted (Ctrl-C)'}",
+              file=sys.stderr)
+        return code
+    finally:
+        if in_main_thread:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("train", "generate"):
-        from .checkpoint import CheckpointError
-        from .data import DataError
-
-        try:
-            return _train(args) if args.command == "train" else _generate(args)
-        except (DataError, CheckpointError, ValueError) as err:
-            return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
+        return _run_training_command(args)
     if args.command == "bench":
         try:
             bench = _benchmarks()
@@ -413,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [p for p in presets if p not in ("baby", "seed")]
         if unknown:
             return _fail(f"--presets: unknown preset {unknown[0]!r} (choose baby, seed)")
+        if not presets:
+            return _fail(f"--presets: no preset in {args.presets!r} (choose baby, seed, or both: baby,seed)")
         training = bench_gpt_training(presets, batch_size=args.batch_size, steps=args.steps)
         generation = [] if args.skip_generation else bench_generation()
         costs = None if args.skip_generation else decode_step_costs()

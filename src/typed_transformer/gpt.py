@@ -37,6 +37,11 @@ class GPTConfig:
 
     ``n_kv_heads`` (default ``n_head``) must divide ``n_head``; ``n_head`` must divide ``n_embd``.
     ``activation="gelu_tanh"`` is GPT-2's ``gelu_new``.
+
+    Raises:
+        ValueError: a size that is not a positive ``int``, ``bias`` or ``tie_weights`` that is not a ``bool``
+            (``"false"`` would read as true), ``dropout`` outside ``[0, 1)``, ``layer_norm_eps`` not positive and
+            finite, an unknown ``positional`` or ``activation``, or sizes that do not divide.
     """
 
     vocab_size: int
@@ -62,8 +67,17 @@ class GPTConfig:
         kv = self.kv_heads
         if kv <= 0 or self.n_head % kv != 0:
             raise ValueError(f"GPTConfig: n_kv_heads={self.n_kv_heads} must divide n_head={self.n_head}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout}")
+        if self.n_kv_heads is not None and (not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool)):
+            raise ValueError(f"GPTConfig: n_kv_heads must be None or a positive int, got {self.n_kv_heads!r}")
+        for name in ("bias", "tie_weights"):
+            if not isinstance(getattr(self, name), bool):  # bool("false") is True: refuse strings and numbers
+                raise ValueError(f"GPTConfig: {name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.dropout, int | float) or isinstance(self.dropout, bool) \
+                or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout!r}")
+        eps = self.layer_norm_eps
+        if not isinstance(eps, int | float) or isinstance(eps, bool) or not (eps > 0 and math.isfinite(eps)):
+            raise ValueError(f"GPTConfig: layer_norm_eps must be a positive finite number, got {eps!r}")
         if self.positional not in ("learned", "sinusoidal", "rope"):
             raise ValueError(f"GPTConfig: positional must be learned, sinusoidal or rope, got {self.positional!r}")
         if self.activation not in ("gelu", "gelu_tanh"):
@@ -265,8 +279,16 @@ class GPT(nn.Module):
 
         Shape checks: the arguments are checked at this call; the forward passes it makes are the library
         calling itself and are checked again only in strict mode (see :mod:`typed_transformer.shapecheck`).
+
+        Raises:
+            ShapeError: ``idx`` of the wrong shape, or with no positions (an empty prompt).
+            ValueError: nonsensical sampling settings (see :func:`check_sampling`), token ids outside the
+                vocabulary.
         """
         check_sampling(max_new_tokens, temperature, top_k, top_p, greedy)
+        if idx.shape[1] == 0:
+            raise_shape_error("typed_transformer.gpt.GPT.generate", "idx",
+                              "axis t is 0: generation needs a prompt of at least one token", axis="t", actual=0)
         block = self.config.block_size
         caches = self.new_caches() if use_cache else None
         logits, _ = self(idx[:, -block:], kv_caches=caches)

@@ -144,7 +144,7 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         for name, size in (("d_model", d_model), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
                            ("input_dim", input_dim), ("kdim", kdim), ("vdim", vdim)):
-            if size is not None and (isinstance(size, bool) or size <= 0):
+            if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
                 raise ValueError(f"MultiHeadAttention: {name} must be a positive int, got {size!r}")
         if d_model % num_heads != 0:
             raise ValueError(f"MultiHeadAttention: d_model={d_model} is not divisible by num_heads={num_heads}")

@@ -1,0 +1,258 @@
+"""Checkpoint integrity (a sha256 over tensors and metadata, verified on load), validation of every field behind
+it, the run directory's lock and temporary files, and file modes that follow the umask."""
+
+import fcntl
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from typed_transformer.checkpoint import (
+    CHECKPOINT_NAME,
+    LOCK_NAME,
+    CheckpointError,
+    RunDirectoryError,
+    _digest,
+    load_checkpoint,
+    remove_temporaries,
+    run_directory,
+    save_checkpoint,
+    temporary_path,
+)
+from typed_transformer.data import TextData
+from typed_transformer.gpt import GPT, GPTConfig
+from typed_transformer.training import TrainConfig, train
+
+TEXT = "the quick brown fox jumps over the lazy dog.\n" * 12
+
+
+@pytest.fixture(scope="module")
+def data() -> TextData:
+    return TextData.from_text(TEXT, 8)
+
+
+@pytest.fixture(scope="module")
+def saved(data: TextData, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real checkpoint after 3 training steps: weights, AdamW state, RNG states, history."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=data.tokenizer.vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    config = TrainConfig(max_iters=3, batch_size=2, eval_interval=2, eval_iters=1, sample_tokens=0, warmup_iters=1)
+    out = tmp_path_factory.mktemp("saved")
+    train(model, data, config, out, progress=False)
+    return out / CHECKPOINT_NAME
+
+
+def read(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    with safe_open(str(path), framework="pt") as handle:
+        return {k: handle.get_tensor(k) for k in handle.keys()}, dict(handle.metadata())  # noqa: SIM118
+
+
+def rewrite(source: Path, target: Path, change: Callable[[dict[str, Tensor], dict[str, str]], object],
+            *, sign: bool = True) -> Path:
+    tensors, metadata = read(source)
+    change(tensors, metadata)
+    if sign:
+        metadata["sha256"] = _digest(tensors, metadata)
+    save_file(tensors, str(target), metadata=metadata)
+    return target
+
+
+def refused(path: Path) -> str:
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    assert info.type is CheckpointError
+    message = str(info.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith(f"{path}: ")
+    return message.removeprefix(f"{path}: ")
+
+
+def test_a_real_checkpoint_loads(saved: Path) -> None:
+    checkpoint = load_checkpoint(saved)
+    assert checkpoint.iteration == 3
+    assert [h["iter"] for h in checkpoint.history] == [0, 2, 3]
+    assert checkpoint.optimizer_state is not None
+    assert set(checkpoint.rng) == {"batches", "torch"}
+
+
+def test_a_flipped_tensor_byte_fails_the_integrity_check(saved: Path, tmp_path: Path) -> None:
+    raw = bytearray(saved.read_bytes())
+    raw[-100] ^= 0x01  # inside the last tensor's data: still a readable safetensors file
+    path = tmp_path / "flipped.safetensors"
+    path.write_bytes(bytes(raw))
+    assert refused(path) == ("corrupt checkpoint (integrity check failed: the tensors or metadata were modified or "
+                             "damaged after it was written)")
+
+
+def test_edited_metadata_fails_the_integrity_check(saved: Path, tmp_path: Path) -> None:
+    path = rewrite(saved, tmp_path / "edited.safetensors", lambda t, m: m.update(iteration="2"), sign=False)
+    assert "integrity check failed" in refused(path)
+    path = rewrite(saved, tmp_path / "unsigned.safetensors", lambda t, m: m.pop("sha256"), sign=False)
+    assert refused(path) == "corrupt checkpoint (no sha256 integrity field)"
+
+
+def _set(key: str, value: Any) -> Callable[[dict[str, Tensor], dict[str, str]], object]:
+    return lambda tensors, metadata: metadata.update({key: value if isinstance(value, str) else json.dumps(value)})
+
+
+def _nan_weight(tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+    tensors["model.ln_f.weight"] = tensors["model.ln_f.weight"].clone()
+    tensors["model.ln_f.weight"][0] = float("nan")
+
+
+def _drop(name: str) -> Callable[[dict[str, Tensor], dict[str, str]], object]:
+    return lambda tensors, metadata: tensors.pop(name)
+
+
+def _replace(name: str, value: Tensor) -> Callable[[dict[str, Tensor], dict[str, str]], object]:
+    return lambda tensors, metadata: tensors.update({name: value})
+
+
+# Each corruption is re-signed (a valid hash), so only the field validation can catch it.
+CORRUPTIONS: list[tuple[str, Callable[[dict[str, Tensor], dict[str, str]], object], str]] = [
+    ("iteration -5", _set("iteration", "-5"), "iteration must be a non-negative integer, got '-5'"),
+    ("iteration text", _set("iteration", "seven"), "iteration must be a non-negative integer, got 'seven'"),
+    ("history not a list", _set("history", {"iter": 0}), "history must be a list, got dict"),
+    ("history entry", _set("history", [[0, 1.0]]), "history entry [0, 1.0] is not a dict with 'iter'"),
+    ("history value", _set("history", [{"iter": 0, "train": "low"}]), "'train' must be iter, train or val with"),
+    ("history NaN", _set("history", [{"iter": 0, "train": float("nan")}]), "'train' must be iter, train or val"),
+    ("history order", _set("history", [{"iter": 2}, {"iter": 1}]), "iterations must increase and not pass 3"),
+    ("history future", _set("history", [{"iter": 9}]), "iterations must increase and not pass 3"),
+    ("train_config key", _set("train_config", {"max_iters": 3, "speed": "fast"}),
+     "train_config has unknown key 'speed'"),
+    ("train_config type", _set("train_config", {"max_iters": "3"}), "max_iters must be a positive integer, got '3'"),
+    ("train_config lr", _set("train_config", {"learning_rate": float("inf")}), "learning_rate must be a finite"),
+    ("train_config not a dict", _set("train_config", [1]), "train_config must be a dict, got list"),
+    ("model_config bias", lambda t, m: m.update(model_config=json.dumps({**json.loads(m["model_config"]),
+                                                                         "bias": "no"})),
+     "GPTConfig: bias must be True or False, got 'no'"),
+    ("model_config unknown", lambda t, m: m.update(model_config=json.dumps({**json.loads(m["model_config"]),
+                                                                            "width": 3})),
+     "GPTConfig: unknown fields ['width']"),
+    ("tokenizer size", _set("tokenizer", {"chars": "abc"}), "the tokenizer has 3 characters, the model's vocab_size"),
+    ("tokenizer repeated", _set("tokenizer", {"chars": "aa"}), "the vocabulary has repeated characters"),
+    ("info", _set("info", [1, 2]), "info must be a dict"),
+    ("unknown field", _set("notes", "hello"), "unknown metadata field 'notes'"),
+    ("NaN weight", _nan_weight, "weight ln_f.weight holds NaN or infinity"),
+    ("missing optimizer tensor", _drop("optim.0.exp_avg"), "optimizer state of parameter 0 lacks the tensor exp_avg"),
+    ("optimizer tensor shape", _replace("optim.1.exp_avg_sq", torch.zeros(3)),
+     "optimizer tensor 1.exp_avg_sq has shape (3,)"),
+    ("optimizer NaN", _replace("optim.0.step", torch.tensor(float("nan"))), "optimizer tensor 0.step holds NaN"),
+    ("optimizer stray", _replace("optim.99.exp_avg", torch.zeros(1)), "optimizer tensor optim.99.exp_avg belongs to"),
+    ("optimizer groups", lambda t, m: m.update(optimizer=json.dumps({**json.loads(m["optimizer"]),
+                                                                     "param_groups": []})),
+     "optimizer param_groups do not list the model's"),
+    ("RNG size", _replace("rng.batches", torch.zeros(7, dtype=torch.uint8)),
+     "random-number state rng.batches is torch.uint8 (7,), expected uint8"),
+    ("RNG dtype", lambda t, m: t.update({"rng.torch": t["rng.torch"].float()}),
+     "random-number state rng.torch is torch.float32"),
+    ("RNG name", _replace("rng.cuda", torch.zeros(7, dtype=torch.uint8)), "unknown random-number state rng.cuda"),
+    ("stray tensor", _replace("extra.x", torch.zeros(1)), "unexpected tensor extra.x"),
+]
+
+
+@pytest.mark.parametrize(("name", "change", "words"), CORRUPTIONS, ids=[c[0] for c in CORRUPTIONS])
+def test_every_field_is_validated_behind_the_hash(name: str, change: Any, words: str, saved: Path,
+                                                  tmp_path: Path) -> None:
+    message = refused(rewrite(saved, tmp_path / "bad.safetensors", change))
+    assert message.startswith("corrupt checkpoint (")
+    assert words in message
+
+
+def test_a_weight_of_the_wrong_shape(saved: Path, tmp_path: Path) -> None:
+    path = rewrite(saved, tmp_path / "bad.safetensors", _replace("model.ln_f.weight", torch.ones(3)))
+    assert refused(path).startswith("weights do not fit the model (Error(s) in loading state_dict for GPT: "
+                                    "size mismatch for ln_f.weight")
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_the_checkpoint_file_follows_the_umask(umask: int, mode: int, data: TextData, tmp_path: Path) -> None:
+    model = GPT(GPTConfig(vocab_size=data.tokenizer.vocab_size, block_size=8, n_layer=1, n_head=1, n_embd=4))
+    old = os.umask(umask)
+    try:
+        path = save_checkpoint(tmp_path, model, data.tokenizer)
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == mode
+
+
+def test_temporary_names_are_unique_and_cleaned(tmp_path: Path) -> None:
+    final = tmp_path / CHECKPOINT_NAME
+    names = {temporary_path(final) for _ in range(50)}
+    assert len(names) == 50
+    assert all(re.fullmatch(rf"\.checkpoint\.safetensors\.tmp-{os.getpid()}-[0-9a-f]{{8}}\.safetensors", p.name)
+               for p in names)
+    stale = [*sorted(names)[:3], tmp_path / ".checkpoint.safetensors.abc123.tmp", tmp_path / ".loss.png.tmp.png",
+             temporary_path(tmp_path / "loss.png"), tmp_path / ".tmpDSoRlw"]  # the last: safetensors' own
+    keep = [final, tmp_path / "loss.png", tmp_path / "notes.tmp", tmp_path / LOCK_NAME]
+    for path in (*stale, *keep):
+        path.write_bytes(b"x")
+    assert sorted(remove_temporaries(tmp_path)) == sorted(stale)
+    assert sorted(tmp_path.iterdir()) == sorted(keep)
+
+
+def test_run_directory_locks_cleans_and_is_reentrant(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    stale = temporary_path(out / CHECKPOINT_NAME)
+    stale.write_bytes(b"partial")
+    with run_directory(out):
+        assert not stale.exists()
+        assert (out / LOCK_NAME).read_text() == f"{os.getpid()}\n"
+        with run_directory(out):  # the command line holds it around train(), which takes it again
+            pass
+        other = os.open(out / LOCK_NAME, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):  # still held after the nested block ended
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(other)
+    held = os.open(out / LOCK_NAME, os.O_RDWR)  # now another process (here: another open file) holds it
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RunDirectoryError, match=re.escape(f"{out}: another run is using this directory (pid ")), \
+                run_directory(out):
+            pass
+    finally:
+        os.close(held)
+    with run_directory(out):  # released: usable again
+        pass
+
+
+def test_train_refuses_an_existing_checkpoint_without_resume_or_overwrite(saved: Path, data: TextData,
+                                                                          tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / CHECKPOINT_NAME).write_bytes(saved.read_bytes())
+    model = GPT(GPTConfig(vocab_size=data.tokenizer.vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    config = TrainConfig(max_iters=2, batch_size=2, eval_interval=2, eval_iters=1, sample_tokens=0)
+    with pytest.raises(RunDirectoryError, match=re.escape(f"{out / CHECKPOINT_NAME} exists: continue that run")):
+        train(model, data, config, out, progress=False)
+    assert (out / CHECKPOINT_NAME).read_bytes() == saved.read_bytes()
+    assert train(model, data, config, out, progress=False, overwrite=True).iteration == 2
+    assert load_checkpoint(out).iteration == 2
+
+
+def test_a_checkpoint_from_before_the_hash_still_loads_with_its_fields_validated(saved: Path, tmp_path: Path) -> None:
+    def legacy(tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+        metadata.update(format="typed-transformer-gpt/1")
+        del metadata["sha256"]
+
+    old = rewrite(saved, tmp_path / "old.safetensors", legacy, sign=False)
+    assert load_checkpoint(old).iteration == 3
+    assert load_checkpoint(saved).model.config == load_checkpoint(old).model.config
+
+    def legacy_damaged(tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+        legacy(tensors, metadata)
+        metadata.update(iteration="-5")
+
+    damaged = rewrite(saved, tmp_path / "damaged.safetensors", legacy_damaged, sign=False)
+    assert refused(damaged) == "corrupt checkpoint (iteration must be a non-negative integer, got '-5')"

@@ -1,0 +1,403 @@
+"""The ``train``/``generate`` command line under bad input and signals (issue 13): numeric flag ranges, resume
+refusals, Ctrl-C and SIGTERM anywhere (one line, 130/143), the ``[train]`` extra, and what ``import
+typed_transformer`` loads."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from typed_transformer.cli import main
+
+TEXT = "first citizen:\nbefore we proceed any further, hear me speak.\n\nall:\nspeak, speak.\n" * 8
+TINY = ["--block-size", "8", "--eval-interval", "5", "--eval-iters", "2", "--batch-size", "4", "--sample-tokens", "5",
+        "--no-progress"]
+
+
+def run(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    assert isinstance(code, int)
+    return code
+
+
+def one_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("reliability")
+    text = root / "input.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    out = root / "run"
+    assert main(["train", "--data", str(text), "--max-iters", "10", *TINY, "--out", str(out)]) == 0
+    return text, out
+
+
+@pytest.fixture
+def copy(trained: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    text, out = trained
+    shutil.copytree(out, tmp_path / "run")
+    return text, tmp_path / "run"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Numeric flag ranges
+# ---------------------------------------------------------------------------------------------------
+
+TRAIN = ["train", "--data", "{text}", "--out", "{tmp}/out"]
+GENERATE = ["generate", "--checkpoint", "{run}"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([*TRAIN, "--lr", "inf"], "argument --lr: expected a learning rate in (0, 1], got 'inf'"),
+        ([*TRAIN, "--lr", "nan"], "argument --lr: expected a learning rate in (0, 1], got 'nan'"),
+        ([*TRAIN, "--lr", "1e30"], "argument --lr: expected a learning rate in (0, 1], got '1e30'"),
+        ([*TRAIN, "--lr", "0"], "argument --lr: expected a learning rate in (0, 1], got '0'"),
+        ([*TRAIN, "--lr", "fast"], "argument --lr: expected a number, got 'fast'"),
+        ([*TRAIN, "--batch-size", "1000000000"],
+         "argument --batch-size: expected an integer from 1 to 4096, got '1000000000'"),
+        ([*TRAIN, "--eval-iters", "1000000000"],
+         "argument --eval-iters: expected an integer from 1 to 1000, got '1000000000'"),
+        ([*TRAIN, "--block-size", "100000"], "argument --block-size: expected an integer from 1 to 8192, got '100000'"),
+        ([*TRAIN, "--seed", "18446744073709551616"],
+         "argument --seed: expected an integer from 0 to 4294967295, got '18446744073709551616'"),
+        ([*TRAIN, "--seed", "-1"], "argument --seed: expected an integer from 0 to 4294967295, got '-1'"),
+        ([*TRAIN, "--max-iters", "0"], "argument --max-iters: expected an integer from 1 to 1000000000, got '0'"),
+        ([*TRAIN, "--checkpoint-interval", "0"],
+         "argument --checkpoint-interval: expected an integer from 1 to 1000000000, got '0'"),
+        ([*TRAIN, "--resume", "--overwrite"], "argument --overwrite: not allowed with argument --resume"),
+        ([*GENERATE, "--temperature", "1e-300"],
+         "argument --temperature: expected a temperature from 0.01 to 100, got '1e-300'"),
+        ([*GENERATE, "--temperature", "inf"],
+         "argument --temperature: expected a temperature from 0.01 to 100, got 'inf'"),
+        ([*GENERATE, "--seed", "18446744073709551616"],
+         "argument --seed: expected an integer from 0 to 4294967295, got '18446744073709551616'"),
+        ([*GENERATE, "--max-new-tokens", "10000000"],
+         "argument --max-new-tokens: expected an integer from 0 to 1000000, got '10000000'"),
+    ],
+)
+def test_numeric_flags_out_of_range(argv: list[str], message: str, trained: tuple[Path, Path], tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    text, out = trained
+    filled = [a.format(text=text, tmp=tmp_path, run=out) for a in argv]
+    capsys.readouterr()
+    assert run(filled) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line == f"typed-transformer {filled[0]}: error: {message}"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--batch-size", "4096", "--block-size", "8192"],
+         "--batch-size 4096 x block size 8192 = 33,554,432 tokens per step, more than 262,144; lower --batch-size or "
+         "--block-size"),
+        (["--batch-size", "4096", "--eval-iters", "1000"],  # baby's block size 64
+         "--eval-iters 1000 x 262,144 tokens per batch = 262,144,000 evaluation tokens held in memory, more than "
+         "16,777,216; lower --eval-iters or --batch-size"),
+    ],
+)
+def test_sizes_that_cannot_fit_together(flags: list[str], message: str, trained: tuple[Path, Path], tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    text, _ = trained
+    capsys.readouterr()
+    assert main(["train", "--data", str(text), "--out", str(tmp_path / "run"), *flags]) == 2
+    assert one_line(capsys.readouterr().err) == f"typed-transformer: error: {message}"
+
+
+def test_bounds_are_inclusive(trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    _, out = trained
+    assert main([*[a.format(run=out) for a in GENERATE], "--temperature", "0.01", "--seed", "4294967295",
+                 "--max-new-tokens", "3"]) == 0
+    assert len(capsys.readouterr().out) == 1 + 3 + 1  # the default prompt, 3 characters, a newline
+
+
+# ---------------------------------------------------------------------------------------------------
+# Resume: what may change and what may not
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "make_text", "words"),
+    [
+        (["--preset", "seed"], None, "--preset seed differs from the checkpoint's model (baby: n_layer=4, n_head=4, "
+                                     "n_embd=128); a resumed run keeps its model"),
+        (["--seed", "7"], None, "--seed 7 differs from the checkpoint's 1337; a resumed run continues the saved "
+                                "random state"),
+        ([], lambda: TEXT[::-1], "is not the text the checkpoint was trained on (its sha256 differs from that of"),
+        ([], lambda: TEXT + "x", "is not the text the checkpoint was trained on (its length differs from that of"),
+    ],
+)
+def test_resume_refuses_another_model_seed_or_text(extra: list[str], make_text: Any, words: str,
+                                                   copy: tuple[Path, Path], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    text, out = copy
+    if make_text is not None:
+        text = tmp_path / "other.txt"
+        text.write_text(make_text(), encoding="utf-8")
+    before = (out / CHECKPOINT_NAME).read_bytes()
+    capsys.readouterr()
+    assert run(["train", "--data", str(text), "--resume", "--max-iters", "20", *TINY, *extra, "--out",
+                str(out)]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("typed-transformer: error: ")
+    assert words in line
+    assert (out / CHECKPOINT_NAME).read_bytes() == before
+
+
+def test_resume_accepts_the_same_preset_and_the_changeable_options(copy: tuple[Path, Path],
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    text, out = copy
+    capsys.readouterr()
+    argv = ["train", "--data", str(text), "--resume", "--preset", "baby", "--max-iters", "12", *TINY, "--lr", "1e-3",
+            "--batch-size", "3", "--eval-iters", "1", "--checkpoint-interval", "7", "--seed", "1337", "--out", str(out)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "model: baby preset" in err
+    # max_iters 10 -> 12 without lr_decay_iters: the schedule is stretched, and the command says so.
+    # (Both still in the 100-iteration warm-up: 1e-3 * 11 / 101 with the new --lr, 3e-3 * 11 / 101 before.)
+    assert ("note: the learning rate now decays over 12 iterations instead of 10: 0.000109 at iteration 10 (the "
+            "shorter schedule had 0.000327); see docs/reliability.md") in err
+    saved = load_checkpoint(out)
+    assert saved.iteration == 12
+    assert (saved.train_config["learning_rate"], saved.train_config["batch_size"]) == (1e-3, 3)
+    assert saved.train_config["checkpoint_interval"] == 7
+
+
+def test_resume_with_the_preset_name_alone(copy: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    text, out = copy  # trained with --block-size 8; --preset baby alone (block 64) still names the same model
+    argv = ["train", "--data", str(text), "--resume", "--preset", "baby", "--max-iters", "11", "--no-progress",
+            "--sample-tokens", "0", "--out", str(out)]
+    assert main(argv) == 0
+    assert load_checkpoint(out).iteration == 11
+
+
+def test_the_documented_resume_list_is_the_code_s() -> None:
+    from typed_transformer.cli import CHANGEABLE_ON_RESUME
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reliability.md").read_text(encoding="utf-8")
+    row = next(line for line in page.splitlines() if line.startswith("| `--max-iters`"))
+    may_change = row.split(" | ")[0].removeprefix("| ")
+    assert may_change == ", ".join(f"`{flag}`" for flag in CHANGEABLE_ON_RESUME)
+
+
+def test_eval_interval_no_longer_sets_the_checkpoint_interval(trained: tuple[Path, Path], tmp_path: Path) -> None:
+    text, _ = trained
+    base = ["train", "--data", str(text), "--max-iters", "2", *TINY]
+    assert main([*base, "--out", str(tmp_path / "a")]) == 0
+    assert load_checkpoint(tmp_path / "a").train_config["checkpoint_interval"] == 250
+    assert main([*base, "--checkpoint-interval", "3", "--out", str(tmp_path / "b")]) == 0
+    assert load_checkpoint(tmp_path / "b").train_config["checkpoint_interval"] == 3
+
+
+# ---------------------------------------------------------------------------------------------------
+# Signals: one line, 130 for Ctrl-C, 143 for SIGTERM, never a traceback
+# ---------------------------------------------------------------------------------------------------
+
+
+def _raise(exception: BaseException) -> Any:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise exception
+
+    return fail
+
+
+@pytest.mark.parametrize(("signum", "code", "line"), [(signal.SIGINT, 130, "typed-transformer: interrupted (Ctrl-C)"),
+                                                      (signal.SIGTERM, 143, "typed-transformer: terminated (SIGTERM)")])
+@pytest.mark.parametrize("where", ["before the loop", "in the end-of-run sample", "in generate", "loading"])
+def test_a_signal_anywhere_is_one_line(where: str, signum: int, code: int, line: str, trained: tuple[Path, Path],
+                                       tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    text, out = trained
+    target = {"before the loop": "typed_transformer.data.TextData.from_text",
+              "in the end-of-run sample": "typed_transformer.gpt.GPT.generate",
+              "in generate": "typed_transformer.gpt.GPT.generate",
+              "loading": "typed_transformer.checkpoint.load_checkpoint"}[where]
+    monkeypatch.setattr(target, _raise(RuntimeError("not reached")))
+
+    def deliver(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signum)  # the real signal, through the real handlers
+        time.sleep(1)
+        raise AssertionError("the signal did not interrupt")
+
+    monkeypatch.setattr(target, deliver)
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    if where == "in generate" or where == "loading":
+        argv = ["generate", "--checkpoint", str(out), "--max-new-tokens", "5"]
+    else:
+        argv = ["train", "--data", str(text), "--max-iters", "2", *TINY, "--out", str(tmp_path / "run")]
+    capsys.readouterr()
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == line
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # restored
+    if where == "in the end-of-run sample":
+        assert load_checkpoint(tmp_path / "run").iteration == 2  # saved before the sample
+
+
+def test_a_second_ctrl_c_stops_at_once_without_saving(copy: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    text, out = copy
+    before = (out / CHECKPOINT_NAME).read_bytes()
+    import typed_transformer.training as training
+
+    real: Any = getattr(training, "get_batch")  # noqa: B009 (not in __all__)
+    calls = []
+
+    def get_batch(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args)
+
+    monkeypatch.setattr(training, "get_batch", get_batch)
+    capsys.readouterr()
+    assert main(["train", "--data", str(text), "--resume", "--max-iters", "20", *TINY, "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == "typed-transformer: interrupted (Ctrl-C)"
+    assert (out / CHECKPOINT_NAME).read_bytes() == before
+    assert [p.name for p in out.iterdir() if ".tmp" in p.name] == []
+
+
+LAUNCHER = [sys.executable, "-c", "import sys, typed_transformer_launcher; sys.exit(typed_transformer_launcher.main())"]
+
+
+@pytest.mark.parametrize(("signum", "code", "line"), [(signal.SIGINT, 130, "typed-transformer: interrupted (Ctrl-C)"),
+                                                      (signal.SIGTERM, 143, "typed-transformer: terminated (SIGTERM)")])
+def test_a_signal_while_importing_is_one_line(signum: int, code: int, line: str) -> None:
+    # torch takes over a second to import; the launcher catches the signal around that import.
+    process = subprocess.Popen([*LAUNCHER, "generate", "--checkpoint", "nowhere"], stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    # Wait until the launcher catches SIGTERM (its first statement), however slow the interpreter starts.
+    status = Path(f"/proc/{process.pid}/status")
+    deadline = time.monotonic() + 60
+    while not int(next(line for line in status.read_text().splitlines() if line.startswith("SigCgt:")).split()[1],
+                  16) >> (signal.SIGTERM - 1) & 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == code, err
+    assert err == line + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Package boundaries: the [train] extra
+# ---------------------------------------------------------------------------------------------------
+
+
+EXTRA = ("matplotlib", "tqdm", "safetensors")
+
+
+def test_importing_the_library_loads_no_training_dependency() -> None:
+    # torch.hub imports tqdm by itself when it is installed, so count what typed_transformer adds to torch.
+    code = (f"import sys, torch\nbefore = set(sys.modules)\nimport typed_transformer\n"
+            f"print(sorted(m for m in {EXTRA} if m in sys.modules and m not in before))\n"
+            f"print(sorted(m for m in {EXTRA} if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    added, loaded = result.stdout.splitlines()
+    assert added == "[]"
+    assert loaded in ("[]", "['tqdm']")  # tqdm only through torch.hub
+
+
+def test_the_library_works_without_the_extra() -> None:
+    # A core install: the [train] extra's modules cannot be imported at all.
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            f"        if name.split('.')[0] in {EXTRA}: raise ImportError('blocked: ' + name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import torch, typed_transformer\n"
+            "model = typed_transformer.GPT(typed_transformer.GPTConfig(vocab_size=5, n_layer=1, n_head=1, n_embd=4))\n"
+            "print(model.generate(torch.zeros(1, 1, dtype=torch.long), 2, greedy=True).shape)\n"
+            "from typed_transformer.cli import main\n"
+            "sys.exit(main(['generate', '--checkpoint', 'nowhere']))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout == "torch.Size([1, 3])\n"
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == ("typed-transformer: error: generate needs the [train] extra: pip install "
+                                              "'typed-transformer[train]' (missing: safetensors)")
+
+
+@pytest.mark.parametrize(("command", "missing"), [("train", "tqdm"), ("generate", "safetensors")])
+def test_train_and_generate_without_the_extra_name_it(command: str, missing: str, trained: tuple[Path, Path],
+                                                      tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    text, out = trained
+    monkeypatch.setitem(sys.modules, missing, None)  # import raises ImportError, as when it is not installed
+    argv = (["train", "--data", str(text), "--out", str(tmp_path / "run")] if command == "train"
+            else ["generate", "--checkpoint", str(out)])
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert one_line(capsys.readouterr().err) == (f"typed-transformer: error: {command} needs the [train] extra: pip "
+                                                 f"install 'typed-transformer[train]' (missing: {missing})")
+    assert not (tmp_path / "run").exists()
+
+
+def test_bench_refuses_an_empty_preset_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "gpt", "--presets", ","]) == 2
+    assert one_line(capsys.readouterr().err) == ("typed-transformer: error: --presets: no preset in ',' (choose baby, "
+                                                 "seed, or both: baby,seed)")
+
+
+def test_generate_refuses_a_checkpoint_with_nan_weights(trained: tuple[Path, Path], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from typed_transformer.checkpoint import _digest
+
+    _, out = trained
+    with safe_open(str(out / CHECKPOINT_NAME), framework="pt") as handle:
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+        metadata = dict(handle.metadata())
+    tensors["model.ln_f.weight"] = torch.full_like(tensors["model.ln_f.weight"], float("nan"))
+    metadata["sha256"] = _digest(tensors, metadata)
+    bad = tmp_path / "nan.safetensors"
+    save_file(tensors, str(bad), metadata=metadata)
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(bad)]) == 2
+    assert one_line(capsys.readouterr().err) == (f"typed-transformer: error: {bad}: corrupt checkpoint (weight "
+                                                 "ln_f.weight holds NaN or infinity)")
+
+
+def test_generate_from_exploded_but_finite_weights_is_one_line(trained: tuple[Path, Path], tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from typed_transformer.checkpoint import _digest
+
+    _, out = trained
+    with safe_open(str(out / CHECKPOINT_NAME), framework="pt") as handle:
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+        metadata = dict(handle.metadata())
+    tensors["model.tok_emb.weight"] = tensors["model.tok_emb.weight"] * 1e30  # finite, but the logits are not
+    metadata["sha256"] = _digest(tensors, metadata)
+    bad = tmp_path / "exploded.safetensors"
+    save_file(tensors, str(bad), metadata=metadata)
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(bad), "--max-new-tokens", "3"]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        "typed-transformer: error: the model's output is not finite (its weights are finite but exploded: the run "
+        "that wrote this checkpoint diverged)")
