@@ -4,7 +4,8 @@
 * ``generate``: sample text from a checkpoint.
 * ``bench attention`` / ``bench gpt`` / ``bench checks``: the scripts in the checkout's ``benchmarks/`` folder
   (side-by-side ratios); not part of the installed library, so they need a source checkout.
-* ``audit MODULE:ATTR``: audit a third-party attention function (exit 1 when a check fails).
+* ``audit MODULE:ATTR``: audit a third-party attention function; ``audit --module MODULE:CLASS --spec NAME
+  --config JSON``: an attention module with its own weights (exit 1 when a check fails).
 * ``attention``: draw a checkpoint's attention over a text, one heatmap per layer and head.
 
 Bad arguments, bad files and bad checkpoints give one line on stderr and exit code 2, never a traceback.
@@ -156,24 +157,45 @@ def build_parser() -> argparse.ArgumentParser:
                         help="rough time budget of the training-step comparison (default 20)")
     checks.add_argument("--threads", type=_positive_int, default=None)
 
-    audit = commands.add_parser("audit", help="audit a third-party attention function against the reference")
-    audit.add_argument("candidate", metavar="MODULE:ATTR", help="the attention callable, e.g. "
-                       "torch.nn.functional:scaled_dot_product_attention")
+    audit = commands.add_parser("audit", help="audit a third-party attention function or module against the "
+                                "reference")
+    audit.add_argument("candidate", metavar="MODULE:ATTR", nargs="?", default=None,
+                       help="the attention callable, e.g. torch.nn.functional:scaled_dot_product_attention")
+    audit.add_argument("--module", default=None, metavar="MODULE:CLASS",
+                       help="audit an attention module class instead, e.g. "
+                       "transformers.models.llama.modeling_llama:LlamaAttention (with --spec and --config)")
+    audit.add_argument("--spec", default=None, help="the module's spec: torch_mha, typed_transformer, gpt2, bert, "
+                       "llama, torchtune, x_transformers")
+    audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
+                       "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
     audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd")
     audit.add_argument("--mask-polarity", choices=["keep", "drop"], default="keep",
                        help="keep: True = may attend (SDPA); drop: True = masked out (nn.MultiheadAttention)")
+    audit.add_argument("--mask-kind", choices=["bool", "additive"], default="bool",
+                       help="additive: the candidate takes float 0/-inf masks only")
     audit.add_argument("--causal-alignment", choices=["top-left", "bottom-right"], default="bottom-right",
                        help="what is_causal means when t != s (SDPA: top-left)")
-    audit.add_argument("--fully-masked", choices=["zero", "nan", "uniform", "any"], default="any",
-                       help="declared output of query rows without keys (default: not checked)")
+    audit.add_argument("--fully-masked", choices=["zero", "nan", "uniform", "any"], default=None,
+                       help="declared output of query rows without keys (default zero, as in the API; a module: "
+                       "its spec's)")
     audit.add_argument("--scale", type=_positive_float, default=None, help="logit scale (default 1/sqrt(d))")
     audit.add_argument("--gqa", action="store_true", help="the candidate takes fewer key/value heads")
+    audit.add_argument("--grouping", choices=["g r", "r g"], default="g r",
+                       help="query head i uses kv head i // r ('g r', torch's) or i %% g ('r g')")
+    audit.add_argument("--self-attention", action="store_true", help="the candidate needs t = s")
+    audit.add_argument("--equal-head-sizes", action="store_true", help="the candidate needs dv = d")
+    audit.add_argument("--even-head-size", action="store_true", help="the candidate needs an even head size")
     audit.add_argument("--no-mask", action="store_true", help="the candidate takes no attn_mask")
     audit.add_argument("--no-causal", action="store_true", help="the candidate takes no is_causal")
+    audit.add_argument("--no-mask-with-causal", action="store_true",
+                       help="the candidate refuses attn_mask and is_causal together")
+    audit.add_argument("--decode-sees-all", action="store_true",
+                       help="with is_causal a single query sees every key (Hugging Face's sdpa rule)")
     audit.add_argument("--no-autograd", action="store_true", help="skip the gradient check")
     audit.add_argument("--checks", default=None, help="comma-separated subset of the checks")
     audit.add_argument("--dtypes", default="float32,float64", help="comma-separated (default float32,float64)")
-    audit.add_argument("--max-examples", type=_positive_int, default=20, help="examples per check (default 20)")
+    audit.add_argument("--max-examples", type=_positive_int, default=20,
+                       help="examples per check and dtype (default 20)")
     audit.add_argument("--seed", type=_non_negative_int, default=0)
     audit.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
     return parser
@@ -451,47 +473,107 @@ def _run_training_command(args: argparse.Namespace) -> int:
         raise
 
 
-def _audit(args: argparse.Namespace) -> int:
+def _import(spec: str) -> Any:
+    """``MODULE:ATTR`` -> the object (raises with the reason)."""
     import importlib
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"expected MODULE:ATTR, got {spec!r}")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # like `python -m`: modules in the current directory import
+    found: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def _audit(args: argparse.Namespace) -> int:
+    import json
 
     import torch
 
     try:
-        from .audit import CHECKS, Conventions, audit_attention
+        from .audit import (
+            FUNCTION_CHECKS,
+            MODULE_CHECKS,
+            SPECS,
+            AuditUsageError,
+            Conventions,
+            audit_attention,
+            audit_module,
+        )
     except ImportError as err:
-        return _fail(f"audit needs Hypothesis (pip install 'typed-transformer[strategies]'): {err}")
-    module_name, _, attr = args.candidate.partition(":")
-    if not module_name or not attr:
+        return _fail(f"audit needs Hypothesis (pip install 'typed-transformer[audit]'): {err}")
+    if (args.candidate is None) == (args.module is None):
+        return _fail("give either a candidate MODULE:ATTR or --module MODULE:CLASS (with --spec), not both"
+                     if args.candidate else "give a candidate MODULE:ATTR or --module MODULE:CLASS --spec NAME")
+    if args.module is not None and args.spec not in SPECS:
+        return _fail(f"--spec: {'missing' if args.spec is None else f'unknown spec {args.spec!r}'} "
+                     f"(choose {', '.join(SPECS)})")
+    target = args.candidate or args.module
+    function_only = {"layout": "bhtd", "mask_polarity": "keep", "mask_kind": "bool", "causal_alignment": "bottom-right",
+                     "scale": None, "gqa": False, "grouping": "g r", "self_attention": False, "equal_head_sizes": False,
+                     "even_head_size": False, "no_mask": False, "no_causal": False, "no_mask_with_causal": False,
+                     "decode_sees_all": False, "no_autograd": False}
+    changed = [name for name, default in function_only.items() if getattr(args, name) != default]
+    if args.module is not None and changed:
+        return _fail(f"--{changed[0].replace('_', '-')} describes a candidate function; a module's conventions come "
+                     f"from its --spec")
+    if args.candidate is not None and ":" not in args.candidate:
         return _fail(f"candidate must be MODULE:ATTR, got {args.candidate!r}")
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))  # like `python -m`: modules in the current directory import
     try:
-        candidate: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            candidate = getattr(candidate, part)
+        candidate = _import(target)
     except Exception as err:  # any import-time error of the user's module: one line, exit 2
         first_line = str(err).splitlines()[0] if str(err) else ""
-        return _fail(f"cannot import {args.candidate}: {type(err).__name__}: {first_line}")
+        return _fail(f"cannot import {target}: {type(err).__name__}: {first_line}")
     if not callable(candidate):
-        return _fail(f"{args.candidate} is not callable")
+        return _fail(f"{target} is not callable")
     names = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
              "bfloat16": torch.bfloat16}
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     bad = [d for d in dtypes if d not in names]
     if bad or not dtypes:
         return _fail(f"--dtypes: unknown dtype {bad[0] if bad else ''!r} (choose {', '.join(names)})")
+    known = MODULE_CHECKS if args.module is not None else FUNCTION_CHECKS
     checks = None if args.checks is None else [c.strip() for c in args.checks.split(",") if c.strip()]
-    if checks is not None and (not checks or any(c not in CHECKS for c in checks)):
-        unknown = next((c for c in checks if c not in CHECKS), "")
-        return _fail(f"--checks: unknown check {unknown!r} (choose {', '.join(CHECKS)})")
-    conventions = Conventions(layout=args.layout, mask_polarity=args.mask_polarity,
-                              causal_alignment=args.causal_alignment, scale=args.scale,
-                              fully_masked=args.fully_masked, supports_mask=not args.no_mask,
-                              supports_causal=not args.no_causal, supports_gqa=args.gqa,
-                              supports_autograd=not args.no_autograd)
-    report = audit_attention(candidate, conventions=conventions, checks=checks,
-                             dtypes=[names[d] for d in dtypes], max_examples=args.max_examples, seed=args.seed,
-                             name=args.candidate)
+    if checks is not None and (not checks or any(c not in known for c in checks)):
+        unknown = next((c for c in checks if c not in known), "")
+        return _fail(f"--checks: unknown check {unknown!r} (choose {', '.join(known)})")
+    options: dict[str, Any] = {"checks": checks, "dtypes": [names[d] for d in dtypes],
+                               "max_examples": args.max_examples, "seed": args.seed}
+    try:
+        if args.module is not None:
+            try:
+                config = json.loads(args.config)
+            except json.JSONDecodeError as err:
+                return _fail(f"--config is not valid JSON: {err}")
+            if not isinstance(config, dict):
+                return _fail("--config must be a JSON object of constructor arguments")
+            spec = SPECS[args.spec]
+            try:
+                module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
+            except Exception as err:
+                first_line = str(err).splitlines()[0] if str(err) else ""
+                return _fail(f"cannot build {target} from --config: {type(err).__name__}: {first_line}")
+            from .strategies import randomize_parameters
+
+            # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
+            module = randomize_parameters(module, args.seed)
+            report = audit_module(module, spec, fully_masked=args.fully_masked, name=f"{target} (spec {spec.name})",
+                                  **options)
+        else:
+            conventions = Conventions(
+                layout=args.layout, mask_polarity=args.mask_polarity, causal_alignment=args.causal_alignment,
+                scale=args.scale, fully_masked=args.fully_masked or Conventions().fully_masked,
+                supports_mask=not args.no_mask, supports_causal=not args.no_causal, supports_gqa=args.gqa,
+                supports_autograd=not args.no_autograd, self_attention=args.self_attention,
+                equal_head_sizes=args.equal_head_sizes, even_head_size=args.even_head_size, grouping=args.grouping,
+                mask_kind=args.mask_kind, mask_with_causal=not args.no_mask_with_causal,
+                decode_sees_all=args.decode_sees_all)
+            report = audit_attention(candidate, conventions=conventions, name=target, **options)
+    except AuditUsageError as err:
+        return _fail(str(err).splitlines()[0])
     print(report.table())
     if args.json is not None:
         try:
