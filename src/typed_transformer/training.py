@@ -430,7 +430,7 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
 
         index = torch.device(device).index
         ddp = DistributedDataParallel(net, device_ids=[index] if device_type == "cuda" and index is not None
-                                      else None, broadcast_buffers=False)
+                                      else None, forward_sync_buffers=False)
         net = ddp
     loss_of = _checked_call(model, net)
 
