@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 import torch
+from jaxtyping import TypeCheckError
 from torch.multiprocessing.spawn import spawn
 
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.cli import main
 from typed_transformer.data import TextData
-from typed_transformer.gpt import GPT
-from typed_transformer.training import TrainConfig, TrainResult, flops_per_token, train
+from typed_transformer.gpt import GPT, GPTConfig
+from typed_transformer.training import TrainConfig, TrainResult, compile_for_generation, flops_per_token, train
 
 from ._ddp_worker import run_rank, tiny_model
 
@@ -290,3 +291,34 @@ def test_resume_of_a_torchrun_run(text: Path, tmp_path: Path) -> None:
     assert (a.iteration, b.iteration) == (5, 5)
     assert_close_states(a.model.state_dict(), b.model.state_dict())
     assert [h["iter"] for h in a.history] == [0, 3, 5]
+
+
+def test_compiled_generation_equals_eager() -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8)).eval()
+    prompt = torch.tensor([[1, 2]])
+    eager = model.generate(prompt, 10, greedy=True)  # past block_size: cached steps, then recomputed windows
+    compiled = compile_for_generation(model, backend="aot_eager")
+    assert compiled is model
+    torch.testing.assert_close(compiled.generate(prompt, 10, greedy=True), eager, rtol=0, atol=0)
+    with pytest.raises(TypeCheckError):  # the eager boundary still checks shapes
+        compiled.generate(torch.tensor([1, 2]), 3)
+
+
+def test_generate_compile_flag(tmp_path: Path, text: Path, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    import typed_transformer.training as training
+
+    out = tmp_path / "run"
+    assert run(["train", "--data", str(text), "--max-iters", "1", *TINY, "--out", str(out)]) == 0
+    compiled: list[GPT] = []
+
+    def record(model: GPT) -> GPT:
+        compiled.append(model)
+        return model
+
+    monkeypatch.setattr(training, "compile_for_generation", record)
+    capsys.readouterr()
+    assert run(["generate", "--checkpoint", str(out), "--max-new-tokens", "5", "--greedy", "--compile"]) == 0
+    assert len(compiled) == 1
+    assert len(capsys.readouterr().out) == len("\n") + 5 + 1

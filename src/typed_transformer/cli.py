@@ -157,6 +157,8 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     generate.add_argument("--greedy", action="store_true", help="always take the most likely character")
     generate.add_argument("--seed", type=_seed, default=1337)
     generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    generate.add_argument("--compile", action="store_true",
+                          help="torch.compile the model's forward pass (pays off for long generations only)")
     bench = commands.add_parser("bench", help="benchmarks that print side-by-side ratios")
     which = bench.add_subparsers(dest="which", required=True, parser_class=_Parser)
     attention = which.add_parser("attention", help="MultiHeadAttention against torch.nn.MultiheadAttention")
@@ -530,6 +532,10 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError("--prompt is empty")
     ids = torch.tensor([checkpoint.tokenizer.encode(prompt)], device=args.device)
     model = checkpoint.model.eval()
+    if args.compile:
+        from .training import compile_for_generation
+
+        model = compile_for_generation(model)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, greedy=args.greedy, generator=generator)

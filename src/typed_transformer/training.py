@@ -54,8 +54,20 @@ from .data import TextData, get_batch
 from .gpt import GPT
 from .shapecheck import typechecked
 
-__all__ = ["DTYPES", "PRESET_TRAINING", "TrainConfig", "TrainResult", "TrainingDiverged", "evaluate",
-           "flops_per_token", "learning_rate", "measure_matmul_flops", "plot_history", "train"]
+__all__ = [
+    "DTYPES",
+    "PRESET_TRAINING",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingDiverged",
+    "compile_for_generation",
+    "evaluate",
+    "flops_per_token",
+    "learning_rate",
+    "measure_matmul_flops",
+    "plot_history",
+    "train",
+]
 
 #: The ``dtype`` choices: the forward passes' autocast dtype (float32: no autocast).
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -220,7 +232,8 @@ class TrainResult:
     signal: int | None = None
     #: The training loss of every step of this call (the global batch's mean, the same on every rank).
     losses: list[float] | None = None
-    #: Tokens per second of all processes together over the training steps (evaluations and saves excluded).
+    #: Tokens per second of all processes together over the training steps after the first (evaluations,
+    #: saves and the first step, which compiles with ``compile``, excluded); NaN after a single step.
     tokens_per_second: float = float("nan")
     #: Model FLOPs utilisation: ``flops_per_token * tokens_per_second / (world_size * peak_flops)``.
     mfu: float = float("nan")
@@ -291,6 +304,14 @@ def plot_history(history: list[dict[str, float]], path: Path, title: str = "") -
         plt.close(figure)
         temporary.unlink(missing_ok=True)
     return path
+
+
+def compile_for_generation(model: GPT, *, backend: str = "inductor") -> GPT:
+    """``model`` with its ``forward`` compiled by ``torch.compile`` (dynamic shapes: the prompt, the one-token
+    cached steps and the growing cache share one graph); :meth:`GPT.generate` stays eager and checks its
+    arguments at the call, the compiled forward passes run without checks. Returns the same model."""
+    model.forward = torch.compile(model.forward, dynamic=True, backend=backend)  # type: ignore[method-assign]
+    return model
 
 
 def _world() -> tuple[int, int]:
@@ -551,13 +572,14 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
                     scaler.update()
                 else:
                     optimizer.step()
-                step_seconds += time.perf_counter() - t0
+                if iteration > start:  # the first step (compilation, allocator warm-up) is not counted
+                    step_seconds += time.perf_counter() - t0
                 step_losses.append(last_loss)
                 iteration += 1
                 if on_step is not None:
                     on_step(iteration)
-                if bar is not None:
-                    speed = tokens_per_step * (iteration - start) / step_seconds
+                if bar is not None and step_seconds > 0:
+                    speed = tokens_per_step * (iteration - start - 1) / step_seconds
                     bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{speed:,.0f}",
                                     mfu=f"{100 * flops_per_step * speed / tokens_per_step / (world * peak_flops):.1f}%"
                                     if peak_flops else "?")
@@ -576,8 +598,8 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
         if bar is not None:
             bar.close()
 
-    steps = iteration - start
-    speed = tokens_per_step * steps / step_seconds if steps and step_seconds > 0 else float("nan")
+    steps = iteration - start - 1  # timed steps: all but the first
+    speed = tokens_per_step * steps / step_seconds if steps > 0 and step_seconds > 0 else float("nan")
     mfu = flops_per_step / tokens_per_step * speed / (world * peak_flops) if peak_flops else float("nan")
     sample_text = ""
     if config.sample_tokens and not interrupted and main:
