@@ -322,3 +322,29 @@ def test_generate_compile_flag(tmp_path: Path, text: Path, monkeypatch: pytest.M
     assert run(["generate", "--checkpoint", str(out), "--max-new-tokens", "5", "--greedy", "--compile"]) == 0
     assert len(compiled) == 1
     assert len(capsys.readouterr().out) == len("\n") + 5 + 1
+
+
+def test_a_kv_cache_with_capacity_equals_one_that_concatenates() -> None:
+    """Preallocated buffers (GPT.new_caches) hold what torch.cat would, also past the capacity and after a crop."""
+    from typed_transformer.multihead import KVCache
+
+    generator = torch.Generator().manual_seed(0)
+    chunks = [torch.randn(2, 3, t, 4, generator=generator) for t in (2, 1, 1, 3)]
+    buffered, growing = KVCache(capacity=5), KVCache()
+    for i, chunk in enumerate(chunks):
+        k, v = buffered.append(chunk, chunk * 2)
+        expected_k, expected_v = growing.append(chunk, chunk * 2)
+        assert torch.equal(k, expected_k)
+        assert torch.equal(v, expected_v)
+        assert buffered.length == growing.length == sum(c.shape[2] for c in chunks[:i + 1])
+    buffered.crop(2)
+    growing.crop(2)
+    extra = torch.randn(2, 3, 1, 4, generator=generator)
+    assert torch.equal(buffered.append(extra, extra)[0], growing.append(extra, extra)[0])
+    buffered.reset()
+    assert buffered.length == 0
+    with pytest.raises(ValueError, match="capacity must be None or a positive int, got 0"):
+        KVCache(capacity=0)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    assert [cache.capacity for cache in model.new_caches()] == [8]

@@ -174,6 +174,8 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                      help="measured training steps per variant (default: as many as fit in about 20 s per preset)")
     gpt.add_argument("--threads", type=_positive_int, default=None)
     gpt.add_argument("--skip-generation", action="store_true")
+    gpt.add_argument("--generation-rounds", type=_int_in(1, 100), default=3,
+                     help="interleaved rounds of the seed-preset generation targets (default 3)")
     checks = which.add_parser("checks", help="what the shape checks cost: off, default and strict mode")
     checks.add_argument("--seconds", type=_positive_float, default=20.0,
                         help="rough time budget of the training-step comparison (default 20)")
@@ -678,9 +680,18 @@ def _main(argv: list[str] | None) -> int:
         if not presets:
             return _fail(f"--presets: no preset in {args.presets!r} (choose baby, seed, or both: baby,seed)")
         training = bench_gpt_training(presets, batch_size=args.batch_size, steps=args.steps)
-        generation = [] if args.skip_generation else bench_generation()
+        generation = [] if args.skip_generation else bench_generation(block_sizes=(64,))
         costs = None if args.skip_generation else decode_step_costs()
         print(format_gpt_table(training, generation, costs))
+        if not args.skip_generation:
+            try:
+                targets = bench.bench_generation_targets(rounds=args.generation_rounds)
+            except ImportError:
+                print("generation targets: skipped (the comparison with Hugging Face needs transformers: "
+                      "pip install -e '.[hf]')")
+            else:
+                print()
+                print(bench.format_generation_targets(targets))
         return 0
     if args.command == "bench" and args.which == "attention":
         import torch

@@ -243,8 +243,8 @@ class GPT(nn.Module):
         return gpt_from_hf_gpt2(model_or_state_dict, n_head=n_head)
 
     def new_caches(self) -> list[KVCache]:
-        """One empty :class:`KVCache` per layer."""
-        return [KVCache() for _ in self.blocks]
+        """One empty :class:`KVCache` per layer, each with room for ``block_size`` positions."""
+        return [KVCache(self.config.block_size) for _ in self.blocks]
 
     @torch.no_grad()
     def generate(
