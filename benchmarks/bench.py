@@ -439,15 +439,16 @@ def bench_generation_targets(*, tokens: int = 255, rounds: int = 3) -> Generatio
     torch.manual_seed(0)
     preset = GPT(GPTConfig.preset("seed", 65)).eval()
     config = transformers.GPT2Config(vocab_size=65, n_positions=256, n_embd=384, n_layer=6, n_head=6,
-                                     bos_token_id=0, eos_token_id=None, pad_token_id=0)
+                                     bos_token_id=None, eos_token_id=None, pad_token_id=0)
     hf = transformers.GPT2LMHeadModel(config).eval()  # type: ignore[no-untyped-call]
     ours = GPT.from_hf_gpt2(hf).eval()
     prompt = torch.zeros(1, 1, dtype=torch.long)
 
     def hf_generate() -> Tensor:
         with torch.no_grad():
-            out: Tensor = hf.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
-                                      use_cache=True, pad_token_id=0)
+            # An explicit attention mask: HF would otherwise take the prompt token (id 0 = pad_token_id) for padding.
+            out: Tensor = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=tokens,
+                                      min_new_tokens=tokens, do_sample=False, use_cache=True, pad_token_id=0)
             return out
 
     runs: dict[str, Callable[[], Tensor]] = {
