@@ -126,3 +126,128 @@ def nan_rows(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None
         causal = torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t)
         keep = causal if keep is None else keep & causal
     return _naive(q, k, v, keep)
+
+
+# --- planted bugs for the checks added with modules (issue 10) -------------------------------------------
+
+
+def no_max_subtraction(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                       is_causal: bool = False) -> Tensor:
+    """Bug: the textbook softmax ``exp(x) / sum(exp(x))`` without subtracting the row maximum (overflows to
+    inf/inf = NaN once a logit passes ~88 in float32). Ours otherwise (bottom-right, zero rows)."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    logits = q @ k.transpose(-1, -2) * scale
+    t, s = q.shape[-2], k.shape[-2]
+    keep = attn_mask
+    if is_causal:
+        causal = torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t)
+        keep = causal if keep is None else keep & causal
+    e = logits.exp()
+    if keep is not None:
+        e = e * keep
+    weights = e / e.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+    return weights @ v
+
+
+def finite_fill(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                is_causal: bool = False) -> Tensor:
+    """Bug: masked logits are set to a finite -1e4 (a masked key leaks in once real logits go below -1e4).
+    Ours otherwise; a fully masked row gives zeros."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    logits = q @ k.transpose(-1, -2) * scale
+    t, s = q.shape[-2], k.shape[-2]
+    keep = attn_mask
+    if is_causal:
+        causal = torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t)
+        keep = causal if keep is None else keep & causal
+    if keep is None:
+        return logits.softmax(dim=-1) @ v
+    weights = logits.masked_fill(~keep, -1e4).softmax(dim=-1)
+    return (weights @ v).masked_fill(~keep.any(dim=-1, keepdim=True), 0.0)
+
+
+def drops_mask_when_causal(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                           is_causal: bool = False) -> Tensor:
+    """Bug: with ``is_causal=True`` the ``attn_mask`` is silently dropped (ours otherwise)."""
+    out = scaled_dot_product_attention(q, k, v, attn_mask=None if is_causal else attn_mask, is_causal=is_causal)
+    assert isinstance(out, Tensor)
+    return out
+
+
+def first_head_mask(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                    is_causal: bool = False) -> Tensor:
+    """Bug: applies head 0's mask to every head (per-head masks read as (b, 1, t, s)); ours otherwise."""
+    if attn_mask is not None:
+        attn_mask = attn_mask[:, :1]
+    out = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    assert isinstance(out, Tensor)
+    return out
+
+
+def nan_grad_rows(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                  is_causal: bool = False) -> Tensor:
+    """Bug: fully masked rows are zeroed after a softmax of all -inf (right forward, NaN gradients); ours
+    otherwise."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    logits = q @ k.transpose(-1, -2) * scale
+    t, s = q.shape[-2], k.shape[-2]
+    keep = attn_mask
+    if is_causal:
+        causal = torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t)
+        keep = causal if keep is None else keep & causal
+    if keep is None:
+        return logits.softmax(dim=-1) @ v
+    weights = logits.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+    dead = ~keep.any(dim=-1, keepdim=True)
+    return torch.where(dead, torch.zeros((), dtype=q.dtype), weights @ v)
+
+
+# --- correct candidates with narrower support (conventions) ----------------------------------------------
+
+
+def self_attention_only(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                        is_causal: bool = False) -> Tensor:
+    """Correct, but refuses t != s and dv != d (declare self_attention and equal_head_sizes)."""
+    if q.shape[-2] != k.shape[-2] or v.shape[-1] != q.shape[-1]:
+        raise ValueError("self-attention only, equal head sizes")
+    out = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    assert isinstance(out, Tensor)
+    return out
+
+
+def even_heads_in_range(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                        is_causal: bool = False) -> Tensor:
+    """Correct for even head sizes 2..6 and lengths 2..5 only (raises otherwise)."""
+    d, t, s = q.shape[-1], q.shape[-2], k.shape[-2]
+    if d % 2 or not 2 <= d <= 6 or not (2 <= t <= 5 and 2 <= s <= 5):
+        raise ValueError(f"unsupported d={d}, t={t}, s={s}")
+    out = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    assert isinstance(out, Tensor)
+    return out
+
+
+def interleaved_groups(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                       is_causal: bool = False) -> Tensor:
+    """Correct with the other grouping order: query head ``i`` uses key/value head ``i % g`` (``h = (r g)``)."""
+    r = q.shape[1] // k.shape[1]
+    k, v = k.repeat(1, r, 1, 1), v.repeat(1, r, 1, 1)  # head i -> kv head i % g
+    out = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    assert isinstance(out, Tensor)
+    return out
+
+
+def additive_only(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                  is_causal: bool = False) -> Tensor:
+    """Correct, but takes only additive float masks (raises on boolean ones)."""
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        raise TypeError("additive masks only")
+    keep = None if attn_mask is None else attn_mask == 0
+    out = scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=is_causal)
+    assert isinstance(out, Tensor)
+    return out
+
+
+def decode_sees_all(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                    is_causal: bool = False) -> Tensor:
+    """Correct for HF's sdpa rule: top-left causal, except that a single query sees every key."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal and q.shape[-2] > 1)

@@ -125,7 +125,7 @@ def test_grouped_query_heads_share_key_value_heads() -> None:
 def test_invalid_arguments() -> None:
     q, k, v = randn(1, 2, 3, 4), randn(1, 2, 3, 4), randn(1, 2, 3, 4)
     with pytest.raises(ValueError, match="cannot return weights") as value_error, \
-            pytest.warns(DeprecationWarning, match="return_weights=True is deprecated"):
+            pytest.warns(DeprecationWarning, match="use scaled_dot_product_attention_with_weights"):
         scaled_dot_product_attention(q, k, v, backend="sdpa", return_weights=True)
     assert str(value_error.value) == ("scaled_dot_product_attention: backend='sdpa' cannot return weights; "
                                       "use backend='reference'")

@@ -13,13 +13,12 @@ from torch import Tensor
 from tests import _audit_candidates as cands
 from typed_transformer import scaled_dot_product_attention
 from typed_transformer.audit import (
-    CHECKS,
-    MHA_CHECKS,
+    FUNCTION_CHECKS,
     AuditCase,
+    AuditUsageError,
     Conventions,
     Example,
     audit_attention,
-    audit_multihead,
     candidate_call,
     parametrize_audit,
 )
@@ -61,7 +60,8 @@ def test_planted_bug_fails_its_check(candidate: Callable[..., Tensor], conventio
 
 def test_planted_bugs_fail_every_affected_check_in_a_full_audit() -> None:
     report = audit_attention(cands.causal_off_by_one, conventions=NAIVE, max_examples=6)
-    assert report.failed == ["causality"]
+    # every check that draws is_causal=True, and only those
+    assert report.failed == ["causality", "mask_and_causal", "gradients"]
     assert report["reference"].status == "PASS"
 
 
@@ -75,7 +75,8 @@ CORRECT: list[tuple[Callable[..., Any], Conventions, int]] = [
     (cands.naive_attention, NAIVE, 0),
     (cands.bthd_attention, Conventions(layout="bthd"), 0),
     (cands.drop_mask_attention, Conventions(mask_polarity="drop"), 0),
-    (cands.unit_scale_attention, Conventions(causal_alignment="top-left", scale=1.0, fully_masked="any"), 0),
+    (cands.unit_scale_attention, Conventions(causal_alignment="top-left", scale=1.0, fully_masked="any",
+                                             mask_with_causal=False), 0),
 ]
 
 
@@ -86,8 +87,12 @@ def test_correct_candidates_pass(candidate: Callable[..., Tensor], conventions: 
     report = audit_attention(candidate, conventions=conventions, seed=seed, max_examples=6)
     assert report.passed, report.table()
     expected_skips = {"fully_masked"} if conventions.fully_masked == "any" else set()
+    if not conventions.mask_with_causal:
+        expected_skips.add("mask_and_causal")
     assert {r.name for r in report.results if r.status == "SKIP"} == expected_skips
-    assert [r.name for r in report.results] == list(CHECKS)
+    assert list(dict.fromkeys(r.name for r in report.results)) == list(FUNCTION_CHECKS)
+    # one row per check and dtype, one row for a skipped check
+    assert len(report.results) == 2 * len(FUNCTION_CHECKS) - len(expected_skips)
 
 
 def test_unsupported_features_are_skipped() -> None:
@@ -95,7 +100,9 @@ def test_unsupported_features_are_skipped() -> None:
     report = audit_attention(cands.plain_attention, conventions=conventions, max_examples=6)
     assert report.passed, report.table()
     skipped = {r.name for r in report.results if r.status == "SKIP"}
-    assert skipped == {"causality", "masking", "padding", "fully_masked"}
+    assert skipped == {"causality", "masking", "padding", "fully_masked", "mask_and_causal"}
+    assert "attention masks (supports_mask=False)" in report.untested
+    assert "is_causal (supports_causal=False)" in report.untested
 
 
 def test_wrong_conventions_fail() -> None:
@@ -119,8 +126,10 @@ def test_no_false_alarms_over_many_seeds() -> None:
 def test_report_table_and_json(tmp_path: Path) -> None:
     report = audit_attention(cands.missing_scale, conventions=NAIVE, checks=["scale", "dtype"], max_examples=6)
     table = report.table()
-    assert table.splitlines()[1].split() == ["check", "status", "ratio", "detail"]
-    assert [line.split()[:2] for line in table.splitlines()[3:5]] == [["scale", "FAIL"], ["dtype", "PASS"]]
+    lines = table.splitlines()
+    assert lines[1].split() == ["check", "dtype", "status", "ratio", "detail"]
+    assert [line.split()[:3] for line in lines[3:7]] == [["scale", "float32", "FAIL"], ["scale", "float64", "FAIL"],
+                                                         ["dtype", "float32", "PASS"], ["dtype", "float64", "PASS"]]
     assert "1 passed, 1 failed, 0 skipped" in table
     assert str(report) == table
     path = tmp_path / "audit.json"
@@ -128,10 +137,36 @@ def test_report_table_and_json(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     assert data == json.loads(text)
     assert data["passed"] is False
-    assert [r["status"] for r in data["results"]] == ["FAIL", "PASS"]
+    assert [(r["name"], r["dtype"], r["status"]) for r in data["results"]] == [
+        ("scale", "float32", "FAIL"), ("scale", "float64", "FAIL"), ("dtype", "float32", "PASS"),
+        ("dtype", "float64", "PASS")]
     assert data["results"][0]["ratio"] > 100
     assert data["results"][0]["counterexample"]["d"] >= 16
+    assert data["results"][0]["counterexample"]["dtype"] == "float32"
+    assert data["results"][1]["counterexample"]["dtype"] == "float64"
     assert data["conventions"]["causal_alignment"] == "top-left"
+    assert data["checks_version"] == "3"
+
+
+def test_a_float64_only_cause_is_one_row() -> None:
+    def float32_softmax(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                        is_causal: bool = False) -> Tensor:
+        weights = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).float().softmax(dim=-1).to(q.dtype)
+        out: Tensor = weights @ v
+        return out
+
+    report = audit_attention(float32_softmax, conventions=Conventions(supports_mask=False, supports_causal=False),
+                             checks=["reference", "permutation"], max_examples=6)
+    assert [(r.name, r.dtype, r.status) for r in report.results] == [
+        ("reference", "float32", "PASS"), ("reference", "float64", "FAIL"),
+        ("permutation", "float32", "PASS"), ("permutation", "float64", "FAIL")]
+
+
+def test_examples_counts_examples_not_shrinking_calls() -> None:
+    report = audit_attention(cands.missing_scale, conventions=NAIVE, checks=["scale", "dtype"], max_examples=7)
+    for result in report.results:
+        assert 1 <= result.examples <= 7, result
+    assert report["dtype"].examples == 7
 
 
 def test_audit_is_reproducible_for_a_seed() -> None:
@@ -147,24 +182,42 @@ def test_bad_arguments() -> None:
         Conventions(layout="tbhd")  # type: ignore[arg-type]
 
 
-def test_candidate_that_raises_fails_with_the_error() -> None:
+def test_candidate_that_raises_gives_the_full_exception_counterexample_and_repro() -> None:
     def broken(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        raise RuntimeError("kernel missing")
+        if q.shape[-2] > 1:
+            raise RuntimeError("kernel missing\nsecond line of the message")
+        return F.scaled_dot_product_attention(q, k, v)
 
-    report = audit_attention(broken, conventions=Conventions(supports_mask=False), checks=["reference"], max_examples=6)
-    assert report.failed == ["reference"]
-    assert "RuntimeError: kernel missing" in report["reference"].message
+    report = audit_attention(broken, conventions=Conventions(supports_mask=False, supports_causal=False),
+                             checks=["reference"], max_examples=10, dtypes=[torch.float64])
+    result = report["reference"]
+    assert result.status == "FAIL"
+    assert "RuntimeError: kernel missing" in result.message
+    assert result.traceback is not None
+    assert "second line of the message" in result.traceback
+    assert 'raise RuntimeError("kernel missing' in result.traceback
+    assert result.counterexample is not None
+    assert result.counterexample["t"] == 2  # shrunk to the smallest failing query length
+    assert result.repro is not None
+    assert "candidate_call(example" in result.repro
+    assert result.traceback in report.table()
 
 
-def test_audit_multihead_passes_torch_mha() -> None:
-    report = audit_multihead(torch.nn.MultiheadAttention(8, 2, batch_first=True), max_examples=5)
-    assert report.passed, report.table()
-    assert [r.name for r in report.results] == list(MHA_CHECKS)
-
-
-def test_audit_multihead_with_a_factory_and_sequence_first() -> None:
-    report = audit_multihead(lambda: torch.nn.MultiheadAttention(6, 3, kdim=4, vdim=5, bias=False), max_examples=4)
-    assert report.passed, report.table()
+@pytest.mark.parametrize(
+    ("candidate", "conventions", "message"),
+    [
+        (cands.plain_attention, Conventions(), "cannot be called as candidate(q, k, v, attn_mask=..., is_causal=...)"),
+        (lambda q, k: q, Conventions(supports_mask=False, supports_causal=False),
+         "cannot be called as candidate(q, k, v)"),
+        (42, Conventions(), "is not callable"),
+    ],
+    ids=["no-mask-argument", "two-arguments", "not-callable"],
+)
+def test_wrong_signature_is_refused_before_the_search(candidate: Any, conventions: Conventions,
+                                                      message: str) -> None:
+    with pytest.raises(AuditUsageError) as info:
+        audit_attention(candidate, conventions=conventions, name="cand")
+    assert message in str(info.value)
 
 
 @parametrize_audit(F.scaled_dot_product_attention, conventions=SDPA, max_examples=4)
@@ -174,36 +227,4 @@ def test_pytest_integration(audit_case: AuditCase) -> None:
 
 def test_parametrize_audit_gives_one_item_per_check() -> None:
     mark = parametrize_audit(F.scaled_dot_product_attention, conventions=SDPA)
-    assert [p.id for p in mark.args[1]] == list(CHECKS)
-
-
-class IgnoresAttnMask(torch.nn.MultiheadAttention):
-    """Planted bug: drops attn_mask (so causal masking too), keeps key padding."""
-
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kwargs: Any) -> Any:
-        kwargs["attn_mask"] = None
-        return super().forward(query, key, value, *args, **kwargs)
-
-
-class DetachesValue(torch.nn.MultiheadAttention):
-    """Planted bug: the right output, but no gradient flows into value."""
-
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kwargs: Any) -> Any:
-        return super().forward(query, key, value.detach(), *args, **kwargs)
-
-
-@pytest.mark.parametrize(("module", "failing"), [(IgnoresAttnMask, {"causality", "masking"}),
-                                                  (DetachesValue, {"gradients"})])
-def test_audit_multihead_fails_planted_bugs_in_their_checks(module: type[torch.nn.MultiheadAttention],
-                                                            failing: set[str]) -> None:
-    torch.manual_seed(0)
-    report = audit_multihead(module(8, 2, batch_first=True), max_examples=8)
-    assert {r.name for r in report.results if r.status == "FAIL"} == failing, report.table()
-    assert {r.name for r in report.results if r.status == "PASS"} == set(MHA_CHECKS) - failing
-
-
-def test_audit_multihead_leaves_the_candidates_gradients_alone() -> None:
-    module = torch.nn.MultiheadAttention(8, 2, batch_first=True)
-    report = audit_multihead(module, checks=["gradients"], max_examples=3)
-    assert report.passed, report.table()
-    assert all(p.grad is None for p in module.parameters())
+    assert [p.id for p in mark.args[1]] == list(FUNCTION_CHECKS)

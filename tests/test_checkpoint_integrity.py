@@ -191,7 +191,7 @@ def test_temporary_names_are_unique_and_cleaned(tmp_path: Path) -> None:
     assert all(re.fullmatch(rf"\.checkpoint\.safetensors\.tmp-{os.getpid()}-[0-9a-f]{{8}}\.safetensors", p.name)
                for p in names)
     stale = [*sorted(names)[:3], tmp_path / ".checkpoint.safetensors.abc123.tmp", tmp_path / ".loss.png.tmp.png",
-             temporary_path(tmp_path / "loss.png")]
+             temporary_path(tmp_path / "loss.png"), tmp_path / ".tmpDSoRlw"]  # the last: safetensors' own
     keep = [final, tmp_path / "loss.png", tmp_path / "notes.tmp", tmp_path / LOCK_NAME]
     for path in (*stale, *keep):
         path.write_bytes(b"x")
@@ -239,3 +239,20 @@ def test_train_refuses_an_existing_checkpoint_without_resume_or_overwrite(saved:
     assert (out / CHECKPOINT_NAME).read_bytes() == saved.read_bytes()
     assert train(model, data, config, out, progress=False, overwrite=True).iteration == 2
     assert load_checkpoint(out).iteration == 2
+
+
+def test_a_checkpoint_from_before_the_hash_still_loads_with_its_fields_validated(saved: Path, tmp_path: Path) -> None:
+    def legacy(tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+        metadata.update(format="typed-transformer-gpt/1")
+        del metadata["sha256"]
+
+    old = rewrite(saved, tmp_path / "old.safetensors", legacy, sign=False)
+    assert load_checkpoint(old).iteration == 3
+    assert load_checkpoint(saved).model.config == load_checkpoint(old).model.config
+
+    def legacy_damaged(tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+        legacy(tensors, metadata)
+        metadata.update(iteration="-5")
+
+    damaged = rewrite(saved, tmp_path / "damaged.safetensors", legacy_damaged, sign=False)
+    assert refused(damaged) == "corrupt checkpoint (iteration must be a non-negative integer, got '-5')"

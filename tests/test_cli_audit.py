@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from typed_transformer.audit import CHECKS
+from typed_transformer.audit import FUNCTION_CHECKS, MODULE_CHECKS
 from typed_transformer.cli import main
 
 QUICK = ["--max-examples", "4"]
@@ -14,21 +14,23 @@ QUICK = ["--max-examples", "4"]
 def test_audit_torch_sdpa_passes_with_its_conventions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "sdpa.json"
     code = main(["audit", "torch.nn.functional:scaled_dot_product_attention", "--causal-alignment", "top-left",
-                 *QUICK, "--json", str(path)])
+                 "--fully-masked", "any", "--no-mask-with-causal", *QUICK, "--json", str(path)])
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.splitlines()[0].startswith("audit of torch.nn.functional:scaled_dot_product_attention (seed 0")
-    assert out.rstrip().endswith("9 passed, 0 failed, 1 skipped")
+    assert out.rstrip().endswith("10 passed, 0 failed, 2 skipped")  # fully_masked, mask_and_causal: declared
+    assert "attn_mask and is_causal together (mask_with_causal=False)" in out
     data = json.loads(path.read_text())
     assert data["passed"] is True
-    assert [r["name"] for r in data["results"]] == list(CHECKS)
+    assert list(dict.fromkeys(r["name"] for r in data["results"])) == list(FUNCTION_CHECKS)
 
 
 def test_audit_sdpa_with_bottom_right_declared_fails_causality(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["audit", "torch.nn.functional:scaled_dot_product_attention", "--checks", "causality", *QUICK])
     out = capsys.readouterr().out
     assert code == 1
-    assert out.splitlines()[3].split()[:2] == ["causality", "FAIL"]
+    assert [line.split()[:3] for line in out.splitlines()[3:5]] == [["causality", "float32", "FAIL"],
+                                                                    ["causality", "float64", "FAIL"]]
 
 
 def test_audit_wrong_implementation_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
@@ -36,11 +38,11 @@ def test_audit_wrong_implementation_exits_1(capsys: pytest.CaptureFixture[str]) 
                  "--fully-masked", "nan", *QUICK])
     out = capsys.readouterr().out
     assert code == 1
-    rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[3:13]}
+    rows = {line.split()[0]: line.split()[2] for line in out.splitlines()[3:3 + 2 * len(FUNCTION_CHECKS)]
+            if line.split()[1] == "float32"}
     assert rows["scale"] == "FAIL"
     assert rows["reference"] == "FAIL"
     assert rows["dtype"] == "PASS"
-    assert rows["fully_masked"] == "PASS"
     assert "Example(" in out
     assert "candidate_call(example" in out
 
@@ -61,6 +63,22 @@ def test_audit_other_conventions(capsys: pytest.CaptureFixture[str]) -> None:
         (["audit", "no_such_module_xyz:f"], "cannot import no_such_module_xyz:f: ModuleNotFoundError"),
         (["audit", "torch.nn.functional:nope"], "cannot import torch.nn.functional:nope: AttributeError"),
         (["audit", "torch.nn.functional"], "candidate must be MODULE:ATTR"),
+        (["audit"], "give a candidate MODULE:ATTR or --module MODULE:CLASS --spec NAME"),
+        (["audit", "tests._audit_candidates:plain_attention"],
+         "tests._audit_candidates:plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> "
+         "torch.Tensor cannot be called as candidate(q, k, v, attn_mask=..., is_causal=...)"),
+        (["audit", "--module", "torch.nn:MultiheadAttention"], "--spec: missing"),
+        (["audit", "--module", "torch.nn:MultiheadAttention", "--spec", "torch_mha", "--layout", "bthd"],
+         "--layout describes a candidate function; a module's conventions come from its --spec"),
+        (["audit", "--module", "torch.nn:MultiheadAttention", "--spec", "nope"], "--spec: unknown spec 'nope'"),
+        (["audit", "--module", "torch.nn:MultiheadAttention", "--spec", "torch_mha", "--config", "{"],
+         "--config is not valid JSON"),
+        (["audit", "--module", "torch.nn:MultiheadAttention", "--spec", "torch_mha", "--config", '{"nope": 1}'],
+         "cannot build torch.nn:MultiheadAttention from --config: TypeError"),
+        (["audit", "--module", "torch.nn:Linear", "--spec", "torch_mha", "--config", '{"in_features": 2, '
+          '"out_features": 2}'], "torch.nn.modules.linear.Linear does not match spec 'torch_mha'"),
+        (["audit", "--module", "torch.nn:MultiheadAttention", "--spec", "torch_mha", "--config",
+          '{"embed_dim": 8, "num_heads": 2}', "--checks", "scale"], "--checks: unknown check 'scale'"),
         (["audit", "math:pi"], "math:pi is not callable"),
         (["audit", "math:sqrt", "--dtypes", "float8"], "--dtypes: unknown dtype 'float8'"),
         (["audit", "math:sqrt", "--checks", "speed"], "--checks: unknown check 'speed'"),
@@ -74,7 +92,7 @@ def test_audit_bad_candidate_gives_one_line_and_exit_2(argv: list[str], message:
         len(err.strip().splitlines()) == 1 and message in err)
 
 
-@pytest.mark.parametrize("argv", [["audit"], ["audit", "m:f", "--layout", "tbhd"], ["audit", "m:f", "--seed", "-1"],
+@pytest.mark.parametrize("argv", [["audit", "m:f", "--layout", "tbhd"], ["audit", "m:f", "--seed", "-1"],
                                   ["audit", "m:f", "--mask-polarity", "yes"]])
 def test_audit_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
@@ -83,3 +101,34 @@ def test_audit_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1
     assert "error:" in err
+
+
+def test_fully_masked_defaults_to_zero_as_in_the_api(capsys: pytest.CaptureFixture[str]) -> None:
+    # nan_rows gives NaN for fully masked rows: the default declaration (zero) must catch it
+    assert main(["audit", "tests._audit_candidates:nan_rows", "--checks", "fully_masked", *QUICK]) == 1
+    assert main(["audit", "tests._audit_candidates:nan_rows", "--checks", "fully_masked", "--fully-masked", "nan",
+                 *QUICK]) == 0
+    capsys.readouterr()
+
+
+def test_audit_a_module_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "mha.json"
+    checks = ",".join(c for c in MODULE_CHECKS if c != "fast_path")
+    code = main(["audit", "--module", "torch.nn:MultiheadAttention", "--spec", "torch_mha", "--config",
+                 '{"embed_dim": 8, "num_heads": 2, "batch_first": true}', "--checks", checks, *QUICK,
+                 "--json", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.splitlines()[0].startswith("audit of torch.nn:MultiheadAttention (spec torch_mha)")
+    data = json.loads(path.read_text())
+    assert list(dict.fromkeys(r["name"] for r in data["results"])) == checks.split(",")
+    assert data["conventions"]["spec"] == "torch_mha"
+    assert data["conventions"]["fully_masked"] == "zero"
+    # the fast path gives NaN for a fully padded batch element: a failure when zero is declared (the default) ...
+    fast = ["audit", "--module", "torch.nn:MultiheadAttention", "--spec", "torch_mha", "--config",
+            '{"embed_dim": 8, "num_heads": 2}', "--checks", "fast_path", *QUICK]
+    assert main(fast) == 1
+    assert "fully padded batch element gave [nan" in capsys.readouterr().out
+    # ... and a pass when NaN is declared
+    assert main([*fast, "--fully-masked", "nan"]) == 0
+    capsys.readouterr()

@@ -103,6 +103,25 @@ def test_numeric_flags_out_of_range(argv: list[str], message: str, trained: tupl
     assert line == f"typed-transformer {filled[0]}: error: {message}"
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--batch-size", "4096", "--block-size", "8192"],
+         "--batch-size 4096 x block size 8192 = 33,554,432 tokens per step, more than 262,144; lower --batch-size or "
+         "--block-size"),
+        (["--batch-size", "4096", "--eval-iters", "1000"],  # baby's block size 64
+         "--eval-iters 1000 x 262,144 tokens per batch = 262,144,000 evaluation tokens held in memory, more than "
+         "16,777,216; lower --eval-iters or --batch-size"),
+    ],
+)
+def test_sizes_that_cannot_fit_together(flags: list[str], message: str, trained: tuple[Path, Path], tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    text, _ = trained
+    capsys.readouterr()
+    assert main(["train", "--data", str(text), "--out", str(tmp_path / "run"), *flags]) == 2
+    assert one_line(capsys.readouterr().err) == f"typed-transformer: error: {message}"
+
+
 def test_bounds_are_inclusive(trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     _, out = trained
     assert main([*[a.format(run=out) for a in GENERATE], "--temperature", "0.01", "--seed", "4294967295",
@@ -160,6 +179,23 @@ def test_resume_accepts_the_same_preset_and_the_changeable_options(copy: tuple[P
     assert saved.iteration == 12
     assert (saved.train_config["learning_rate"], saved.train_config["batch_size"]) == (1e-3, 3)
     assert saved.train_config["checkpoint_interval"] == 7
+
+
+def test_resume_with_the_preset_name_alone(copy: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    text, out = copy  # trained with --block-size 8; --preset baby alone (block 64) still names the same model
+    argv = ["train", "--data", str(text), "--resume", "--preset", "baby", "--max-iters", "11", "--no-progress",
+            "--sample-tokens", "0", "--out", str(out)]
+    assert main(argv) == 0
+    assert load_checkpoint(out).iteration == 11
+
+
+def test_the_documented_resume_list_is_the_code_s() -> None:
+    from typed_transformer.cli import CHANGEABLE_ON_RESUME
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reliability.md").read_text(encoding="utf-8")
+    row = next(line for line in page.splitlines() if line.startswith("| `--max-iters`"))
+    may_change = row.split(" | ")[0].removeprefix("| ")
+    assert may_change == ", ".join(f"`{flag}`" for flag in CHANGEABLE_ON_RESUME)
 
 
 def test_eval_interval_no_longer_sets_the_checkpoint_interval(trained: tuple[Path, Path], tmp_path: Path) -> None:
@@ -252,7 +288,13 @@ def test_a_signal_while_importing_is_one_line(signum: int, code: int, line: str)
     # torch takes over a second to import; the launcher catches the signal around that import.
     process = subprocess.Popen([*LAUNCHER, "generate", "--checkpoint", "nowhere"], stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    time.sleep(0.3)
+    # Wait until the launcher catches SIGTERM (its first statement), however slow the interpreter starts.
+    status = Path(f"/proc/{process.pid}/status")
+    deadline = time.monotonic() + 60
+    while not int(next(line for line in status.read_text().splitlines() if line.startswith("SigCgt:")).split()[1],
+                  16) >> (signal.SIGTERM - 1) & 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
     process.send_signal(signum)
     _, err = process.communicate(timeout=60)
     assert process.returncode == code, err
@@ -337,3 +379,25 @@ def test_generate_refuses_a_checkpoint_with_nan_weights(trained: tuple[Path, Pat
     assert main(["generate", "--checkpoint", str(bad)]) == 2
     assert one_line(capsys.readouterr().err) == (f"typed-transformer: error: {bad}: corrupt checkpoint (weight "
                                                  "ln_f.weight holds NaN or infinity)")
+
+
+def test_generate_from_exploded_but_finite_weights_is_one_line(trained: tuple[Path, Path], tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from typed_transformer.checkpoint import _digest
+
+    _, out = trained
+    with safe_open(str(out / CHECKPOINT_NAME), framework="pt") as handle:
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+        metadata = dict(handle.metadata())
+    tensors["model.tok_emb.weight"] = tensors["model.tok_emb.weight"] * 1e30  # finite, but the logits are not
+    metadata["sha256"] = _digest(tensors, metadata)
+    bad = tmp_path / "exploded.safetensors"
+    save_file(tensors, str(bad), metadata=metadata)
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(bad), "--max-new-tokens", "3"]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        "typed-transformer: error: the model's output is not finite (its weights are finite but exploded: the run "
+        "that wrote this checkpoint diverged)")

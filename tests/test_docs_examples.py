@@ -29,7 +29,7 @@ SKIPPED: dict[str, int] = {}
 FENCES = {"python", "bash", "text", ""}
 
 _FENCE = re.compile(r"^\s*```(\S*)", re.MULTILINE)
-_SKIP = re.compile(r"<!--\s*skip:\s*next\b")
+_SKIP = re.compile(r"^\s*<!--\s*skip:\s*next\b", re.MULTILINE)  # a directive on its own line, as Sybil reads it
 
 
 def _relative(path: Path) -> str:

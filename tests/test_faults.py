@@ -26,7 +26,7 @@ from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint, run_d
 from typed_transformer.cli import main
 
 TEXT = "first citizen:\nbefore we proceed any further, hear me speak.\n\nall:\nspeak, speak.\n" * 8
-MAX_ITERS = 16
+MAX_ITERS = 12
 RUN = ["--block-size", "8", "--batch-size", "4", "--eval-interval", "4", "--eval-iters", "2", "--dropout", "0.1",
        "--checkpoint-interval", "1", "--sample-tokens", "0", "--no-progress", "--max-iters", str(MAX_ITERS)]
 KILLS = 5  # random kill -9 moments
@@ -74,7 +74,7 @@ def _child(argv: list[str], log: str, marker: str, mode: str) -> None:
 def forkserver() -> ForkServerContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "typed_transformer.cli", "typed_transformer.training",
-                                    "safetensors.torch", "matplotlib.pyplot", __name__])
+                                    "safetensors.torch", "matplotlib.pyplot", "tests._fault_warmup", __name__])
     return context
 
 
@@ -82,6 +82,8 @@ class Run:
     def __init__(self, context: ForkServerContext, root: Path, argv: list[str], mode: str = "") -> None:
         self.log = root / f"log-{time.monotonic_ns()}.txt"
         self.marker = root / f"marker-{time.monotonic_ns()}"
+        self.log.touch()
+        self.log.chmod(0o666)  # writable by the unprivileged user of mode="nobody"
         self.process = context.Process(target=_child, args=(argv, str(self.log), str(self.marker), mode))
         self.process.start()
 
@@ -143,7 +145,7 @@ def test_kill_9_never_loses_the_checkpoint_and_resuming_is_bit_exact(forkserver:
             assert temporary.parent == out
         else:
             run = Run(forkserver, tmp_path, argv(text, out, *resume))
-            time.sleep(rng.uniform(0.05, 1.0))
+            time.sleep(rng.uniform(0.1, 1.2))
             run.kill()
         if (out / CHECKPOINT_NAME).exists():
             saved = load_checkpoint(out)  # verified: hash, every field, finite weights
@@ -254,8 +256,6 @@ def test_a_read_only_out_fails_before_the_first_step(forkserver: ForkServerConte
     out.chmod(0o555)
     as_root = os.geteuid() == 0
     run = Run(forkserver, shared_root, argv(text, out), mode="nobody" if as_root else "")
-    run.log.touch()
-    run.log.chmod(0o666)
     code = run.wait()
     line = _one_line(run.stderr)
     assert code == 2

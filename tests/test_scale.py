@@ -348,3 +348,15 @@ def test_a_kv_cache_with_capacity_equals_one_that_concatenates() -> None:
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8))
     assert [cache.capacity for cache in model.new_caches()] == [8]
+
+
+def test_resume_with_the_preset_and_its_size_flags(text: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert run(["train", "--preset", "baby", "--data", str(text), "--max-iters", "1", *TINY, "--out", str(out)]) == 0
+    assert run(["train", "--preset", "baby", "--data", str(text), "--max-iters", "2", *TINY, "--resume",
+                "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert run(["train", "--preset", "seed", "--data", str(text), "--max-iters", "3", *TINY, "--resume",
+                "--out", str(out)]) == 2
+    assert "--preset seed differs from the checkpoint's model (baby: n_layer=1" in capsys.readouterr().err

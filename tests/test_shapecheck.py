@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import jaxtyping
 import pytest
@@ -443,7 +444,82 @@ def test_deprecated_return_weights_warns_and_matches_the_new_function() -> None:
     q, k, v = qkv(b=1, h=2, t=3, d=4)
     with pytest.warns(DeprecationWarning, match="use scaled_dot_product_attention_with_weights") as record:
         old = scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)
-    assert record[0].filename == __file__  # attributed to the caller, through the checks' wrappers
+    # Attributed to the caller, through the checks' wrappers (under mutation testing, mutmut's trampoline is a
+    # third-party caller between this test and the library).
+    assert record[0].filename == __file__ or f"{os.sep}mutmut{os.sep}" in record[0].filename
     new = tt.scaled_dot_product_attention_with_weights(q, k, v, is_causal=True)
     assert isinstance(old, tuple)
     torch.testing.assert_close(old, new)
+
+
+# ---------------------------------------------------------------------------------------------------
+# dtype and device agreement (what annotations cannot say)
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_input_of_another_dtype_than_the_modules_parameters() -> None:
+    # Reported: a float64 query passed the check and failed inside F.linear ("mat1 and mat2 must have the same
+    # dtype"). Now the check names the argument, in both modes.
+    m = MultiHeadAttention(8, 2)
+    for strict in (False, True):
+        with tt.strict_checks(strict), pytest.raises(ShapeError) as info:
+            m(torch.randn(2, 3, 8, dtype=torch.float64))
+        assert info.value.summary == (f"{MHA}(): query: dtype is float64, expected float32 "
+                                      "(the dtype of the module's parameters)")
+
+
+@pytest.mark.parametrize(("module", "kwargs", "argument", "source"), [
+    (lambda: tt.TransformerEncoderLayer(8, 2, 16), {"src": torch.randn(1, 3, 8).double()}, "src",
+     "the module's parameters"),
+    (lambda: tt.TransformerDecoder(tt.TransformerDecoderLayer(8, 2, 16), 1),
+     {"tgt": torch.randn(1, 3, 8), "memory": torch.randn(1, 2, 8).double()}, "memory", "tgt"),
+    (lambda: tt.Transformer(8, 2, 1, 1, 16), {"src": torch.randn(1, 2, 8), "tgt": torch.randn(1, 3, 8).double()},
+     "tgt", "src"),
+    (lambda: tt.FeedForward(8, 16), {"x": torch.randn(1, 3, 8).double()}, "x", "the module's parameters"),
+])
+def test_every_layer_names_an_input_of_the_wrong_dtype(module: Any, kwargs: dict[str, Tensor], argument: str,
+                                                      source: str) -> None:
+    with tt.strict_checks(False), pytest.raises(ShapeError) as info:
+        module()(**kwargs)
+    assert (info.value.argument, info.value.reason) == (argument, f"dtype is float64, expected float32 (the dtype of "
+                                                                  f"{source})")
+
+
+def test_a_module_in_double_precision_takes_double_inputs() -> None:
+    m = MultiHeadAttention(8, 2, dtype=torch.float64)
+    assert m(torch.randn(2, 3, 8, dtype=torch.float64))[0].dtype == torch.float64
+    # A float additive mask of another dtype is not an input to the projections: still accepted.
+    out, _ = m(torch.randn(2, 3, 8, dtype=torch.float64), attn_mask=torch.zeros(3, 3))
+    assert out.dtype == torch.float64
+
+
+def test_tensors_on_another_device() -> None:
+    # Reported: q on the CPU and k, v on the meta device silently returned a meta tensor.
+    q, k, v = qkv(b=1, h=2, t=3, d=4)
+    with pytest.raises(ShapeError) as info:
+        scaled_dot_product_attention(q, k.to("meta"), v.to("meta"))
+    assert info.value.summary == f"{SDPA}(): k: device is meta, expected cpu (the device of q)"
+    m = MultiHeadAttention(8, 2)
+    with pytest.raises(ShapeError) as info:
+        m(torch.randn(1, 3, 8, device="meta"))
+    assert info.value.summary == f"{MHA}(): query: device is meta, expected cpu (the device of the module's parameters)"
+
+
+def test_same_dtype_must_name_a_parameter() -> None:
+    def f(x: Float[Tensor, " n"]) -> Float[Tensor, " n"]:
+        return x
+
+    with pytest.raises(TypeError, match="has no parameter 'y'"):
+        typechecked(f, same_dtype=("y",))
+
+
+def test_a_kv_cache_from_another_model_is_refused_where_it_enters_in_default_mode() -> None:
+    # The outer signature (GPT.forward) does not describe a cache's contents; the cache checks what it is given.
+    small = tt.GPT(tt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8))
+    other = tt.GPT(tt.GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=4, n_embd=8))
+    caches = other.new_caches()
+    other(torch.ones(1, 3, dtype=torch.long), kv_caches=caches)
+    with tt.strict_checks(False), pytest.raises(ShapeError) as info:
+        small(torch.ones(1, 1, dtype=torch.long), kv_caches=caches)
+    assert info.value.summary == ("typed_transformer.multihead.KVCache.append(): k: is (1, 2, 1, 4), but the cache "
+                                  "holds (1, 4, 3, 2) (b, g and the head size must stay the same)")

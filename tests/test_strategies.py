@@ -254,3 +254,19 @@ def test_randomize_parameters_is_seeded_and_sets_biases() -> None:
 def test_hypothesis_is_recent_enough() -> None:
     major, minor = (int(x) for x in hypothesis.__version__.split(".")[:2])
     assert (major, minor) >= (6, 150)
+
+
+# --- narrowing options used by the audit's declarations (issue 10) -----------------------------------------
+
+
+@given(shape=attention_shapes(min_head_dim=3, max_head_dim=8, head_dim_multiple=2, same_value_dim=True))
+def test_attention_shapes_narrowed_head_sizes(shape: AttentionShape) -> None:
+    assert shape.d in (4, 6, 8)
+    assert shape.dv == shape.d
+
+
+@given(padding=key_padding_masks(3, 5, styles=["right"]))
+def test_key_padding_masks_right_padding_only(padding: torch.Tensor) -> None:
+    lengths = padding.sum(dim=-1)
+    assert torch.equal(padding, torch.arange(5) < lengths[:, None])
+    assert bool((lengths >= 1).all())

@@ -124,7 +124,7 @@ def test_checkpoint_is_a_plain_safetensors_file(tmp_path: Path, data: TextData) 
     raw = path.read_bytes()
     (header_length,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8 : 8 + header_length])  # JSON header, then raw tensor bytes: no pickle
-    assert header["__metadata__"]["format"] == "typed-transformer-gpt/1"
+    assert header["__metadata__"]["format"] == "typed-transformer-gpt/2"
     assert json.loads(header["__metadata__"]["tokenizer"]) == {"chars": data.tokenizer.chars}
     with safe_open(str(path), framework="pt") as handle:
         keys = set(handle.keys())

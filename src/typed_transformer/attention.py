@@ -24,6 +24,7 @@ Behaviour that is specified (and tested against torch):
 """
 
 import math
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -82,9 +83,8 @@ def scaled_dot_product_attention(
     """
     scale, is_causal = _prepare(scaled_dot_product_attention, q, k, v, scale, is_causal, dropout_p)
     if return_weights:
-        warnings.warn("scaled_dot_product_attention(..., return_weights=True) is deprecated; use "
-                      "scaled_dot_product_attention_with_weights(...)", DeprecationWarning,
-                      stacklevel=_caller_stacklevel())
+        _warn_deprecated("scaled_dot_product_attention(..., return_weights=True) is deprecated; use "
+                         "scaled_dot_product_attention_with_weights(...)")
         if backend == "sdpa":
             raise ValueError("scaled_dot_product_attention: backend='sdpa' cannot return weights; "
                              "use backend='reference'")
@@ -147,16 +147,24 @@ def _prepare(function: Callable[..., object], q: Tensor, k: Tensor, v: Tensor, s
     return scale, is_causal
 
 
-def _caller_stacklevel() -> int:
-    """The ``stacklevel`` that attributes a warning to the first frame outside this library and the checks'
-    wrappers (jaxtyping, beartype), however many of those wrappers the call went through."""
-    frame, level = sys._getframe(1), 1
+def _warn_deprecated(message: str) -> None:
+    """A ``DeprecationWarning`` attributed to the first frame outside this library and the checks' wrappers
+    (jaxtyping, beartype, generated code), however many of those the call went through."""
+    frame = sys._getframe(1)
     while frame.f_back is not None:
-        module = frame.f_globals.get("__name__", "")
-        if not module.startswith(("typed_transformer.", "jaxtyping", "beartype")) and module:
+        module = frame.f_globals.get("__name__", "") or ""
+        filename = frame.f_code.co_filename
+        inside = module.startswith(("typed_transformer.", "jaxtyping", "beartype")) or filename.startswith(
+            (_PACKAGE_DIR, "<")) or any(f"{os.sep}{name}{os.sep}" in filename for name in ("jaxtyping", "beartype"))
+        if not inside:
             break
-        frame, level = frame.f_back, level + 1
-    return level
+        frame = frame.f_back
+    registry = frame.f_globals.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(message, DeprecationWarning, frame.f_code.co_filename, frame.f_lineno,
+                           module=frame.f_globals.get("__name__"), registry=registry)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def _reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float,

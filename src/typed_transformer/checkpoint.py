@@ -4,7 +4,9 @@ verified on load; and the run directory that holds it, locked for the lifetime o
 ``checkpoint.safetensors`` holds tensors only (never pickle): the model weights under ``model.``, the
 optimizer state under ``optim.``, the random-number states under ``rng.``. Everything else (model config,
 tokenizer, training config, iteration, loss history) is JSON in the safetensors metadata header, together
-with ``sha256``: a hash of every tensor (name, dtype, shape, bytes) and every other metadata field.
+with ``sha256``: a hash of every tensor (name, dtype, shape, bytes) and every other metadata field (format
+``typed-transformer-gpt/2``; files of format ``/1``, written before the hash existed, still load, with every
+field validated but without the hash check).
 
 Guarantees (docs/reliability.md lists the faults they were tested against):
 
@@ -55,7 +57,9 @@ __all__ = [
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 LOCK_NAME = ".lock"
-FORMAT = "typed-transformer-gpt/1"
+FORMAT = "typed-transformer-gpt/2"
+#: Checkpoints written before the integrity hash existed: loaded with every field validated, but unverified.
+LEGACY_FORMAT = "typed-transformer-gpt/1"
 _METADATA_KEYS = ("format", "model_config", "tokenizer", "iteration", "train_config", "history", "optimizer", "info")
 
 
@@ -99,7 +103,9 @@ def remove_temporaries(directory: Path) -> list[Path]:
     temporary file is taken away. Also matches the names older versions used.
     """
     removed = []
-    patterns = (".*.tmp-*", f".{CHECKPOINT_NAME}.*.tmp", ".loss.png.tmp.png")
+    # Ours, older versions' names, and the ".tmpXXXXXX" files of the Rust tempfile crate, through which
+    # safetensors itself writes before renaming onto the name it was given.
+    patterns = (".*.tmp-*", f".{CHECKPOINT_NAME}.*.tmp", ".loss.png.tmp.png", ".tmp??????")
     for pattern in patterns:
         for path in directory.glob(pattern):
             with contextlib.suppress(FileNotFoundError):
@@ -425,11 +431,11 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
                 tensors[name] = handle.get_tensor(name)
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"{path}: not a readable checkpoint ({str(err).splitlines()[0]})") from None
-    if metadata.get("format") != FORMAT:
+    if metadata.get("format") not in (FORMAT, LEGACY_FORMAT):
         raise CheckpointError(f"{path}: not a typed-transformer GPT checkpoint (format {metadata.get('format')!r})")
-    if "sha256" not in metadata:
+    if metadata["format"] == FORMAT and "sha256" not in metadata:
         raise CheckpointError(f"{path}: corrupt checkpoint (no sha256 integrity field)")
-    if _digest(tensors, metadata) != metadata["sha256"]:
+    if "sha256" in metadata and _digest(tensors, metadata) != metadata["sha256"]:
         raise CheckpointError(f"{path}: corrupt checkpoint (integrity check failed: the tensors or metadata were "
                               "modified or damaged after it was written)")
     try:

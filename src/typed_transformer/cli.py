@@ -7,7 +7,8 @@
 * ``generate``: sample text from a checkpoint.
 * ``bench attention`` / ``bench gpt`` / ``bench checks``: the scripts in the checkout's ``benchmarks/`` folder
   (side-by-side ratios); not part of the installed library, so they need a source checkout.
-* ``audit MODULE:ATTR``: audit a third-party attention function (exit 1 when a check fails).
+* ``audit MODULE:ATTR``: audit a third-party attention function; ``audit --module MODULE:CLASS --spec NAME
+  --config JSON``: an attention module with its own weights (exit 1 when a check fails).
 
 Bad arguments, bad files and bad checkpoints give one line on stderr and exit code 2, never a traceback.
 Exit codes (docs/reliability.md has the full table): 0 done; 1 a failed audit check or a diverged training run
@@ -42,6 +43,8 @@ MAX_LEARNING_RATE = 1.0
 MIN_TEMPERATURE = 0.01  # below this, logits / temperature overflow float32 and sampling is greedy anyway
 MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**32 - 1
+MAX_TOKENS_PER_STEP = 2**18  # batch size x block size (the baby run has 768, the seed run 3,072)
+MAX_EVAL_TOKENS = 2**24  # eval iters x batch size x block size, held in memory for the whole run
 MAX_LAYERS = 1024
 MAX_WIDTH = 65536
 
@@ -111,7 +114,8 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                        help="context length (default: preset's)")
     train.add_argument("--lr", type=_learning_rate, default=None,
                        help="peak learning rate, decaying to a tenth (default: 3e-3 for baby, 1e-3 for seed)")
-    train.add_argument("--eval-interval", type=_int_in(1, MAX_ITERS), default=None, help="default 250")
+    train.add_argument("--eval-interval", type=_int_in(1, MAX_ITERS), default=None,
+                       help="iterations between evaluations (default 250; checkpoints: --checkpoint-interval)")
     train.add_argument("--checkpoint-interval", type=_int_in(1, MAX_ITERS), default=None,
                        help="iterations between checkpoints (default 250; one is also written at the end)")
     train.add_argument("--eval-iters", type=_int_in(1, MAX_EVAL_ITERS), default=None,
@@ -181,24 +185,45 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                         help="rough time budget of the training-step comparison (default 20)")
     checks.add_argument("--threads", type=_positive_int, default=None)
 
-    audit = commands.add_parser("audit", help="audit a third-party attention function against the reference")
-    audit.add_argument("candidate", metavar="MODULE:ATTR", help="the attention callable, e.g. "
-                       "torch.nn.functional:scaled_dot_product_attention")
+    audit = commands.add_parser("audit", help="audit a third-party attention function or module against the "
+                                "reference")
+    audit.add_argument("candidate", metavar="MODULE:ATTR", nargs="?", default=None,
+                       help="the attention callable, e.g. torch.nn.functional:scaled_dot_product_attention")
+    audit.add_argument("--module", default=None, metavar="MODULE:CLASS",
+                       help="audit an attention module class instead, e.g. "
+                       "transformers.models.llama.modeling_llama:LlamaAttention (with --spec and --config)")
+    audit.add_argument("--spec", default=None, help="the module's spec: torch_mha, typed_transformer, gpt2, bert, "
+                       "llama, torchtune, x_transformers")
+    audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
+                       "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
     audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd")
     audit.add_argument("--mask-polarity", choices=["keep", "drop"], default="keep",
                        help="keep: True = may attend (SDPA); drop: True = masked out (nn.MultiheadAttention)")
+    audit.add_argument("--mask-kind", choices=["bool", "additive"], default="bool",
+                       help="additive: the candidate takes float 0/-inf masks only")
     audit.add_argument("--causal-alignment", choices=["top-left", "bottom-right"], default="bottom-right",
                        help="what is_causal means when t != s (SDPA: top-left)")
-    audit.add_argument("--fully-masked", choices=["zero", "nan", "uniform", "any"], default="any",
-                       help="declared output of query rows without keys (default: not checked)")
+    audit.add_argument("--fully-masked", choices=["zero", "nan", "uniform", "any"], default=None,
+                       help="declared output of query rows without keys (default zero, as in the API; a module: "
+                       "its spec's)")
     audit.add_argument("--scale", type=_positive_float, default=None, help="logit scale (default 1/sqrt(d))")
     audit.add_argument("--gqa", action="store_true", help="the candidate takes fewer key/value heads")
+    audit.add_argument("--grouping", choices=["g r", "r g"], default="g r",
+                       help="query head i uses kv head i // r ('g r', torch's) or i %% g ('r g')")
+    audit.add_argument("--self-attention", action="store_true", help="the candidate needs t = s")
+    audit.add_argument("--equal-head-sizes", action="store_true", help="the candidate needs dv = d")
+    audit.add_argument("--even-head-size", action="store_true", help="the candidate needs an even head size")
     audit.add_argument("--no-mask", action="store_true", help="the candidate takes no attn_mask")
     audit.add_argument("--no-causal", action="store_true", help="the candidate takes no is_causal")
+    audit.add_argument("--no-mask-with-causal", action="store_true",
+                       help="the candidate refuses attn_mask and is_causal together")
+    audit.add_argument("--decode-sees-all", action="store_true",
+                       help="with is_causal a single query sees every key (Hugging Face's sdpa rule)")
     audit.add_argument("--no-autograd", action="store_true", help="skip the gradient check")
     audit.add_argument("--checks", default=None, help="comma-separated subset of the checks")
     audit.add_argument("--dtypes", default="float32,float64", help="comma-separated (default float32,float64)")
-    audit.add_argument("--max-examples", type=_positive_int, default=20, help="examples per check (default 20)")
+    audit.add_argument("--max-examples", type=_positive_int, default=20,
+                       help="examples per check and dtype (default 20)")
     audit.add_argument("--seed", type=_non_negative_int, default=0)
     audit.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
     return parser
@@ -428,8 +453,11 @@ def _train_locked(args: argparse.Namespace) -> int:
         model = resume.model
         saved_preset = resume.info.get("preset")
         if args.preset is not None:
-            expected = GPTConfig.preset(args.preset, model.config.vocab_size, **overrides)
-            same = {**expected.to_dict(), "dropout": 0.0} == {**model.config.to_dict(), "dropout": 0.0}
+            # The preset's architecture with this command's size flags (--n-layer, --n-head, --n-embd); block
+            # size, dropout and positions are flags of their own, checked below.
+            sizes = {key: overrides[key] for key in ("n_layer", "n_head", "n_embd") if key in overrides}
+            expected = GPTConfig.preset(args.preset, model.config.vocab_size, **sizes)
+            same = all(getattr(expected, key) == getattr(model.config, key) for key in ("n_layer", "n_head", "n_embd"))
             if (saved_preset is not None and saved_preset != args.preset) or not same:
                 raise ValueError(f"--preset {args.preset} differs from the checkpoint's model "
                                  f"({saved_preset or 'custom'}: n_layer={model.config.n_layer}, "
@@ -454,6 +482,7 @@ def _train_locked(args: argparse.Namespace) -> int:
         if CharTokenizer.from_text(text) != tokenizer:
             raise ValueError(f"{source}: its vocabulary ({len(set(text))} characters) differs from the "
                              f"checkpoint's ({tokenizer.vocab_size})")
+        _check_sizes(config.batch_size, model.config.block_size, config.eval_iters)
         data = TextData.from_text(text, model.config.block_size, tokenizer=tokenizer, source=source)
         if resume.iteration >= config.max_iters:
             raise ValueError(f"the checkpoint is already at iteration {resume.iteration}; "
@@ -468,6 +497,7 @@ def _train_locked(args: argparse.Namespace) -> int:
     else:
         config = TrainConfig.for_preset(preset, **train_overrides)
         model_config = GPTConfig.preset(preset, 1, **overrides)  # the sizes are checked before reading the text
+        _check_sizes(config.batch_size, model_config.block_size, config.eval_iters)
         data = TextData.from_text(text, model_config.block_size, source=source)
         torch.manual_seed(config.seed)
         model = GPT(GPTConfig.preset(preset, data.tokenizer.vocab_size, **overrides))
@@ -519,6 +549,17 @@ def _train_locked(args: argparse.Namespace) -> int:
         print("sample:")
         print(result.sample)
     return 0
+
+
+def _check_sizes(batch_size: int, block_size: int, eval_iters: int) -> None:
+    """Refuse combinations of in-range sizes that cannot fit (each flag alone is bounded by the parser)."""
+    step = batch_size * block_size
+    if step > MAX_TOKENS_PER_STEP:
+        raise ValueError(f"--batch-size {batch_size} x block size {block_size} = {step:,} tokens per step, more than "
+                         f"{MAX_TOKENS_PER_STEP:,}; lower --batch-size or --block-size")
+    if eval_iters * step > MAX_EVAL_TOKENS:
+        raise ValueError(f"--eval-iters {eval_iters} x {step:,} tokens per batch = {eval_iters * step:,} evaluation "
+                         f"tokens held in memory, more than {MAX_EVAL_TOKENS:,}; lower --eval-iters or --batch-size")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -573,50 +614,113 @@ def _run_training_command(args: argparse.Namespace) -> int:
             return 1
         if _out_of_memory(err):
             return _fail("out of memory: lower --batch-size, --block-size or --eval-iters")
+        if "probability tensor contains" in str(err):  # torch.multinomial on NaN or infinite probabilities
+            return _fail("the model's output is not finite (its weights are finite but exploded: the run that "
+                         "wrote this checkpoint diverged)")
         raise
 
 
-def _audit(args: argparse.Namespace) -> int:
+def _import(spec: str) -> Any:
+    """``MODULE:ATTR`` -> the object (raises with the reason)."""
     import importlib
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"expected MODULE:ATTR, got {spec!r}")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # like `python -m`: modules in the current directory import
+    found: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def _audit(args: argparse.Namespace) -> int:
+    import json
 
     import torch
 
     try:
-        from .audit import CHECKS, Conventions, audit_attention
+        from .audit import (
+            FUNCTION_CHECKS,
+            MODULE_CHECKS,
+            SPECS,
+            AuditUsageError,
+            Conventions,
+            audit_attention,
+            audit_module,
+        )
     except ImportError as err:
-        return _fail(f"audit needs Hypothesis (pip install 'typed-transformer[strategies]'): {err}")
-    module_name, _, attr = args.candidate.partition(":")
-    if not module_name or not attr:
+        return _fail(f"audit needs Hypothesis (pip install 'typed-transformer[audit]'): {err}")
+    if (args.candidate is None) == (args.module is None):
+        return _fail("give either a candidate MODULE:ATTR or --module MODULE:CLASS (with --spec), not both"
+                     if args.candidate else "give a candidate MODULE:ATTR or --module MODULE:CLASS --spec NAME")
+    if args.module is not None and args.spec not in SPECS:
+        return _fail(f"--spec: {'missing' if args.spec is None else f'unknown spec {args.spec!r}'} "
+                     f"(choose {', '.join(SPECS)})")
+    target = args.candidate or args.module
+    function_only = {"layout": "bhtd", "mask_polarity": "keep", "mask_kind": "bool", "causal_alignment": "bottom-right",
+                     "scale": None, "gqa": False, "grouping": "g r", "self_attention": False, "equal_head_sizes": False,
+                     "even_head_size": False, "no_mask": False, "no_causal": False, "no_mask_with_causal": False,
+                     "decode_sees_all": False, "no_autograd": False}
+    changed = [name for name, default in function_only.items() if getattr(args, name) != default]
+    if args.module is not None and changed:
+        return _fail(f"--{changed[0].replace('_', '-')} describes a candidate function; a module's conventions come "
+                     f"from its --spec")
+    if args.candidate is not None and ":" not in args.candidate:
         return _fail(f"candidate must be MODULE:ATTR, got {args.candidate!r}")
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))  # like `python -m`: modules in the current directory import
     try:
-        candidate: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            candidate = getattr(candidate, part)
+        candidate = _import(target)
     except Exception as err:  # any import-time error of the user's module: one line, exit 2
         first_line = str(err).splitlines()[0] if str(err) else ""
-        return _fail(f"cannot import {args.candidate}: {type(err).__name__}: {first_line}")
+        return _fail(f"cannot import {target}: {type(err).__name__}: {first_line}")
     if not callable(candidate):
-        return _fail(f"{args.candidate} is not callable")
+        return _fail(f"{target} is not callable")
     names = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
              "bfloat16": torch.bfloat16}
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     bad = [d for d in dtypes if d not in names]
     if bad or not dtypes:
         return _fail(f"--dtypes: unknown dtype {bad[0] if bad else ''!r} (choose {', '.join(names)})")
+    known = MODULE_CHECKS if args.module is not None else FUNCTION_CHECKS
     checks = None if args.checks is None else [c.strip() for c in args.checks.split(",") if c.strip()]
-    if checks is not None and (not checks or any(c not in CHECKS for c in checks)):
-        unknown = next((c for c in checks if c not in CHECKS), "")
-        return _fail(f"--checks: unknown check {unknown!r} (choose {', '.join(CHECKS)})")
-    conventions = Conventions(layout=args.layout, mask_polarity=args.mask_polarity,
-                              causal_alignment=args.causal_alignment, scale=args.scale,
-                              fully_masked=args.fully_masked, supports_mask=not args.no_mask,
-                              supports_causal=not args.no_causal, supports_gqa=args.gqa,
-                              supports_autograd=not args.no_autograd)
-    report = audit_attention(candidate, conventions=conventions, checks=checks,
-                             dtypes=[names[d] for d in dtypes], max_examples=args.max_examples, seed=args.seed,
-                             name=args.candidate)
+    if checks is not None and (not checks or any(c not in known for c in checks)):
+        unknown = next((c for c in checks if c not in known), "")
+        return _fail(f"--checks: unknown check {unknown!r} (choose {', '.join(known)})")
+    options: dict[str, Any] = {"checks": checks, "dtypes": [names[d] for d in dtypes],
+                               "max_examples": args.max_examples, "seed": args.seed}
+    try:
+        if args.module is not None:
+            try:
+                config = json.loads(args.config)
+            except json.JSONDecodeError as err:
+                return _fail(f"--config is not valid JSON: {err}")
+            if not isinstance(config, dict):
+                return _fail("--config must be a JSON object of constructor arguments")
+            spec = SPECS[args.spec]
+            try:
+                module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
+            except Exception as err:
+                first_line = str(err).splitlines()[0] if str(err) else ""
+                return _fail(f"cannot build {target} from --config: {type(err).__name__}: {first_line}")
+            from .strategies import randomize_parameters
+
+            # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
+            module = randomize_parameters(module, args.seed)
+            report = audit_module(module, spec, fully_masked=args.fully_masked, name=f"{target} (spec {spec.name})",
+                                  **options)
+        else:
+            conventions = Conventions(
+                layout=args.layout, mask_polarity=args.mask_polarity, causal_alignment=args.causal_alignment,
+                scale=args.scale, fully_masked=args.fully_masked or Conventions().fully_masked,
+                supports_mask=not args.no_mask, supports_causal=not args.no_causal, supports_gqa=args.gqa,
+                supports_autograd=not args.no_autograd, self_attention=args.self_attention,
+                equal_head_sizes=args.equal_head_sizes, even_head_size=args.even_head_size, grouping=args.grouping,
+                mask_kind=args.mask_kind, mask_with_causal=not args.no_mask_with_causal,
+                decode_sees_all=args.decode_sees_all)
+            report = audit_attention(candidate, conventions=conventions, name=target, **options)
+    except AuditUsageError as err:
+        return _fail(str(err).splitlines()[0])
     print(report.table())
     if args.json is not None:
         try:

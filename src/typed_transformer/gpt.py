@@ -37,6 +37,11 @@ class GPTConfig:
 
     ``n_kv_heads`` (default ``n_head``) must divide ``n_head``; ``n_head`` must divide ``n_embd``.
     ``activation="gelu_tanh"`` is GPT-2's ``gelu_new``.
+
+    Raises:
+        ValueError: a size that is not a positive ``int``, ``bias`` or ``tie_weights`` that is not a ``bool``
+            (``"false"`` would read as true), ``dropout`` outside ``[0, 1)``, ``layer_norm_eps`` not positive and
+            finite, an unknown ``positional`` or ``activation``, or sizes that do not divide.
     """
 
     vocab_size: int
@@ -118,6 +123,8 @@ class Block(nn.Module):
     The MLP is the stack's :class:`~typed_transformer.layers.FeedForward` (``linear2(GELU(linear1(x)))``, width
     ``4 n_embd``) with no dropout inside, so dropout sits where nanoGPT has it: on each residual branch.
     """
+
+    __same_dtype__ = ("x",)  # inputs that must have the parameters' dtype (shapecheck)
 
     def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None) -> None:
         super().__init__()
@@ -272,6 +279,11 @@ class GPT(nn.Module):
 
         Shape checks: the arguments are checked at this call; the forward passes it makes are the library
         calling itself and are checked again only in strict mode (see :mod:`typed_transformer.shapecheck`).
+
+        Raises:
+            ShapeError: ``idx`` of the wrong shape, or with no positions (an empty prompt).
+            ValueError: nonsensical sampling settings (see :func:`check_sampling`), token ids outside the
+                vocabulary.
         """
         check_sampling(max_new_tokens, temperature, top_k, top_p, greedy)
         if idx.shape[1] == 0:

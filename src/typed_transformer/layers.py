@@ -135,6 +135,8 @@ class FeedForward(nn.Module):
     """Position-wise feed-forward network ``linear2(dropout(act(linear1(x))))``, ``(b, t, d_model)`` in
     and out. ``activation``: ``"relu"``, ``"gelu"`` (exact), ``"gelu_tanh"`` or any unary callable."""
 
+    __same_dtype__ = ("x",)  # inputs that must have the parameters' dtype (shapecheck)
+
     def __init__(self, d_model: int, dim_feedforward: int, *, dropout: float = 0.0, activation: Activation = "relu",
                  bias: bool = True, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
@@ -164,6 +166,8 @@ class TransformerEncoderLayer(nn.Module):
     """Self-attention and feed-forward, each with a residual connection and LayerNorm (post-LN, or pre-LN
     with ``norm_first=True``). Arguments as ``nn.TransformerEncoderLayer``, batch-first; ``rotary`` rotates
     the self-attention's queries and keys (RoPE) and ``backend`` picks the attention core."""
+
+    __same_dtype__ = ("src",)  # inputs that must have the parameters' dtype (shapecheck)
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, *,
                  activation: Activation = "relu", layer_norm_eps: float = 1e-5, norm_first: bool = False,
@@ -238,6 +242,8 @@ class TransformerDecoderLayer(nn.Module):
     """Masked self-attention over the target, cross-attention to ``memory`` (the encoder output) and
     feed-forward, each with a residual connection and LayerNorm. Arguments as
     ``nn.TransformerDecoderLayer``, batch-first; ``rotary`` applies to the self-attention only."""
+
+    __same_dtype__ = ("tgt", "memory")  # inputs that must have the parameters' dtype (shapecheck)
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, *,
                  activation: Activation = "relu", layer_norm_eps: float = 1e-5, norm_first: bool = False,
@@ -371,6 +377,8 @@ class TransformerEncoder(nn.Module):
     """``num_layers`` deep copies of ``encoder_layer`` (identical at the start, as in torch), then the
     optional final ``norm``. ``(b, s, d_model)`` in and out."""
 
+    __same_dtype__ = ("src",)  # inputs that must have the parameters' dtype (shapecheck)
+
     norm: nn.Module | None
 
     def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: nn.Module | None = None) -> None:
@@ -423,6 +431,8 @@ class TransformerEncoder(nn.Module):
 class TransformerDecoder(nn.Module):
     """``num_layers`` deep copies of ``decoder_layer``, then the optional final ``norm``.
     ``tgt (b, t, d_model)`` and ``memory (b, s, d_model)`` in, ``(b, t, d_model)`` out."""
+
+    __same_dtype__ = ("tgt", "memory")  # inputs that must have the parameters' dtype (shapecheck)
 
     norm: nn.Module | None
 
@@ -484,6 +494,8 @@ class Transformer(nn.Module):
     self-attention rotary position embeddings. Like torch, inputs are already embedded: see
     :class:`typed_transformer.seq2seq.Seq2SeqTransformer` for tokens in, logits out.
     """
+
+    __same_dtype__ = ("src", "tgt")  # inputs that must have the parameters' dtype (shapecheck)
 
     def __init__(
         self,

@@ -136,6 +136,8 @@ class MultiHeadAttention(nn.Module):
     where ``s' = s + add_bias_kv + add_zero_attn``.
     """
 
+    __same_dtype__ = ("query", "key", "value")  # inputs that must have the parameters' dtype (shapecheck)
+
     in_proj: nn.Linear | None
     q_proj: nn.Linear | None
     k_proj: nn.Linear | None

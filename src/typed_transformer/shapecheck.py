@@ -596,11 +596,15 @@ def _resolve_annotations(fn: Callable[..., Any]) -> dict[str, Any]:
     return dict(annotations)
 
 
-def typechecked(fn: Callable[P, R]) -> Callable[P, R]:
+def typechecked(fn: Callable[P, R], *, same_dtype: tuple[str, ...] = ()) -> Callable[P, R]:
     """Return ``fn`` with its jaxtyping annotations checked by ``jaxtyped(typechecker=beartype)``.
 
     Checked at every eager call from outside the library, and at every call in strict mode (see the module
-    docstring); a rejection is raised as a :class:`ShapeError`.
+    docstring); a rejection is raised as a :class:`ShapeError`. Beyond the annotations, a checked call
+    requires every tensor argument on one device (that of the module's parameters, for a method of a module
+    that has some), and the floating-point arguments named in ``same_dtype`` in the dtype of the module's
+    parameters: annotations cannot say either, and torch would otherwise fail deep inside (or, with the meta
+    device, silently return a meta tensor).
 
     Apply it by re-binding, not as a decorator (mutmut skips decorated functions)::
 
@@ -611,6 +615,10 @@ def typechecked(fn: Callable[P, R]) -> Callable[P, R]:
         return fn
     hints = _resolve_annotations(fn)
     sig = inspect.signature(fn)
+    positions = {name: index for index, name in enumerate(sig.parameters)}
+    unknown = [name for name in same_dtype if name not in positions]
+    if unknown:
+        raise TypeError(f"typechecked: {fn.__qualname__} has no parameter {unknown[0]!r} (same_dtype)")
     own_prefix = f"{fn.__module__}.{fn.__qualname__}."
     returns = hints.get("return", inspect.Signature.empty)
 
@@ -618,6 +626,9 @@ def typechecked(fn: Callable[P, R]) -> Callable[P, R]:
     # Instead the return value is checked here, inside the body that jaxtyping calls: its memo of axis
     # sizes (bound by the parameters) is still the current one, so the return shares the parameters' axes.
     def body(*args: Any, **kwargs: Any) -> Any:
+        problem = _disagreement(fn, positions, same_dtype, args, kwargs)
+        if problem is not None:
+            raise problem
         out = fn(*args, **kwargs)
         if returns is not inspect.Signature.empty and not is_bearable(out, returns):
             raise _return_error(fn, sig, hints, args, kwargs, out)
@@ -658,7 +669,9 @@ def shape_checked(cls: C) -> C:
     """Class decorator: check ``forward`` (for ``nn.Module`` subclasses) and any other method listed in
     the class attribute ``__shape_checked__``.
 
-    A class decorator keeps the methods themselves undecorated, so mutation testing still mutates them.
+    ``__same_dtype__`` (a tuple of ``forward``'s parameter names) lists the floating-point inputs that must have
+    the dtype of the module's parameters (see :func:`typechecked`). A class decorator keeps the methods
+    themselves undecorated, so mutation testing still mutates them.
     """
     names = ("forward", *getattr(cls, "__shape_checked__", ()))
     for name in names:
@@ -667,5 +680,36 @@ def shape_checked(cls: C) -> C:
             continue
         if isinstance(method, staticmethod | classmethod):
             raise TypeError(f"shape_checked: {cls.__name__}.{name} must be a plain method")
-        setattr(cls, name, typechecked(method))
+        same_dtype = tuple(getattr(cls, "__same_dtype__", ())) if name == "forward" else ()
+        setattr(cls, name, typechecked(method, same_dtype=same_dtype))
     return cls
+
+
+def _disagreement(fn: Callable[..., Any], positions: dict[str, int], same_dtype: tuple[str, ...],
+                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> ShapeError | None:
+    """A tensor argument on another device, or a ``same_dtype`` argument in another dtype than the module's
+    parameters; None when all agree. Costs a few microseconds, so it runs only where the call is checked."""
+    owner = args[0] if args and isinstance(args[0], torch.nn.Module) else None
+    reference = next(owner.parameters(), None) if owner is not None else None
+    named = [(name, args[index] if index < len(args) else kwargs.get(name)) for name, index in positions.items()]
+    tensors = [(name, value) for name, value in named if isinstance(value, torch.Tensor)]
+    if reference is not None:
+        device, source = reference.device, "the device of the module's parameters"
+    elif tensors:
+        device, source = tensors[0][1].device, f"the device of {tensors[0][0]}"
+    for name, value in tensors:
+        if value.device != device:
+            return ShapeError(_qualname(fn), name, f"device is {value.device}, expected {device} ({source})")
+    if reference is not None and reference.is_floating_point():
+        given = dict(tensors)
+        first: str | None = None  # the first input is compared with the parameters, later ones with it
+        for name in same_dtype:
+            tensor = given.get(name)
+            if tensor is None or not tensor.is_floating_point():
+                continue
+            if tensor.dtype != reference.dtype:
+                source = "the module's parameters" if first is None else first
+                return ShapeError(_qualname(fn), name, f"dtype is {_short_dtype(tensor.dtype)}, expected "
+                                  f"{_short_dtype(reference.dtype)} (the dtype of {source})")
+            first = first or name
+    return None

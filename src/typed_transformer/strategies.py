@@ -190,11 +190,15 @@ def attention_shapes(
     max_value_dim: int = 8,
     same_length: bool = False,
     min_len: int = 1,
+    min_head_dim: int = 1,
+    head_dim_multiple: int = 1,
+    same_value_dim: bool = False,
 ) -> AttentionShape:
     """Attention sizes: ``b`` in 1..3, ``t`` and ``s`` independently in 1..7 (``s = t`` with
     ``same_length``), ``g`` in 1..3 key/value heads, ``r`` in 1..3 query heads per group, ``d`` and
     ``dv`` in 1..8 (``dv = d`` about half of the time). Pass ``max_group=1`` for ordinary multi-head
-    attention (``h = g``).
+    attention (``h = g``). ``min_head_dim`` and ``head_dim_multiple`` narrow ``d`` (``head_dim_multiple=2``:
+    even head sizes, for rotary embeddings); ``same_value_dim`` makes ``dv = d``.
 
     Example::
 
@@ -207,9 +211,11 @@ def attention_shapes(
     s = t if same_length else draw(st.integers(min_len, max_len), label="s")
     g = draw(st.integers(1, max_kv_heads), label="g")
     r = draw(st.integers(1, max_group), label="r")
-    d = draw(st.integers(1, max_head_dim), label="d")
+    m = head_dim_multiple
+    d = m * draw(st.integers(max(1, -(-min_head_dim // m)), max(1, max_head_dim // m, -(-min_head_dim // m))),
+                 label="d")
     # dv = d half of the time: the usual case, and the only one torch's fused CPU kernel takes.
-    dv = draw(st.just(d) | st.integers(1, max_value_dim), label="dv")
+    dv = d if same_value_dim else draw(st.just(d) | st.integers(1, max_value_dim), label="dv")
     return AttentionShape(b=b, t=t, s=s, g=g, r=r, d=d, dv=dv)
 
 
@@ -366,17 +372,19 @@ def key_padding_masks(
     *,
     fully_padded_rows: bool = False,
     always_keep: int | None = None,
+    styles: Sequence[Literal["right", "random"]] = ("right", "random"),
 ) -> Tensor:
     """Key padding mask ``(b, s)``, True = real token.
 
     Either right padding (each row real up to a drawn length, the usual batch of sequences) or an
-    arbitrary pattern. Unless ``fully_padded_rows``, every batch row has at least one real token.
+    arbitrary pattern (``styles`` says which may be drawn). Unless ``fully_padded_rows``, every batch row has
+    at least one real token.
     ``always_keep`` forces that key to be real in every row.
 
     Example: ``@given(padding=key_padding_masks(2, 5))``: every row has a real token
     (``padding.any(dim=-1).all()``).
     """
-    style = draw(st.sampled_from(["right", "random"]), label="padding_style")
+    style = draw(st.sampled_from(list(styles)), label="padding_style")
     if style == "random":
         return draw(keep_masks((b, s), fully_masked_rows=fully_padded_rows, always_keep=always_keep))
     generator = torch.Generator().manual_seed(draw(seeds(), label="mask_seed"))

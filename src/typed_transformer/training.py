@@ -37,6 +37,7 @@ import contextlib
 import math
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -262,8 +263,9 @@ class _Interrupt:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "_Interrupt":
-        for signum in self.SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._handle)
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -273,7 +275,7 @@ class _Interrupt:
 
     def __exit__(self, *exc: object) -> None:
         for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
 
 
 def plot_history(history: list[dict[str, float]], path: Path, title: str = "") -> Path | None:

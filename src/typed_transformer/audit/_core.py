@@ -1,0 +1,590 @@
+"""The audit's shared pieces: conventions, examples, the reference, the tolerance rule, the report, the check
+registry and the machinery that runs one check as a Hypothesis test."""
+
+import dataclasses
+import importlib.metadata
+import json
+import math
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeAlias
+
+import torch
+from einops import einsum, rearrange
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from ..attention import scaled_dot_product_attention
+from ..masks import causal_mask
+from ..shapecheck import typechecked
+from ..strategies import randn
+
+Status: TypeAlias = Literal["PASS", "FAIL", "SKIP"]
+Inputs: TypeAlias = tuple[Tensor, Tensor, Tensor]
+
+#: Version of the check lists: a passing audit keeps its meaning when checks are added.
+#: 2: audit_multihead gained causality and gradients. 3: modules through specs; large_logits, mask_and_causal,
+#: rope, incremental_decoding, fast_path; per-head masks in masking; masks in gradients; per-dtype rows.
+CHECKS_VERSION = "3"
+
+_PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
+DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+               torch.bfloat16: "bfloat16"}
+DTYPES_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
+
+
+class AuditUsageError(ValueError):
+    """The candidate cannot be audited as declared (wrong signature, a module that does not match its spec);
+    raised before any check runs. The CLI turns it into one line on stderr and exit status 2."""
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """What the candidate's arguments mean and what it supports (see the package docstring). Defaults are ours.
+
+    Declarations that narrow what the audit draws (each listed in the report under "not tested"):
+    ``self_attention`` (t = s; a module gets one input), ``equal_head_sizes`` (dv = d), ``even_head_size``,
+    ``head_sizes`` and ``lengths`` (inclusive ranges), ``mask_kind="additive"`` (masks passed as float
+    0/-inf), ``per_head_masks=False`` (only ``(b, 1, t, s)`` masks), ``mask_with_causal=False`` (never both
+    ``attn_mask`` and ``is_causal``). ``grouping`` is how query heads map onto key/value heads: ``"g r"``
+    (head ``i`` uses kv head ``i // r``, torch's) or ``"r g"`` (``i % g``). ``decode_sees_all``: with
+    ``is_causal`` a single query (t = 1) sees every key, whatever ``causal_alignment`` says.
+    """
+
+    layout: Literal["bhtd", "bthd"] = "bhtd"
+    mask_polarity: Literal["keep", "drop"] = "keep"
+    causal_alignment: Literal["top-left", "bottom-right"] = "bottom-right"
+    scale: float | None = None
+    fully_masked: Literal["zero", "nan", "uniform", "any"] = "zero"
+    supports_mask: bool = True
+    supports_causal: bool = True
+    supports_gqa: bool = False
+    supports_autograd: bool = True
+    self_attention: bool = False
+    equal_head_sizes: bool = False
+    even_head_size: bool = False
+    head_sizes: tuple[int, int] = (1, 8)
+    lengths: tuple[int, int] = (1, 6)
+    grouping: Literal["g r", "r g"] = "g r"
+    mask_kind: Literal["bool", "additive"] = "bool"
+    per_head_masks: bool = True
+    mask_with_causal: bool = True
+    decode_sees_all: bool = False
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("layout", ("bhtd", "bthd")), ("mask_polarity", ("keep", "drop")),
+                              ("causal_alignment", ("top-left", "bottom-right")),
+                              ("fully_masked", ("zero", "nan", "uniform", "any")), ("grouping", ("g r", "r g")),
+                              ("mask_kind", ("bool", "additive"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"Conventions: {name} must be one of {', '.join(allowed)}; "
+                                 f"got {getattr(self, name)!r}")
+        for name in ("head_sizes", "lengths"):
+            low, high = getattr(self, name)
+            if not 1 <= low <= high:
+                raise ValueError(f"Conventions: {name} must be (low, high) with 1 <= low <= high; got {(low, high)}")
+        if self.even_head_size and self.head_sizes[1] < 2:
+            raise ValueError("Conventions: even_head_size needs head_sizes up to at least 2")
+
+    @classmethod
+    def typed_transformer(cls) -> "Conventions":
+        """:func:`typed_transformer.scaled_dot_product_attention`'s conventions."""
+        return cls(supports_gqa=True)
+
+    @classmethod
+    def torch_sdpa(cls) -> "Conventions":
+        """``torch.nn.functional.scaled_dot_product_attention``: top-left causal, refuses ``attn_mask`` with
+        ``is_causal=True``, and fully masked rows give NaN or 0 depending on the kernel (not checked)."""
+        return cls(causal_alignment="top-left", fully_masked="any", mask_with_causal=False)
+
+    def untested(self) -> list[str]:
+        """What the audit does not draw because of a declaration (listed in the report)."""
+        notes = []
+        if self.self_attention:
+            notes.append("t != s and separate key/value inputs (self_attention=True)")
+        if self.equal_head_sizes:
+            notes.append("dv != d (equal_head_sizes=True)")
+        if self.even_head_size:
+            notes.append("odd head sizes (even_head_size=True)")
+        if self.head_sizes != (1, 8):
+            notes.append(f"head sizes outside {self.head_sizes[0]}..{self.head_sizes[1]} (head_sizes)")
+        if self.lengths != (1, 6):
+            notes.append(f"lengths outside {self.lengths[0]}..{self.lengths[1]} (lengths)")
+        if not self.supports_gqa:
+            notes.append("grouped-query attention, g < h (supports_gqa=False)")
+        if self.mask_kind == "additive":
+            notes.append("boolean masks (mask_kind='additive': masks passed as 0/-inf floats)")
+        if not self.supports_mask:
+            notes.append("attention masks (supports_mask=False)")
+        elif not self.per_head_masks:
+            notes.append("per-head (b, h, t, s) masks (per_head_masks=False)")
+        if not self.supports_causal:
+            notes.append("is_causal (supports_causal=False)")
+        elif not self.mask_with_causal:
+            notes.append("attn_mask and is_causal together (mask_with_causal=False)")
+        if self.decode_sees_all:
+            notes.append("causal alignment of a single query (decode_sees_all=True)")
+        if self.fully_masked == "any":
+            notes.append("fully masked query rows (fully_masked='any')")
+        if not self.supports_autograd:
+            notes.append("gradients (supports_autograd=False)")
+        return notes
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reference
+# ----------------------------------------------------------------------------------------------------
+
+
+def causal_keep(t: int, s: int, conventions: Conventions) -> Bool[Tensor, "t s"]:
+    """The candidate's causal keep-mask: bottom-right (ours) or top-left, all True for one query with
+    ``decode_sees_all``."""
+    if t == 1 and conventions.decode_sees_all:
+        return torch.ones(t, s, dtype=torch.bool)
+    if conventions.causal_alignment == "bottom-right":
+        return causal_mask(t, s)
+    return torch.ones(t, s, dtype=torch.bool).tril()
+
+
+def effective_keep(keep: Tensor | None, is_causal: bool, t: int, s: int, conventions: Conventions) -> Tensor | None:
+    """``keep`` ANDed with the candidate's causal mask, ``(#b, #h, t, s)`` (None when neither is given)."""
+    if not is_causal:
+        return keep
+    causal = rearrange(causal_keep(t, s, conventions), "t s -> 1 1 t s")
+    return causal if keep is None else keep & causal
+
+
+def reference_attention(
+    q: Float[Tensor, "b h t d"],
+    k: Float[Tensor, "b g s d"],
+    v: Float[Tensor, "b g s dv"],
+    keep: Bool[Tensor, "#b #h #t s"] | None = None,
+    *,
+    is_causal: bool = False,
+    conventions: Conventions = Conventions(),
+) -> Float[Tensor, "b h t dv"]:
+    """Our reference in the candidate's semantics (canonical ``bhtd`` layout with ``h = (g r)``, keep-mask
+    ``keep``), computed in the dtype of ``q``. A query row without any allowed key gives what the conventions
+    declare: zeros (``"zero"`` and ``"any"``), NaN, or the mean of the values (``"uniform"``)."""
+    t, s = q.shape[2], k.shape[2]
+    keep = effective_keep(keep, is_causal, t, s, conventions)
+    dead: Tensor | None = None
+    if keep is not None and conventions.fully_masked in ("nan", "uniform"):
+        dead = ~keep.any(dim=-1, keepdim=True)  # (#b, #h, t, 1)
+        if conventions.fully_masked == "uniform" and bool(dead.any()):
+            # equal logits on every key of a dead row: zero its query, let it see every key
+            q = q.masked_fill(dead.expand(q.shape[0], q.shape[1], t, 1), 0.0)
+            keep = keep | dead
+    out = scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=conventions.scale)
+    assert isinstance(out, Tensor)
+    if dead is not None and conventions.fully_masked == "nan":
+        out = out.masked_fill(dead.expand(out.shape[0], out.shape[1], t, 1), math.nan)
+    return out
+
+
+reference_attention = typechecked(reference_attention)
+
+#: The default conventions (ours).
+DEFAULT_CONVENTIONS = Conventions()
+
+
+def rotate(x: Tensor, base: float, style: Literal["half", "interleaved"], offset: int = 0) -> Tensor:
+    """The reference rotary embedding of ``x (b, h, t, d)`` at positions ``offset + j``: pairs
+    ``(x[i], x[i + d/2])`` (``"half"``, GPT-NeoX / Llama) or ``(x[2i], x[2i + 1])`` (``"interleaved"``, GPT-J,
+    the RoFormer paper), angle ``pos * base^(-2i/d)``; computed in float64, returned in ``x``'s dtype. Written out
+    here, not with :class:`~typed_transformer.RotaryEmbedding`, so that it stays independent of the code it audits."""
+    half = x.shape[-1] // 2
+    positions = torch.arange(offset, offset + x.shape[2], dtype=torch.float64)
+    theta = einsum(positions, base ** (-torch.arange(half, dtype=torch.float64) / half), "t, i -> t i")
+    y = x.double()
+    if style == "interleaved":
+        first, second = y[..., 0::2], y[..., 1::2]
+    else:
+        first, second = y[..., :half], y[..., half:]
+    cos, sin = theta.cos(), theta.sin()
+    a, b = first * cos - second * sin, second * cos + first * sin
+    if style == "interleaved":
+        out = rearrange(torch.stack([a, b], dim=-1), "b h t i two -> b h t (i two)")
+    else:
+        out = torch.cat([a, b], dim=-1)
+    return out.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Examples
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Example:
+    """One audit input: sizes, seed, dtype, mask and flags; :meth:`inputs` rebuilds the tensors exactly.
+
+    ``widths`` (modules only) are the query, key and value input widths: the inputs are then ``x (b, t, eq)``,
+    ``key (b, s, ek)``, ``value (b, s, ev)`` (one tensor for all three with ``tied``). ``keep`` is the
+    keep-mask ``(b, 1 or h, t, s)`` as nested lists; ``amplitude`` multiplies queries and keys (modules: the
+    inputs), to reach large logits.
+    """
+
+    b: int
+    h: int
+    g: int
+    t: int
+    s: int
+    d: int
+    dv: int
+    seed: int
+    dtype: str = "float32"
+    keep: Any = None
+    is_causal: bool = False
+    amplitude: float = 1.0
+    widths: tuple[int, int, int] | None = None
+    tied: bool = False
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES_BY_NAME[self.dtype]
+
+    def mask(self) -> Tensor | None:
+        """The keep-mask as a boolean tensor (or None)."""
+        return None if self.keep is None else torch.tensor(self.keep, dtype=torch.bool)
+
+    def inputs(self) -> Inputs:
+        """Float64 inputs: ``q (b,h,t,d)``, ``k (b,g,s,d)``, ``v (b,g,s,dv)`` (modules: see ``widths``)."""
+        if self.widths is not None:
+            eq, ek, ev = self.widths
+            x = randn((self.b, self.t, eq), self.seed) * self.amplitude
+            if self.tied:
+                return x, x, x
+            key = randn((self.b, self.s, ek), self.seed + 1) * self.amplitude
+            return x, key, randn((self.b, self.s, ev), self.seed + 2)
+        q = randn((self.b, self.h, self.t, self.d), self.seed) * self.amplitude
+        k = randn((self.b, self.g, self.s, self.d), self.seed + 1) * self.amplitude
+        v = randn((self.b, self.g, self.s, self.dv), self.seed + 2)
+        return q, k, v
+
+
+def mask_to_list(mask: Tensor | None) -> Any:
+    return None if mask is None else mask.tolist()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tolerance
+# ----------------------------------------------------------------------------------------------------
+
+
+def bound(ref64: Tensor, reflow: Tensor, tolerance: float, dtype: torch.dtype, *, rows: Tensor | None = None,
+          floor_ulps: float = 2.0, amplification: float = 1.0, length: int = 1) -> tuple[float, float]:
+    """``(allowed error, base)`` by the FlashAttention rule, over ``rows`` only.
+
+    ``base`` is the larger of the reference's own error in ``dtype`` (``max|reflow - ref64|``) and a floor:
+    ``floor_ulps`` units in the last place of ``dtype`` at ``max(1, max|ref|)``, times ``length`` (the longest
+    sum: ``s + d``; a correct sum of ``n`` terms may round ``n`` times) and times ``amplification`` (the
+    largest ``|q| . |k| * scale``: a rounding error in a logit ``x`` changes ``exp(x)`` by ``x`` times as
+    much). The floor is what matters in float64, where ``reflow`` is ``ref64`` itself. Allowed error:
+    ``tolerance * base``.
+    """
+    ref64, reflow = ref64.detach().double(), reflow.detach().double()
+    both = torch.isfinite(ref64) & torch.isfinite(reflow)
+    if rows is not None:
+        both = both & rows.expand_as(both)
+    diff = (reflow - ref64).abs().masked_fill(~both, 0.0)
+    scale_ = ref64.abs().masked_fill(~both, 0.0)
+    measured = float(diff.max()) if diff.numel() else 0.0
+    floor = floor_ulps * torch.finfo(dtype).eps * max(float(scale_.max()) if scale_.numel() else 0.0, 1.0)
+    floor *= max(amplification, 1.0) * max(length, 1)
+    base = max(measured, floor)
+    return tolerance * base, base
+
+
+def error(out: Tensor, expected: Tensor, rows: Tensor | None = None) -> float:
+    """``max|out - expected|`` (in ``rows``); NaN must match NaN exactly, any other non-finite value is an
+    infinite error."""
+    out, expected = out.detach().double(), expected.detach().double()
+    if out.shape != expected.shape:
+        return math.inf
+    if rows is not None:
+        rows = rows.expand_as(out)
+        out, expected = out[rows], expected[rows]
+    if out.numel() == 0:
+        return 0.0
+    want_nan = expected.isnan()
+    if not torch.equal(out.isnan(), want_nan):
+        return math.inf
+    out, expected = out[~want_nan], expected[~want_nan]
+    if not torch.isfinite(out).all():
+        return math.inf
+    return float((out - expected).abs().max()) if out.numel() else 0.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# The adapter protocol
+# ----------------------------------------------------------------------------------------------------
+
+
+class Adapter(Protocol):
+    """What every check sees of a candidate: functions (:class:`FunctionAdapter`) and modules
+    (:class:`ModuleAdapter`) alike. Inputs are float64 (see :meth:`Example.inputs`); ``keep`` is a canonical
+    keep-mask ``(b, 1 or h, t, s)``; outputs are ``(b, h, t, dv)`` (functions) or ``(b, t, e)`` (modules),
+    the query axis second to last in both."""
+
+    name: str
+    conventions: Conventions
+    kind: Literal["function", "module"]
+    #: sizes fixed by a module: h, g, d, dv and the input widths (None for a function)
+    fixed: dict[str, int] | None
+    #: the rotary embedding a module applies (base, style), None if none
+    rotary: tuple[float, Literal["half", "interleaved"]] | None
+
+    def call(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor: ...
+
+    def reference(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor: ...
+
+    def logit_bound(self, ins: Inputs) -> float: ...
+
+    def logits(self, ins: Inputs) -> Tensor: ...
+
+    def rows(self, keep: Tensor, example: Example) -> Tensor: ...
+
+    def decode(self, ins: Inputs, dtype: torch.dtype) -> Tensor | None: ...
+
+    def fast_path(self, x: Tensor, padding: Tensor, dtype: torch.dtype) -> Tensor | None: ...
+
+    def repro(self, example: Example, check: str) -> str: ...
+
+
+# ----------------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CheckResult:
+    """The outcome of one check in one dtype: status, worst error ratio seen, examples run (shrinking not
+    counted) and, on FAIL, the shrunk counterexample, a repro snippet and (when the candidate raised) the
+    full traceback."""
+
+    name: str
+    status: Status
+    dtype: str = ""
+    ratio: float | None = None
+    message: str = ""
+    counterexample: dict[str, Any] | None = None
+    repro: str | None = None
+    examples: int = 0
+    traceback: str | None = None
+
+
+@dataclass
+class AuditReport:
+    """Per-check, per-dtype results; ``str(report)`` is :meth:`table`."""
+
+    candidate: str
+    conventions: dict[str, Any]
+    results: list[CheckResult]
+    seed: int
+    max_examples: int
+    dtypes: list[str]
+    tolerance: float
+    environment: dict[str, Any] = field(default_factory=dict)
+    untested: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """No check failed (SKIPs are allowed)."""
+        return not self.failed
+
+    @property
+    def failed(self) -> list[str]:
+        """Names of the checks that failed in at least one dtype, in check order."""
+        return list(dict.fromkeys(r.name for r in self.results if r.status == "FAIL"))
+
+    def status(self, name: str) -> Status:
+        """FAIL if the check failed in any dtype, SKIP if skipped in all, else PASS."""
+        statuses = {r.status for r in self.results if r.name == name}
+        if not statuses:
+            raise KeyError(name)
+        return "FAIL" if "FAIL" in statuses else "PASS" if "PASS" in statuses else "SKIP"
+
+    def __getitem__(self, name: str) -> CheckResult:
+        """The failing row of check ``name`` if any, else its first row."""
+        rows = [r for r in self.results if r.name == name]
+        if not rows:
+            raise KeyError(name)
+        return next((r for r in rows if r.status == "FAIL"), rows[0])
+
+    def table(self) -> str:
+        """A plain-text table, one row per check and dtype, then the counterexample of every failure and what
+        was not tested."""
+        rows = [("check", "dtype", "status", "ratio", "detail")]
+        for r in self.results:
+            ratio = "-" if r.ratio is None else f"{r.ratio:.3g}"
+            rows.append((r.name, r.dtype or "-", r.status, ratio, r.message.splitlines()[0] if r.message else ""))
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        lines = [f"audit of {self.candidate} (seed {self.seed}, {self.max_examples} examples per check and dtype, "
+                 f"dtypes {', '.join(self.dtypes)}, tolerance {self.tolerance:g}x reference error)"]
+        for index, row in enumerate(rows):
+            lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4])
+            if index == 0:
+                lines.append("  ".join("-" * w for w in widths) + "  ------")
+        for r in self.results:
+            if r.status == "FAIL":
+                lines += ["", f"{r.name} [{r.dtype}]: counterexample {json.dumps(r.counterexample)}"]
+                if r.traceback:
+                    lines.append(r.traceback.rstrip())
+                if r.repro:
+                    lines.append(r.repro)
+        if self.untested:
+            lines += ["", "not tested (declared unsupported):"] + [f"  - {note}" for note in self.untested]
+        names = list(dict.fromkeys(r.name for r in self.results))
+        statuses = [self.status(n) for n in names]
+        lines += ["", f"{statuses.count('PASS')} passed, {statuses.count('FAIL')} failed, "
+                      f"{statuses.count('SKIP')} skipped"]
+        return "\n".join(lines)
+
+    __str__ = table
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"candidate": self.candidate, "checks_version": CHECKS_VERSION, "passed": self.passed,
+                "conventions": self.conventions, "seed": self.seed, "max_examples": self.max_examples,
+                "dtypes": self.dtypes, "tolerance": self.tolerance, "environment": self.environment,
+                "untested": self.untested, "results": [dataclasses.asdict(r) for r in self.results]}
+
+    def to_json(self, path: str | None = None) -> str:
+        """The report as JSON (written to ``path`` too when given)."""
+        text = json.dumps(self.to_dict(), indent=2, default=str)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as file:
+                file.write(text + "\n")
+        return text
+
+
+def environment() -> dict[str, Any]:
+    return {"torch": torch.__version__, "typed_transformer": importlib.metadata.version("typed-transformer"),
+            "deterministic": torch.are_deterministic_algorithms_enabled(), "device": "cpu"}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Check machinery
+# ----------------------------------------------------------------------------------------------------
+
+
+class CheckFailure(AssertionError):
+    """A check found the candidate wrong on ``example``."""
+
+    def __init__(self, message: str, example: Example | None = None, ratio: float | None = None) -> None:
+        super().__init__(message)
+        self.example = example
+        self.ratio = ratio
+
+
+class Skip(Exception):
+    """The check does not apply to this candidate (the message says why)."""
+
+
+class CandidateRaised(Exception):
+    """The candidate's own code raised (the exception is the ``__cause__``): a failure of the check. Any other
+    exception inside a check is a bug of the audit and propagates."""
+
+
+@contextmanager
+def candidate_code() -> Iterator[None]:
+    """Run the candidate's code: its exceptions become :class:`CandidateRaised`."""
+    try:
+        yield
+    except (CheckFailure, Skip, CandidateRaised):
+        raise
+    except Exception as err:
+        raise CandidateRaised(f"{type(err).__name__}: {err}") from err
+
+
+@dataclass
+class Run:
+    """State shared by the examples of one check: worst passing ratio, examples run before the first failure,
+    the example being run."""
+
+    adapter: Adapter
+    dtype: torch.dtype
+    tolerance: float
+    worst: float = 0.0
+    examples: int = 0
+    failing: bool = False
+    current: Example | None = None
+
+    def note(self, ratio: float) -> None:
+        if math.isfinite(ratio):
+            self.worst = max(self.worst, ratio)
+
+
+CheckBody: TypeAlias = Callable[[Run, st.DataObject], None]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A registered check: its body, and whether it applies to functions, modules or both."""
+
+    name: str
+    body: CheckBody
+    kinds: tuple[str, ...] = ("function", "module")
+    doc: str = ""
+
+
+REGISTRY: dict[str, Check] = {}
+
+
+def register(name: str, *, kinds: tuple[str, ...] = ("function", "module")) -> Callable[[CheckBody], CheckBody]:
+    """Register a check body under ``name`` (the order of registration is the order of the report)."""
+
+    def wrap(body: CheckBody) -> CheckBody:
+        REGISTRY[name] = Check(name, body, kinds, (body.__doc__ or "").strip())
+        return body
+
+    return wrap
+
+
+def run_check(check: Check, adapter: Adapter, dtype: torch.dtype, *, max_examples: int, seed: int,
+              tolerance: float) -> CheckResult:
+    """Run ``check`` on ``adapter`` for inputs in ``dtype`` as a Hypothesis test (shrinking on)."""
+    run = Run(adapter, dtype, tolerance)
+    dtype_name = DTYPE_NAMES[dtype]
+
+    @settings(max_examples=max_examples, deadline=None, database=None, derandomize=False, phases=_PHASES,
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False, print_blob=False)
+    @hypothesis_seed(seed)
+    @given(st.data())
+    def test(data: st.DataObject) -> None:
+        if not run.failing:
+            run.examples += 1
+        run.current = None
+        try:
+            check.body(run, data)
+        except CheckFailure as failure:
+            run.failing = True
+            if failure.example is None:
+                failure.example = run.current
+            raise
+        except Skip:
+            raise
+        except CandidateRaised as raised:  # the candidate raised: that is a failure of this check
+            run.failing = True
+            err = raised.__cause__ or raised
+            first_line = str(err).splitlines()[0] if str(err) else ""
+            raise CheckFailure(f"candidate raised {type(err).__name__}: {first_line}", run.current) from err
+
+    try:
+        test()
+    except Skip as skip:
+        return CheckResult(check.name, "SKIP", dtype_name, message=str(skip))
+    except CheckFailure as failure:
+        example = failure.example
+        cause = failure.__cause__
+        trace = None if cause is None else "".join(traceback.format_exception(cause)).rstrip()
+        return CheckResult(check.name, "FAIL", dtype_name, ratio=failure.ratio, message=str(failure),
+                           counterexample=None if example is None else dataclasses.asdict(example),
+                           repro=None if example is None else adapter.repro(example, check.name),
+                           examples=run.examples, traceback=trace)
+    return CheckResult(check.name, "PASS", dtype_name, ratio=run.worst, examples=run.examples)

@@ -1,0 +1,276 @@
+"""Functional candidates ``candidate(q, k, v, *, attn_mask=None, is_causal=False)``: the adapter, the audit
+entry point and the pytest integration."""
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+from einops import einsum, rearrange
+from torch import Tensor
+
+from . import _checks  # noqa: F401  (registers the checks)
+from ._core import (
+    DEFAULT_CONVENTIONS,
+    DTYPE_NAMES,
+    REGISTRY,
+    Adapter,
+    AuditReport,
+    AuditUsageError,
+    CheckFailure,
+    CheckResult,
+    Conventions,
+    Example,
+    Inputs,
+    candidate_code,
+    environment,
+    reference_attention,
+    run_check,
+)
+
+Candidate = Callable[..., Any]
+
+
+def to_candidate(ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype,
+                 conventions: Conventions) -> tuple[tuple[Tensor, Tensor, Tensor], dict[str, Any]]:
+    """Canonical inputs (``bhtd``, ``h = (g r)``, keep-mask) in the candidate's conventions and ``dtype``."""
+    q, k, v = (x.to(dtype) for x in ins)
+    g = k.shape[1]
+    if conventions.grouping == "r g" and q.shape[1] != g:
+        q = rearrange(q, "b (g r) t d -> b (r g) t d", g=g)
+        if keep is not None and keep.shape[1] > 1:
+            keep = rearrange(keep, "b (g r) t s -> b (r g) t s", g=g)
+    if conventions.layout == "bthd":
+        q, k, v = (rearrange(x, "b h t d -> b t h d") for x in (q, k, v))
+    kwargs: dict[str, Any] = {}
+    if keep is not None:
+        if conventions.mask_kind == "additive":
+            kwargs["attn_mask"] = torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, -math.inf)
+        else:
+            kwargs["attn_mask"] = keep if conventions.mask_polarity == "keep" else ~keep
+    if is_causal:
+        kwargs["is_causal"] = True
+    return (q, k, v), kwargs
+
+
+def from_candidate(out: Tensor, g: int, conventions: Conventions) -> Tensor:
+    if conventions.layout == "bthd":
+        out = rearrange(out, "b t h d -> b h t d")
+    if conventions.grouping == "r g" and out.shape[1] != g:
+        out = rearrange(out, "b (r g) t d -> b (g r) t d", g=g)
+    return out
+
+
+def candidate_call(example: Example, conventions: Conventions) -> tuple[tuple[Tensor, Tensor, Tensor], dict[str, Any]]:
+    """The positional and keyword arguments the audit passes to the candidate for ``example``."""
+    return to_candidate(example.inputs(), example.mask(), example.is_causal, example.torch_dtype, conventions)
+
+
+def check_signature(candidate: Candidate, conventions: Conventions, name: str) -> None:
+    """Raise :class:`AuditUsageError` unless ``candidate(q, k, v, [attn_mask=..., is_causal=...])`` binds."""
+    if not callable(candidate):
+        raise AuditUsageError(f"{name} is not callable")
+    try:
+        signature = inspect.signature(candidate)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check
+        return
+    kwargs: dict[str, Any] = {}
+    if conventions.supports_mask:
+        kwargs["attn_mask"] = None
+    if conventions.supports_causal:
+        kwargs["is_causal"] = False
+    try:
+        signature.bind(None, None, None, **kwargs)
+    except TypeError as err:
+        flags = " (or declare supports_mask=False / supports_causal=False)" if kwargs else ""
+        raise AuditUsageError(f"{name}{signature} cannot be called as candidate(q, k, v"
+                              f"{''.join(f', {k}=...' for k in kwargs)}): {err}{flags}") from None
+
+
+@dataclass
+class FunctionAdapter:
+    """The :class:`~typed_transformer.audit._core.Adapter` of a functional candidate in its conventions."""
+
+    candidate: Candidate
+    conventions: Conventions
+    name: str
+    kind: Literal["function", "module"] = "function"
+    fixed: dict[str, int] | None = None
+    rotary: tuple[float, Literal["half", "interleaved"]] | None = None
+
+    def call(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor:
+        args, kwargs = to_candidate(ins, keep, is_causal, dtype, self.conventions)
+        with candidate_code():
+            out = self.candidate(*args, **kwargs)
+        if not isinstance(out, Tensor):
+            raise CheckFailure(f"returned {type(out).__name__}, expected a tensor")
+        return from_candidate(out, ins[1].shape[1], self.conventions)
+
+    def reference(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor:
+        q, k, v = (x.to(dtype) for x in ins)
+        return reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions)
+
+    def logit_bound(self, ins: Inputs) -> float:
+        """The largest ``|q| . |k| * scale`` (how much a logit's rounding error is amplified)."""
+        q, k, _ = ins
+        scale = self.conventions.scale if self.conventions.scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        if not (q.numel() and k.numel()):
+            return 1.0
+        grouped = rearrange(q.abs(), "b (g r) t d -> b g r t d", g=k.shape[1])
+        return float(einsum(grouped, k.abs(), "b g r t d, b g s d -> b g r t s").max()) * abs(scale)
+
+    def logits(self, ins: Inputs) -> Tensor:
+        """The float64 logits ``(b, h, t, s)`` of the reference."""
+        q, k, _ = ins
+        scale = self.conventions.scale if self.conventions.scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        grouped = rearrange(q.double(), "b (g r) t d -> b g r t d", g=k.shape[1])
+        logits = einsum(grouped, k.double(), "b g r t d, b g s d -> b g r t s") * scale
+        return rearrange(logits, "b g r t s -> b (g r) t s")
+
+    def rows(self, keep: Tensor, example: Example) -> Tensor:
+        return keep.any(dim=-1, keepdim=True)
+
+    def decode(self, ins: Inputs, dtype: torch.dtype) -> Tensor | None:
+        return None
+
+    def fast_path(self, x: Tensor, padding: Tensor, dtype: torch.dtype) -> Tensor | None:
+        return None
+
+    def repro(self, example: Example, check: str) -> str:
+        fields = ", ".join(f"{key}={value!r}" for key, value in asdict(example).items())
+        return (f"from typed_transformer.audit import Conventions, Example, candidate_call\n"
+                f"example = Example({fields})\n"
+                f"args, kwargs = candidate_call(example, {self.conventions!r})\n"
+                f"out = candidate(*args, **kwargs)  # candidate = {self.name}, check {check}")
+
+
+def select(checks: Sequence[str] | None, kind: str) -> list[str]:
+    """The checks to run (default: every registered check that applies to ``kind``)."""
+    known = [name for name, check in REGISTRY.items() if kind in check.kinds]
+    selected = known if checks is None else list(checks)
+    unknown = [c for c in selected if c not in known]
+    if unknown:
+        raise ValueError(f"unknown check {unknown[0]!r}; choose from {', '.join(known)}")
+    return selected
+
+
+def run_audit(adapter: Adapter, *, checks: Sequence[str] | None, dtypes: Sequence[torch.dtype], max_examples: int,
+              seed: int, tolerance: float, conventions: dict[str, Any]) -> AuditReport:
+    """Run the selected checks on ``adapter``, one report row per check and dtype."""
+    selected = select(checks, adapter.kind)
+    if tolerance <= 0 or max_examples <= 0:
+        raise ValueError("audit: tolerance and max_examples must be positive")
+    bad = [d for d in dtypes if d not in DTYPE_NAMES]
+    if bad or not dtypes:
+        raise ValueError(f"audit: dtypes must be floating dtypes among {', '.join(DTYPE_NAMES.values())}; got "
+                         f"{list(dtypes)}")
+    results: list[CheckResult] = []
+    for name in selected:
+        for dtype in dtypes:
+            result = run_check(REGISTRY[name], adapter, dtype, max_examples=max_examples, seed=seed,
+                               tolerance=tolerance)
+            results.append(result)
+            if result.status == "SKIP":  # the reason does not depend on the dtype: one row
+                result.dtype = ""
+                break
+    untested = adapter.conventions.untested()
+    if adapter.fixed is not None:  # a module: its head counts and sizes are what they are
+        untested = [note for note in untested if "supports_gqa" not in note]
+        untested.append(f"head counts and sizes other than the module's (h={adapter.fixed['h']}, "
+                        f"g={adapter.fixed['g']}, d={adapter.fixed['d']}, dv={adapter.fixed['dv']})")
+    return AuditReport(adapter.name, conventions, results, seed, max_examples, [DTYPE_NAMES[d] for d in dtypes],
+                       tolerance, environment(), untested)
+
+
+def audit_attention(
+    candidate: Candidate,
+    *,
+    conventions: Conventions = DEFAULT_CONVENTIONS,
+    checks: Sequence[str] | None = None,
+    dtypes: Sequence[torch.dtype] = (torch.float32, torch.float64),
+    max_examples: int = 20,
+    seed: int = 0,
+    tolerance: float = 2.0,
+    name: str | None = None,
+) -> AuditReport:
+    """Run the attention checks on ``candidate`` (every registered check, or the subset ``checks``), each once
+    per dtype.
+
+    Args:
+        candidate: ``candidate(q, k, v, *, attn_mask=None, is_causal=False)`` in ``conventions``.
+        conventions: the candidate's layout, mask polarity, causal alignment, scale, fully-masked rows and what
+            it supports (the audit draws only that, and the report lists what was left out).
+        checks: names of registered checks (default: all that apply to functions).
+        dtypes: the dtypes the inputs are drawn in; each check runs once per dtype (one report row each).
+        max_examples: Hypothesis examples per check and dtype.
+        seed: Hypothesis seed; the same seed gives the same examples and the same report.
+        tolerance: ``k`` in ``err <= k * reference_error``.
+        name: how the report names the candidate (default ``module:qualname``).
+
+    Raises:
+        AuditUsageError: the candidate's signature does not take the arguments the conventions imply
+            (checked before any example runs).
+        ValueError: an unknown check name, a non-positive ``tolerance`` or ``max_examples``.
+    """
+    label = name or name_of(candidate)
+    select(checks, "function")
+    check_signature(candidate, conventions, label)
+    adapter = FunctionAdapter(candidate, conventions, label)
+    return run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
+                     tolerance=tolerance, conventions=asdict(conventions))
+
+
+def name_of(candidate: object) -> str:
+    module = getattr(candidate, "__module__", None)
+    qualname = getattr(candidate, "__qualname__", None) or type(candidate).__name__
+    return f"{module}:{qualname}" if module else str(qualname)
+
+
+# ----------------------------------------------------------------------------------------------------
+# pytest integration
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditCase:
+    """One check of an audit, as a pytest parameter: ``case.run()`` passes, fails or skips the test."""
+
+    candidate: Candidate
+    check: str
+    conventions: Conventions
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def run(self) -> list[CheckResult]:
+        """Run the check (every dtype); fail the test with the counterexample and repro, or skip it."""
+        import pytest
+
+        report = audit_attention(self.candidate, conventions=self.conventions, checks=[self.check],
+                                 **dict(self.options))
+        if all(r.status == "SKIP" for r in report.results):
+            pytest.skip(report.results[0].message)
+        for result in report.results:
+            if result.status == "FAIL":
+                pytest.fail(f"{self.check} [{result.dtype}]: {result.message}\n{result.traceback or ''}\n"
+                            f"{result.repro or ''}", pytrace=False)
+        return report.results
+
+
+def parametrize_audit(candidate: Candidate, *, conventions: Conventions = DEFAULT_CONVENTIONS,
+                      checks: Sequence[str] | None = None, **options: Any) -> Any:
+    """``pytest.mark.parametrize`` over the audit's checks: one test item per check, with the check's name
+    as its id::
+
+        @parametrize_audit(my_attention, conventions=Conventions(layout="bthd"))
+        def test_my_attention(audit_case):
+            audit_case.run()
+
+    ``options`` go to :func:`audit_attention` (``dtypes``, ``max_examples``, ``seed``, ``tolerance``).
+    Needs pytest (installed by the ``audit`` extra).
+    """
+    import pytest
+
+    cases = [AuditCase(candidate, check, conventions, tuple(sorted(options.items())))
+             for check in select(checks, "function")]
+    return pytest.mark.parametrize("audit_case", [pytest.param(case, id=case.check) for case in cases])

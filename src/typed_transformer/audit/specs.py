@@ -1,0 +1,281 @@
+"""Shipped :class:`~typed_transformer.audit.ModuleSpec` s (:data:`SPECS`): ``torch_mha``
+(``nn.MultiheadAttention``), ``typed_transformer`` (our ``MultiHeadAttention``, with rotary and KV cache),
+``gpt2`` (Hugging Face ``GPT2Attention``), ``bert`` (``BertSelfAttention``), ``llama`` (``LlamaAttention``,
+rotary embedding and KV cache), ``torchtune`` (``torchtune.modules.MultiHeadAttention``) and
+``x_transformers`` (``x_transformers.Attention``). Third-party libraries are imported only when a spec's
+module is called or built.
+
+Conventions each module gets (what its forward does, as the audit found it on this project's pinned
+versions): Hugging Face modules take additive masks filled with ``finfo(dtype).min`` (a fully masked row
+then attends uniformly: ``fully_masked="uniform"``) and get causality as a mask; torchtune applies its own
+causal mask only when no mask is given (``mask_with_causal=False``) and takes ``(b, t, s)`` masks
+(``per_head_masks=False``); x-transformers groups query heads ``(r g)``, zeroes fully masked rows and
+computes its softmax in float32 whatever the input dtype (a float64 audit reports it).
+"""
+
+import math
+from typing import Any
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from ._core import AuditUsageError, Conventions
+from ._modules import ModuleSpec, Rotary, Weights, additive_mask, with_causal
+
+# ----------------------------------------------------------------------------------------------------
+# nn.MultiheadAttention
+# ----------------------------------------------------------------------------------------------------
+
+
+def _mha_weights(m: Any) -> Weights:
+    if not isinstance(m, nn.MultiheadAttention):
+        raise AuditUsageError(f"{type(m).__module__}.{type(m).__qualname__} does not match spec 'torch_mha': "
+                              "expected a torch.nn.MultiheadAttention")
+    if m.bias_k is not None or m.add_zero_attn:
+        raise AuditUsageError("spec 'torch_mha' does not describe add_bias_kv or add_zero_attn")
+    if m._qkv_same_embed_dim:
+        wq, wk, wv = m.in_proj_weight.detach().double().chunk(3)
+    else:
+        wq, wk, wv = (getattr(m, f"{n}_proj_weight").detach().double() for n in "qkv")
+    bq, bk, bv = (None, None, None) if m.in_proj_bias is None else m.in_proj_bias.detach().double().chunk(3)
+    bo = None if m.out_proj.bias is None else m.out_proj.bias.detach().double()
+    d = m.embed_dim // m.num_heads
+    return Weights(wq, wk, wv, m.out_proj.weight.detach().double(), bq, bk, bv, bo, m.num_heads, m.num_heads, d, d,
+                   1.0 / math.sqrt(d))
+
+
+def _mha_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                 is_causal: bool) -> Tensor:
+    """torch's masks: True = masked out; a ``(b, 1, 1, s)`` mask goes in as ``key_padding_mask``; causality
+    as an explicit ``attn_mask`` (torch's own ``is_causal`` is only a hint that such a mask is given)."""
+    assert key is not None
+    assert value is not None
+    b, t, s = x.shape[0], x.shape[1], key.shape[1]
+    attn_mask = padding = None
+    if keep is not None and keep.shape[1] == 1 and keep.shape[2] == 1:
+        padding, keep = ~keep[:, 0, 0], None
+    keep = with_causal(keep, is_causal, t, s)
+    if keep is not None:
+        attn_mask = rearrange(~keep.expand(b, m.num_heads, t, s), "b h t s -> (b h) t s")
+    if not m.batch_first:
+        x, key, value = (rearrange(z, "b t e -> t b e") for z in (x, key, value))
+    out, _ = m(x, key, value, attn_mask=attn_mask, key_padding_mask=padding, need_weights=False)
+    result: Tensor = out if m.batch_first else rearrange(out, "t b e -> b t e")
+    return result
+
+
+def _mha_fast_path(m: Any, x: Tensor, real: Tensor) -> Tensor | None:
+    """eval, no grad, batch-first self-attention (one tensor for query, key and value), key padding mask."""
+    if not m._qkv_same_embed_dim or m.num_heads % 2:
+        return None
+    m.batch_first = True  # a copy: batch_first only decides the layout of the arguments
+    with torch.no_grad():
+        out, _ = m(x, x, x, key_padding_mask=~real, need_weights=False)
+    result: Tensor = out
+    return result
+
+
+TORCH_MHA = ModuleSpec(
+    "torch_mha", _mha_forward, Conventions(fully_masked="zero"), weights=_mha_weights, fast_path=_mha_fast_path,
+    build=lambda cls, config: cls(**config), module_type="torch.nn.modules.activation.MultiheadAttention")
+
+
+# ----------------------------------------------------------------------------------------------------
+# typed_transformer.MultiHeadAttention
+# ----------------------------------------------------------------------------------------------------
+
+
+def _ours_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                  is_causal: bool) -> Tensor:
+    out, _ = m(x, attn_mask=keep, is_causal=is_causal)
+    result: Tensor = out
+    return result
+
+
+def _ours_decode(m: Any, x: Tensor) -> Tensor:
+    from ..multihead import KVCache
+
+    cache = KVCache()
+    return torch.cat([m(x[:, i:i + 1], kv_cache=cache, is_causal=True)[0] for i in range(x.shape[1])], dim=1)
+
+
+_OURS_FUSED = ModuleSpec("typed_transformer", _ours_forward, qkv="in_proj", q=None, k=None, v=None, out="out_proj",
+                         num_kv_heads="num_kv_heads", head_dim="head_dim")
+_OURS_SEPARATE = ModuleSpec("typed_transformer", _ours_forward, out="out_proj", num_kv_heads="num_kv_heads",
+                            head_dim="head_dim")
+
+
+def _ours_weights(m: Any) -> Weights:
+    from ._modules import spec_weights
+
+    if getattr(m, "bias_k", None) is not None or getattr(m, "add_zero_attn", False):
+        raise AuditUsageError("spec 'typed_transformer' does not describe add_bias_kv or add_zero_attn")
+    w = spec_weights(m, _OURS_FUSED if getattr(m, "in_proj", None) is not None else _OURS_SEPARATE)
+    if w.wq.shape[0] != w.wk.shape[0] * w.h // w.g:  # fused: q, k, v parts are d_model, kv_dim, kv_dim
+        raise AuditUsageError("spec 'typed_transformer': unexpected projection sizes")
+    return w
+
+
+def _build_ours(cls: type, config: dict[str, Any]) -> nn.Module:
+    from ..positions import RotaryEmbedding
+
+    config = dict(config)
+    base = config.pop("rotary_base", None)
+    if base is not None:
+        config["rotary"] = RotaryEmbedding(config["d_model"] // config["num_heads"], base=base)
+    module: nn.Module = cls(**config)
+    return module
+
+
+TYPED_TRANSFORMER = ModuleSpec(
+    "typed_transformer", _ours_forward, Conventions(self_attention=True), weights=_ours_weights,
+    rotary=Rotary("rotary.base", "half", when="rotary"), decode=_ours_decode, build=_build_ours,
+    module_type="typed_transformer.multihead.MultiHeadAttention")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hugging Face
+# ----------------------------------------------------------------------------------------------------
+
+
+def _hf_mask(x: Tensor, keep: Tensor | None, is_causal: bool) -> Tensor:
+    """An explicit additive mask, always: without one, HF's sdpa kernel decides causality by itself."""
+    b, t = x.shape[0], x.shape[1]
+    keep = with_causal(keep, is_causal, t, t)
+    if keep is None:
+        keep = torch.ones(1, 1, t, t, dtype=torch.bool)
+    mask = additive_mask(keep.expand(b, keep.shape[1], t, t), x.dtype)
+    assert mask is not None
+    return mask
+
+
+def _hf_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                is_causal: bool) -> Tensor:
+    out = m(x, attention_mask=_hf_mask(x, keep, is_causal))
+    result: Tensor = out[0] if isinstance(out, tuple) else out
+    return result
+
+
+_HF = Conventions(self_attention=True, fully_masked="uniform")
+
+GPT2 = ModuleSpec("gpt2", _hf_forward, _HF, q=None, k=None, v=None, qkv="c_attn", transposed=True, out="c_proj",
+                  num_heads="num_heads", head_dim="head_dim", scale="scaling",
+                  build=lambda cls, config: _hf_build(cls, "GPT2Config", config, layer_idx=0),
+                  module_type="transformers.models.gpt2.modeling_gpt2.GPT2Attention")
+
+BERT = ModuleSpec("bert", _hf_forward, _HF, q="query", k="key", v="value", out=None,
+                  num_heads="num_attention_heads", head_dim="attention_head_size", scale="scaling",
+                  build=lambda cls, config: _hf_build(cls, "BertConfig", config),
+                  module_type="transformers.models.bert.modeling_bert.BertSelfAttention")
+
+
+def _llama_rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    rotary = LlamaRotaryEmbedding(config=m.config)
+    positions = torch.arange(offset, offset + x.shape[1])[None]
+    cos, sin = rotary(x, positions)
+    return cos, sin
+
+
+def _llama_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                   is_causal: bool) -> Tensor:
+    out = m(x, position_embeddings=_llama_rotary(m, x, 0), attention_mask=_hf_mask(x, keep, is_causal))
+    result: Tensor = out[0]
+    return result
+
+
+def _llama_decode(m: Any, x: Tensor) -> Tensor:
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=m.config)
+    outs = []
+    for i in range(x.shape[1]):
+        token = x[:, i:i + 1]
+        # no mask: one query sees every cached key
+        outs.append(m(token, position_embeddings=_llama_rotary(m, token, i), attention_mask=None, cache=cache)[0])
+    return torch.cat(outs, dim=1)
+
+
+LLAMA = ModuleSpec("llama", _llama_forward, _HF, num_heads="config.num_attention_heads",
+                   num_kv_heads="config.num_key_value_heads", head_dim="head_dim", scale="scaling",
+                   rotary=Rotary("config.rope_parameters.rope_theta", "half"), decode=_llama_decode,
+                   build=lambda cls, config: _hf_build(cls, "LlamaConfig", config, layer_idx=0),
+                   module_type="transformers.models.llama.modeling_llama.LlamaAttention")
+
+
+def _hf_build(cls: type, config_name: str, config: dict[str, Any], **kwargs: Any) -> nn.Module:
+    import transformers
+
+    hf_config = getattr(transformers, config_name)(**config)
+    if getattr(hf_config, "_attn_implementation", None) is None:
+        hf_config._attn_implementation = "eager"  # a standalone module: no model chose a kernel
+    module: nn.Module = cls(hf_config, **kwargs)
+    return module
+
+
+# ----------------------------------------------------------------------------------------------------
+# torchtune and x-transformers
+# ----------------------------------------------------------------------------------------------------
+
+
+def _torchtune_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                       is_causal: bool) -> Tensor:
+    """A ``(b, t, s)`` keep-mask, or none and the module's own (top-left SDPA) causal flag."""
+    if keep is not None:
+        out: Tensor = m(x, x, mask=keep[:, 0].expand(x.shape[0], x.shape[1], x.shape[1]))
+        return out
+    m.is_causal = is_causal  # a copy
+    out = m(x, x)
+    return out
+
+
+def _build_torchtune(cls: type, config: dict[str, Any]) -> nn.Module:
+    """``config``: ``embed_dim``, ``num_heads`` and optionally ``num_kv_heads``, ``head_dim``, ``bias`` (of the
+    ``nn.Linear`` projections, default False) and ``rotary_base`` (torchtune's ``RotaryPositionalEmbeddings``)."""
+    config = dict(config)
+    embed, heads = config["embed_dim"], config["num_heads"]
+    kv_heads = config.setdefault("num_kv_heads", heads)
+    head_dim = config.setdefault("head_dim", embed // heads)
+    bias = config.pop("bias", False)
+    base = config.pop("rotary_base", None)
+    if base is not None:
+        from torchtune.modules import RotaryPositionalEmbeddings  # type: ignore[import-untyped]
+
+        config["pos_embeddings"] = RotaryPositionalEmbeddings(head_dim, base=base)
+    module: nn.Module = cls(**config, q_proj=nn.Linear(embed, heads * head_dim, bias=bias),
+                            k_proj=nn.Linear(embed, kv_heads * head_dim, bias=bias),
+                            v_proj=nn.Linear(embed, kv_heads * head_dim, bias=bias),
+                            output_proj=nn.Linear(heads * head_dim, embed, bias=bias))
+    return module
+
+
+TORCHTUNE = ModuleSpec(
+    "torchtune", _torchtune_forward,
+    Conventions(self_attention=True, causal_alignment="top-left", mask_with_causal=False, per_head_masks=False),
+    out="output_proj", num_kv_heads="num_kv_heads", head_dim="head_dim", build=_build_torchtune,
+    rotary=Rotary("pos_embeddings.base", "interleaved", when="pos_embeddings"),
+    module_type="torchtune.modules.attention.MultiHeadAttention")
+
+
+def _x_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+               is_causal: bool) -> Tensor:
+    if keep is not None and keep.shape[1] > 1:  # x-transformers reads (b, h, t, s) masks in its (r g) order
+        keep = rearrange(keep, "b (g r) t s -> b (r g) t s", g=m.kv_heads)
+    out = m(x, attn_mask=keep, causal=is_causal)
+    result: Tensor = out[0] if isinstance(out, tuple) else out
+    return result
+
+
+X_TRANSFORMERS = ModuleSpec(
+    "x_transformers", _x_forward, Conventions(self_attention=True, fully_masked="zero"),
+    q="to_q", k="to_k", v="to_v", out="to_out", num_heads="heads", num_kv_heads="kv_heads", scale="scale",
+    grouping="r g", build=lambda cls, config: cls(**config),
+    module_type="x_transformers.x_transformers.Attention")
+
+#: The shipped specs by name.
+SPECS: dict[str, ModuleSpec] = {spec.name: spec for spec in (TORCH_MHA, TYPED_TRANSFORMER, GPT2, BERT, LLAMA,
+                                                             TORCHTUNE, X_TRANSFORMERS)}
+
+__all__ = ["BERT", "GPT2", "LLAMA", "SPECS", "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER", "X_TRANSFORMERS"]
