@@ -279,12 +279,12 @@ def test_resume_of_a_torchrun_run(text: Path, tmp_path: Path) -> None:
     flags = ["train", "--data", str(text), *TINY, "--batch-size", "6", "--grad-accum", "3"]
     ddp = tmp_path / "ddp"
     first = torchrun([*flags, "--max-iters", "3", "--out", str(ddp)])
-    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.returncode == 0, first.stderr[:3000]
     assert first.stdout.count("done: iteration 3") == 1  # rank 0 alone prints
     assert "batch: 6 sequences per step = 2 process(es) x 3 micro-batch(es) x 1; torch.distributed gloo" \
         in first.stderr
     resumed = torchrun([*flags, "--max-iters", "5", "--resume", "--out", str(ddp)])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert resumed.returncode == 0, resumed.stderr[:3000]
     assert "resuming" in resumed.stderr
     assert run([*flags, "--max-iters", "5", "--out", str(tmp_path / "one")]) == 0
     a, b = load_checkpoint(ddp / CHECKPOINT_NAME), load_checkpoint(tmp_path / "one" / CHECKPOINT_NAME)

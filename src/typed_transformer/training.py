@@ -599,6 +599,10 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
     finally:
         if bar is not None:
             bar.close()
+    if world > 1:  # every rank leaves together, after rank 0's last save (a rank tearing down early can abort)
+        import torch.distributed as dist
+
+        dist.barrier()
 
     steps = iteration - start - 1  # timed steps: all but the first
     speed = tokens_per_step * steps / step_seconds if steps > 0 and step_seconds > 0 else float("nan")
