@@ -372,7 +372,8 @@ def test_mha_attn_mask_wrong_length(module_config: tuple[MultiHeadAttention, MHA
     key = None if self_attention else randn((b, s, config.key_width), seed + 1, dtype=torch.float32)
     value = None if self_attention else randn((b, s, config.value_width), seed + 2, dtype=torch.float32)
     right = t if axis == "t" else s
-    wrong = data.draw(other_than(right), label="wrong")
+    broadcastable = axis == "t" and len(layout.split()) == 4  # '#b #h #t s': a t of 1 is a valid broadcast
+    wrong = data.draw(other_than(right, low=2 if broadcastable else 1), label="wrong")
     sizes = {"b": b, "h": config.num_heads, "t": wrong if axis == "t" else t, "s": wrong if axis == "s" else s}
     mask = randn(tuple(sizes[a] for a in layout.split()), seed + 3, dtype=torch.float32)
     attn_mask = mask if as_float else mask > 0

@@ -1,6 +1,9 @@
 """Command line: ``typed-transformer <command>``.
 
-* ``train``: train a character-level GPT on a text file (default: ~1 MB of Python's own standard library).
+* ``train``: train a character-level GPT on a text file (default: ~1 MB of Python's own standard library);
+  any model size on top of a preset, ``--config FILE.toml``, gradient accumulation, ``--compile``, ``--dtype``;
+  under ``torchrun`` (``torchrun --standalone --nproc-per-node N -m typed_transformer train ...``) one
+  ``DistributedDataParallel`` process per rank (docs/training.md).
 * ``generate``: sample text from a checkpoint.
 * ``bench attention`` / ``bench gpt`` / ``bench checks``: the scripts in the checkout's ``benchmarks/`` folder
   (side-by-side ratios); not part of the installed library, so they need a source checkout.
@@ -16,6 +19,7 @@ SIGTERM and stops at once on a second one.
 """
 
 import argparse
+import contextlib
 import math
 import signal
 import sys
@@ -42,6 +46,8 @@ MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**32 - 1
 MAX_TOKENS_PER_STEP = 2**18  # batch size x block size (the baby run has 768, the seed run 3,072)
 MAX_EVAL_TOKENS = 2**24  # eval iters x batch size x block size, held in memory for the whole run
+MAX_LAYERS = 1024
+MAX_WIDTH = 65536
 
 
 class _Parser(argparse.ArgumentParser):
@@ -83,11 +89,15 @@ _fraction = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 _dropout = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; ``train_defaults`` (from ``--config``) replace the train flags' defaults."""
     parser = _Parser(prog="typed-transformer", description="A reference Transformer with checked tensor shapes.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     train = commands.add_parser("train", help="train a character-level GPT on a text file")
+    train.add_argument("--config", type=Path, default=None, metavar="FILE.toml",
+                       help="TOML file of train options (keys: the flags' names with _ for -, e.g. n_layer = 8); "
+                            "command-line flags override it")
     train.add_argument("--data", type=Path, default=None,
                        help="UTF-8 text file (default: ~1 MB of this Python's standard-library source)")
     train.add_argument("--preset", choices=["baby", "seed"], default=None,
@@ -118,6 +128,28 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--sample-tokens", type=_int_in(0, MAX_TOKENS), default=None,
                        help="characters to sample at the end (default 300)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    size = train.add_argument_group("model size (on top of the preset)")
+    size.add_argument("--n-layer", type=_int_in(1, MAX_LAYERS), default=None)
+    size.add_argument("--n-head", type=_int_in(1, MAX_WIDTH), default=None, help="must divide --n-embd")
+    size.add_argument("--n-kv-heads", type=_int_in(1, MAX_WIDTH), default=None,
+                      help="key/value heads (grouped-query attention; must divide --n-head)")
+    size.add_argument("--n-embd", type=_int_in(1, MAX_WIDTH), default=None, help="model width")
+    size.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
+                      help="biases in the linear layers and layer norms (default: no)")
+    scale = train.add_argument_group("scale and speed")
+    scale.add_argument("--grad-accum", type=_int_in(1, MAX_BATCH_SIZE), default=None,
+                       help="micro-batches per optimizer step; --batch-size is the global batch (default 1)")
+    scale.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                       help="autocast dtype (default float32; float16 needs CUDA)")
+    scale.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                       help="torch.compile the training steps (default: no)")
+    scale.add_argument("--backend", choices=["gloo", "nccl"], default=None,
+                       help="torch.distributed backend under torchrun (default: nccl on CUDA, gloo on CPU)")
+    scale.add_argument("--peak-flops", type=_positive_float, default=None,
+                       help="one process's peak FLOP/s for the MFU figure (default: a float32 matmul measured "
+                            "at start)")
+    if train_defaults:
+        train.set_defaults(**train_defaults)
 
     generate = commands.add_parser("generate", help="sample text from a checkpoint")
     generate.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
@@ -130,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--greedy", action="store_true", help="always take the most likely character")
     generate.add_argument("--seed", type=_seed, default=1337)
     generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    generate.add_argument("--compile", action="store_true",
+                          help="torch.compile the model's forward pass (pays off for long generations only)")
 
     maps = commands.add_parser("attention", help="draw a checkpoint's attention maps over a text (PNG)")
     maps.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
@@ -152,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="measured training steps per variant (default: as many as fit in about 20 s per preset)")
     gpt.add_argument("--threads", type=_positive_int, default=None)
     gpt.add_argument("--skip-generation", action="store_true")
+    gpt.add_argument("--generation-rounds", type=_int_in(1, 100), default=3,
+                     help="interleaved rounds of the seed-preset generation targets (default 3)")
     checks = which.add_parser("checks", help="what the shape checks cost: off, default and strict mode")
     checks.add_argument("--seconds", type=_positive_float, default=20.0,
                         help="rough time budget of the training-step comparison (default 20)")
@@ -235,7 +271,7 @@ def _benchmarks() -> ModuleType:
 def _cuda_or_fail(device: str) -> None:
     import torch
 
-    if device == "cuda" and not torch.cuda.is_available():
+    if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available")
 
 
@@ -260,29 +296,141 @@ def _require_train_extra(command: str) -> None:
 
 #: Options a resumed run may change (the model, the data, the vocabulary and the seed may not).
 CHANGEABLE_ON_RESUME = ("--max-iters", "--lr", "--batch-size", "--eval-interval", "--eval-iters",
-                        "--checkpoint-interval", "--sample-tokens", "--device", "--no-progress")
+                        "--checkpoint-interval", "--sample-tokens", "--device", "--no-progress", "--grad-accum",
+                        "--dtype", "--compile", "--backend", "--peak-flops", "--config")
+
+#: Train options a ``--config`` file may not hold: they are about one invocation, not the run.
+NOT_IN_CONFIG = ("config", "resume", "overwrite", "command")
+
+
+def _config_defaults(parser: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
+    """The train options in the TOML file ``path``, checked like the flags they stand for.
+
+    Raises:
+        ValueError: the file is missing or not TOML, or holds an unknown key or a value of the wrong type or
+            out of the flag's range (one line naming the file and the key).
+    """
+    import tomllib
+
+    try:
+        table = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"--config {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"--config {path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"--config {path}: not valid TOML ({str(err).splitlines()[0]})") from None
+    train = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
+    actions = {a.dest: a for a in train._actions if a.dest not in (*NOT_IN_CONFIG, "help")}
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        dest = key.replace("-", "_")
+        action = actions.get(dest)
+        if action is None:
+            raise ValueError(f"--config {path}: unknown key {key!r} (known: {', '.join(sorted(actions))})")
+        where = f"--config {path}: {key}"
+        if action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction):  # a switch
+            if not isinstance(value, bool):
+                raise ValueError(f"{where}: expected true or false, got {value!r}")
+            if action.nargs == 0 and not value and action.default is False:
+                value = False
+        elif action.choices is not None:
+            if not isinstance(value, str) or value not in action.choices:
+                raise ValueError(f"{where}: expected one of {', '.join(map(str, action.choices))}, got {value!r}")
+        elif action.type is Path:
+            if not isinstance(value, str):
+                raise ValueError(f"{where}: expected a path (a string), got {value!r}")
+            value = Path(value)
+        else:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{where}: expected a number, got {value!r}")
+            assert callable(action.type)
+            try:
+                value = action.type(repr(value))
+            except argparse.ArgumentTypeError as err:
+                raise ValueError(f"{where}: {err}") from None
+        values[dest] = value
+    return values
+
+
+def _rank() -> int:
+    """This process's rank under torchrun (0 when not launched by it)."""
+    import os
+
+    return int(os.environ.get("RANK", "0"))
+
+
+def _distributed(args: argparse.Namespace) -> bool:
+    """Join torchrun's process group when launched with more than one process (env ``WORLD_SIZE``); returns
+    whether it did. The backend is ``--backend``, else nccl with ``--device cuda`` and gloo otherwise; with
+    CUDA each process takes the device ``cuda:LOCAL_RANK``."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    import torch
+    import torch.distributed as dist
+
+    backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
+    if backend == "nccl" and args.device != "cuda":
+        raise ValueError("--backend nccl needs --device cuda")
+    if args.device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        _cuda_or_fail("cuda")
+        torch.cuda.set_device(local)
+        args.device = f"cuda:{local}"
+    dist.init_process_group(backend=backend)
+    return True
 
 
 def _train(args: argparse.Namespace) -> int:
     from .checkpoint import CHECKPOINT_NAME, run_directory
 
     _require_train_extra("train")
-    with run_directory(args.out):
-        if not args.resume and not args.overwrite and (args.out / CHECKPOINT_NAME).exists():
-            raise ValueError(f"{args.out / CHECKPOINT_NAME} exists: continue that run with --resume or replace "
-                             "it with --overwrite")
-        return _train_locked(args)
+    distributed = _distributed(args)
+    try:
+        # Rank 0 alone holds the run directory (the lock is per process); every rank checks the same files.
+        with run_directory(args.out) if _rank() == 0 else contextlib.nullcontext(args.out):
+            if not args.resume and not args.overwrite and (args.out / CHECKPOINT_NAME).exists():
+                raise ValueError(f"{args.out / CHECKPOINT_NAME} exists: continue that run with --resume or "
+                                 "replace it with --overwrite")
+            return _train_locked(args)
+    finally:
+        if distributed:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _slow_bfloat16() -> str | None:
+    """A one-line warning when this CPU's bfloat16 matmul is much slower than its float32 one (no native
+    bf16: autocast then makes training slower), else None. Costs a few milliseconds."""
+    from .training import measure_matmul_flops
+
+    fp32 = measure_matmul_flops("cpu", size=128, seconds=0.01)
+    bf16 = measure_matmul_flops("cpu", torch_dtype("bfloat16"), size=128, seconds=0.01)
+    if bf16 * 2 >= fp32:
+        return None
+    return (f"this CPU has no fast bfloat16 matmul ({bf16 / 1e9:.1f} GFLOP/s against {fp32 / 1e9:.1f} in "
+            "float32): --dtype bfloat16 will train slower than float32 here")
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
 
 
 def _train_locked(args: argparse.Namespace) -> int:
     import hashlib
+    import os
 
     import torch
 
     from .checkpoint import CHECKPOINT_NAME, load_checkpoint
     from .data import CharTokenizer, TextData, default_corpus, load_text
     from .gpt import GPT, GPTConfig
-    from .training import TrainConfig, learning_rate, train
+    from .training import DTYPES, TrainConfig, learning_rate, train
 
     _cuda_or_fail(args.device)
     if args.data is None:
@@ -292,14 +440,20 @@ def _train_locked(args: argparse.Namespace) -> int:
     text_sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
     overrides: dict[str, Any] = {}
     train_overrides: dict[str, Any] = {}
-    for flag, key in (("block_size", "block_size"), ("dropout", "dropout"), ("positional", "positional")):
-        if getattr(args, flag) is not None:
-            overrides[key] = getattr(args, flag)
+    for key in ("block_size", "dropout", "positional", "n_layer", "n_head", "n_kv_heads", "n_embd", "bias"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
     for flag, key in (("max_iters", "max_iters"), ("batch_size", "batch_size"), ("lr", "learning_rate"),
                       ("eval_interval", "eval_interval"), ("eval_iters", "eval_iters"), ("seed", "seed"),
-                      ("sample_tokens", "sample_tokens"), ("checkpoint_interval", "checkpoint_interval")):
+                      ("sample_tokens", "sample_tokens"), ("checkpoint_interval", "checkpoint_interval"),
+                      ("grad_accum", "grad_accum"), ("dtype", "dtype"), ("compile", "compile")):
         if getattr(args, flag) is not None:
             train_overrides[key] = getattr(args, flag)
+    if args.dtype == "float16" and not args.device.startswith("cuda"):
+        raise ValueError("--dtype float16 needs --device cuda (autocast with a gradient scaler); on CPU use "
+                         "float32 or bfloat16")
+    main = _rank() == 0
+    err = sys.stderr if main else open(os.devnull, "w")  # noqa: SIM115 (closed with the process)
 
     resume = None
     preset = args.preset or "baby"
@@ -308,8 +462,10 @@ def _train_locked(args: argparse.Namespace) -> int:
         model = resume.model
         saved_preset = resume.info.get("preset")
         if args.preset is not None:
-            # The preset's architecture; block size, dropout and positions are flags of their own, checked below.
-            expected = GPTConfig.preset(args.preset, model.config.vocab_size)
+            # The preset's architecture with this command's size flags (--n-layer, --n-head, --n-embd); block
+            # size, dropout and positions are flags of their own, checked below.
+            sizes = {key: overrides[key] for key in ("n_layer", "n_head", "n_embd") if key in overrides}
+            expected = GPTConfig.preset(args.preset, model.config.vocab_size, **sizes)
             same = all(getattr(expected, key) == getattr(model.config, key) for key in ("n_layer", "n_head", "n_embd"))
             if (saved_preset is not None and saved_preset != args.preset) or not same:
                 raise ValueError(f"--preset {args.preset} differs from the checkpoint's model "
@@ -340,28 +496,53 @@ def _train_locked(args: argparse.Namespace) -> int:
         if resume.iteration >= config.max_iters:
             raise ValueError(f"the checkpoint is already at iteration {resume.iteration}; "
                              "pass a larger --max-iters")
-        print(f"resuming {args.out / CHECKPOINT_NAME} at iteration {resume.iteration}", file=sys.stderr)
+        print(f"resuming {args.out / CHECKPOINT_NAME} at iteration {resume.iteration}", file=err)
         old = TrainConfig.overridden(resume.train_config)
         if config.lr_decay_iters is None and old.max_iters != config.max_iters:
             it = resume.iteration
             print(f"note: the learning rate now decays over {config.max_iters} iterations instead of "
                   f"{old.max_iters}: {learning_rate(config, it):.3g} at iteration {it} (the shorter schedule "
-                  f"had {learning_rate(old, it):.3g}); see docs/reliability.md", file=sys.stderr)
+                  f"had {learning_rate(old, it):.3g}); see docs/reliability.md", file=err)
     else:
         config = TrainConfig.for_preset(preset, **train_overrides)
-        block = overrides.get("block_size", GPTConfig.preset(preset, 1).block_size)
-        _check_sizes(config.batch_size, block, config.eval_iters)
-        data = TextData.from_text(text, block, source=source)
+        model_config = GPTConfig.preset(preset, 1, **overrides)  # the sizes are checked before reading the text
+        _check_sizes(config.batch_size, model_config.block_size, config.eval_iters)
+        data = TextData.from_text(text, model_config.block_size, source=source)
         torch.manual_seed(config.seed)
         model = GPT(GPTConfig.preset(preset, data.tokenizer.vocab_size, **overrides))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if config.batch_size % (world * config.grad_accum) != 0:
+        raise ValueError(f"--batch-size {config.batch_size} is not divisible by {world} process(es) x "
+                         f"--grad-accum {config.grad_accum}: the global batch is split into equal micro-batches")
     print(f"data: {source}: {len(text):,} characters, vocabulary {data.tokenizer.vocab_size}, "
-          f"train {len(data.train):,} / val {len(data.val):,} tokens", file=sys.stderr)
+          f"train {len(data.train):,} / val {len(data.val):,} tokens", file=err)
     print(f"model: {preset} preset, {model.num_parameters():,} parameters (without positions), "
-          f"{model.config}", file=sys.stderr)
+          f"{model.config}", file=err)
+    print(f"train: {config}", file=err)
+    rows = config.batch_size // world
+    print(f"batch: {config.batch_size} sequences per step = {world} process(es) x {config.grad_accum} "
+          f"micro-batch(es) x {rows // config.grad_accum}"
+          + (f"; torch.distributed {torch.distributed.get_backend()}" if world > 1 else ""), file=err)
+    if config.dtype == "bfloat16" and not args.device.startswith("cuda") and main:
+        slow = _slow_bfloat16()
+        if slow is not None:
+            print(f"note: {slow}", file=err)
+    peak = args.peak_flops
+    if peak is None and main:
+        from .training import measure_matmul_flops
+
+        kind = torch.float32 if not args.device.startswith("cuda") else DTYPES[config.dtype]
+        peak = measure_matmul_flops(args.device, kind)
+        print(f"peak: {peak / 1e9:,.1f} GFLOP/s per process ({str(kind).removeprefix('torch.')} matmul, measured; "
+              "MFU is against this, or --peak-flops)", file=err)
     info = {"source": source, "text_chars": len(text), "text_sha256": text_sha256,
-            "preset": resume.info.get("preset") if resume is not None else preset}
+            "preset": resume.info.get("preset") if resume is not None else preset,
+            "config_file": str(args.config) if args.config is not None else None}
     result = train(model, data, config, args.out, resume=resume, overwrite=args.overwrite, device=args.device,
-                   progress=not args.no_progress, info={k: v for k, v in info.items() if v is not None})
+                   progress=not args.no_progress and main, info={k: v for k, v in info.items() if v is not None},
+                   peak_flops=peak or None)
+    if not main:
+        return 0
     last = result.history[-1] if result.history else {}
     if result.interrupted:
         name = "SIGTERM" if result.signal == signal.SIGTERM else "Ctrl-C"
@@ -371,6 +552,8 @@ def _train_locked(args: argparse.Namespace) -> int:
     print(f"done: iteration {result.iteration}, train loss {last.get('train', float('nan')):.4f}, "
           f"val loss {last.get('val', float('nan')):.4f}; checkpoint {result.checkpoint}, "
           f"loss curve {args.out / 'loss.png'}")
+    print(f"throughput: {result.tokens_per_second:,.0f} tokens/s, MFU {100 * result.mfu:.1f}% "
+          f"({world} process(es), {config.dtype}{', compiled' if config.compile else ''})")
     if result.sample:
         print("sample:")
         print(result.sample)
@@ -401,6 +584,10 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError("--prompt is empty")
     ids = torch.tensor([checkpoint.tokenizer.encode(prompt)], device=args.device)
     model = checkpoint.model.eval()
+    if args.compile:
+        from .training import compile_for_generation
+
+        model = compile_for_generation(model)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, greedy=args.greedy, generator=generator)
@@ -607,7 +794,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "train" and args.config is not None:
+        try:
+            defaults = _config_defaults(parser, args.config)
+        except ValueError as err:
+            return _fail(str(err))
+        args = build_parser(defaults).parse_args(argv)  # the file's values as defaults: flags override them
     if args.command in ("train", "generate", "attention"):
         return _run_training_command(args)
     if args.command == "bench":
@@ -630,9 +824,18 @@ def _main(argv: list[str] | None) -> int:
         if not presets:
             return _fail(f"--presets: no preset in {args.presets!r} (choose baby, seed, or both: baby,seed)")
         training = bench_gpt_training(presets, batch_size=args.batch_size, steps=args.steps)
-        generation = [] if args.skip_generation else bench_generation()
+        generation = [] if args.skip_generation else bench_generation(block_sizes=(64,))
         costs = None if args.skip_generation else decode_step_costs()
         print(format_gpt_table(training, generation, costs))
+        if not args.skip_generation:
+            try:
+                targets = bench.bench_generation_targets(rounds=args.generation_rounds)
+            except ImportError:
+                print("generation targets: skipped (the comparison with Hugging Face needs transformers: "
+                      "pip install -e '.[hf]')")
+            else:
+                print()
+                print(bench.format_generation_targets(targets))
         return 0
     if args.command == "bench" and args.which == "attention":
         import torch

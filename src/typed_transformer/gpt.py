@@ -281,8 +281,8 @@ class GPT(nn.Module):
     (this module never imports it; ``import typed_transformer`` loads both)."""
 
     def new_caches(self) -> list[KVCache]:
-        """One empty :class:`KVCache` per layer."""
-        return [KVCache() for _ in self.blocks]
+        """One empty :class:`KVCache` per layer, each with room for ``block_size`` positions."""
+        return [KVCache(self.config.block_size) for _ in self.blocks]
 
     @torch.no_grad()
     def generate(

@@ -43,9 +43,16 @@ class KVCache:
 
     __shape_checked__ = ("append",)
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
+        """``capacity``: the most positions it will hold; given, the first append allocates buffers of that
+        length and later appends copy into them (no ``torch.cat`` of the whole cache per step). ``k`` and
+        ``v`` are always the cached positions, ``(b, g, length, d)``."""
+        if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
+            raise ValueError(f"KVCache: capacity must be None or a positive int, got {capacity!r}")
+        self.capacity = capacity
         self.k: Tensor | None = None
         self.v: Tensor | None = None
+        self._buffers: tuple[Tensor, Tensor] | None = None
 
     @property
     def length(self) -> int:
@@ -56,14 +63,28 @@ class KVCache:
                ) -> tuple[Float[Tensor, "b g s d"], Float[Tensor, "b g s dv"]]:
         """Add ``t`` positions; return all cached keys and values (``s`` = old length + ``t``)."""
         if self.k is None:
-            self.k, self.v = k, v
-            return k, v
+            if self.capacity is None or k.shape[2] > self.capacity:
+                self.k, self.v = k, v
+                return k, v
+            b, g, t = k.shape[:3]
+            self._buffers = (k.new_empty(b, g, self.capacity, k.shape[3]), v.new_empty(b, g, self.capacity, v.shape[3]))
+            self._buffers[0][:, :, :t] = k
+            self._buffers[1][:, :, :t] = v
+            self.k, self.v = self._buffers[0][:, :, :t], self._buffers[1][:, :, :t]
+            return self.k, self.v
         assert self.v is not None  # k and v are set and reset together
         for name, new, old in (("k", k, self.k), ("v", v, self.v)):
             if new.shape[:2] != old.shape[:2] or new.shape[3] != old.shape[3]:
                 raise_shape_error(KVCache.append, name,
                                   f"is {tuple(new.shape)}, but the cache holds {tuple(old.shape)} "
                                   "(b, g and the head size must stay the same)")
+        start, end = self.length, self.length + k.shape[2]
+        if self._buffers is not None and end <= self._buffers[0].shape[2]:
+            self._buffers[0][:, :, start:end] = k
+            self._buffers[1][:, :, start:end] = v
+            self.k, self.v = self._buffers[0][:, :, :end], self._buffers[1][:, :, :end]
+            return self.k, self.v
+        self._buffers = None  # past the capacity: grow by concatenation
         self.k = torch.cat([self.k, k], dim=2)
         self.v = torch.cat([self.v, v], dim=2)
         return self.k, self.v
@@ -81,10 +102,12 @@ class KVCache:
             assert self.v is not None
             start = max(self.length - keep_last, 0)
             self.k, self.v = self.k[:, :, start:], self.v[:, :, start:]
+            self._buffers = None  # the kept positions no longer start the buffers
 
     def reset(self) -> None:
         """Forget every cached position."""
         self.k = self.v = None
+        self._buffers = None
 
 
 @shape_checked

@@ -21,8 +21,19 @@ Safety (docs/reliability.md): the output directory is locked for the run (:func:
 refuses to replace an existing checkpoint unless ``overwrite=True``; a non-finite loss, gradient norm or weight
 stops the run with :class:`TrainingDiverged` before anything non-finite is saved (the last checkpoint stays);
 SIGINT (Ctrl-C) and SIGTERM stop between two steps and save; a second one stops at once.
+
+Scale (docs/training.md): ``batch_size`` is the *global* batch of one optimizer step. It is drawn from one
+seeded generator and split into ``world_size * grad_accum`` equal micro-batches: process ``r`` of a
+``torch.distributed`` group (``torchrun``) takes rows ``[r B/W, (r+1) B/W)`` and runs them as ``grad_accum``
+micro-batches, each loss scaled by ``1/grad_accum``, gradients all-reduced (averaged) by
+``DistributedDataParallel`` on the last micro-batch only (``no_sync`` on the others). The mean of equal-sized
+micro-batch means is the batch mean, so the data and the update do not depend on the number of processes or
+of micro-batches (up to float32 summation order; tested). Rank 0 alone evaluates, prints and writes the
+checkpoint and the plot. ``dtype`` runs the forward passes under ``torch.autocast`` (float16 with a
+``GradScaler``, CUDA only); ``compile`` runs the training steps through ``torch.compile``.
 """
 
+import contextlib
 import math
 import signal
 import sys
@@ -35,15 +46,32 @@ from types import FrameType
 from typing import Any, TextIO
 
 import torch
-from torch import Tensor
+from jaxtyping import Int
+from torch import Tensor, nn
 
 from ._signals import Terminated
 from .checkpoint import CHECKPOINT_NAME, Checkpoint, RunDirectoryError, run_directory, save_checkpoint, temporary_path
 from .data import TextData, get_batch
 from .gpt import GPT
+from .shapecheck import typechecked
 
-__all__ = ["PRESET_TRAINING", "TrainConfig", "TrainResult", "TrainingDiverged", "evaluate", "learning_rate",
-           "plot_history", "train"]
+__all__ = [
+    "DTYPES",
+    "PRESET_TRAINING",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingDiverged",
+    "compile_for_generation",
+    "evaluate",
+    "flops_per_token",
+    "learning_rate",
+    "measure_matmul_flops",
+    "plot_history",
+    "train",
+]
+
+#: The ``dtype`` choices: the forward passes' autocast dtype (float32: no autocast).
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 #: Training settings of a model preset where they differ from :class:`TrainConfig`'s defaults (nanoGPT's).
 #: ``baby``: peak learning rate 3e-3 (min 3e-4) instead of nanoGPT's 1e-3. Over 2000 iterations on Tiny
@@ -75,6 +103,9 @@ class TrainConfig:
     checkpoint_interval: int = 250
     seed: int = 1337
     sample_tokens: int = 300
+    grad_accum: int = 1  # micro-batches per optimizer step in each process; batch_size is the global batch
+    dtype: str = "float32"  # autocast dtype of the forward passes (DTYPES)
+    compile: bool = False  # torch.compile the training steps
 
     @classmethod
     def for_preset(cls, preset: str, **overrides: Any) -> "TrainConfig":
@@ -95,7 +126,7 @@ class TrainConfig:
         return cls(**{**base, **overrides})
 
     def __post_init__(self) -> None:
-        positive = ("max_iters", "batch_size", "eval_interval", "eval_iters", "checkpoint_interval")
+        positive = ("max_iters", "batch_size", "eval_interval", "eval_iters", "checkpoint_interval", "grad_accum")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -118,6 +149,13 @@ class TrainConfig:
                              f"learning_rate={self.learning_rate}, min_lr={self.min_lr}")
         if self.warmup_iters < 0 or self.sample_tokens < 0 or self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError("warmup_iters, sample_tokens, grad_clip and weight_decay must be >= 0")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be True or False, got {self.compile!r}")
+        if self.batch_size % self.grad_accum != 0:
+            raise ValueError(f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}: "
+                             "the global batch is split into equal micro-batches")
 
 
 def learning_rate(config: TrainConfig, iteration: int) -> float:
@@ -131,16 +169,51 @@ def learning_rate(config: TrainConfig, iteration: int) -> float:
     return config.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (config.learning_rate - config.min_lr)
 
 
+def flops_per_token(model: GPT) -> float:
+    """Training FLOPs per token (forward and backward): ``6 N + 12 L h d T`` (PaLM's appendix B, nanoGPT's
+    ``estimate_mfu``): N parameters without positions, L layers, h heads of size d, context T."""
+    c = model.config
+    return 6.0 * model.num_parameters() + 12.0 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * c.block_size
+
+
+def measure_matmul_flops(device: str = "cpu", dtype: torch.dtype = torch.float32, *, size: int = 512,
+                         seconds: float = 0.1) -> float:
+    """FLOP/s of square ``size`` matmuls in ``dtype`` on ``device`` with torch's current threads, measured
+    for about ``seconds`` (the peak that MFU is reported against)."""
+    generator = torch.Generator().manual_seed(0)  # not the global one: dropout's stream stays untouched
+    a = torch.randn(size, size, generator=generator).to(device, dtype)
+    b = torch.randn(size, size, generator=generator).to(device, dtype)
+    cuda = torch.device(device).type == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    torch.mm(a, b)
+    sync()
+    count, start = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        count += 1
+        if count % 4 == 0:
+            sync()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                return 2.0 * size**3 * count / elapsed
+
+
 @torch.no_grad()
-def evaluate(model: GPT, batches: dict[str, list[tuple[Tensor, Tensor]]]) -> dict[str, float]:
-    """Mean loss over fixed batches for each split, in eval mode."""
+def evaluate(model: GPT, batches: dict[str, list[tuple[Tensor, Tensor]]], *,
+             autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> dict[str, float]:
+    """Mean loss over fixed batches for each split, in eval mode (under ``autocast()`` when given)."""
     was_training = model.training
     model.eval()
     losses = {}
     for split, pairs in batches.items():
         total = 0.0
         for x, y in pairs:
-            _, loss = model(x, y)
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                _, loss = model(x, y)
             assert loss is not None
             total += float(loss)
         losses[split] = total / len(pairs)
@@ -158,6 +231,13 @@ class TrainResult:
     sample: str
     #: The signal that stopped an interrupted run (``signal.SIGINT`` or ``signal.SIGTERM``), else None.
     signal: int | None = None
+    #: The training loss of every step of this call (the global batch's mean, the same on every rank).
+    losses: list[float] | None = None
+    #: Tokens per second of all processes together over the training steps after the first (evaluations,
+    #: saves and the first step, which compiles with ``compile``, excluded); NaN after a single step.
+    tokens_per_second: float = float("nan")
+    #: Model FLOPs utilisation: ``flops_per_token * tokens_per_second / (world_size * peak_flops)``.
+    mfu: float = float("nan")
 
 
 class TrainingDiverged(RuntimeError):
@@ -228,6 +308,23 @@ def plot_history(history: list[dict[str, float]], path: Path, title: str = "") -
     return path
 
 
+def compile_for_generation(model: GPT, *, backend: str = "inductor") -> GPT:
+    """``model`` with its ``forward`` compiled by ``torch.compile`` (dynamic shapes: the prompt, the one-token
+    cached steps and the growing cache share one graph); :meth:`GPT.generate` stays eager and checks its
+    arguments at the call, the compiled forward passes run without checks. Returns the same model."""
+    model.forward = torch.compile(model.forward, dynamic=True, backend=backend)  # type: ignore[method-assign]
+    return model
+
+
+def _world() -> tuple[int, int]:
+    """(rank, world size) of the initialised default ``torch.distributed`` group, else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def train(
     model: GPT,
     data: TextData,
@@ -241,26 +338,42 @@ def train(
     log: TextIO | None = None,
     info: dict[str, Any] | None = None,
     on_step: Callable[[int], None] | None = None,
+    peak_flops: float | None = None,
+    compile_backend: str = "inductor",
 ) -> TrainResult:
     """Train ``model`` on ``data`` and write ``out_dir/checkpoint.safetensors`` and ``out_dir/loss.png``.
 
     A checkpoint is written every ``checkpoint_interval`` iterations, at the end, and when Ctrl-C or SIGTERM
     stops the run (between two steps, so the saved state is consistent). ``resume`` continues a saved run.
 
+    Inside an initialised ``torch.distributed`` group (``torchrun``) every process calls this with the same
+    arguments; the model is wrapped in ``DistributedDataParallel`` and rank 0 alone evaluates, prints, holds the
+    run directory's lock and writes files (see the module docstring). ``peak_flops`` (FLOP/s of one process) is
+    what MFU is reported against; by default it is measured (:func:`measure_matmul_flops`, in float32 on CPU,
+    in ``config.dtype`` on CUDA). ``compile_backend`` is ``torch.compile``'s backend when ``config.compile``.
+
     Raises:
         RunDirectoryError: ``out_dir`` is unusable (a file, not writable, locked by another run), or it holds
             a checkpoint and neither ``resume`` nor ``overwrite`` was given.
         TrainingDiverged: the loss, the gradient norm or the weights became non-finite; the last checkpoint
             (finite) is kept and nothing was saved after it.
+        ValueError: ``batch_size`` is not divisible by ``world_size * grad_accum``, or float16 on a CPU.
         OSError: a checkpoint or the plot could not be written (the previous checkpoint is intact).
     """
     out = Path(out_dir)
-    with run_directory(out):
+    rank, world = _world()
+    if config.batch_size % (world * config.grad_accum) != 0:
+        raise ValueError(f"batch_size={config.batch_size} is not divisible by {world} processes x grad_accum="
+                         f"{config.grad_accum}: the global batch is split into equal micro-batches")
+    if config.dtype == "float16" and torch.device(device).type != "cuda":
+        raise ValueError("dtype float16 needs CUDA (autocast with a gradient scaler); on CPU use float32 or "
+                         "bfloat16")
+    with run_directory(out) if rank == 0 else contextlib.nullcontext(out):
         if resume is None and not overwrite and (out / CHECKPOINT_NAME).exists():
             raise RunDirectoryError(f"{out / CHECKPOINT_NAME} exists: continue that run with --resume or "
                                     "replace it with --overwrite")
         return _train(model, data, config, out, resume=resume, device=device, progress=progress, log=log,
-                      info=info, on_step=on_step)
+                      info=info, on_step=on_step, peak_flops=peak_flops, compile_backend=compile_backend)
 
 
 def _non_finite_weight(model: GPT) -> str | None:
@@ -270,23 +383,49 @@ def _non_finite_weight(model: GPT) -> str | None:
     return None
 
 
+def _checked_call(model: GPT, net: nn.Module) -> Callable[[Tensor, Tensor], Tensor]:
+    """``net(x, y)``'s loss, with ``x`` and ``y`` shape-checked here, outside the compiled module (checks do
+    not run while ``torch.compile`` traces) against the model's vocabulary-free contract: both ``(b, t)``
+    with ``t <= block_size``."""
+    block = model.config.block_size
+
+    def loss_of(x: Int[Tensor, "b t"], y: Int[Tensor, "b t"]) -> Tensor:
+        if x.shape[1] > block:
+            raise ValueError(f"train: batches of {x.shape[1]} positions, more than block_size={block}")
+        _, loss = net(x, y)
+        assert isinstance(loss, Tensor)
+        return loss
+
+    return typechecked(loss_of) if net is not model else loss_of
+
+
 def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume: Checkpoint | None, device: str,
            progress: bool, log: TextIO | None, info: dict[str, Any] | None,
-           on_step: Callable[[int], None] | None) -> TrainResult:
+           on_step: Callable[[int], None] | None, peak_flops: float | None, compile_backend: str) -> TrainResult:
     log = log if log is not None else sys.stderr
+    rank, world = _world()
+    main = rank == 0
     block = model.config.block_size
     model.to(device).train()
+    device_type = torch.device(device).type
+    amp_dtype = DTYPES[config.dtype]
 
-    # Fixed evaluation batches: the same windows at every evaluation and after a resume.
+    def autocast() -> contextlib.AbstractContextManager[Any]:
+        if amp_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type, dtype=amp_dtype)
+
+    # Fixed evaluation batches: the same windows at every evaluation and after a resume (rank 0 evaluates).
     eval_generator = torch.Generator().manual_seed(config.seed + 1)
     eval_batches: dict[str, list[tuple[Tensor, Tensor]]] = {}
-    for split, ids in (("train", data.train), ("val", data.val)):
+    for split, ids in (("train", data.train), ("val", data.val)) if main else ():
         pairs = (get_batch(ids, config.batch_size, block, eval_generator) for _ in range(config.eval_iters))
         eval_batches[split] = [(x.to(device), y.to(device)) for x, y in pairs]
     optimizer = torch.optim.AdamW(model.parameter_groups(config.weight_decay), lr=config.learning_rate,
-                                  betas=(config.beta1, config.beta2))
+                                  betas=(config.beta1, config.beta2), fused=True if device_type == "cuda" else None)
+    scaler = torch.amp.GradScaler(device_type) if config.dtype == "float16" else None
     batch_generator = torch.Generator().manual_seed(config.seed)
-    torch.manual_seed(config.seed)  # dropout
+    torch.manual_seed(config.seed + rank)  # dropout (each rank its own masks)
     history: list[dict[str, float]] = []
     start = 0
     saved: tuple[int, Path] | None = None
@@ -296,12 +435,27 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
             optimizer.load_state_dict(resume.optimizer_state)
         if "batches" in resume.rng:
             batch_generator.set_state(resume.rng["batches"])
-        if "torch" in resume.rng:
+        if "torch" in resume.rng and main:
             torch.set_rng_state(resume.rng["torch"])
+        elif not main:  # the checkpoint holds rank 0's dropout state; the others draw fresh masks
+            torch.manual_seed(config.seed + rank + 7919 * resume.iteration)
         history = list(resume.history)
         start = resume.iteration
         if (out / CHECKPOINT_NAME).exists():
             saved = (start, out / CHECKPOINT_NAME)
+
+    net: nn.Module = model
+    if config.compile:
+        net = torch.compile(model, backend=compile_backend)  # type: ignore[assignment]
+    ddp: Any = None
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        index = torch.device(device).index
+        ddp = DistributedDataParallel(net, device_ids=[index] if device_type == "cuda" and index is not None
+                                      else None, forward_sync_buffers=False)
+        net = ddp
+    loss_of = _checked_call(model, net)
 
     def diverged(iteration: int, what: str) -> TrainingDiverged:
         kept = (f"kept the checkpoint of iteration {saved[0]} ({saved[1]})" if saved is not None
@@ -314,7 +468,7 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
         if bad is not None:
             raise diverged(iteration, f"weight {bad} holds NaN or infinity")
         # Finite but exploded weights (a huge step) show as a non-finite loss: one batch decides before saving.
-        probe = evaluate(model, {"val": eval_batches["val"][:1]})["val"]
+        probe = evaluate(model, {"val": eval_batches["val"][:1]}, autocast=autocast)["val"]
         if not math.isfinite(probe):
             raise diverged(iteration, f"the loss of the weights to be saved is {probe}")
         rng = {"batches": batch_generator.get_state(), "torch": torch.get_rng_state()}
@@ -329,8 +483,11 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
         return path
 
     tokens_per_step = config.batch_size * block
+    if main and peak_flops is None:
+        peak_flops = measure_matmul_flops(device, torch.float32 if device_type == "cpu" else amp_dtype)
+    flops_per_step = flops_per_token(model) * tokens_per_step
     bar: Any = None
-    if progress:
+    if progress and main:
         from tqdm import tqdm
 
         bar = tqdm(total=config.max_iters, initial=start, desc="train", unit="it", file=log, dynamic_ncols=True)
@@ -342,64 +499,123 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
             print(message, file=log, flush=True)
 
     def evaluation(iteration: int) -> None:
-        losses = evaluate(model, eval_batches)
+        if not main:
+            return
+        losses = evaluate(model, eval_batches, autocast=autocast)
         if not all(math.isfinite(v) for v in losses.values()):
             raise diverged(iteration, f"the evaluation loss is {losses}")
         history.append({"iter": iteration, **losses})
         say(f"iter {iteration:5d}: train loss {history[-1]['train']:.4f}, val loss {history[-1]['val']:.4f}")
 
+    accum = config.grad_accum
+    rows = config.batch_size // world  # this rank's share of the global batch
+    micro = rows // accum
+    step_losses: list[float] = []
     interrupted = False
+    stop_signal: int | None = None
     iteration = start
     last_loss = float("nan")
+    step_seconds = 0.0
+    path = out / CHECKPOINT_NAME
     try:
         with _Interrupt() as interrupt:
-            t0 = time.perf_counter()
             while iteration < config.max_iters:
                 if iteration % config.eval_interval == 0 and not any(h["iter"] == iteration for h in history):
                     evaluation(iteration)
+                t0 = time.perf_counter()
                 lr = learning_rate(config, iteration)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 x, y = get_batch(data.train, config.batch_size, block, batch_generator)
-                _, loss = model(x.to(device), y.to(device))
-                assert loss is not None
-                last_loss = float(loss.detach())
-                if not math.isfinite(last_loss):
-                    raise diverged(iteration, f"the training loss is {last_loss}")
+                if world > 1:
+                    x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                if accum == 1 and world == 1:  # the plain loop, unchanged
+                    with autocast():
+                        loss = loss_of(x.to(device), y.to(device))
+                    last_loss = float(loss.detach())
+                    if not math.isfinite(last_loss):
+                        raise diverged(iteration, f"the training loss is {last_loss}")
+                    (scaler.scale(loss) if scaler is not None else loss).backward()  # type: ignore[no-untyped-call]
+                else:
+                    total = torch.zeros((), device=device)
+                    for m in range(accum):
+                        # DDP all-reduces the gradients on the last micro-batch only.
+                        sync = ddp is None or m == accum - 1
+                        with contextlib.nullcontext() if sync else ddp.no_sync():
+                            with autocast():
+                                loss = loss_of(x[m * micro:(m + 1) * micro].to(device),
+                                               y[m * micro:(m + 1) * micro].to(device))
+                            part = loss / accum if accum > 1 else loss
+                            (scaler.scale(part) if scaler is not None else part).backward()  # type: ignore[no-untyped-call]
+                        total += part.detach().float()
+                    if world > 1:
+                        import torch.distributed as dist
+
+                        # One small all-reduce: the loss (for every rank's divergence check and the log) and
+                        # whether any rank was asked to stop, so that all ranks stop at the same step.
+                        asked = 0.0 if interrupt.requested is None else 1.0
+                        stats = torch.stack([total, torch.tensor(asked, device=device)])
+                        dist.all_reduce(stats)
+                        total = stats[0] / world
+                        if float(stats[1]) > 0 and interrupt.requested is None:
+                            interrupt.requested = signal.SIGINT
+                    last_loss = float(total)
+                    if not math.isfinite(last_loss):
+                        raise diverged(iteration, f"the training loss is {last_loss}")
+                if scaler is not None:
+                    scaler.unscale_(optimizer)
                 if config.grad_clip > 0:
                     norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
-                    if not math.isfinite(norm):
+                    if not math.isfinite(norm) and scaler is None:
                         raise diverged(iteration, f"the gradient norm is {norm}")
-                optimizer.step()
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                if iteration > start:  # the first step (compilation, allocator warm-up) is not counted
+                    step_seconds += time.perf_counter() - t0
+                step_losses.append(last_loss)
                 iteration += 1
                 if on_step is not None:
                     on_step(iteration)
-                if bar is not None:
-                    elapsed = time.perf_counter() - t0
-                    speed = tokens_per_step * (iteration - start) / elapsed
-                    bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{speed:,.0f}")
+                if bar is not None and step_seconds > 0:
+                    speed = tokens_per_step * (iteration - start - 1) / step_seconds
+                    bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{speed:,.0f}",
+                                    mfu=f"{100 * flops_per_step * speed / tokens_per_step / (world * peak_flops):.1f}%"
+                                    if peak_flops else "?")
                     bar.update(1)
                 if interrupt.requested is not None:
                     interrupted = True
+                    stop_signal = interrupt.requested
                     break
-                if iteration % config.checkpoint_interval == 0 and iteration < config.max_iters:
+                if iteration % config.checkpoint_interval == 0 and iteration < config.max_iters and main:
                     save(iteration)
             if not interrupted:
                 evaluation(iteration)
-            path = save(iteration)
+            if main:
+                path = save(iteration)
     finally:
         if bar is not None:
             bar.close()
+    if world > 1:  # every rank leaves together, after rank 0's last save (a rank tearing down early can abort)
+        import torch.distributed as dist
 
+        dist.barrier()
+
+    steps = iteration - start - 1  # timed steps: all but the first
+    speed = tokens_per_step * steps / step_seconds if steps > 0 and step_seconds > 0 else float("nan")
+    mfu = flops_per_step / tokens_per_step * speed / (world * peak_flops) if peak_flops else float("nan")
     sample_text = ""
-    if config.sample_tokens and not interrupted:
+    if config.sample_tokens and not interrupted and main:
         prompt = torch.tensor([data.tokenizer.encode(data.tokenizer.chars[0] if "\n" not in data.tokenizer.chars
                                                      else "\n")], device=device)
-        generated = model.eval().generate(prompt, config.sample_tokens,
-                                          generator=torch.Generator(device=device).manual_seed(config.seed))
+        with autocast():
+            generated = model.eval().generate(prompt, config.sample_tokens,
+                                              generator=torch.Generator(device=device).manual_seed(config.seed))
         sample_text = data.tokenizer.decode(generated[0, 1:].cpu())
         model.train()
     return TrainResult(model, history, iteration, interrupted, path, sample_text,
-                       signal=interrupt.requested if interrupted else None)
+                       signal=stop_signal if interrupted else None, losses=step_losses,
+                       tokens_per_second=speed, mfu=mfu)
