@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 
 from typed_transformer.checkpoint import (
@@ -20,7 +18,6 @@ from typed_transformer.checkpoint import (
     LOCK_NAME,
     CheckpointError,
     RunDirectoryError,
-    _digest,
     load_checkpoint,
     remove_temporaries,
     run_directory,
@@ -30,6 +27,8 @@ from typed_transformer.checkpoint import (
 from typed_transformer.data import TextData
 from typed_transformer.gpt import GPT, GPTConfig
 from typed_transformer.training import TrainConfig, train
+
+from ._cli import rewrite
 
 TEXT = "the quick brown fox jumps over the lazy dog.\n" * 12
 
@@ -48,21 +47,6 @@ def saved(data: TextData, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("saved")
     train(model, data, config, out, progress=False)
     return out / CHECKPOINT_NAME
-
-
-def read(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
-    with safe_open(str(path), framework="pt") as handle:
-        return {k: handle.get_tensor(k) for k in handle.keys()}, dict(handle.metadata())  # noqa: SIM118
-
-
-def rewrite(source: Path, target: Path, change: Callable[[dict[str, Tensor], dict[str, str]], object],
-            *, sign: bool = True) -> Path:
-    tensors, metadata = read(source)
-    change(tensors, metadata)
-    if sign:
-        metadata["sha256"] = _digest(tensors, metadata)
-    save_file(tensors, str(target), metadata=metadata)
-    return target
 
 
 def refused(path: Path) -> str:

@@ -11,20 +11,11 @@ import torch
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.cli import main
 
+from ._cli import run
+
 TEXT = "first citizen:\nbefore we proceed any further, hear me speak.\n\nall:\nspeak, speak.\n" * 8
 TINY = ["--block-size", "8", "--eval-interval", "10", "--eval-iters", "2", "--batch-size", "4",
         "--sample-tokens", "20", "--no-progress"]
-
-
-def run(argv: list[str]) -> int:
-    """``main(argv)``'s exit code, whether it returns it or argparse raises SystemExit."""
-    try:
-        return main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    if not isinstance(code, int):
-        raise AssertionError(f"SystemExit({code!r}) is not an exit code")
-    return code
 
 
 @pytest.fixture(scope="module")

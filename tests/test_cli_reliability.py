@@ -17,25 +17,11 @@ import torch
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.cli import main
 
+from ._cli import one_line, rewrite, run
+
 TEXT = "first citizen:\nbefore we proceed any further, hear me speak.\n\nall:\nspeak, speak.\n" * 8
 TINY = ["--block-size", "8", "--eval-interval", "5", "--eval-iters", "2", "--batch-size", "4", "--sample-tokens", "5",
         "--no-progress"]
-
-
-def run(argv: list[str]) -> int:
-    try:
-        return main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    assert isinstance(code, int)
-    return code
-
-
-def one_line(err: str) -> str:
-    lines = err.splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
-    assert "Traceback" not in err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -362,19 +348,11 @@ def test_bench_refuses_an_empty_preset_list(capsys: pytest.CaptureFixture[str]) 
 
 def test_generate_refuses_a_checkpoint_with_nan_weights(trained: tuple[Path, Path], tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    from typed_transformer.checkpoint import _digest
+    def nan_weight(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+        tensors["model.ln_f.weight"] = torch.full_like(tensors["model.ln_f.weight"], float("nan"))
 
     _, out = trained
-    with safe_open(str(out / CHECKPOINT_NAME), framework="pt") as handle:
-        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
-        metadata = dict(handle.metadata())
-    tensors["model.ln_f.weight"] = torch.full_like(tensors["model.ln_f.weight"], float("nan"))
-    metadata["sha256"] = _digest(tensors, metadata)
-    bad = tmp_path / "nan.safetensors"
-    save_file(tensors, str(bad), metadata=metadata)
+    bad = rewrite(out / CHECKPOINT_NAME, tmp_path / "nan.safetensors", nan_weight)
     capsys.readouterr()
     assert main(["generate", "--checkpoint", str(bad)]) == 2
     assert one_line(capsys.readouterr().err) == (f"typed-transformer: error: {bad}: corrupt checkpoint (weight "
@@ -383,19 +361,11 @@ def test_generate_refuses_a_checkpoint_with_nan_weights(trained: tuple[Path, Pat
 
 def test_generate_from_exploded_but_finite_weights_is_one_line(trained: tuple[Path, Path], tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    from typed_transformer.checkpoint import _digest
+    def explode(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+        tensors["model.tok_emb.weight"] = tensors["model.tok_emb.weight"] * 1e30  # finite, but the logits are not
 
     _, out = trained
-    with safe_open(str(out / CHECKPOINT_NAME), framework="pt") as handle:
-        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
-        metadata = dict(handle.metadata())
-    tensors["model.tok_emb.weight"] = tensors["model.tok_emb.weight"] * 1e30  # finite, but the logits are not
-    metadata["sha256"] = _digest(tensors, metadata)
-    bad = tmp_path / "exploded.safetensors"
-    save_file(tensors, str(bad), metadata=metadata)
+    bad = rewrite(out / CHECKPOINT_NAME, tmp_path / "exploded.safetensors", explode)
     capsys.readouterr()
     assert main(["generate", "--checkpoint", str(bad), "--max-new-tokens", "3"]) == 2
     assert one_line(capsys.readouterr().err) == (

@@ -25,6 +25,8 @@ import torch
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint, run_directory
 from typed_transformer.cli import main
 
+from ._cli import one_line
+
 TEXT = "first citizen:\nbefore we proceed any further, hear me speak.\n\nall:\nspeak, speak.\n" * 8
 MAX_ITERS = 12
 RUN = ["--block-size", "8", "--batch-size", "4", "--eval-interval", "4", "--eval-iters", "2", "--dropout", "0.1",
@@ -173,20 +175,13 @@ def test_kill_9_never_loses_the_checkpoint_and_resuming_is_bit_exact(forkserver:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _one_line(err: str) -> str:
-    lines = err.splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
-    assert "Traceback" not in err
-    return lines[0]
-
-
 def test_a_fresh_run_over_a_checkpoint_refuses(text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     assert main(argv(text, out, "--max-iters", "3")) == 0
     before = (out / CHECKPOINT_NAME).read_bytes()
     capsys.readouterr()
     assert main(argv(text, out, "--max-iters", "2")) == 2
-    line = _one_line(capsys.readouterr().err)
+    line = one_line(capsys.readouterr().err)
     assert line == (f"typed-transformer: error: {out / CHECKPOINT_NAME} exists: continue that run with --resume "
                     "or replace it with --overwrite")
     assert (out / CHECKPOINT_NAME).read_bytes() == before
@@ -223,7 +218,7 @@ def test_a_second_run_into_the_same_directory_refuses(forkserver: ForkServerCont
         capsys.readouterr()
         for extra in ([], ["--resume"], ["--overwrite"]):
             assert main(argv(text, out, *extra)) == 2
-            line = _one_line(capsys.readouterr().err)
+            line = one_line(capsys.readouterr().err)
             assert line == (f"typed-transformer: error: {out}: another run is using this directory (pid "
                             f"{first.process.pid} holds {out / '.lock'}); wait for it to finish or choose another "
                             "--out")
@@ -258,7 +253,7 @@ def test_a_read_only_out_fails_before_the_first_step(forkserver: ForkServerConte
     as_root = os.geteuid() == 0
     run = Run(forkserver, shared_root, argv(text, out), mode="nobody" if as_root else "")
     code = run.wait()
-    line = _one_line(run.stderr)
+    line = one_line(run.stderr)
     assert code == 2
     assert line == f"typed-transformer: error: {out}: not writable (Permission denied)"
     assert list(out.iterdir()) == []
@@ -276,7 +271,7 @@ def test_an_out_that_is_a_file_or_below_one(make: Any, words: str, text: Path, t
                                             capsys: pytest.CaptureFixture[str]) -> None:
     out = make(tmp_path)
     assert main(argv(text, out)) == 2
-    assert _one_line(capsys.readouterr().err) == "typed-transformer: error: " + words.format(out=out)
+    assert one_line(capsys.readouterr().err) == "typed-transformer: error: " + words.format(out=out)
 
 
 def test_a_file_size_limit_fails_with_one_line_and_keeps_the_checkpoint(forkserver: ForkServerContext, text: Path,

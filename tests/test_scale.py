@@ -14,11 +14,11 @@ from jaxtyping import TypeCheckError
 from torch.multiprocessing.spawn import spawn
 
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
-from typed_transformer.cli import main
 from typed_transformer.data import TextData
 from typed_transformer.gpt import GPT, GPTConfig
 from typed_transformer.training import TrainConfig, TrainResult, compile_for_generation, flops_per_token, train
 
+from ._cli import run
 from ._ddp_worker import run_rank, tiny_model
 
 TEXT = "the quick brown fox jumps over the lazy dog.\n" * 12
@@ -135,16 +135,6 @@ def test_throughput_and_mfu(tmp_path: Path) -> None:
 TINY = ["--block-size", "8", "--eval-interval", "100", "--eval-iters", "1", "--batch-size", "4",
         "--sample-tokens", "0", "--no-progress", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
         "--peak-flops", "1e9"]
-
-
-def run(argv: list[str]) -> int:
-    try:
-        return main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    if not isinstance(code, int):
-        raise AssertionError(f"SystemExit({code!r}) is not an exit code")
-    return code
 
 
 @pytest.fixture

@@ -1,0 +1,47 @@
+"""Helpers shared by the command-line tests: exit codes, one-line errors, re-signed checkpoints."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from typed_transformer.checkpoint import _digest
+from typed_transformer.cli import main
+
+
+def run(argv: list[str]) -> int:
+    """``main(argv)``'s exit code, whether it returns it or argparse raises SystemExit."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    if not isinstance(code, int):
+        raise AssertionError(f"SystemExit({code!r}) is not an exit code")
+    return code
+
+
+def one_line(err: str) -> str:
+    """The only line of ``err``, which must not hold a traceback."""
+    lines = err.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def read(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """A checkpoint's tensors and metadata, as stored."""
+    with safe_open(str(path), framework="pt") as handle:
+        return {k: handle.get_tensor(k) for k in handle.keys()}, dict(handle.metadata())  # noqa: SIM118
+
+
+def rewrite(source: Path, target: Path, change: Callable[[dict[str, Tensor], dict[str, str]], object],
+            *, sign: bool = True) -> Path:
+    """``source`` changed in place by ``change`` and written to ``target``, re-signed unless ``sign=False``."""
+    tensors, metadata = read(source)
+    change(tensors, metadata)
+    if sign:
+        metadata["sha256"] = _digest(tensors, metadata)
+    save_file(tensors, str(target), metadata=metadata)
+    return target
