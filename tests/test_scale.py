@@ -246,6 +246,10 @@ def test_throughput_line(text: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
     assert len(lines) == 1
     assert lines[0].endswith("(1 process(es), float32)")
     assert " tokens/s, MFU " in lines[0]
+    # One step: the first step of a run is never timed, so there is nothing to report (not "nan tokens/s").
+    assert run(["train", "--data", str(text), "--max-iters", "1", *TINY, "--out", str(tmp_path / "one")]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("throughput:")]
+    assert lines == ["throughput: not measured (it needs two steps or more in this run; 1 process(es), float32)"]
 
 
 def test_resume_keeps_the_model_size(text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -284,13 +288,20 @@ def test_resume_of_a_torchrun_run(text: Path, tmp_path: Path) -> None:
 
 
 def test_compiled_generation_equals_eager() -> None:
+    """The real backend (inductor, frozen weights; max-autotune left to the benchmark, which checks its tokens
+    too, to keep this test at about 20 s): cached steps, recomputed windows past
+    block_size and uncached generation give eager's tokens. (aot_eager alone missed that inductor could not
+    compile a cache whose attributes were views of one another.)"""
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8)).eval()
     prompt = torch.tensor([[1, 2]])
     eager = model.generate(prompt, 10, greedy=True)  # past block_size: cached steps, then recomputed windows
-    compiled = compile_for_generation(model, backend="aot_eager")
+    eager_uncached = model.generate(prompt, 10, greedy=True, use_cache=False)
+    compiled = compile_for_generation(model, max_autotune=False)
     assert compiled is model
     torch.testing.assert_close(compiled.generate(prompt, 10, greedy=True), eager, rtol=0, atol=0)
+    torch.testing.assert_close(compiled.generate(prompt, 10, greedy=True, use_cache=False), eager_uncached,
+                               rtol=0, atol=0)
     with pytest.raises(TypeCheckError):  # the eager boundary still checks shapes
         compiled.generate(torch.tensor([1, 2]), 3)
 

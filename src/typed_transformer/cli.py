@@ -163,7 +163,9 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     generate.add_argument("--seed", type=_seed, default=1337)
     generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     generate.add_argument("--compile", action="store_true",
-                          help="torch.compile the model's forward pass (pays off for long generations only)")
+                          help="torch.compile the forward pass with the weights frozen in (inductor, max-autotune): "
+                               "the first call compiles for a minute or more on a CPU, then each cached step runs "
+                               "about 3x faster (typed-transformer bench gpt)")
 
     maps = commands.add_parser("attention", help="draw a checkpoint's attention maps over a text (PNG)")
     maps.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
@@ -552,8 +554,11 @@ def _train_locked(args: argparse.Namespace) -> int:
     print(f"done: iteration {result.iteration}, train loss {last.get('train', float('nan')):.4f}, "
           f"val loss {last.get('val', float('nan')):.4f}; checkpoint {result.checkpoint}, "
           f"loss curve {args.out / 'loss.png'}")
-    print(f"throughput: {result.tokens_per_second:,.0f} tokens/s, MFU {100 * result.mfu:.1f}% "
-          f"({world} process(es), {config.dtype}{', compiled' if config.compile else ''})")
+    how = f"{world} process(es), {config.dtype}{', compiled' if config.compile else ''}"
+    if math.isfinite(result.tokens_per_second):
+        print(f"throughput: {result.tokens_per_second:,.0f} tokens/s, MFU {100 * result.mfu:.1f}% ({how})")
+    else:  # the first step of a call is not timed (it compiles with --compile)
+        print(f"throughput: not measured (it needs two steps or more in this run; {how})")
     if result.sample:
         print("sample:")
         print(result.sample)
@@ -585,8 +590,12 @@ def _generate(args: argparse.Namespace) -> int:
     ids = torch.tensor([checkpoint.tokenizer.encode(prompt)], device=args.device)
     model = checkpoint.model.eval()
     if args.compile:
+        import warnings
+
         from .training import compile_for_generation
 
+        # Raised inside torch's autotuner while it compiles, about torch's own storage API: not the user's concern.
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
         model = compile_for_generation(model)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,

@@ -50,44 +50,58 @@ class KVCache:
         if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
             raise ValueError(f"KVCache: capacity must be None or a positive int, got {capacity!r}")
         self.capacity = capacity
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
-        self._buffers: tuple[Tensor, Tensor] | None = None
+        # The storage: the first `_length` positions along axis 2 are cached, the rest is room to append in
+        # place. One tensor per side and an int, never a view of another attribute, so that a compiled forward
+        # (torch.compile) sees no two inputs aliasing each other.
+        self._k: Tensor | None = None
+        self._v: Tensor | None = None
+        self._length = 0
+
+    @property
+    def k(self) -> Tensor | None:
+        """Cached keys, ``(b, g, length, d)``; ``None`` before the first append."""
+        return None if self._k is None else self._k[:, :, : self._length]
+
+    @property
+    def v(self) -> Tensor | None:
+        """Cached values, ``(b, g, length, dv)``; ``None`` before the first append."""
+        return None if self._v is None else self._v[:, :, : self._length]
 
     @property
     def length(self) -> int:
         """Number of cached positions."""
-        return 0 if self.k is None else self.k.shape[2]
+        return self._length
 
     def append(self, k: Float[Tensor, "b g t d"], v: Float[Tensor, "b g t dv"]
                ) -> tuple[Float[Tensor, "b g s d"], Float[Tensor, "b g s dv"]]:
         """Add ``t`` positions; return all cached keys and values (``s`` = old length + ``t``)."""
-        if self.k is None:
-            if self.capacity is None or k.shape[2] > self.capacity:
-                self.k, self.v = k, v
-                return k, v
-            b, g, t = k.shape[:3]
-            self._buffers = (k.new_empty(b, g, self.capacity, k.shape[3]), v.new_empty(b, g, self.capacity, v.shape[3]))
-            self._buffers[0][:, :, :t] = k
-            self._buffers[1][:, :, :t] = v
-            self.k, self.v = self._buffers[0][:, :, :t], self._buffers[1][:, :, :t]
-            return self.k, self.v
-        assert self.v is not None  # k and v are set and reset together
-        for name, new, old in (("k", k, self.k), ("v", v, self.v)):
+        t = k.shape[2]
+        if self._k is None or self._v is None:
+            if self.capacity is None or t > self.capacity:
+                self._k, self._v = k, v
+            else:
+                b, g = k.shape[:2]
+                self._k = k.new_empty(b, g, self.capacity, k.shape[3])
+                self._v = v.new_empty(b, g, self.capacity, v.shape[3])
+                self._k[:, :, :t] = k
+                self._v[:, :, :t] = v
+            self._length = t
+            return k, v
+        for name, new, old in (("k", k, self._k), ("v", v, self._v)):
             if new.shape[:2] != old.shape[:2] or new.shape[3] != old.shape[3]:
+                held = (*old.shape[:2], self._length, old.shape[3])
                 raise_shape_error(KVCache.append, name,
-                                  f"is {tuple(new.shape)}, but the cache holds {tuple(old.shape)} "
+                                  f"is {tuple(new.shape)}, but the cache holds {held} "
                                   "(b, g and the head size must stay the same)")
-        start, end = self.length, self.length + k.shape[2]
-        if self._buffers is not None and end <= self._buffers[0].shape[2]:
-            self._buffers[0][:, :, start:end] = k
-            self._buffers[1][:, :, start:end] = v
-            self.k, self.v = self._buffers[0][:, :, :end], self._buffers[1][:, :, :end]
-            return self.k, self.v
-        self._buffers = None  # past the capacity: grow by concatenation
-        self.k = torch.cat([self.k, k], dim=2)
-        self.v = torch.cat([self.v, v], dim=2)
-        return self.k, self.v
+        start, end = self._length, self._length + t
+        if end <= self._k.shape[2]:  # room left in the buffers
+            self._k[:, :, start:end] = k
+            self._v[:, :, start:end] = v
+        else:  # no capacity, or past it: grow by concatenation
+            self._k = torch.cat([self._k[:, :, :start], k], dim=2)
+            self._v = torch.cat([self._v[:, :, :start], v], dim=2)
+        self._length = end
+        return self._k[:, :, :end], self._v[:, :, :end]
 
     def crop(self, keep_last: int) -> None:
         """Keep only the last ``keep_last`` positions (a sliding window).
@@ -98,16 +112,16 @@ class KVCache:
         """
         if keep_last < 0:
             raise ValueError(f"KVCache.crop: keep_last must be non-negative, got {keep_last}")
-        if self.k is not None:
-            assert self.v is not None
-            start = max(self.length - keep_last, 0)
-            self.k, self.v = self.k[:, :, start:], self.v[:, :, start:]
-            self._buffers = None  # the kept positions no longer start the buffers
+        if self._k is not None and self._v is not None:
+            start = max(self._length - keep_last, 0)
+            # Exactly the kept positions: the next append concatenates (the kept ones no longer start a buffer).
+            self._k, self._v = self._k[:, :, start:self._length], self._v[:, :, start:self._length]
+            self._length -= start
 
     def reset(self) -> None:
         """Forget every cached position."""
-        self.k = self.v = None
-        self._buffers = None
+        self._k = self._v = None
+        self._length = 0
 
 
 @shape_checked
