@@ -42,6 +42,23 @@ def test_gpt_generation_table_states_the_cache_ceiling() -> None:
                           "can speed up baby-preset generation by at most 2.50x here")
 
 
+def test_generation_targets_compare_compiled_cache_with_the_faster_uncached_run() -> None:
+    from benchmarks.bench import GenerationTargets, format_generation_targets
+
+    # 10 tokens; eager uncached 300 ms beats compiled uncached 400 ms, so the compiled speed-up is 300 / 20.
+    result = GenerationTargets(tokens=10, cache_ms=60.0, no_cache_ms=300.0, compiled_cache_ms=20.0,
+                               compiled_no_cache_ms=400.0, matvec_ms=4.0, ours_hf_ms=50.0, hf_ms=55.0,
+                               same_tokens_as_hf=10, compiled_same_tokens=9, rounds=3)
+    assert (result.speedup, result.compiled_speedup, result.eager_bound) == (5.0, 15.0, 7.5)
+    lines = format_generation_targets(result).splitlines()
+    assert lines[1] == ("  seed preset, compiled (generate --compile): KV cache 2.00 ms/token, no cache 30.00 ms/token "
+                        "(eager, the faster of eager 30.00 and compiled 40.00): cache speedup 15.00x (target >= 8x); "
+                        "9/10 tokens the same as eager")
+    assert lines[2].endswith("cache speedup 5.00x; its matrix-vector products alone take 4.00 ms/token, so eager "
+                             "cannot pass 7.50x here")
+    assert "ours / HF = 0.91x (target <= 1.00x); 10/10 tokens the same" in lines[3]
+
+
 def test_bench_outside_a_checkout_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(cli, "BENCHMARKS", tmp_path / "benchmarks" / "bench.py")

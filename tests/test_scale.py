@@ -288,8 +288,8 @@ def test_resume_of_a_torchrun_run(text: Path, tmp_path: Path) -> None:
 
 
 def test_compiled_generation_equals_eager() -> None:
-    """The real backend (inductor, frozen weights; max-autotune left to the benchmark, which checks its tokens
-    too, to keep this test at about 20 s): cached steps, recomputed windows past
+    """The real backend (inductor, frozen weights; max-autotune is left to `bench gpt`, which reports how many
+    of its tokens equal eager's, to keep this test at about 20 s): cached steps, recomputed windows past
     block_size and uncached generation give eager's tokens. (aot_eager alone missed that inductor could not
     compile a cache whose attributes were views of one another.)"""
     torch.manual_seed(0)
