@@ -119,6 +119,18 @@ def test_float16_on_cpu_is_refused(tmp_path: Path) -> None:
               tmp_path, progress=False)
 
 
+def test_the_measured_peak_is_the_best_window_not_the_mean(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window slowed by another process must not lower the peak that MFU is reported against."""
+    import time
+
+    from typed_transformer.training import measure_matmul_flops
+
+    clock = iter([0.0, 0.01, 0.05, 0.2])  # start; 3 windows of 4 matmuls: 10 ms, 40 ms (slowed), 150 ms
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    flops = measure_matmul_flops(size=8, seconds=0.1)
+    assert flops == pytest.approx(2 * 8**3 * 4 / 0.01)  # the first window's rate; the mean would be 4x lower
+
+
 def test_throughput_and_mfu(tmp_path: Path) -> None:
     result, model = single_process(tmp_path)
     c = model.config

@@ -165,7 +165,7 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     generate.add_argument("--compile", action="store_true",
                           help="torch.compile the forward pass with the weights frozen in (inductor, max-autotune): "
                                "the first call compiles for a minute or more on a CPU, then each cached step runs "
-                               "about 3x faster (typed-transformer bench gpt)")
+                               "2.5-3x faster (typed-transformer bench gpt)")
 
     maps = commands.add_parser("attention", help="draw a checkpoint's attention maps over a text (PNG)")
     maps.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
