@@ -1,4 +1,5 @@
-"""Helpers shared by the command-line tests: exit codes, one-line errors, re-signed checkpoints."""
+"""Helpers shared by the command-line tests: the training text, a trained run, exit codes, one-line errors,
+re-signed checkpoints."""
 
 from collections.abc import Callable
 from pathlib import Path
@@ -9,6 +10,18 @@ from torch import Tensor
 
 from typed_transformer.checkpoint import _digest
 from typed_transformer.cli import main
+
+#: The training text of the command-line tests: 648 characters, 26 distinct.
+TEXT = "first citizen:\nbefore we proceed any further, hear me speak.\n\nall:\nspeak, speak.\n" * 8
+
+
+def train_run(root: Path, max_iters: int, flags: list[str]) -> tuple[Path, Path]:
+    """(text file, run directory) of ``train`` on :data:`TEXT` for ``max_iters`` iterations under ``root``."""
+    text = root / "input.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    out = root / "run"
+    assert main(["train", "--data", str(text), "--max-iters", str(max_iters), *flags, "--out", str(out)]) == 0
+    return text, out
 
 
 def run(argv: list[str]) -> int:

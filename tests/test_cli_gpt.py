@@ -11,9 +11,8 @@ import torch
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.cli import main
 
-from ._cli import run
+from ._cli import TEXT, run, train_run
 
-TEXT = "first citizen:\nbefore we proceed any further, hear me speak.\n\nall:\nspeak, speak.\n" * 8
 TINY = ["--block-size", "8", "--eval-interval", "10", "--eval-iters", "2", "--batch-size", "4",
         "--sample-tokens", "20", "--no-progress"]
 
@@ -21,12 +20,7 @@ TINY = ["--block-size", "8", "--eval-interval", "10", "--eval-iters", "2", "--ba
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(text file, run directory) of one 20-iteration run, shared by the tests that only read it."""
-    root = tmp_path_factory.mktemp("cli")
-    text = root / "input.txt"
-    text.write_text(TEXT, encoding="utf-8")
-    out = root / "run"
-    assert main(["train", "--data", str(text), "--max-iters", "20", *TINY, "--out", str(out)]) == 0
-    return text, out
+    return train_run(tmp_path_factory.mktemp("cli"), 20, TINY)
 
 
 def test_train_writes_a_checkpoint_and_a_plot(trained: tuple[Path, Path]) -> None:

@@ -17,21 +17,15 @@ import torch
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.cli import main
 
-from ._cli import one_line, rewrite, run
+from ._cli import TEXT, one_line, rewrite, run, train_run
 
-TEXT = "first citizen:\nbefore we proceed any further, hear me speak.\n\nall:\nspeak, speak.\n" * 8
 TINY = ["--block-size", "8", "--eval-interval", "5", "--eval-iters", "2", "--batch-size", "4", "--sample-tokens", "5",
         "--no-progress"]
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("reliability")
-    text = root / "input.txt"
-    text.write_text(TEXT, encoding="utf-8")
-    out = root / "run"
-    assert main(["train", "--data", str(text), "--max-iters", "10", *TINY, "--out", str(out)]) == 0
-    return text, out
+    return train_run(tmp_path_factory.mktemp("reliability"), 10, TINY)
 
 
 @pytest.fixture

@@ -25,9 +25,8 @@ import torch
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint, run_directory
 from typed_transformer.cli import main
 
-from ._cli import one_line
+from ._cli import TEXT, one_line
 
-TEXT = "first citizen:\nbefore we proceed any further, hear me speak.\n\nall:\nspeak, speak.\n" * 8
 MAX_ITERS = 12
 RUN = ["--block-size", "8", "--batch-size", "4", "--eval-interval", "4", "--eval-iters", "2", "--dropout", "0.1",
        "--checkpoint-interval", "1", "--sample-tokens", "0", "--no-progress", "--max-iters", str(MAX_ITERS)]
