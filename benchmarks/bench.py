@@ -451,15 +451,14 @@ def _matvec_ms(model: nn.Module, repeats: int = 50) -> float:
     to one position, in the model's order, eager. No cached step can be faster than this in eager mode."""
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     inputs = [torch.randn(1, 1, m.in_features) for m in linears]
-    samples = []
+
+    def step() -> None:
+        for linear, x in zip(linears, inputs, strict=True):
+            linear(x)
+
     with torch.no_grad():
-        for r in range(repeats + 5):
-            start = time.perf_counter()
-            for linear, x in zip(linears, inputs, strict=True):
-                linear(x)
-            if r >= 5:
-                samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+        _median_ms(step, 5, 1)  # warm-up
+        return statistics.median(_median_ms(step, repeats, 1))
 
 
 def bench_generation_targets(*, tokens: int = 255, rounds: int = 3) -> GenerationTargets:

@@ -331,14 +331,15 @@ def compile_for_generation(model: GPT, *, backend: str = "inductor", max_autotun
     import torch._inductor.config as inductor_config
 
     compiled = torch.compile(model.forward, backend=backend)
+    if backend != "inductor":
+        model.forward = compiled  # type: ignore[method-assign]
+        return model
     # Inductor settings for this model's compilations only (they happen during its calls), not process-wide.
     # Autotuning reports each benchmark on stderr by default: quiet here, generation output is the user's.
     settings = {"freezing": True, "max_autotune": max_autotune, "max_autotune_report_choices_stats": False,
                 "autotune_num_choices_displayed": 0}
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if backend != "inductor":
-            return compiled(*args, **kwargs)
         with inductor_config.patch(settings):
             return compiled(*args, **kwargs)
 
