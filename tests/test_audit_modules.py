@@ -376,7 +376,8 @@ class TextbookCrossAttention(nn.Module):
         logits = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
         if keep is not None:
             logits = logits.masked_fill(~keep, float("-inf"))
-        return rearrange(logits.softmax(dim=-1) @ v, "b h t d -> b t (h d)")
+        out: Tensor = rearrange(logits.softmax(dim=-1) @ v, "b h t d -> b t (h d)")
+        return out
 
 
 def test_module_declaring_nan_rows_does_not_fail_gradients_through_them() -> None:
