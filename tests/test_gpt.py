@@ -170,16 +170,18 @@ def test_baby_non_embedding_parameter_count_is_nanogpts_figure() -> None:
 
 
 def test_parameter_count_formula_for_the_seed_preset() -> None:
-    # Per layer 12 d^2 (attention 4 d^2, MLP 8 d^2) + 2 d (two LayerNorm weights, no biases);
-    # then the final LayerNorm and the (tied) token embedding.
+    # Per layer 12 d^2 (attention 4 d^2, MLP 8 d^2), the biases of the output projection (d) and the MLP (4 d + d),
+    # two LayerNorms with biases (4 d); then the final LayerNorm (2 d), the token embedding and the untied head
+    # with its bias (the original tutorial's model; tests/test_seed_preset.py compares it with its printout).
     d, layers, vocab = 384, 6, 65
-    expected = layers * (12 * d * d + 2 * d) + d + vocab * d
+    expected = layers * (12 * d * d + 10 * d) + 2 * d + vocab * d + (d * vocab + vocab)
     model = GPT(GPTConfig.preset("seed", vocab))
-    assert model.num_parameters() == expected == 10_646_784
+    assert model.num_parameters() == expected == 10_690_625
 
 
 def test_config_round_trips_through_a_dict() -> None:
-    config = tiny(n_kv_heads=1, positional="rope", bias=True, activation="gelu_tanh")
+    config = tiny(n_kv_heads=1, positional="rope", bias=True, activation="gelu_tanh", qkv_bias=False,
+                  lm_head_bias=True, tie_weights=False)
     assert GPTConfig.from_dict(config.to_dict()) == config
 
 
@@ -198,7 +200,9 @@ def test_config_round_trips_through_a_dict() -> None:
         ({"dropout": 1.0}, "dropout must be in [0, 1)"),
         ({"dropout": -0.1}, "dropout must be in [0, 1)"),
         ({"positional": "xpos"}, "positional must be learned, sinusoidal, rope or alibi"),
-        ({"activation": "relu"}, "activation must be gelu or gelu_tanh"),
+        ({"activation": "swish"}, "activation must be gelu, gelu_tanh or relu"),
+        ({"qkv_bias": "false"}, "qkv_bias must be None, True or False"),
+        ({"lm_head_bias": 1}, "lm_head_bias must be True or False"),
         ({"positional": "rope", "n_embd": 6, "n_head": 2}, "rope needs an even head size, got 3"),
     ],
 )

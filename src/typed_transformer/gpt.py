@@ -3,7 +3,7 @@
     x_0 = E[idx] + P              token embedding plus positions (learned, sinusoidal; or none here and
                                   RoPE or ALiBi's bias inside attention)
     x_l = x_{l-1} + Attn(LN(x_{l-1}))         pre-LN blocks with causal self-attention
-    x_l = x_l + MLP(LN(x_l))                  MLP(x) = W_2 GELU(W_1 x), width 4 * n_embd (FeedForward)
+    x_l = x_l + MLP(LN(x_l))                  MLP(x) = W_2 act(W_1 x), width 4 * n_embd (FeedForward; GELU or ReLU)
     logits = LN_f(x_L) E^T                    output head tied to the token embedding (by default)
 
 Shapes: ``idx (b, t)`` token ids, ``logits (b, t, vocab_size)`` (only the last position when no targets are
@@ -30,7 +30,7 @@ from .shapecheck import raise_shape_error, shape_checked, typechecked
 __all__ = ["GPT", "PRESETS", "GPTConfig"]
 
 Positional = Literal["learned", "sinusoidal", "rope", "alibi"]
-Activation = Literal["gelu", "gelu_tanh"]
+Activation = Literal["gelu", "gelu_tanh", "relu"]
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,15 @@ class GPTConfig:
     """Sizes and options of a :class:`GPT`.
 
     ``n_kv_heads`` (default ``n_head``) must divide ``n_head``; ``n_head`` must divide ``n_embd``.
-    ``activation="gelu_tanh"`` is GPT-2's ``gelu_new``.
+    ``activation="gelu_tanh"`` is GPT-2's ``gelu_new``; ``"relu"`` is the original tutorial's feed-forward.
+
+    Biases: ``bias`` switches those of the layer norms, the attention's output projection and the feed-forward;
+    ``qkv_bias`` those of the query/key/value projections (default: as ``bias``); ``lm_head_bias`` the output
+    head's (default none, as in nanoGPT and GPT-2). The original tutorial's model has ``bias=True,
+    qkv_bias=False, lm_head_bias=True`` and an untied head (the ``seed`` preset).
 
     Raises:
-        ValueError: a size that is not a positive ``int``, ``bias`` or ``tie_weights`` that is not a ``bool``
+        ValueError: a size that is not a positive ``int``, a bias switch or ``tie_weights`` that is not a ``bool``
             (``"false"`` would read as true), ``dropout`` outside ``[0, 1)``, ``layer_norm_eps`` not positive and
             finite, an unknown ``positional`` or ``activation``, or sizes that do not divide.
     """
@@ -54,6 +59,8 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = False
+    qkv_bias: bool | None = None  # None: as bias
+    lm_head_bias: bool = False
     positional: Positional = "learned"
     activation: Activation = "gelu"
     tie_weights: bool = True
@@ -71,7 +78,9 @@ class GPTConfig:
             raise ValueError(f"GPTConfig: n_kv_heads={self.n_kv_heads} must divide n_head={self.n_head}")
         if self.n_kv_heads is not None and (not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool)):
             raise ValueError(f"GPTConfig: n_kv_heads must be None or a positive int, got {self.n_kv_heads!r}")
-        for name in ("bias", "tie_weights"):
+        if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
+            raise ValueError(f"GPTConfig: qkv_bias must be None, True or False, got {self.qkv_bias!r}")
+        for name in ("bias", "lm_head_bias", "tie_weights"):
             if not isinstance(getattr(self, name), bool):  # bool("false") is True: refuse strings and numbers
                 raise ValueError(f"GPTConfig: {name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.dropout, int | float) or isinstance(self.dropout, bool) \
@@ -83,14 +92,19 @@ class GPTConfig:
         if self.positional not in ("learned", "sinusoidal", "rope", "alibi"):
             raise ValueError("GPTConfig: positional must be learned, sinusoidal, rope or alibi, "
                              f"got {self.positional!r}")
-        if self.activation not in ("gelu", "gelu_tanh"):
-            raise ValueError(f"GPTConfig: activation must be gelu or gelu_tanh, got {self.activation!r}")
+        if self.activation not in ("gelu", "gelu_tanh", "relu"):
+            raise ValueError(f"GPTConfig: activation must be gelu, gelu_tanh or relu, got {self.activation!r}")
         if self.positional == "rope" and (self.n_embd // self.n_head) % 2 != 0:
             raise ValueError(f"GPTConfig: rope needs an even head size, got {self.n_embd // self.n_head}")
 
     @property
     def kv_heads(self) -> int:
         return self.n_head if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def qkv_has_bias(self) -> bool:
+        """Whether the query/key/value projections have biases (``qkv_bias``, else ``bias``)."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,10 +126,13 @@ class GPTConfig:
 
 
 #: ``baby``: nanoGPT's CPU shakespeare_char config (4 layers, 4 heads, 128 wide, block 64, no dropout).
-#: ``seed``: seed 003's model (6 layers, 6 heads, 384 wide, block 256, dropout 0.2).
+#: ``seed``: the original tutorial's model as it prints it (6 layers, 6 heads, 384 wide, block 256, dropout
+#: 0.2, a ReLU feed-forward, no biases on the key/query/value projections but biases everywhere else, an untied
+#: ``lm_head`` with a bias): 10,788,929 parameters with the position table for 65 characters.
 PRESETS: dict[str, dict[str, Any]] = {
     "baby": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "dropout": 0.0},
-    "seed": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "dropout": 0.2},
+    "seed": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "dropout": 0.2, "activation": "relu",
+             "bias": True, "qkv_bias": False, "lm_head_bias": True, "tie_weights": False},
 }
 
 
@@ -134,7 +151,9 @@ class Block(nn.Module):
         self.n_embd = config.n_embd
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.attn = MultiHeadAttention(config.n_embd, config.n_head, num_kv_heads=config.kv_heads,
-                                       dropout=config.dropout, bias=config.bias, rotary=rotary)
+                                       dropout=config.dropout, bias=config.qkv_has_bias, rotary=rotary)
+        if config.qkv_has_bias != config.bias:  # MultiHeadAttention has one switch for both projections
+            self.attn.out_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.mlp = FeedForward(config.n_embd, 4 * config.n_embd, dropout=0.0, activation=config.activation,
@@ -179,7 +198,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, rotary) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.lm_head_bias)
         if config.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
         self.reset_parameters()
