@@ -165,7 +165,11 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
 
     generate = commands.add_parser("generate", help="sample text from a checkpoint")
     generate.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
-    generate.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    generate.add_argument("--prompt", action="append", default=None,
+                          help="text to continue (default: a newline); repeat it for several prompts, generated as "
+                               "one padded batch, each continuing exactly as it would alone")
+    generate.add_argument("--prompts-file", type=Path, default=None,
+                          help="a UTF-8 file with one prompt per line (after any --prompt)")
     generate.add_argument("--max-new-tokens", type=_int_in(0, MAX_TOKENS), default=500)
     generate.add_argument("--temperature", type=_temperature, default=0.8,
                           help=f"default 0.8; from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}")
@@ -596,13 +600,14 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from .checkpoint import load_checkpoint
+    from .data import left_pad, read_prompts
 
     _cuda_or_fail(args.device)
     checkpoint = load_checkpoint(args.checkpoint, map_location=args.device)
-    prompt = args.prompt
-    if not prompt:
-        raise ValueError("--prompt is empty")
-    ids = torch.tensor([checkpoint.tokenizer.encode(prompt)], device=args.device)
+    prompts = [*(args.prompt or []), *(read_prompts(args.prompts_file) if args.prompts_file else [])] or ["\n"]
+    if "" in prompts:
+        raise ValueError(f"--prompt is empty (prompt {prompts.index('') + 1})")
+    ids, lengths = left_pad([checkpoint.tokenizer.encode(p) for p in prompts], device=args.device)
     model = checkpoint.model.eval()
     if args.compile:
         import warnings
@@ -612,10 +617,14 @@ def _generate(args: argparse.Namespace) -> int:
         # Raised inside torch's autotuner while it compiles, about torch's own storage API: not the user's concern.
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
         model = compile_for_generation(model)
-    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    # One generator per prompt, all from --seed: each prompt continues exactly as it would alone.
+    generators = [torch.Generator(device=args.device).manual_seed(args.seed) for _ in prompts]
     out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, greedy=args.greedy, generator=generator)
-    print(checkpoint.tokenizer.decode(out[0].cpu()))
+                         top_p=args.top_p, greedy=args.greedy, generator=generators, lengths=lengths)
+    for i, n in enumerate(lengths.tolist()):
+        if len(prompts) > 1:
+            print(f"==> prompt {i + 1} <==")
+        print(checkpoint.tokenizer.decode(out[i, ids.shape[1] - n:].cpu()))
     return 0
 
 

@@ -12,7 +12,7 @@ model has grouped-query heads (``n_kv_heads``), a KV cache, RoPE and ALiBi with 
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal
 
@@ -324,8 +324,9 @@ class GPT(nn.Module):
         top_k: int | None = None,
         top_p: float | None = None,
         greedy: bool = False,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
         use_cache: bool = True,
+        lengths: Int[Tensor, " b"] | None = None,
     ) -> Int[Tensor, "b t+{max_new_tokens}"]:
         """Append ``max_new_tokens`` sampled tokens to ``idx``.
 
@@ -336,7 +337,16 @@ class GPT(nn.Module):
         therefore give the same logits.
 
         Sampling: logits / ``temperature``, then the ``top_k`` largest, then the smallest set whose
-        probability reaches ``top_p``; ``greedy`` takes the argmax instead. ``generator`` makes it reproducible.
+        probability reaches ``top_p``; ``greedy`` takes the argmax instead. ``generator`` makes it reproducible;
+        a sequence of ``b`` generators gives each row its own (row ``i`` then draws exactly what generating it
+        alone with ``generator=generators[i]`` draws).
+
+        Prompts of different lengths: ``idx`` left-padded (any ids in the padding) and ``lengths[i]`` the number
+        of real tokens of row ``i`` (its last ``lengths[i]`` positions). Each row is generated as if it were
+        alone: its positions start at 0 at its first real token and no padding is ever attended to. The rows
+        run aligned at their first real token, the longer prompts fed one token per step (through the cache)
+        while the shorter ones already sample, so no attention mask is needed and a row's logits are those of
+        the row alone. The result keeps ``idx`` (padding included) and appends ``max_new_tokens`` per row.
 
         Shape checks: the arguments are checked at this call; the forward passes it makes are the library
         calling itself and are checked again only in strict mode (see :mod:`typed_transformer.shapecheck`).
@@ -350,6 +360,9 @@ class GPT(nn.Module):
         if idx.shape[1] == 0:
             raise_shape_error("typed_transformer.gpt.GPT.generate", "idx",
                               "axis t is 0: generation needs a prompt of at least one token", axis="t", actual=0)
+        if lengths is not None or (generator is not None and not isinstance(generator, torch.Generator)):
+            return self._generate_rows(idx, lengths, max_new_tokens, temperature=temperature, top_k=top_k,
+                                       top_p=top_p, greedy=greedy, generator=generator, use_cache=use_cache)
         block = self.config.block_size
         caches = self.new_caches() if use_cache else None
         logits, _ = self(idx[:, -block:], kv_caches=caches)
@@ -372,6 +385,62 @@ class GPT(nn.Module):
                 caches = self.new_caches() if use_cache else None
                 logits, _ = self(idx[:, -block:], kv_caches=caches)
         return idx
+
+    def _generate_rows(self, idx: Tensor, lengths: Tensor | None, max_new_tokens: int, *, temperature: float,
+                       top_k: int | None, top_p: float | None, greedy: bool,
+                       generator: torch.Generator | Sequence[torch.Generator] | None, use_cache: bool) -> Tensor:
+        """:meth:`generate` for left-padded prompts (``lengths``) or one generator per row."""
+        b, t = idx.shape
+        name = "typed_transformer.gpt.GPT.generate"
+        if lengths is None:
+            lengths = torch.full((b,), t, dtype=torch.long)
+        sizes = [int(n) for n in lengths.tolist()]
+        if any(not 1 <= n <= t for n in sizes):
+            bad = next(n for n in sizes if not 1 <= n <= t)
+            raise ValueError(f"GPT.generate: lengths holds {bad}; every prompt needs 1 to t={t} tokens")
+        generators: list[torch.Generator] | None = None
+        if generator is not None and not isinstance(generator, torch.Generator):
+            generators = list(generator)
+            if len(generators) != b:
+                raise_shape_error(name, "generator", f"holds {len(generators)} generators for {b} rows", axis="b",
+                                  actual=len(generators), expected=b)
+        block = self.config.block_size
+        # Row i aligned at its first real token: aligned[i, :sizes[i]] is its prompt.
+        aligned = torch.stack([torch.roll(row, n - t) for row, n in zip(idx, sizes, strict=True)])
+        shortest, longest = min(sizes), max(sizes)
+        prompt_len = torch.tensor(sizes, device=idx.device)
+        context = aligned[:, :shortest]
+        produced = torch.zeros(b, dtype=torch.long, device=idx.device)
+        new = torch.zeros(b, max_new_tokens, dtype=idx.dtype, device=idx.device)
+        caches = self.new_caches() if use_cache else None
+        logits, _ = self(context[:, -block:], kv_caches=caches)
+        steps = longest - shortest + max_new_tokens
+        for step in range(steps):
+            position = context.shape[1]
+            in_prompt = prompt_len > position
+            sampling = ~in_prompt & (produced < max_new_tokens)
+            next_id = aligned[:, min(position, t - 1)].clone()
+            next_id[~in_prompt] = 0  # rows done with max_new_tokens keep feeding a valid id; never returned
+            rows = sampling.nonzero().flatten().tolist()
+            if rows and generators is not None and not greedy:
+                for i in rows:
+                    next_id[i] = sample(logits[i:i + 1, -1], temperature=temperature, top_k=top_k, top_p=top_p,
+                                        generator=generators[i])[0, 0]
+            elif rows:
+                drawn = sample(logits[rows, -1], temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                               generator=generator if isinstance(generator, torch.Generator) else None)
+                next_id[rows] = drawn[:, 0]
+            new[rows, produced[rows]] = next_id[rows]
+            produced += sampling.long()
+            context = torch.cat([context, next_id[:, None]], dim=1)
+            if step == steps - 1:
+                break
+            if caches is not None and caches[0].length < block:
+                logits, _ = self(next_id[:, None], kv_caches=caches)
+            else:
+                caches = self.new_caches() if use_cache else None
+                logits, _ = self(context[:, -block:], kv_caches=caches)
+        return torch.cat([idx, new], dim=1)
 
     def parameter_groups(self, weight_decay: float) -> list[dict[str, Any]]:
         """AdamW groups: decay on matrices (dim >= 2), none on biases, norms and other vectors."""
