@@ -70,7 +70,16 @@ from ._functions import (
     candidate_call,
     parametrize_audit,
 )
-from ._modules import ModuleAdapter, ModuleSpec, Rotary, Weights, additive_mask, audit_module, with_causal
+from ._modules import (
+    ModuleAdapter,
+    ModuleSpec,
+    Rotary,
+    Weights,
+    additive_mask,
+    alibi_bias,
+    audit_module,
+    with_causal,
+)
 from .specs import SPECS
 
 #: Every check, in report order.
@@ -112,6 +121,7 @@ __all__ = [
     "Rotary",
     "Weights",
     "additive_mask",
+    "alibi_bias",
     "audit_attention",
     "audit_module",
     "audit_multihead",
