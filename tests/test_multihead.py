@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from property_tests.helpers import exactly
 from typed_transformer import MultiHeadAttention, ShapeError, scaled_dot_product_attention
 from typed_transformer.attention import Backend
+from typed_transformer.interop import from_torch
 from typed_transformer.masks import attn_mask_to_torch, key_padding_mask_to_torch
 from typed_transformer.multihead import KVCache
 from typed_transformer.positions import RotaryEmbedding
@@ -363,3 +364,40 @@ def test_interop_carries_dropout_and_backend() -> None:
     with pytest.raises(ValueError, match=exactly(
             "to_torch: nn.MultiheadAttention needs input_dim == d_model, got input_dim=6, d_model=8")):
         MultiHeadAttention(8, 4, input_dim=6).to_torch()
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "reference"])
+@pytest.mark.parametrize("extras", [{}, {"add_bias_kv": True}, {"add_zero_attn": True},
+                                    {"add_bias_kv": True, "add_zero_attn": True}])
+def test_attn_bias_equals_torch_with_the_bias_as_float_mask(backend: Backend, extras: dict[str, bool]) -> None:
+    # torch's float attn_mask is additive and gives the appended bias_k / zero keys a bias of 0: our attn_bias
+    # must do the same. Cross-attention, t=3 queries, s=5 keys.
+    torch.manual_seed(0)
+    theirs = nn.MultiheadAttention(8, 2, batch_first=True, **extras).double().eval()
+    ours = from_torch(theirs, backend=backend)
+    assert isinstance(ours, MultiHeadAttention)
+    query, memory = torch.randn(2, 3, 8, dtype=torch.float64), torch.randn(2, 5, 8, dtype=torch.float64)
+    bias = torch.randn(3, 5, dtype=torch.float64)
+    out, _ = ours(query, memory, memory, attn_bias=bias)
+    expected, _ = theirs(query, memory, memory, attn_mask=bias, need_weights=False)
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    out_w, weights = ours(query, memory, memory, attn_bias=bias, need_weights=True)
+    expected_w, torch_weights = theirs(query, memory, memory, attn_mask=bias)
+    torch.testing.assert_close(out_w, expected_w, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(weights, torch_weights, rtol=1e-10, atol=1e-10)
+
+
+def test_attn_bias_per_head_with_a_kv_cache_equals_the_full_pass() -> None:
+    torch.manual_seed(0)
+    m = MultiHeadAttention(8, 4, num_kv_heads=2).double().eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    bias = torch.randn(1, 4, 5, 5, dtype=torch.float64)
+    full, _ = m(x, is_causal=True, attn_bias=bias)
+    cache = KVCache()
+    first, _ = m(x[:, :3], is_causal=True, kv_cache=cache, attn_bias=bias[:, :, :3, :3])
+    second, _ = m(x[:, 3:], is_causal=True, kv_cache=cache, attn_bias=bias[:, :, 3:, :])
+    torch.testing.assert_close(torch.cat([first, second], dim=1), full, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ShapeError, match="attn_bias: axis s is 2, expected 7"):
+        m(x[:, 3:], kv_cache=cache, attn_bias=bias[:, :, 3:, 3:])
+    with pytest.raises(ShapeError, match="attn_bias"):
+        m(x, attn_bias=torch.randn(1, 3, 5, 5, dtype=torch.float64))  # 3 heads, the module has 4
