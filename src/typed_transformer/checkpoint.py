@@ -53,6 +53,7 @@ __all__ = [
     "run_directory",
     "save_checkpoint",
     "temporary_path",
+    "write_atomically",
 ]
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
@@ -231,6 +232,38 @@ def _optimizer_tensors(state: dict[str, Any]) -> tuple[dict[str, Tensor], dict[s
     return tensors, {"param_groups": state["param_groups"], "state": per_param}
 
 
+def write_atomically(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+    """Write a safetensors file through a temporary file, fsync and rename: ``path`` is the old file or the
+    new one, never a torn one. An OSError leaves the old file as it was and removes the temporary."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    temporary = temporary_path(path)
+    try:
+        # O_EXCL on a fresh random name; mode 0o666 filtered by the umask, like any file the user creates.
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        mode = temporary.stat().st_mode & 0o777  # 0o666 less the umask; safetensors writes files 0o600
+        try:
+            save_file(tensors, str(temporary), metadata=metadata)
+            os.chmod(temporary, mode)
+        except SafetensorError as err:  # its I/O errors end in "(os error N)": make them the OSError they are
+            found = re.search(r"os error (\d+)", str(err))
+            number = int(found.group(1)) if found else errno.EIO
+            raise OSError(number, os.strerror(number), str(temporary)) from None
+        with open(temporary, "rb") as stream:
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every platform)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
 def save_checkpoint(
     path: str | Path,
     model: GPT,
@@ -249,9 +282,6 @@ def save_checkpoint(
         OSError: the file cannot be written (the previous checkpoint, if any, is left as it was and the
             temporary file is removed).
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
     path = Path(path)
     if path.is_dir() or not path.suffix:
         path = path / CHECKPOINT_NAME
@@ -278,30 +308,7 @@ def save_checkpoint(
         "info": json.dumps(info or {}),
     }
     metadata["sha256"] = _digest(tensors, metadata)
-    temporary = temporary_path(path)
-    try:
-        # O_EXCL on a fresh random name; mode 0o666 filtered by the umask, like any file the user creates.
-        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        mode = temporary.stat().st_mode & 0o777  # 0o666 less the umask; safetensors writes files 0o600
-        try:
-            save_file(tensors, str(temporary), metadata=metadata)
-            os.chmod(temporary, mode)
-        except SafetensorError as err:  # its I/O errors end in "(os error N)": make them the OSError they are
-            found = re.search(r"os error (\d+)", str(err))
-            number = int(found.group(1)) if found else errno.EIO
-            raise OSError(number, os.strerror(number), str(temporary)) from None
-        with open(temporary, "rb") as stream:
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every platform)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+    write_atomically(path, tensors, metadata)
     return path
 
 
