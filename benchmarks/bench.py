@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from typed_transformer.interop import from_torch
 from typed_transformer.multihead import MultiHeadAttention
 from typed_transformer.shapecheck import shape_checks
 
@@ -65,8 +66,8 @@ def _variants(case: AttentionCase, x: Tensor) -> dict[str, tuple[nn.Module, Call
     """name -> (module, call, checks on?)"""
     torch.manual_seed(0)
     reference = nn.MultiheadAttention(case.d_model, case.h, batch_first=True)
-    sdpa = MultiHeadAttention.from_torch(reference, backend="sdpa")
-    einsum = MultiHeadAttention.from_torch(reference, backend="reference")
+    sdpa = from_torch(reference, backend="sdpa")
+    einsum = from_torch(reference, backend="reference")
 
     def call_torch(m: nn.Module) -> Tensor:
         out: Tensor = m(x, x, x, need_weights=False)[0]

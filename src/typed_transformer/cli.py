@@ -250,6 +250,10 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     audit.add_argument("--decode-sees-all", action="store_true",
                        help="with is_causal a single query sees every key (Hugging Face's sdpa rule)")
     audit.add_argument("--no-autograd", action="store_true", help="skip the gradient check")
+    audit.add_argument("--infer", action="store_true",
+                       help="infer the conventions from the candidate's behaviour instead of declaring them (a "
+                            "module's behavioural ones; its --spec says where the weights live); the report "
+                            "starts with them and the input that decided each")
     audit.add_argument("--checks", default=None, help="comma-separated subset of the checks")
     audit.add_argument("--dtypes", default="float32,float64", help="comma-separated (default float32,float64)")
     audit.add_argument("--max-examples", type=_positive_int, default=20,
@@ -787,6 +791,11 @@ def _audit(args: argparse.Namespace) -> int:
                      "even_head_size": False, "no_mask": False, "no_causal": False, "no_mask_with_causal": False,
                      "decode_sees_all": False, "no_autograd": False}
     changed = [name for name, default in function_only.items() if getattr(args, name) != default]
+    if args.infer and changed:
+        return _fail(f"--{changed[0].replace('_', '-')} declares a convention; --infer decides them from the "
+                     f"candidate's behaviour (give one or the other)")
+    if args.infer and args.fully_masked is not None:
+        return _fail("--fully-masked declares a convention; --infer decides it from the candidate's behaviour")
     if args.module is not None and changed:
         return _fail(f"--{changed[0].replace('_', '-')} describes a candidate function; a module's conventions come "
                      f"from its --spec")
@@ -830,8 +839,14 @@ def _audit(args: argparse.Namespace) -> int:
 
             # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
             module = randomize_parameters(module, args.seed)
-            report = audit_module(module, spec, fully_masked=args.fully_masked, name=f"{target} (spec {spec.name})",
-                                  **options)
+            if args.infer:
+                report = audit_module(module, spec, conventions="infer", name=f"{target} (spec {spec.name})",
+                                      **options)
+            else:
+                report = audit_module(module, spec, fully_masked=args.fully_masked,
+                                      name=f"{target} (spec {spec.name})", **options)
+        elif args.infer:
+            report = audit_attention(candidate, conventions="infer", name=target, **options)
         else:
             conventions = Conventions(
                 layout=args.layout, mask_polarity=args.mask_polarity, causal_alignment=args.causal_alignment,
