@@ -13,6 +13,7 @@ from jaxtyping import TypeCheckError
 from . import hf, interop
 from .attention import scaled_dot_product_attention, scaled_dot_product_attention_with_weights
 from .gpt import GPT, GPTConfig
+from .interop import from_torch, to_torch
 from .layers import (
     FeedForward,
     Transformer,
@@ -69,6 +70,7 @@ __all__ = [
     "attn_mask_to_torch",
     "causal_mask",
     "checks_enabled",
+    "from_torch",
     "hf",
     "interop",
     "is_checked",
@@ -85,4 +87,5 @@ __all__ = [
     "shape_trace",
     "strict_checks",
     "strict_checks_enabled",
+    "to_torch",
 ]

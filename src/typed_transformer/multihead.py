@@ -16,7 +16,7 @@ zero output for fully masked rows, and shape checks naming the argument and axis
 """
 
 import math
-from typing import Any, Self
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -399,27 +399,3 @@ class MultiHeadAttention(nn.Module):
         if mask is not None and self.extra_keys:
             mask = F.pad(mask, (0, self.extra_keys), value=True if mask.dtype == torch.bool else 0.0)
         return mask
-
-    # Interop with torch.nn.MultiheadAttention: thin aliases of typed_transformer.interop, imported when called
-    # (interop imports this module at load time; this module never imports interop at load time).
-
-    @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention, *, backend: Backend = "sdpa") -> Self:
-        """Copy an ``nn.MultiheadAttention``: :func:`typed_transformer.interop.multihead_from_torch`.
-
-        Raises:
-            TypeError: ``module`` is not an ``nn.MultiheadAttention``.
-        """
-        from .interop import _multihead_from_torch
-
-        return _multihead_from_torch(cls, module, backend)
-
-    def to_torch(self, *, batch_first: bool = True) -> nn.MultiheadAttention:
-        """The equivalent ``nn.MultiheadAttention``: :func:`typed_transformer.interop.multihead_to_torch`.
-
-        Raises:
-            ValueError: grouped-query heads or ``input_dim != d_model``, which torch cannot express.
-        """
-        from .interop import multihead_to_torch
-
-        return multihead_to_torch(self, batch_first=batch_first)
