@@ -648,34 +648,31 @@ def _check_sizes(batch_size: int, block_size: int, eval_iters: int) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     _require_train_extra("generate")
-    import torch
-
     from .checkpoint import load_checkpoint
-    from .data import left_pad, read_prompts
+    from .data import read_prompts
+    from .generation import continue_prompts
 
     _cuda_or_fail(args.device)
     checkpoint = load_checkpoint(args.checkpoint, map_location=args.device)
     prompts = [*(args.prompt or []), *(read_prompts(args.prompts_file) if args.prompts_file else [])] or ["\n"]
     if "" in prompts:
         raise ValueError(f"--prompt is empty (prompt {prompts.index('') + 1})")
-    ids, lengths = left_pad([checkpoint.tokenizer.encode(p) for p in prompts], device=args.device)
     model = checkpoint.model.eval()
     if args.compile:
         import warnings
 
-        from .training import compile_for_generation
+        from . import generation
 
         # Raised inside torch's autotuner while it compiles, about torch's own storage API: not the user's concern.
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
-        model = compile_for_generation(model)
-    # One generator per prompt, all from --seed: each prompt continues exactly as it would alone.
-    generators = [torch.Generator(device=args.device).manual_seed(args.seed) for _ in prompts]
-    out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, greedy=args.greedy, generator=generators, lengths=lengths)
-    for i, n in enumerate(lengths.tolist()):
+        model = generation.compile_for_generation(model)
+    texts = continue_prompts(model, checkpoint.tokenizer, prompts, args.max_new_tokens, seed=args.seed,
+                             device=args.device, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                             greedy=args.greedy)
+    for i, text in enumerate(texts):
         if len(prompts) > 1:
             print(f"==> prompt {i + 1} <==")
-        print(checkpoint.tokenizer.decode(out[i, ids.shape[1] - n:].cpu()))
+        print(text)
     return 0
 
 
