@@ -250,6 +250,10 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     audit.add_argument("--decode-sees-all", action="store_true",
                        help="with is_causal a single query sees every key (Hugging Face's sdpa rule)")
     audit.add_argument("--no-autograd", action="store_true", help="skip the gradient check")
+    audit.add_argument("--infer", action="store_true",
+                       help="infer the conventions from the candidate's behaviour instead of declaring them (a "
+                            "module's behavioural ones; its --spec says where the weights live); the report "
+                            "starts with them and the input that decided each")
     audit.add_argument("--checks", default=None, help="comma-separated subset of the checks")
     audit.add_argument("--dtypes", default="float32,float64", help="comma-separated (default float32,float64)")
     audit.add_argument("--max-examples", type=_positive_int, default=20,
@@ -644,34 +648,31 @@ def _check_sizes(batch_size: int, block_size: int, eval_iters: int) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     _require_train_extra("generate")
-    import torch
-
     from .checkpoint import load_checkpoint
-    from .data import left_pad, read_prompts
+    from .data import read_prompts
+    from .generation import continue_prompts
 
     _cuda_or_fail(args.device)
     checkpoint = load_checkpoint(args.checkpoint, map_location=args.device)
     prompts = [*(args.prompt or []), *(read_prompts(args.prompts_file) if args.prompts_file else [])] or ["\n"]
     if "" in prompts:
         raise ValueError(f"--prompt is empty (prompt {prompts.index('') + 1})")
-    ids, lengths = left_pad([checkpoint.tokenizer.encode(p) for p in prompts], device=args.device)
     model = checkpoint.model.eval()
     if args.compile:
         import warnings
 
-        from .training import compile_for_generation
+        from . import generation
 
         # Raised inside torch's autotuner while it compiles, about torch's own storage API: not the user's concern.
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
-        model = compile_for_generation(model)
-    # One generator per prompt, all from --seed: each prompt continues exactly as it would alone.
-    generators = [torch.Generator(device=args.device).manual_seed(args.seed) for _ in prompts]
-    out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, greedy=args.greedy, generator=generators, lengths=lengths)
-    for i, n in enumerate(lengths.tolist()):
+        model = generation.compile_for_generation(model)
+    texts = continue_prompts(model, checkpoint.tokenizer, prompts, args.max_new_tokens, seed=args.seed,
+                             device=args.device, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                             greedy=args.greedy)
+    for i, text in enumerate(texts):
         if len(prompts) > 1:
             print(f"==> prompt {i + 1} <==")
-        print(checkpoint.tokenizer.decode(out[i, ids.shape[1] - n:].cpu()))
+        print(text)
     return 0
 
 
@@ -790,6 +791,11 @@ def _audit(args: argparse.Namespace) -> int:
                      "even_head_size": False, "no_mask": False, "no_causal": False, "no_mask_with_causal": False,
                      "decode_sees_all": False, "no_autograd": False}
     changed = [name for name, default in function_only.items() if getattr(args, name) != default]
+    if args.infer and changed:
+        return _fail(f"--{changed[0].replace('_', '-')} declares a convention; --infer decides them from the "
+                     f"candidate's behaviour (give one or the other)")
+    if args.infer and args.fully_masked is not None:
+        return _fail("--fully-masked declares a convention; --infer decides it from the candidate's behaviour")
     if args.module is not None and changed:
         return _fail(f"--{changed[0].replace('_', '-')} describes a candidate function; a module's conventions come "
                      f"from its --spec")
@@ -833,8 +839,14 @@ def _audit(args: argparse.Namespace) -> int:
 
             # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
             module = randomize_parameters(module, args.seed)
-            report = audit_module(module, spec, fully_masked=args.fully_masked, name=f"{target} (spec {spec.name})",
-                                  **options)
+            if args.infer:
+                report = audit_module(module, spec, conventions="infer", name=f"{target} (spec {spec.name})",
+                                      **options)
+            else:
+                report = audit_module(module, spec, fully_masked=args.fully_masked,
+                                      name=f"{target} (spec {spec.name})", **options)
+        elif args.infer:
+            report = audit_attention(candidate, conventions="infer", name=target, **options)
         else:
             conventions = Conventions(
                 layout=args.layout, mask_polarity=args.mask_polarity, causal_alignment=args.causal_alignment,
