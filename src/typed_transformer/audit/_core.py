@@ -465,7 +465,8 @@ class AuditReport:
                 if r.repro:
                     lines.append(r.repro)
         if self.untested:
-            lines += ["", "not tested (declared unsupported):"] + [f"  - {note}" for note in self.untested]
+            how = "inferred" if self.inferred and self.inferred[0].startswith("inferred") else "declared"
+            lines += ["", f"not tested ({how} unsupported):"] + [f"  - {note}" for note in self.untested]
         names = list(dict.fromkeys(r.name for r in self.results))
         statuses = [self.status(n) for n in names]
         lines += ["", f"{statuses.count('PASS')} passed, {statuses.count('FAIL')} failed, "
