@@ -10,7 +10,8 @@ Modules, in dependency order: ``shapecheck`` -> ``masks`` -> ``attention`` -> ``
 
 from jaxtyping import TypeCheckError
 
-from . import hf, interop
+# threads first reads torch's thread count here, so a torch.set_num_threads made after this import is the user's.
+from . import hf, interop, threads
 from .attention import scaled_dot_product_attention, scaled_dot_product_attention_with_weights
 from .gpt import GPT, GPTConfig
 from .layers import (
@@ -71,6 +72,7 @@ __all__ = [
     "checks_enabled",
     "hf",
     "interop",
+    "threads",
     "is_checked",
     "key_padding_mask_from_torch",
     "key_padding_mask_to_torch",

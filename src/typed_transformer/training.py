@@ -54,6 +54,7 @@ from .checkpoint import CHECKPOINT_NAME, Checkpoint, RunDirectoryError, run_dire
 from .data import TextData, get_batch
 from .gpt import GPT
 from .shapecheck import typechecked
+from .threads import apply_threads
 
 __all__ = [
     "DTYPES",
@@ -106,6 +107,9 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per optimizer step in each process; batch_size is the global batch
     dtype: str = "float32"  # autocast dtype of the forward passes (DTYPES)
     compile: bool = False  # torch.compile the training steps
+    #: Intra-op threads: "auto" (timed on the first steps, re-checked on drift; typed_transformer.threads) or a
+    #: count. "auto" leaves a count the user set (OMP_NUM_THREADS, torch.set_num_threads) alone.
+    threads: int | str = "auto"
 
     @classmethod
     def for_preset(cls, preset: str, **overrides: Any) -> "TrainConfig":
@@ -153,6 +157,9 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be True or False, got {self.compile!r}")
+        if self.threads != "auto" and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
+                                       or self.threads < 1):
+            raise ValueError(f"threads must be 'auto' or a positive integer, got {self.threads!r}")
         if self.batch_size % self.grad_accum != 0:
             raise ValueError(f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}: "
                              "the global batch is split into equal micro-batches")
@@ -243,6 +250,8 @@ class TrainResult:
     tokens_per_second: float = float("nan")
     #: Model FLOPs utilisation: ``flops_per_token * tokens_per_second / (world_size * peak_flops)``.
     mfu: float = float("nan")
+    #: The intra-op thread count at the end of the run (``config.threads``, or what ``"auto"`` chose).
+    threads: int | None = None
 
 
 class TrainingDiverged(RuntimeError):
@@ -505,7 +514,8 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
         rng = {"batches": batch_generator.get_state(), "torch": torch.get_rng_state()}
         path = save_checkpoint(out / CHECKPOINT_NAME, model, data.tokenizer, iteration=iteration,
                                train_config=asdict(config), history=history, optimizer=optimizer, rng=rng,
-                               info=info)
+                               info=None if info is None else
+                               {**info, "threads": f"{torch.get_num_threads()} ({thread_choice.source})"})
         nonlocal saved, plotted
         saved = (iteration, path)
         if plotted != len(history):  # the curve changes only with a new evaluation
@@ -528,6 +538,9 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
             bar.write(message)
         else:
             print(message, file=log, flush=True)
+
+    # The thread count: fixed now, or timed on the steps to come (threads.ThreadTuner, re-checked on drift).
+    thread_choice, tuner = apply_threads(config.threads, log=say if main else None)
 
     def evaluation(iteration: int) -> None:
         if not main:
@@ -607,6 +620,8 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
                     optimizer.step()
                 if iteration > start:  # the first step (compilation, allocator warm-up) is not counted
                     step_seconds += time.perf_counter() - t0
+                if tuner is not None:
+                    tuner.observe(time.perf_counter() - t0)
                 step_losses.append(last_loss)
                 iteration += 1
                 if on_step is not None:
@@ -649,4 +664,4 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
         model.train()
     return TrainResult(model, history, iteration, interrupted, path, sample_text,
                        signal=stop_signal if interrupted else None, losses=step_losses,
-                       tokens_per_second=speed, mfu=mfu)
+                       tokens_per_second=speed, mfu=mfu, threads=torch.get_num_threads())
