@@ -321,3 +321,38 @@ def test_token_ids_outside_the_vocabulary_are_value_errors(config: GPTConfig, da
     assert info.type is ValueError
     assert str(info.value) == (f"GPT.forward: idx holds token id {bad}, "
                                f"outside the vocabulary 0..{config.vocab_size - 1}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Padded batches: every row generates what it generates alone
+# ----------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def padded_batches(draw: st.DrawFn) -> tuple[GPT, Tensor, Tensor, int]:
+    """A random float64 GPT, 1-3 left-padded prompts of random lengths 1..block_size+3 (random padding ids,
+    so that attending to padding would show) and a number of new tokens that crosses block_size."""
+    config = draw(gpt_configs())
+    seed = draw(seeds(), label="seed")
+    model = randomize_parameters(GPT(config).double().eval(), seed, std=0.5)
+    sizes = draw(st.lists(st.integers(1, config.block_size + 3), min_size=1, max_size=3), label="lengths")
+    ids = torch.randint(config.vocab_size, (len(sizes), max(sizes)), generator=torch.Generator().manual_seed(seed))
+    new = draw(st.integers(1, config.block_size + 3), label="max_new_tokens")
+    return model, ids, torch.tensor(sizes), new
+
+
+@given(batch=padded_batches(), settings=sampling_settings(), sample_seed=seeds(), use_cache=st.booleans())
+def test_each_row_of_a_padded_batch_generates_what_it_generates_alone(
+        batch: tuple[GPT, Tensor, Tensor, int], settings: dict[str, object], sample_seed: int,
+        use_cache: bool) -> None:
+    model, ids, lengths, new = batch
+    generators = [torch.Generator().manual_seed(sample_seed + i) for i in range(ids.shape[0])]
+    out = model.generate(ids, new, lengths=lengths, generator=generators, use_cache=use_cache,
+                         **settings)  # type: ignore[arg-type]
+    assert out.shape == (ids.shape[0], ids.shape[1] + new)
+    assert torch.equal(out[:, : ids.shape[1]], ids)
+    for i, n in enumerate(lengths.tolist()):
+        alone = model.generate(ids[i : i + 1, ids.shape[1] - n :], new, use_cache=use_cache,
+                               generator=torch.Generator().manual_seed(sample_seed + i),
+                               **settings)  # type: ignore[arg-type]
+        assert torch.equal(out[i, ids.shape[1] :], alone[0, n:]), f"row {i} (length {n})"

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,20 @@ TINY = ["--block-size", "8", "--eval-interval", "5", "--eval-iters", "2", "--bat
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return train_run(tmp_path_factory.mktemp("reliability"), 10, TINY)
+
+
+@pytest.fixture
+def sigint_as_in_a_terminal() -> Iterator[None]:
+    """Ctrl-C raising KeyboardInterrupt, as in a terminal, whatever disposition the suite was started with
+    (``nohup ... &`` starts it with SIGINT ignored, which the program rightly keeps)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _default_sigint() -> None:
+    """``preexec_fn`` of a child that must get SIGINT's default disposition (not an inherited "ignore")."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture
@@ -202,6 +217,7 @@ def _raise(exception: BaseException) -> Any:
 @pytest.mark.parametrize(("signum", "code", "line"), [(signal.SIGINT, 130, "typed-transformer: interrupted (Ctrl-C)"),
                                                       (signal.SIGTERM, 143, "typed-transformer: terminated (SIGTERM)")])
 @pytest.mark.parametrize("where", ["before the loop", "in the end-of-run sample", "in generate", "loading"])
+@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_a_signal_anywhere_is_one_line(where: str, signum: int, code: int, line: str, trained: tuple[Path, Path],
                                        tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -233,6 +249,7 @@ def test_a_signal_anywhere_is_one_line(where: str, signum: int, code: int, line:
         assert load_checkpoint(tmp_path / "run").iteration == 2  # saved before the sample
 
 
+@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_a_second_ctrl_c_stops_at_once_without_saving(copy: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     text, out = copy
@@ -267,7 +284,7 @@ LAUNCHER = [sys.executable, "-c", "import sys, typed_transformer_launcher; sys.e
 def test_a_signal_while_importing_is_one_line(signum: int, code: int, line: str) -> None:
     # torch takes over a second to import; the launcher catches the signal around that import.
     process = subprocess.Popen([*LAUNCHER, "generate", "--checkpoint", "nowhere"], stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                               env={**os.environ, "PYTHONWARNINGS": "ignore"}, preexec_fn=_default_sigint)
     # Wait until the launcher catches SIGTERM (its first statement), however slow the interpreter starts.
     status = Path(f"/proc/{process.pid}/status")
     deadline = time.monotonic() + 60

@@ -186,7 +186,7 @@ def test_config_file_with_flags_overriding(text: Path, tmp_path: Path, capsys: p
 @pytest.mark.parametrize(
     ("toml", "message"),
     [
-        ("n_layers = 2\n", "unknown key 'n_layers' (known: backend, batch_size, bias, "),
+        ("n_layers = 2\n", "unknown key 'n_layers' (known: activation, backend, batch_size, bias, "),
         ("n_layer = \"2\"\n", "n_layer: expected a number, got '2'"),
         ("n_layer = 2.5\n", "n_layer: expected an integer, got '2.5'"),
         ("n_layer = 0\n", "n_layer: expected an integer from 1 to 1024, got '0'"),

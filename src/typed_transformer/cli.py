@@ -114,8 +114,8 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     train.add_argument("--data", type=Path, default=None,
                        help="UTF-8 text file (default: ~1 MB of this Python's standard-library source)")
     train.add_argument("--preset", choices=["baby", "seed"], default=None,
-                       help="baby (default): 4x4x128, block 64 (nanoGPT's CPU run); seed: 6x6x384, block 256, "
-                            "dropout 0.2")
+                       help="baby (default): 4x4x128, block 64 (nanoGPT's CPU run); seed: the original tutorial's "
+                            "model (6x6x384, block 256, dropout 0.2, ReLU, no q/k/v biases, untied head)")
     train.add_argument("--max-iters", type=_int_in(1, MAX_ITERS), default=None, help="optimizer steps (default 2000)")
     train.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     train.add_argument("--out", type=Path, default=Path("runs/gpt"), help="checkpoint directory (default runs/gpt)")
@@ -141,6 +141,8 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     train.add_argument("--sample-tokens", type=_int_in(0, MAX_TOKENS), default=None,
                        help="characters to sample at the end (default 300)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--verbose", action="store_true",
+                       help="also print the model's module tree (as the original tutorial's training log does)")
     size = train.add_argument_group("model size (on top of the preset)")
     size.add_argument("--n-layer", type=_int_in(1, MAX_LAYERS), default=None)
     size.add_argument("--n-head", type=_int_in(1, MAX_WIDTH), default=None, help="must divide --n-embd")
@@ -148,7 +150,17 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                       help="key/value heads (grouped-query attention; must divide --n-head)")
     size.add_argument("--n-embd", type=_int_in(1, MAX_WIDTH), default=None, help="model width")
     size.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
-                      help="biases in the linear layers and layer norms (default: no)")
+                      help="biases in the layer norms, attention output projections and feed-forward layers "
+                           "(default: preset's; baby: no)")
+    size.add_argument("--qkv-bias", action=argparse.BooleanOptionalAction, default=None,
+                      help="biases in the query/key/value projections (default: as --bias; seed preset: no)")
+    size.add_argument("--lm-head-bias", action=argparse.BooleanOptionalAction, default=None,
+                      help="a bias in the output head (default: preset's; baby: no, seed: yes)")
+    size.add_argument("--tie-weights", action=argparse.BooleanOptionalAction, default=None,
+                      help="share the output head's weight with the token embedding (default: preset's; baby: "
+                           "yes, seed: no)")
+    size.add_argument("--activation", choices=["gelu", "gelu_tanh", "relu"], default=None,
+                      help="feed-forward activation (default: preset's; baby: gelu, seed: relu)")
     scale = train.add_argument_group("scale and speed")
     scale.add_argument("--grad-accum", type=_int_in(1, MAX_BATCH_SIZE), default=None,
                        help="micro-batches per optimizer step; --batch-size is the global batch (default 1)")
@@ -167,7 +179,11 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
 
     generate = commands.add_parser("generate", help="sample text from a checkpoint")
     generate.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
-    generate.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    generate.add_argument("--prompt", action="append", default=None,
+                          help="text to continue (default: a newline); repeat it for several prompts, generated as "
+                               "one padded batch, each continuing exactly as it would alone")
+    generate.add_argument("--prompts-file", type=Path, default=None,
+                          help="a UTF-8 file with one prompt per line (after any --prompt)")
     generate.add_argument("--max-new-tokens", type=_int_in(0, MAX_TOKENS), default=500)
     generate.add_argument("--temperature", type=_temperature, default=0.8,
                           help=f"default 0.8; from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}")
@@ -313,7 +329,7 @@ def _require_train_extra(command: str) -> None:
 #: Options a resumed run may change (the model, the data, the vocabulary and the seed may not).
 CHANGEABLE_ON_RESUME = ("--max-iters", "--lr", "--batch-size", "--eval-interval", "--eval-iters",
                         "--checkpoint-interval", "--sample-tokens", "--device", "--no-progress", "--grad-accum",
-                        "--dtype", "--compile", "--backend", "--peak-flops", "--config", "--threads")
+                        "--dtype", "--compile", "--backend", "--peak-flops", "--config", "--verbose", "--threads")
 
 #: Train options a ``--config`` file may not hold: they are about one invocation, not the run.
 NOT_IN_CONFIG = ("config", "resume", "overwrite", "command")
@@ -456,7 +472,8 @@ def _train_locked(args: argparse.Namespace) -> int:
     text_sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
     overrides: dict[str, Any] = {}
     train_overrides: dict[str, Any] = {}
-    for key in ("block_size", "dropout", "positional", "n_layer", "n_head", "n_kv_heads", "n_embd", "bias"):
+    for key in ("block_size", "dropout", "positional", "n_layer", "n_head", "n_kv_heads", "n_embd", "bias",
+                "qkv_bias", "lm_head_bias", "tie_weights", "activation"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
     for flag, key in (("max_iters", "max_iters"), ("batch_size", "batch_size"), ("lr", "learning_rate"),
@@ -535,6 +552,8 @@ def _train_locked(args: argparse.Namespace) -> int:
           f"train {len(data.train):,} / val {len(data.val):,} tokens", file=err)
     print(f"model: {preset} preset, {model.num_parameters():,} parameters (without positions), "
           f"{model.config}", file=err)
+    if args.verbose:
+        print(model, file=err)  # the module tree, as the original tutorial's log prints its model
     print(f"train: {config}", file=err)
     rows = config.batch_size // world
     from .threads import resolve_threads
@@ -602,13 +621,14 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from .checkpoint import load_checkpoint
+    from .data import left_pad, read_prompts
 
     _cuda_or_fail(args.device)
     checkpoint = load_checkpoint(args.checkpoint, map_location=args.device)
-    prompt = args.prompt
-    if not prompt:
-        raise ValueError("--prompt is empty")
-    ids = torch.tensor([checkpoint.tokenizer.encode(prompt)], device=args.device)
+    prompts = [*(args.prompt or []), *(read_prompts(args.prompts_file) if args.prompts_file else [])] or ["\n"]
+    if "" in prompts:
+        raise ValueError(f"--prompt is empty (prompt {prompts.index('') + 1})")
+    ids, lengths = left_pad([checkpoint.tokenizer.encode(p) for p in prompts], device=args.device)
     model = checkpoint.model.eval()
     _choose_threads(args.threads, lambda: _generation_step(model, ids))
     if args.compile:
@@ -619,10 +639,14 @@ def _generate(args: argparse.Namespace) -> int:
         # Raised inside torch's autotuner while it compiles, about torch's own storage API: not the user's concern.
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
         model = compile_for_generation(model)
-    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    # One generator per prompt, all from --seed: each prompt continues exactly as it would alone.
+    generators = [torch.Generator(device=args.device).manual_seed(args.seed) for _ in prompts]
     out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, greedy=args.greedy, generator=generator)
-    print(checkpoint.tokenizer.decode(out[0].cpu()))
+                         top_p=args.top_p, greedy=args.greedy, generator=generators, lengths=lengths)
+    for i, n in enumerate(lengths.tolist()):
+        if len(prompts) > 1:
+            print(f"==> prompt {i + 1} <==")
+        print(checkpoint.tokenizer.decode(out[i, ids.shape[1] - n:].cpu()))
     return 0
 
 

@@ -364,6 +364,11 @@ def gradients(run: Run, data: st.DataObject) -> None:
     kind = data.draw(st.sampled_from(kinds), label="mask")
     example = draw_example(run, data, mask="none" if kind == "causal" else kind,  # type: ignore[arg-type]
                            is_causal=kind == "causal")
+    if kind == "causal" and conv.fully_masked in ("nan", "any") and example.t > example.s:
+        # a declaration that allows NaN rows: bottom-right causal rows without keys (t > s) would carry NaN into
+        # every gradient of the softmax (dk and dv too), so those rows are not drawn here (listed as not tested)
+        example = dataclasses.replace(example, t=example.s)
+        run.current = example
     keep, is_causal = example.mask(), example.is_causal
     ins = example.inputs()
     tied = ins[1] is ins[0]

@@ -131,6 +131,9 @@ class Conventions:
             notes.append("causal alignment of a single query (decode_sees_all=True)")
         if self.fully_masked == "any":
             notes.append("fully masked query rows (fully_masked='any')")
+        if self.fully_masked in ("nan", "any") and self.supports_autograd:
+            notes.append(f"gradients through fully masked rows (fully_masked={self.fully_masked!r}: such a row has "
+                         f"no gradient to compare)")
         if not self.supports_autograd:
             notes.append("gradients (supports_autograd=False)")
         return notes
