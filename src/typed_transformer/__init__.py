@@ -72,7 +72,6 @@ __all__ = [
     "checks_enabled",
     "hf",
     "interop",
-    "threads",
     "is_checked",
     "key_padding_mask_from_torch",
     "key_padding_mask_to_torch",
@@ -87,4 +86,5 @@ __all__ = [
     "shape_trace",
     "strict_checks",
     "strict_checks_enabled",
+    "threads",
 ]
