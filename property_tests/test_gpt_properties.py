@@ -19,10 +19,11 @@ from torch import Tensor
 from property_tests.helpers import EXACTISH, assert_close
 from typed_transformer import ShapeError
 from typed_transformer.gpt import GPT, GPTConfig, sample
+from typed_transformer.positions import ALiBiPositionalBias, alibi_slopes
 from typed_transformer.strategies import randomize_parameters, seeds
 
 FORWARD = "typed_transformer.gpt.GPT.forward"
-POSITIONALS: tuple[Literal["learned", "sinusoidal", "rope"], ...] = ("learned", "sinusoidal", "rope")
+POSITIONALS: tuple[Literal["learned", "sinusoidal", "rope", "alibi"], ...] = ("learned", "sinusoidal", "rope", "alibi")
 ACTIVATIONS: tuple[Literal["gelu", "gelu_tanh"], ...] = ("gelu", "gelu_tanh")
 
 
@@ -321,6 +322,28 @@ def test_token_ids_outside_the_vocabulary_are_value_errors(config: GPTConfig, da
     assert info.type is ValueError
     assert str(info.value) == (f"GPT.forward: idx holds token id {bad}, "
                                f"outside the vocabulary 0..{config.vocab_size - 1}")
+
+
+@given(n_head=st.integers(1, 12), t=st.integers(1, 6), cached=st.integers(0, 6), shift=st.integers(0, 6))
+def test_alibi_bias_depends_only_on_the_distance(n_head: int, t: int, cached: int, shift: int) -> None:
+    """bias[h, i, j] is a function of (h, pos(i) - pos(j)): the same query/key distance gives the same bias
+    whatever the cache length, -m_h * distance for keys up to the query (what the causal mask lets through),
+    with geometric slopes in (0, 1)."""
+    alibi = ALiBiPositionalBias(n_head)
+    s = cached + t
+    bias = alibi(t, s, dtype=torch.float64)[0]
+    slopes = alibi_slopes(n_head)
+    assert torch.all((slopes > 0) & (slopes < 1))
+    query_pos = torch.arange(cached, s)[:, None]
+    key_pos = torch.arange(s)[None, :]
+    distance = (query_pos - key_pos).double()
+    causal = distance >= 0
+    expected = -slopes[:, None, None] * distance.abs()
+    assert torch.equal(bias, expected.to(torch.float32).double())
+    assert torch.all(bias[:, causal] <= 0)
+    # Shifting every position by the same amount (a longer cache) leaves the bias of each distance unchanged.
+    shifted = alibi(t, s + shift, dtype=torch.float64)[0, :, :, shift:]
+    assert torch.equal(shifted, bias)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -176,3 +176,74 @@ def test_sdpa_backend_applies_dropout() -> None:
     assert isinstance(dropped, Tensor)
     assert isinstance(plain, Tensor)
     assert not torch.allclose(dropped, plain)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# attn_bias: an additive bias on the logits, beside the mask
+# ---------------------------------------------------------------------------------------------------------
+
+
+def naive_biased(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, keep: Tensor | None = None) -> Tensor:
+    """softmax(q k^T / sqrt(d) + bias) v with plain matmuls, one explicit loop over heads."""
+    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    full_bias = bias.expand(full)
+    for head in range(q.shape[1]):
+        logits = q[:, head] @ k[:, head].transpose(-1, -2) / math.sqrt(q.shape[-1]) + full_bias[:, head]
+        if keep is not None:
+            logits = logits.masked_fill(~keep.expand(full)[:, head], float("-inf"))
+        out[:, head] = logits.softmax(-1) @ v[:, head]
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bias_shape", [(4, 6), (1, 3, 4, 6), (2, 1, 1, 6), (2, 3, 4, 6)])
+def test_attn_bias_is_added_to_the_scaled_logits(backend: str, bias_shape: tuple[int, ...]) -> None:
+    q, k, v = randn(2, 3, 4, 5, seed=1), randn(2, 3, 6, 5, seed=2), randn(2, 3, 6, 7, seed=3)
+    bias = randn(*bias_shape, seed=4)
+    out = scaled_dot_product_attention(q, k, v, attn_bias=bias, backend=backend)  # type: ignore[arg-type]
+    torch.testing.assert_close(out, naive_biased(q, k, v, bias), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attn_bias_with_a_boolean_mask_and_causal_equals_torch_with_one_float_mask(backend: str) -> None:
+    q, k, v = randn(2, 3, 4, 5, seed=1), randn(2, 3, 4, 5, seed=2), randn(2, 3, 4, 7, seed=3)
+    bias = randn(1, 3, 4, 4, seed=4)
+    keep = torch.rand(2, 1, 4, 4, generator=torch.Generator().manual_seed(5)) > 0.3
+    keep[..., 0] = True  # every row keeps key 0, which causal keeps too: no fully masked row
+    out = scaled_dot_product_attention(q, k, v, attn_mask=keep, attn_bias=bias, is_causal=True,
+                                       backend=backend)  # type: ignore[arg-type]
+    allowed = keep & causal_mask(4)
+    float_mask = bias.masked_fill(~allowed, float("-inf"))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out, naive_biased(q, k, v, bias, allowed), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attn_bias_plus_a_float_mask_is_their_sum(backend: str) -> None:
+    q, k, v = randn(1, 2, 3, 4, seed=1), randn(1, 2, 5, 4, seed=2), randn(1, 2, 5, 4, seed=3)
+    bias, mask = randn(3, 5, seed=4), randn(1, 2, 3, 5, seed=5)
+    out = scaled_dot_product_attention(q, k, v, attn_mask=mask, attn_bias=bias, backend=backend)  # type: ignore[arg-type]
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask + bias)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_attn_bias_per_query_head_with_grouped_kv_heads_and_in_the_weights() -> None:
+    q, k, v = randn(1, 4, 3, 4, seed=1), randn(1, 2, 3, 4, seed=2), randn(1, 2, 3, 4, seed=3)
+    bias = randn(1, 4, 3, 3, seed=4)
+    out, weights = scaled_dot_product_attention_with_weights(q, k, v, attn_bias=bias)
+    expected = naive_biased(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), bias)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    logits = q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) / 2.0 + bias
+    torch.testing.assert_close(weights, logits.softmax(-1), rtol=1e-12, atol=1e-12)
+
+
+def test_attn_bias_of_the_wrong_shape_or_dtype_is_a_shape_error() -> None:
+    q, k, v = randn(1, 2, 3, 4, seed=1), randn(1, 2, 5, 4, seed=2), randn(1, 2, 5, 4, seed=3)
+    with pytest.raises(ShapeError, match="attn_bias"):
+        scaled_dot_product_attention(q, k, v, attn_bias=randn(3, 4))  # s is 5
+    with pytest.raises(ShapeError, match="attn_bias"):
+        scaled_dot_product_attention(q, k, v, attn_bias=randn(1, 3, 3, 5))  # h is 2
+    with pytest.raises(ShapeError, match="attn_bias"):
+        scaled_dot_product_attention(q, k, v, attn_bias=torch.ones(3, 5, dtype=torch.bool))

@@ -199,7 +199,7 @@ def test_config_round_trips_through_a_dict() -> None:
         ({"n_kv_heads": 0}, "n_kv_heads=0 must divide n_head=2"),
         ({"dropout": 1.0}, "dropout must be in [0, 1)"),
         ({"dropout": -0.1}, "dropout must be in [0, 1)"),
-        ({"positional": "alibi"}, "positional must be learned, sinusoidal or rope"),
+        ({"positional": "xpos"}, "positional must be learned, sinusoidal, rope or alibi"),
         ({"activation": "swish"}, "activation must be gelu, gelu_tanh or relu"),
         ({"qkv_bias": "false"}, "qkv_bias must be None, True or False"),
         ({"lm_head_bias": 1}, "lm_head_bias must be True or False"),
@@ -577,6 +577,33 @@ def test_bad_target_ids_name_the_ignore_index() -> None:
     loss = GPT(tiny())(torch.zeros(1, 2, dtype=torch.long), torch.tensor([[-1, 3]]))[1]
     assert loss is not None
     assert torch.isfinite(loss)
+
+
+def test_alibi_gpt_trains_and_generates_with_the_kv_cache() -> None:
+    torch.manual_seed(0)
+    model = GPT(tiny(positional="alibi", n_head=3, n_embd=12, block_size=8))
+    assert model.pos is None
+    assert model.alibi is not None
+    assert not any("alibi" in name for name in model.state_dict())  # the slopes are not saved
+    data = torch.randint(0, model.vocab_size, (4, 9), generator=torch.Generator().manual_seed(1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(30):
+        _, loss = model(data[:, :-1], data[:, 1:])
+        assert loss is not None
+        losses.append(loss.item())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert losses[-1] < 0.5 * losses[0]
+    model.eval()
+    prompt = data[:1, :3]
+    cached = model.generate(prompt, 12, greedy=True)  # runs past block_size: cache, then recomputed windows
+    uncached = model.generate(prompt, 12, greedy=True, use_cache=False)
+    assert torch.equal(cached, uncached)
+    weights = model.attention_weights(data[:1, :5])
+    assert weights.shape == (2, 1, 3, 5, 5)
+    assert torch.all(weights.triu(diagonal=1) == 0)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from typed_transformer import ShapeError, shape_checks
+from typed_transformer import ShapeError, shape_checks, to_torch
 from typed_transformer.seq2seq import Positions, Seq2SeqTransformer
 
 PAD, BOS, EOS = 0, 1, 2
@@ -43,7 +43,7 @@ def test_forward_is_embeddings_positions_and_nn_transformer(norm_first: bool) ->
     """An independent composition: our embeddings, the paper's sinusoids written out, torch's own
     nn.Transformer (from to_torch) with masks in torch's polarity, our output projection."""
     model = small_model(norm_first=norm_first)
-    theirs = model.transformer.to_torch()
+    theirs = to_torch(model.transformer)
 
     def embed(tokens: Tensor, table: nn.Embedding) -> Tensor:
         pe = torch.zeros(tokens.shape[1], 8, dtype=torch.float64)

@@ -14,6 +14,7 @@ from jaxtyping import TypeCheckError
 from . import hf, interop, threads
 from .attention import scaled_dot_product_attention, scaled_dot_product_attention_with_weights
 from .gpt import GPT, GPTConfig
+from .interop import from_torch, to_torch
 from .layers import (
     FeedForward,
     Transformer,
@@ -70,6 +71,7 @@ __all__ = [
     "attn_mask_to_torch",
     "causal_mask",
     "checks_enabled",
+    "from_torch",
     "hf",
     "interop",
     "is_checked",
@@ -87,4 +89,5 @@ __all__ = [
     "strict_checks",
     "strict_checks_enabled",
     "threads",
+    "to_torch",
 ]

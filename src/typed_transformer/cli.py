@@ -4,7 +4,9 @@
   any model size on top of a preset, ``--config FILE.toml``, gradient accumulation, ``--compile``, ``--dtype``;
   under ``torchrun`` (``torchrun --standalone --nproc-per-node N -m typed_transformer train ...``) one
   ``DistributedDataParallel`` process per rank (docs/training.md).
-* ``generate``: sample text from a checkpoint.
+* ``generate``: sample text from a checkpoint (several prompts: one padded batch).
+* ``train-seq2seq``: train the encoder-decoder on a synthetic task (copy, reverse, sort, add) or a file of
+  tab-separated pairs, printing held-out exact match; ``translate``: greedy or beam decoding with its checkpoint.
 * ``bench attention`` / ``bench gpt`` / ``bench checks``: the scripts in the checkout's ``benchmarks/`` folder
   (side-by-side ratios); not part of the installed library, so they need a source checkout.
 * ``audit MODULE:ATTR``: audit a third-party attention function; ``audit --module MODULE:CLASS --spec NAME
@@ -198,6 +200,8 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                                "the first call compiles for a minute or more on a CPU, then each cached step runs "
                                "2.5-3x faster (typed-transformer bench gpt)")
 
+    _seq2seq_parsers(commands)
+
     maps = commands.add_parser("attention", help="draw a checkpoint's attention maps over a text (PNG)")
     maps.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
     maps.add_argument("--text", required=True, help="the characters to attend over (at most block_size of them)")
@@ -260,6 +264,10 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     audit.add_argument("--decode-sees-all", action="store_true",
                        help="with is_causal a single query sees every key (Hugging Face's sdpa rule)")
     audit.add_argument("--no-autograd", action="store_true", help="skip the gradient check")
+    audit.add_argument("--infer", action="store_true",
+                       help="infer the conventions from the candidate's behaviour instead of declaring them (a "
+                            "module's behavioural ones; its --spec says where the weights live); the report "
+                            "starts with them and the input that decided each")
     audit.add_argument("--checks", default=None, help="comma-separated subset of the checks")
     audit.add_argument("--dtypes", default="float32,float64", help="comma-separated (default float32,float64)")
     audit.add_argument("--max-examples", type=_positive_int, default=20,
@@ -267,6 +275,48 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     audit.add_argument("--seed", type=_non_negative_int, default=0)
     audit.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
     return parser
+
+
+def _seq2seq_parsers(commands: Any) -> None:
+    """``train-seq2seq`` (flags named as :class:`~typed_transformer.seq2seq_training.Seq2SeqConfig`'s fields) and
+    ``translate``."""
+    s2s = commands.add_parser("train-seq2seq", help="train the encoder-decoder on a synthetic task or TSV pairs")
+    s2s.add_argument("--task", choices=["copy", "reverse", "sort", "add"], default="reverse",
+                     help="synthetic task generated on the fly (default reverse); ignored with --data")
+    s2s.add_argument("--data", default=None, help="a UTF-8 file of source<TAB>target lines (character level)")
+    s2s.add_argument("--vocab", type=_int_in(2, 36), default=10, help="task symbols: the first N of 0-9a-z (10)")
+    s2s.add_argument("--min-len", type=_int_in(1, 512), default=1, help="shortest task sequence (1; add: digits)")
+    s2s.add_argument("--max-len", type=_int_in(1, 512), default=10, help="longest task sequence (10; add: digits)")
+    s2s.add_argument("--held-out", type=_fraction, default=0.1, help="fraction of --data held out (0.1)")
+    s2s.add_argument("--eval-pairs", type=_int_in(1, 100_000), default=500, help="held-out task pairs (500)")
+    s2s.add_argument("--d-model", type=_int_in(1, MAX_WIDTH), default=64, help="model width (64)")
+    s2s.add_argument("--nhead", type=_int_in(1, 1024), default=4, help="attention heads (4)")
+    s2s.add_argument("--layers", type=_int_in(1, MAX_LAYERS), default=2, help="encoder and decoder layers each (2)")
+    s2s.add_argument("--dim-feedforward", type=_int_in(1, MAX_WIDTH), default=256, help="feed-forward width (256)")
+    s2s.add_argument("--dropout", type=_number(float, lambda v: 0 <= v < 1, "a number in [0, 1)"), default=0.0,
+                     help="dropout (0)")
+    s2s.add_argument("--post-norm", dest="norm_first", action="store_false",
+                     help="the paper's post-LN layers (default: pre-LN, which trains faster at this size)")
+    s2s.add_argument("--batch-size", type=_int_in(1, MAX_BATCH_SIZE), default=64, help="pairs per step (64)")
+    s2s.add_argument("--max-iters", type=_int_in(0, MAX_ITERS), default=1500, help="training steps (1500)")
+    s2s.add_argument("--learning-rate", type=_number(float, lambda v: 0 < v <= MAX_LEARNING_RATE, "in (0, 1]"),
+                     default=2e-3, help="Adam's peak learning rate (2e-3)")
+    s2s.add_argument("--warmup-iters", type=_int_in(0, MAX_ITERS), default=100, help="linear warmup steps (100)")
+    s2s.add_argument("--eval-interval", type=_int_in(1, MAX_ITERS), default=250,
+                     help="evaluate and save every N steps (250)")
+    s2s.add_argument("--seed", type=_seed, default=1337, help="data, initialisation and dropout seed (1337)")
+    s2s.add_argument("--threads", type=_int_in(1, 1024), default=None, help="torch intra-op threads")
+    s2s.add_argument("--out", type=Path, default=Path("out-seq2seq"), help="run directory (out-seq2seq)")
+    s2s.add_argument("--resume", action="store_true", help="continue the run in --out")
+    s2s.add_argument("--overwrite", action="store_true", help="replace the checkpoint in --out")
+    s2s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr = commands.add_parser("translate", help="decode sources with a train-seq2seq checkpoint")
+    tr.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
+    tr.add_argument("--text", action="append", default=None,
+                    help="a source to decode (repeat it for several; default: each line of stdin)")
+    tr.add_argument("--beam", type=_int_in(1, 1024), default=1, help="beam width (1: greedy)")
+    tr.add_argument("--max-new-tokens", type=_int_in(1, MAX_TOKENS), default=None,
+                    help="longest output (default: twice the source plus 10)")
 
 
 def _fail(message: str) -> int:
@@ -309,7 +359,8 @@ def _cuda_or_fail(device: str) -> None:
 
 #: What ``train``, ``generate`` and ``attention`` need beyond the core install: the ``[train]`` extra.
 TRAIN_EXTRA = {"train": ("safetensors", "tqdm", "matplotlib"), "generate": ("safetensors",),
-               "attention": ("safetensors", "matplotlib")}
+               "attention": ("safetensors", "matplotlib"), "train-seq2seq": ("safetensors", "tqdm"),
+               "translate": ("safetensors",)}
 
 
 def _require_train_extra(command: str) -> None:
@@ -618,35 +669,32 @@ def _check_sizes(batch_size: int, block_size: int, eval_iters: int) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     _require_train_extra("generate")
-    import torch
-
     from .checkpoint import load_checkpoint
-    from .data import left_pad, read_prompts
+    from .data import read_prompts
+    from .generation import continue_prompts
 
     _cuda_or_fail(args.device)
     checkpoint = load_checkpoint(args.checkpoint, map_location=args.device)
     prompts = [*(args.prompt or []), *(read_prompts(args.prompts_file) if args.prompts_file else [])] or ["\n"]
     if "" in prompts:
         raise ValueError(f"--prompt is empty (prompt {prompts.index('') + 1})")
-    ids, lengths = left_pad([checkpoint.tokenizer.encode(p) for p in prompts], device=args.device)
     model = checkpoint.model.eval()
     _choose_threads(args.threads, lambda: _generation_step(model, ids))
     if args.compile:
         import warnings
 
-        from .training import compile_for_generation
+        from . import generation
 
         # Raised inside torch's autotuner while it compiles, about torch's own storage API: not the user's concern.
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
-        model = compile_for_generation(model)
-    # One generator per prompt, all from --seed: each prompt continues exactly as it would alone.
-    generators = [torch.Generator(device=args.device).manual_seed(args.seed) for _ in prompts]
-    out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, greedy=args.greedy, generator=generators, lengths=lengths)
-    for i, n in enumerate(lengths.tolist()):
+        model = generation.compile_for_generation(model)
+    texts = continue_prompts(model, checkpoint.tokenizer, prompts, args.max_new_tokens, seed=args.seed,
+                             device=args.device, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                             greedy=args.greedy)
+    for i, text in enumerate(texts):
         if len(prompts) > 1:
             print(f"==> prompt {i + 1} <==")
-        print(checkpoint.tokenizer.decode(out[i, ids.shape[1] - n:].cpu()))
+        print(text)
     return 0
 
 
@@ -712,6 +760,12 @@ def _run_training_command(args: argparse.Namespace) -> int:
     from .data import DataError
 
     try:
+        if args.command in ("train-seq2seq", "translate"):
+            from . import seq2seq_training
+
+            _require_train_extra(args.command)
+            return (seq2seq_training.train_command if args.command == "train-seq2seq"
+                    else seq2seq_training.translate_command)(args)
         return {"train": _train, "generate": _generate, "attention": _attention}[args.command](args)
     except (DataError, CheckpointError, RunDirectoryError, ValueError) as err:
         return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
@@ -775,6 +829,11 @@ def _audit(args: argparse.Namespace) -> int:
                      "even_head_size": False, "no_mask": False, "no_causal": False, "no_mask_with_causal": False,
                      "decode_sees_all": False, "no_autograd": False}
     changed = [name for name, default in function_only.items() if getattr(args, name) != default]
+    if args.infer and changed:
+        return _fail(f"--{changed[0].replace('_', '-')} declares a convention; --infer decides them from the "
+                     f"candidate's behaviour (give one or the other)")
+    if args.infer and args.fully_masked is not None:
+        return _fail("--fully-masked declares a convention; --infer decides it from the candidate's behaviour")
     if args.module is not None and changed:
         return _fail(f"--{changed[0].replace('_', '-')} describes a candidate function; a module's conventions come "
                      f"from its --spec")
@@ -818,8 +877,14 @@ def _audit(args: argparse.Namespace) -> int:
 
             # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
             module = randomize_parameters(module, args.seed)
-            report = audit_module(module, spec, fully_masked=args.fully_masked, name=f"{target} (spec {spec.name})",
-                                  **options)
+            if args.infer:
+                report = audit_module(module, spec, conventions="infer", name=f"{target} (spec {spec.name})",
+                                      **options)
+            else:
+                report = audit_module(module, spec, fully_masked=args.fully_masked,
+                                      name=f"{target} (spec {spec.name})", **options)
+        elif args.infer:
+            report = audit_attention(candidate, conventions="infer", name=target, **options)
         else:
             conventions = Conventions(
                 layout=args.layout, mask_polarity=args.mask_polarity, causal_alignment=args.causal_alignment,
@@ -873,7 +938,7 @@ def _main(argv: list[str] | None) -> int:
         except ValueError as err:
             return _fail(str(err))
         args = build_parser(defaults).parse_args(argv)  # the file's values as defaults: flags override them
-    if args.command in ("train", "generate", "attention"):
+    if args.command in ("train", "generate", "attention", "train-seq2seq", "translate"):
         return _run_training_command(args)
     if args.command == "bench":
         try:

@@ -1,13 +1,14 @@
 """A decoder-only, character-level GPT (seeds 003 and 004; nanoGPT's ``model.py`` as the style anchor).
 
-    x_0 = E[idx] + P              token embedding plus positions (learned, sinusoidal, or RoPE inside attention)
+    x_0 = E[idx] + P              token embedding plus positions (learned, sinusoidal; or none here and
+                                  RoPE or ALiBi's bias inside attention)
     x_l = x_{l-1} + Attn(LN(x_{l-1}))         pre-LN blocks with causal self-attention
     x_l = x_l + MLP(LN(x_l))                  MLP(x) = W_2 act(W_1 x), width 4 * n_embd (FeedForward; GELU or ReLU)
     logits = LN_f(x_L) E^T                    output head tied to the token embedding (by default)
 
 Shapes: ``idx (b, t)`` token ids, ``logits (b, t, vocab_size)`` (only the last position when no targets are
 given, as nanoGPT does when generating). Attention is :class:`~typed_transformer.MultiHeadAttention`, so the
-model has grouped-query heads (``n_kv_heads``), a KV cache and RoPE with the same code as everything else.
+model has grouped-query heads (``n_kv_heads``), a KV cache, RoPE and ALiBi with the same code as everything else.
 """
 
 import math
@@ -23,12 +24,12 @@ from torch import Tensor, nn
 
 from .layers import FeedForward
 from .multihead import KVCache, MultiHeadAttention
-from .positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .positions import ALiBiPositionalBias, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .shapecheck import raise_shape_error, shape_checked, typechecked
 
 __all__ = ["GPT", "PRESETS", "GPTConfig"]
 
-Positional = Literal["learned", "sinusoidal", "rope"]
+Positional = Literal["learned", "sinusoidal", "rope", "alibi"]
 Activation = Literal["gelu", "gelu_tanh", "relu"]
 
 
@@ -88,8 +89,9 @@ class GPTConfig:
         eps = self.layer_norm_eps
         if not isinstance(eps, int | float) or isinstance(eps, bool) or not (eps > 0 and math.isfinite(eps)):
             raise ValueError(f"GPTConfig: layer_norm_eps must be a positive finite number, got {eps!r}")
-        if self.positional not in ("learned", "sinusoidal", "rope"):
-            raise ValueError(f"GPTConfig: positional must be learned, sinusoidal or rope, got {self.positional!r}")
+        if self.positional not in ("learned", "sinusoidal", "rope", "alibi"):
+            raise ValueError("GPTConfig: positional must be learned, sinusoidal, rope or alibi, "
+                             f"got {self.positional!r}")
         if self.activation not in ("gelu", "gelu_tanh", "relu"):
             raise ValueError(f"GPTConfig: activation must be gelu, gelu_tanh or relu, got {self.activation!r}")
         if self.positional == "rope" and (self.n_embd // self.n_head) % 2 != 0:
@@ -158,9 +160,9 @@ class Block(nn.Module):
                                bias=config.bias)
         self.mlp_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Float[Tensor, "b t {self.n_embd}"], kv_cache: KVCache | None = None
-                ) -> Float[Tensor, "b t {self.n_embd}"]:
-        attended, _ = self.attn(self.ln_1(x), is_causal=True, kv_cache=kv_cache)
+    def forward(self, x: Float[Tensor, "b t {self.n_embd}"], kv_cache: KVCache | None = None, *,
+                attn_bias: Float[Tensor, "#b #h t s"] | None = None) -> Float[Tensor, "b t {self.n_embd}"]:
+        attended, _ = self.attn(self.ln_1(x), is_causal=True, kv_cache=kv_cache, attn_bias=attn_bias)
         x = x + self.resid_dropout(attended)
         out: Tensor = x + self.mlp_dropout(self.mlp(self.ln_2(x)))
         return out
@@ -182,14 +184,16 @@ class GPT(nn.Module):
         self.config = config
         self.vocab_size = config.vocab_size
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
-        self.pos: nn.Module | None
+        self.pos: nn.Module | None = None
+        self.alibi: ALiBiPositionalBias | None = None
         rotary = None
         if config.positional == "learned":
             self.pos = LearnedPositionalEmbedding(config.block_size, config.n_embd)
         elif config.positional == "sinusoidal":
             self.pos = SinusoidalPositionalEncoding(config.n_embd)
+        elif config.positional == "alibi":
+            self.alibi = ALiBiPositionalBias(config.n_head)
         else:
-            self.pos = None
             rotary = RotaryEmbedding(config.n_embd // config.n_head)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, rotary) for _ in range(config.n_layer))
@@ -247,8 +251,9 @@ class GPT(nn.Module):
             if targets is not None:
                 _check_ids("targets", targets, -1, self.vocab_size)  # -1 = ignored position
         x = self._embed(idx, offset)
+        bias = self._attn_bias(t, offset + t, x.dtype)
         for i, block in enumerate(self.blocks):
-            x = block(x, kv_caches[i] if kv_caches is not None else None)
+            x = block(x, kv_caches[i] if kv_caches is not None else None, attn_bias=bias)
         x = self.ln_f(x)
         if targets is None:
             logits = self.lm_head(x if all_positions else x[:, -1:])
@@ -257,6 +262,10 @@ class GPT(nn.Module):
         loss = F.cross_entropy(rearrange(logits, "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)"),
                                ignore_index=-1)
         return logits, loss
+
+    def _attn_bias(self, t: int, s: int, dtype: torch.dtype) -> Tensor | None:
+        """ALiBi's bias ``(1, n_head, t, s)`` for ``t`` new positions after ``s - t`` cached ones, or None."""
+        return None if self.alibi is None else self.alibi(t, s, dtype=dtype)
 
     def _embed(self, idx: Tensor, offset: int) -> Tensor:
         x = self.tok_emb(idx)
@@ -287,11 +296,13 @@ class GPT(nn.Module):
         maps = []
         with torch.no_grad():
             x = self._embed(idx, 0)
+            bias = self._attn_bias(idx.shape[1], idx.shape[1], x.dtype)
             for block in self.blocks:
                 assert isinstance(block, Block)
-                _, weights = block.attn(block.ln_1(x), is_causal=True, need_weights=True, average_attn_weights=False)
+                _, weights = block.attn(block.ln_1(x), is_causal=True, need_weights=True, average_attn_weights=False,
+                                        attn_bias=bias)
                 maps.append(weights)
-                x = block(x)
+                x = block(x, attn_bias=bias)
         return torch.stack(maps)
 
     from_hf_gpt2: ClassVar[Callable[..., "GPT"]]

@@ -70,6 +70,7 @@ from ._functions import (
     candidate_call,
     parametrize_audit,
 )
+from ._infer import Evidence, Finding, Inference, infer_conventions
 from ._modules import ModuleAdapter, ModuleSpec, Rotary, Weights, additive_mask, audit_module, with_causal
 from .specs import SPECS
 
@@ -105,8 +106,11 @@ __all__ = [
     "AuditUsageError",
     "CheckResult",
     "Conventions",
+    "Evidence",
     "Example",
+    "Finding",
     "FunctionAdapter",
+    "Inference",
     "ModuleAdapter",
     "ModuleSpec",
     "Rotary",
@@ -117,6 +121,7 @@ __all__ = [
     "audit_multihead",
     "candidate_call",
     "draw_example",
+    "infer_conventions",
     "parametrize_audit",
     "reference_attention",
     "rotate",

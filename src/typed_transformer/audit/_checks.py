@@ -156,7 +156,8 @@ def _need_mask(run: Run) -> None:
 
 
 def _need_causal(run: Run) -> None:
-    if not run.adapter.conventions.supports_causal:
+    conv = run.adapter.conventions
+    if not conv.supports_causal and not conv.always_causal:
         raise Skip("supports_causal=False")
 
 
@@ -230,6 +231,8 @@ def permutation(run: Run, data: st.DataObject) -> None:
     permuting its one input permutes the output)."""
     if run.adapter.rotary is not None:
         raise Skip("rotary positions: order matters")
+    if run.adapter.conventions.always_causal:
+        raise Skip("always causal: order matters")
     example = draw_example(run, data)
     key_perm = torch.tensor(data.draw(st.permutations(range(example.s)), label="key_perm"))
     query_perm = torch.tensor(data.draw(st.permutations(range(example.t)), label="query_perm"))
@@ -265,6 +268,8 @@ def padding(run: Run, data: st.DataObject) -> None:
     keep = example.mask()
     assert keep is not None
     out, allowed = compare(run, example, keep=keep, what="key padding mask (b, 1, 1, s)")
+    if run.adapter.conventions.always_causal:
+        return  # dropping keys would move the causal diagonal: the comparison with the reference is the check
     ins = example.inputs()
     # one input, or t = s required: dropping a padded key drops that query position too
     positions = ins[1] is ins[0] or run.adapter.conventions.self_attention
@@ -303,6 +308,8 @@ def mask_and_causal(run: Run, data: st.DataObject) -> None:
     """``attn_mask`` and ``is_causal=True`` together: both apply (ANDed)."""
     _need_mask(run)
     _need_causal(run)
+    if not run.adapter.conventions.supports_causal:
+        raise Skip("always causal: masking checks the mask with the causal mask")
     if not run.adapter.conventions.mask_with_causal:
         raise Skip("mask_with_causal=False")
     example = draw_example(run, data, mask="keep", is_causal=True)
@@ -361,10 +368,13 @@ def gradients(run: Run, data: st.DataObject) -> None:
             kinds.append("fully_masked")
     if conv.supports_causal:
         kinds.append("causal")
+    if conv.always_causal and conv.fully_masked in ("nan", "any"):
+        kinds = ["none"]  # a mask ANDed with the candidate's own causal mask may leave NaN rows
     kind = data.draw(st.sampled_from(kinds), label="mask")
     example = draw_example(run, data, mask="none" if kind == "causal" else kind,  # type: ignore[arg-type]
                            is_causal=kind == "causal")
-    if kind == "causal" and conv.fully_masked in ("nan", "any") and example.t > example.s:
+    if ((kind == "causal" or conv.always_causal) and conv.fully_masked in ("nan", "any")
+            and example.t > example.s):
         # a declaration that allows NaN rows: bottom-right causal rows without keys (t > s) would carry NaN into
         # every gradient of the softmax (dk and dv too), so those rows are not drawn here (listed as not tested)
         example = dataclasses.replace(example, t=example.s)

@@ -53,7 +53,9 @@ class Conventions:
     0/-inf), ``per_head_masks=False`` (only ``(b, 1, t, s)`` masks), ``mask_with_causal=False`` (never both
     ``attn_mask`` and ``is_causal``). ``grouping`` is how query heads map onto key/value heads: ``"g r"``
     (head ``i`` uses kv head ``i // r``, torch's) or ``"r g"`` (``i % g``). ``decode_sees_all``: with
-    ``is_causal`` a single query (t = 1) sees every key, whatever ``causal_alignment`` says.
+    ``is_causal`` a single query (t = 1) sees every key, whatever ``causal_alignment`` says. ``always_causal``:
+    the candidate applies its causal mask whatever it is told (nanoGPT's attention): it is audited on causal
+    examples only, every reference is causal.
     """
 
     layout: Literal["bhtd", "bthd"] = "bhtd"
@@ -75,6 +77,7 @@ class Conventions:
     per_head_masks: bool = True
     mask_with_causal: bool = True
     decode_sees_all: bool = False
+    always_causal: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in (("layout", ("bhtd", "bthd")), ("mask_polarity", ("keep", "drop")),
@@ -127,6 +130,9 @@ class Conventions:
             notes.append("is_causal (supports_causal=False)")
         elif not self.mask_with_causal:
             notes.append("attn_mask and is_causal together (mask_with_causal=False)")
+        if self.always_causal:
+            notes.append("non-causal attention (always_causal=True: the candidate applies its causal mask whatever "
+                         "it is told, so every example is audited as causal)")
         if self.decode_sees_all:
             notes.append("causal alignment of a single query (decode_sees_all=True)")
         if self.fully_masked == "any":
@@ -156,7 +162,7 @@ def causal_keep(t: int, s: int, conventions: Conventions) -> Bool[Tensor, "t s"]
 
 def effective_keep(keep: Tensor | None, is_causal: bool, t: int, s: int, conventions: Conventions) -> Tensor | None:
     """``keep`` ANDed with the candidate's causal mask, ``(#b, #h, t, s)`` (None when neither is given)."""
-    if not is_causal:
+    if not is_causal and not conventions.always_causal:
         return keep
     causal = rearrange(causal_keep(t, s, conventions), "t s -> 1 1 t s")
     return causal if keep is None else keep & causal
@@ -395,6 +401,11 @@ class AuditReport:
     tolerance: float
     environment: dict[str, Any] = field(default_factory=dict)
     untested: list[str] = field(default_factory=list)
+    #: the inferred conventions and their evidence (``conventions="infer"``), or where declared conventions
+    #: contradict the behaviour; printed at the top of the table
+    inferred: list[str] = field(default_factory=list)
+    #: declared conventions the behaviour contradicts, each with its witness (printed after the rows)
+    contradictions: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -430,10 +441,14 @@ class AuditReport:
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = [f"audit of {self.candidate} (seed {self.seed}, {self.max_examples} examples per check and dtype, "
                  f"dtypes {', '.join(self.dtypes)}, tolerance {self.tolerance:g}x reference error)"]
+        if self.inferred:
+            lines += [*self.inferred, ""]
         for index, row in enumerate(rows):
             lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4])
             if index == 0:
                 lines.append("  ".join("-" * w for w in widths) + "  ------")
+        if self.contradictions:
+            lines += ["", *self.contradictions]
         for r in self.results:
             if r.status == "FAIL":
                 lines += ["", f"{r.name} [{r.dtype}]: counterexample {json.dumps(r.counterexample)}"]
@@ -442,7 +457,8 @@ class AuditReport:
                 if r.repro:
                     lines.append(r.repro)
         if self.untested:
-            lines += ["", "not tested (declared unsupported):"] + [f"  - {note}" for note in self.untested]
+            how = "inferred" if self.inferred and self.inferred[0].startswith("inferred") else "declared"
+            lines += ["", f"not tested ({how} unsupported):"] + [f"  - {note}" for note in self.untested]
         names = list(dict.fromkeys(r.name for r in self.results))
         statuses = [self.status(n) for n in names]
         lines += ["", f"{statuses.count('PASS')} passed, {statuses.count('FAIL')} failed, "
@@ -455,7 +471,8 @@ class AuditReport:
         return {"candidate": self.candidate, "checks_version": CHECKS_VERSION, "passed": self.passed,
                 "conventions": self.conventions, "seed": self.seed, "max_examples": self.max_examples,
                 "dtypes": self.dtypes, "tolerance": self.tolerance, "environment": self.environment,
-                "untested": self.untested, "results": [dataclasses.asdict(r) for r in self.results]}
+                "untested": self.untested, "inferred": self.inferred, "contradictions": self.contradictions,
+                "results": [dataclasses.asdict(r) for r in self.results]}
 
     def to_json(self, path: str | None = None) -> str:
         """The report as JSON (written to ``path`` too when given)."""

@@ -299,7 +299,7 @@ def audit_module(
     module: nn.Module | Callable[[], nn.Module],
     spec: "ModuleSpec | str",
     *,
-    conventions: Conventions | None = None,
+    conventions: Conventions | Literal["infer"] | None = None,
     fully_masked: Literal["zero", "nan", "uniform", "any"] | None = None,
     checks: Sequence[str] | None = None,
     dtypes: Sequence[torch.dtype] = (torch.float32, torch.float64),
@@ -316,7 +316,9 @@ def audit_module(
     Args:
         module: the module, or a zero-argument factory of one.
         spec: a :class:`ModuleSpec` or the name of a shipped one (:data:`SPECS`).
-        conventions: override the spec's conventions.
+        conventions: override the spec's conventions, or ``"infer"``: the spec says where the weights live,
+            inference decides the behavioural fields (causal alignment and decode rule, always causal, fully
+            masked rows, masks with ``is_causal``) and the report opens with them.
         fully_masked: override only what a query row without allowed keys gives.
 
     Raises:
@@ -329,11 +331,22 @@ def audit_module(
         if spec not in SPECS:
             raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SPECS)}")
         spec = SPECS[spec]
+    from ._infer import contradictions, infer_adapter, with_inference
+
     candidate = module if isinstance(module, nn.Module) else module()
-    conv = conventions or spec.conventions
+    infer = conventions == "infer"
+    conv = spec.conventions if conventions is None or conventions == "infer" else conventions
     if fully_masked is not None:
         conv = dataclasses.replace(conv, fully_masked=fully_masked)
     adapter = ModuleAdapter(candidate, spec, conventions=conv, name=name)
+    inference = infer_adapter(adapter, seed=seed) if infer else None
+    if inference is not None:
+        adapter.conventions = inference.conventions
     described = {"spec": spec.name, **dataclasses.asdict(adapter.conventions)}
-    return run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
-                     tolerance=tolerance, conventions=described)
+    report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
+                       tolerance=tolerance, conventions=described)
+    if inference is not None:
+        return with_inference(report, inference)
+    if not report.passed:
+        report.contradictions = contradictions(adapter.conventions, infer_adapter(adapter, seed=seed))
+    return report
