@@ -679,7 +679,9 @@ def _generate(args: argparse.Namespace) -> int:
     if "" in prompts:
         raise ValueError(f"--prompt is empty (prompt {prompts.index('') + 1})")
     model = checkpoint.model.eval()
-    _choose_threads(args.threads, lambda: _generation_step(model, ids))
+    # Timed on a unit of the work to come: the prompts' forward and 8 cached greedy steps.
+    _choose_threads(args.threads, lambda: continue_prompts(model, checkpoint.tokenizer, prompts, 8, seed=args.seed,
+                                                           device=args.device, greedy=True))
     if args.compile:
         import warnings
 
@@ -696,15 +698,6 @@ def _generate(args: argparse.Namespace) -> int:
             print(f"==> prompt {i + 1} <==")
         print(text)
     return 0
-
-
-def _generation_step(model: Any, ids: Any) -> None:
-    """A unit of the generation to come, for timing: the prompt's forward and 8 cached steps (greedy, so the
-    caller's random stream is untouched)."""
-    import torch
-
-    with torch.no_grad():
-        model.generate(ids[:, -model.config.block_size:], 8, greedy=True)
 
 
 def _choose_threads(requested: int | str | None, step: Callable[[], object]) -> None:
