@@ -135,6 +135,26 @@ def bench_attention(cases: list[AttentionCase] | None = None, *, seconds: float 
     return rows
 
 
+def thread_probe(which: str) -> Callable[[], None]:
+    """One step of benchmark ``which`` ("attention": torch's MultiheadAttention forward+backward at the training
+    size; "gpt"/"checks": a baby-preset training step of the plain-torch baseline) for ``--threads auto`` to time
+    at each thread count: both sides of every ratio then run at the count this machine runs fastest now."""
+    torch.manual_seed(0)
+    if which == "attention":
+        case = TRAINING
+        module = nn.MultiheadAttention(case.d_model, case.h, batch_first=True)
+        x = torch.randn(case.b, case.t, case.d_model)
+
+        def attention_step() -> None:
+            module(x, x, x, need_weights=False)[0].sum().backward()
+
+        return attention_step
+    model = BaselineGPT(65, 64, 4, 4, 128, 0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(65, (12, 64))
+    return functools.partial(_train_step, model, optimizer, ids, ids)
+
+
 def format_attention_table(rows: list[Row]) -> str:
     lines = [
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; median of interleaved rounds; "
