@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from typed_transformer.interop import from_torch
 from typed_transformer.multihead import MultiHeadAttention
 from typed_transformer.shapecheck import shape_checks
+from typed_transformer.threads import settle_threads
 
 __all__ = ["AttentionCase", "bench_attention", "bench_checks", "format_attention_table"]
 
@@ -135,6 +136,26 @@ def bench_attention(cases: list[AttentionCase] | None = None, *, seconds: float 
                 median = statistics.median(samples[name])
                 rows.append(Row(case, name, mode, median, median / base))
     return rows
+
+
+def thread_probe(which: str) -> Callable[[], None]:
+    """One step of benchmark ``which`` ("attention": torch's MultiheadAttention forward+backward at the training
+    size; "gpt"/"checks": a baby-preset training step of the plain-torch baseline) for ``--threads auto`` to time
+    at each thread count: both sides of every ratio then run at the count this machine runs fastest now."""
+    torch.manual_seed(0)
+    if which == "attention":
+        case = TRAINING
+        module = nn.MultiheadAttention(case.d_model, case.h, batch_first=True)
+        x = torch.randn(case.b, case.t, case.d_model)
+
+        def attention_step() -> None:
+            module(x, x, x, need_weights=False)[0].sum().backward()
+
+        return attention_step
+    model = BaselineGPT(65, 64, 4, 4, 128, 0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(65, (12, 64))
+    return functools.partial(_train_step, model, optimizer, ids, ids)
 
 
 def format_attention_table(rows: list[Row]) -> str:
@@ -623,6 +644,10 @@ def _positive(convert: Callable[[str], float]) -> Callable[[str], float]:
     return parse
 
 
+def _threads(text: str) -> int | str:
+    return "auto" if text.strip().lower() == "auto" else int(_positive(int)(text))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """``python benchmarks/bench.py attention|gpt|checks [options]``."""
     parser = argparse.ArgumentParser(prog="benchmarks/bench.py", description="benchmarks that print side-by-side "
@@ -644,8 +669,9 @@ def build_parser() -> argparse.ArgumentParser:
     checks.add_argument("--seconds", type=_positive(float), default=20.0,
                         help="rough time budget of the training-step comparison (default 20)")
     for sub in (attention, gpt, checks):
-        sub.add_argument("--threads", type=_positive(int), default=None,
-                         help="torch intra-op threads (default: torch's choice)")
+        sub.add_argument("--threads", type=_threads, default="auto",
+                         help="intra-op threads: auto (default) times this benchmark's step at 1 .. usable cores and "
+                              "keeps the fastest, so both sides of every ratio run at that count; a number fixes it")
     return parser
 
 
@@ -656,6 +682,7 @@ def _gpt(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--presets: unknown preset {unknown[0]!r} (choose baby, seed)")
     if not presets:
         parser.error(f"--presets: no preset in {args.presets!r} (choose baby, seed, or both: baby,seed)")
+    settle_threads(args.threads, thread_probe(args.which))
     training = bench_gpt_training(presets, batch_size=args.batch_size, steps=args.steps)
     generation = [] if args.skip_generation else bench_generation(block_sizes=(64,))
     costs = None if args.skip_generation else decode_step_costs()
@@ -675,14 +702,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run one benchmark and print its table; bad arguments exit with code 2 and one line."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     if args.which == "gpt":
         _gpt(args, parser)
     elif args.which == "attention":
+        settle_threads(args.threads, thread_probe(args.which))
         cases = {"small": [SMALL], "training": [TRAINING], "both": [SMALL, TRAINING]}[args.size]
         print(format_attention_table(bench_attention(cases, seconds=args.seconds)))
     else:
+        settle_threads(args.threads, thread_probe(args.which))
         print(bench_checks(seconds=args.seconds))
     return 0
 

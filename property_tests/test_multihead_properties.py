@@ -210,7 +210,7 @@ def run_torch(module: nn.MultiheadAttention, case: MHACase, *, need_weights: boo
 
 def _ours(module: MultiHeadAttention, *args: Tensor | None, **kwargs: object) -> tuple[Tensor, Tensor | None]:
     """Our module on arguments it must accept (an unexpected ShapeError fails the test)."""
-    result: tuple[Tensor, Tensor | None] = call_valid(module, *args, **kwargs)
+    result: tuple[Tensor, Tensor | None] = call_valid(module, *args, **kwargs)  # type: ignore[arg-type]
     return result
 
 

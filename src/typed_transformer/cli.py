@@ -88,6 +88,19 @@ _fraction = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 _dropout = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
+def _threads(text: str) -> int | str:
+    """``--threads``: ``auto`` or a positive integer."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    value: int = _number(int, lambda v: v > 0, "a positive integer or auto")(text)
+    return value
+
+
+_THREADS_HELP = ("intra-op threads: auto (default) times real steps at 1 .. usable cores and keeps the fastest, "
+                 "re-checked when the step time drifts; a number fixes it (as do OMP_NUM_THREADS or the "
+                 "caller's torch.set_num_threads)")
+
+
 def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     """The command line's parser; ``train_defaults`` (from ``--config``) replace the train flags' defaults."""
     parser = _Parser(prog="typed-transformer", description="A reference Transformer with checked tensor shapes.")
@@ -156,6 +169,7 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                        help="torch.compile the training steps (default: no)")
     scale.add_argument("--backend", choices=["gloo", "nccl"], default=None,
                        help="torch.distributed backend under torchrun (default: nccl on CUDA, gloo on CPU)")
+    scale.add_argument("--threads", type=_threads, default=None, help=_THREADS_HELP)
     scale.add_argument("--peak-flops", type=_positive_float, default=None,
                        help="one process's peak FLOP/s for the MFU figure (default: a float32 matmul measured "
                             "at start)")
@@ -177,6 +191,7 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     generate.add_argument("--greedy", action="store_true", help="always take the most likely character")
     generate.add_argument("--seed", type=_seed, default=1337)
     generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    generate.add_argument("--threads", type=_threads, default="auto", help=_THREADS_HELP)
     generate.add_argument("--compile", action="store_true",
                           help="torch.compile the forward pass with the weights frozen in (inductor, max-autotune): "
                                "the first call compiles for a minute or more on a CPU, then each cached step runs "
@@ -315,7 +330,7 @@ def _require_train_extra(command: str) -> None:
 #: Options a resumed run may change (the model, the data, the vocabulary and the seed may not).
 CHANGEABLE_ON_RESUME = ("--max-iters", "--lr", "--batch-size", "--eval-interval", "--eval-iters",
                         "--checkpoint-interval", "--sample-tokens", "--device", "--no-progress", "--grad-accum",
-                        "--dtype", "--compile", "--backend", "--peak-flops", "--config", "--verbose")
+                        "--dtype", "--compile", "--backend", "--peak-flops", "--config", "--verbose", "--threads")
 
 #: Train options a ``--config`` file may not hold: they are about one invocation, not the run.
 NOT_IN_CONFIG = ("config", "resume", "overwrite", "command")
@@ -465,7 +480,8 @@ def _train_locked(args: argparse.Namespace) -> int:
     for flag, key in (("max_iters", "max_iters"), ("batch_size", "batch_size"), ("lr", "learning_rate"),
                       ("eval_interval", "eval_interval"), ("eval_iters", "eval_iters"), ("seed", "seed"),
                       ("sample_tokens", "sample_tokens"), ("checkpoint_interval", "checkpoint_interval"),
-                      ("grad_accum", "grad_accum"), ("dtype", "dtype"), ("compile", "compile")):
+                      ("grad_accum", "grad_accum"), ("dtype", "dtype"), ("compile", "compile"),
+                      ("threads", "threads")):
         if getattr(args, flag) is not None:
             train_overrides[key] = getattr(args, flag)
     if args.dtype == "float16" and not args.device.startswith("cuda"):
@@ -541,9 +557,13 @@ def _train_locked(args: argparse.Namespace) -> int:
         print(model, file=err)  # the module tree, as the original tutorial's log prints its model
     print(f"train: {config}", file=err)
     rows = config.batch_size // world
+    from .threads import resolve_threads
+
+    threads = resolve_threads(config.threads)
     print(f"batch: {config.batch_size} sequences per step = {world} process(es) x {config.grad_accum} "
           f"micro-batch(es) x {rows // config.grad_accum}"
-          + (f"; torch.distributed {torch.distributed.get_backend()}" if world > 1 else ""), file=err)
+          + (f"; torch.distributed {torch.distributed.get_backend()}" if world > 1 else "")
+          + f"; {threads.describe()}", file=err)
     if config.dtype == "bfloat16" and not args.device.startswith("cuda") and main:
         slow = _slow_bfloat16()
         if slow is not None:
@@ -553,9 +573,11 @@ def _train_locked(args: argparse.Namespace) -> int:
         from .training import measure_matmul_flops
 
         kind = torch.float32 if not args.device.startswith("cuda") else DTYPES[config.dtype]
+        if threads.count is not None and threads.source == "--threads":
+            torch.set_num_threads(threads.count)
         peak = measure_matmul_flops(args.device, kind)
-        print(f"peak: {peak / 1e9:,.1f} GFLOP/s per process ({str(kind).removeprefix('torch.')} matmul, measured; "
-              "MFU is against this, or --peak-flops)", file=err)
+        print(f"peak: {peak / 1e9:,.1f} GFLOP/s per process ({str(kind).removeprefix('torch.')} matmul at "
+              f"{torch.get_num_threads()} threads, measured; MFU is against this, or --peak-flops)", file=err)
     info = {"source": source, "text_chars": len(text), "text_sha256": text_sha256,
             "preset": resume.info.get("preset") if resume is not None else preset,
             "config_file": str(args.config) if args.config is not None else None}
@@ -607,6 +629,9 @@ def _generate(args: argparse.Namespace) -> int:
     if "" in prompts:
         raise ValueError(f"--prompt is empty (prompt {prompts.index('') + 1})")
     model = checkpoint.model.eval()
+    # Timed on a unit of the work to come: the prompts' forward and 8 cached greedy steps.
+    _choose_threads(args.threads, lambda: continue_prompts(model, checkpoint.tokenizer, prompts, 8, seed=args.seed,
+                                                           device=args.device, greedy=True))
     if args.compile:
         import warnings
 
@@ -623,6 +648,13 @@ def _generate(args: argparse.Namespace) -> int:
             print(f"==> prompt {i + 1} <==")
         print(text)
     return 0
+
+
+def _choose_threads(requested: int | str | None, step: Callable[[], object]) -> None:
+    """Set the thread count for a command that is not a training run: fixed, or tuned on ``step``."""
+    from .threads import settle_threads
+
+    settle_threads(requested, step)
 
 
 def _attention(args: argparse.Namespace) -> int:
