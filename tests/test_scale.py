@@ -181,7 +181,7 @@ def test_config_file_with_flags_overriding(text: Path, tmp_path: Path, capsys: p
     assert saved.info["config_file"] == str(config)
     err = capsys.readouterr().err
     assert "train: TrainConfig(max_iters=3, batch_size=4, learning_rate=0.002" in err
-    assert "grad_accum=2, dtype='float32', compile=False)" in err
+    assert "grad_accum=2, dtype='float32', compile=False, threads='auto')" in err
 
 
 @pytest.mark.parametrize(

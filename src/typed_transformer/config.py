@@ -49,6 +49,9 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per optimizer step in each process; batch_size is the global batch
     dtype: str = "float32"  # autocast dtype of the forward passes (DTYPES)
     compile: bool = False  # torch.compile the training steps
+    #: Intra-op threads: "auto" (timed on the first steps, re-checked on drift; typed_transformer.threads) or a
+    #: count. "auto" leaves a count the user set (OMP_NUM_THREADS, torch.set_num_threads) alone.
+    threads: int | str = "auto"
 
     @classmethod
     def for_preset(cls, preset: str, **overrides: Any) -> "TrainConfig":
@@ -96,6 +99,9 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be True or False, got {self.compile!r}")
+        if self.threads != "auto" and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
+                                       or self.threads < 1):
+            raise ValueError(f"threads must be 'auto' or a positive integer, got {self.threads!r}")
         if self.batch_size % self.grad_accum != 0:
             raise ValueError(f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}: "
                              "the global batch is split into equal micro-batches")

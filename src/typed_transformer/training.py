@@ -58,6 +58,7 @@ from .generation import sample_text
 from .gpt import GPT
 from .plot import plot_history
 from .shapecheck import typechecked
+from .threads import apply_threads
 
 __all__ = [
     "DTYPES",
@@ -158,6 +159,8 @@ class TrainResult:
     tokens_per_second: float = float("nan")
     #: Model FLOPs utilisation: ``flops_per_token * tokens_per_second / (world_size * peak_flops)``.
     mfu: float = float("nan")
+    #: The intra-op thread count at the end of the run (``config.threads``, or what ``"auto"`` chose).
+    threads: int | None = None
 
 
 class TrainingDiverged(RuntimeError):
@@ -339,6 +342,9 @@ class Trainer:
         self.losses: list[float] = []  # every step's loss in this run
         self.step_seconds = 0.0  # time in the steps after the first
         self.bar: Any = None
+        # The thread count: fixed now, or timed on the steps to come (threads.ThreadTuner, re-checked on drift).
+        self.threads, self.tuner = apply_threads(config.threads, log=self.say if self.main else None)
+        self.last_step_seconds = 0.0
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward passes' autocast context (disabled for float32)."""
@@ -422,8 +428,9 @@ class Trainer:
                 self.evaluation(iteration)
             t0 = time.perf_counter()
             loss = self.step(interrupt)
+            self.last_step_seconds = time.perf_counter() - t0
             if iteration > self.start:  # the first step (compilation, allocator warm-up) is not counted
-                self.step_seconds += time.perf_counter() - t0
+                self.step_seconds += self.last_step_seconds
             self.losses.append(loss)
             self.iteration += 1
             self.after_step(self.iteration, loss)
@@ -494,7 +501,10 @@ class Trainer:
         return stats[0] / self.world
 
     def after_step(self, iteration: int, loss: float) -> None:
-        """After each optimizer step (``iteration`` steps done): ``on_step(iteration)``, then the progress bar."""
+        """After each optimizer step (``iteration`` steps done): the thread tuner sees the step's time, then
+        ``on_step(iteration)``, then the progress bar."""
+        if self.tuner is not None:
+            self.tuner.observe(self.last_step_seconds)
         if self.on_step is not None:
             self.on_step(iteration)
         if self.bar is not None and self.step_seconds > 0:
@@ -544,7 +554,8 @@ class Trainer:
         rng = {"batches": self.batch_generator.get_state(), "torch": torch.get_rng_state()}
         path = save_checkpoint(self.out / CHECKPOINT_NAME, self.model, self.data.tokenizer, iteration=iteration,
                                train_config=asdict(self.config), history=self.history, optimizer=self.optimizer,
-                               rng=rng, info=self.info)
+                               rng=rng, info=None if self.info is None else
+                               {**self.info, "threads": f"{torch.get_num_threads()} ({self.threads.source})"})
         self.saved = (iteration, path)
         if self._plotted != len(self.history):  # the curve changes only with a new evaluation
             plot_history(self.history, self.out / "loss.png")
@@ -562,7 +573,7 @@ class Trainer:
             sample = sample_text(self.model, self.data.tokenizer, self.config.sample_tokens, seed=self.config.seed,
                                  device=self.device, autocast=self.autocast)
         return TrainResult(self.model, self.history, self.iteration, stop is not None, path, sample, signal=stop,
-                           losses=self.losses, tokens_per_second=speed, mfu=mfu)
+                           losses=self.losses, tokens_per_second=speed, mfu=mfu, threads=torch.get_num_threads())
 
 
 def __getattr__(name: str) -> Any:
