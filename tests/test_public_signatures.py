@@ -20,7 +20,7 @@ import torch
 #: application (``checkpoint``, ``training``) still have bare tensors in some public signatures and are not
 #: walked yet.
 MODULES = ["attention", "masks", "positions", "multihead", "layers", "interop", "seq2seq", "gpt", "hf",
-           "shapecheck", "strategies", "data", "seq2seq_data", "plot"]
+           "shapecheck", "strategies", "data", "seq2seq_data", "plot", "threads"]
 
 
 def _bare(annotation: object) -> bool:
@@ -82,7 +82,7 @@ def test_the_walk_finds_a_bare_tensor() -> None:
     from jaxtyping import Float
 
     assert not _bare(Float[torch.Tensor, "b t"] | None)
-    assert not _bare(tuple[Float[torch.Tensor, "b"], int])
+    assert not _bare(tuple[Float[torch.Tensor, " b"], int])
 
 
 def test_every_public_module_is_walked_or_named() -> None:
