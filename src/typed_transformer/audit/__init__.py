@@ -71,7 +71,16 @@ from ._functions import (
     parametrize_audit,
 )
 from ._infer import Evidence, Finding, Inference, infer_conventions
-from ._modules import ModuleAdapter, ModuleSpec, Rotary, Weights, additive_mask, audit_module, with_causal
+from ._modules import (
+    ModuleAdapter,
+    ModuleSpec,
+    Rotary,
+    Weights,
+    additive_mask,
+    alibi_bias,
+    audit_module,
+    with_causal,
+)
 from .specs import SPECS
 
 #: Every check, in report order.
@@ -116,6 +125,7 @@ __all__ = [
     "Rotary",
     "Weights",
     "additive_mask",
+    "alibi_bias",
     "audit_attention",
     "audit_module",
     "audit_multihead",

@@ -79,7 +79,8 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
         if mask == "fully_masked":
             keep[:, :, 0, :] = False
     elif mask == "padding":
-        styles: tuple[Literal["right", "random"], ...] = ("right",) if a.rotary is not None else ("right", "random")
+        # positions matter (rotary, a position bias, a window): dropping padded keys must not renumber real ones
+        styles: tuple[Literal["right", "random"], ...] = ("right",) if a.positional is not None else ("right", "random")
         keep = data.draw(key_padding_masks(b, shape.s, styles=styles), label="padding")[:, None, None, :]
     seed = data.draw(seeds(), label="seed")
     example = Example(b=b, t=shape.t, s=shape.s, **sizes, seed=seed, dtype=_name(run.dtype),
@@ -229,8 +230,8 @@ def batch_independence(run: Run, data: st.DataObject) -> None:
 def permutation(run: Run, data: st.DataObject) -> None:
     """Permuting keys and values leaves the output alone; permuting queries permutes it (a tied module:
     permuting its one input permutes the output)."""
-    if run.adapter.rotary is not None:
-        raise Skip("rotary positions: order matters")
+    if run.adapter.positional is not None:
+        raise Skip(f"{run.adapter.positional}: order matters")
     if run.adapter.conventions.always_causal:
         raise Skip("always causal: order matters")
     example = draw_example(run, data)
@@ -373,10 +374,11 @@ def gradients(run: Run, data: st.DataObject) -> None:
     kind = data.draw(st.sampled_from(kinds), label="mask")
     example = draw_example(run, data, mask="none" if kind == "causal" else kind,  # type: ignore[arg-type]
                            is_causal=kind == "causal")
-    if ((kind == "causal" or conv.always_causal) and conv.fully_masked in ("nan", "any")
+    if ((kind == "causal" or conv.always_causal) and conv.fully_masked in ("nan", "any", "uniform")
             and example.t > example.s):
         # a declaration that allows NaN rows: bottom-right causal rows without keys (t > s) would carry NaN into
-        # every gradient of the softmax (dk and dv too), so those rows are not drawn here (listed as not tested)
+        # every gradient of the softmax (dk and dv too); a uniform row's gradient is not defined (it depends on
+        # the fill): those rows are not drawn here (listed as not tested)
         example = dataclasses.replace(example, t=example.s)
         run.current = example
     keep, is_causal = example.mask(), example.is_causal

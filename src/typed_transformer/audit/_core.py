@@ -137,7 +137,7 @@ class Conventions:
             notes.append("causal alignment of a single query (decode_sees_all=True)")
         if self.fully_masked == "any":
             notes.append("fully masked query rows (fully_masked='any')")
-        if self.fully_masked in ("nan", "any") and self.supports_autograd:
+        if self.fully_masked in ("nan", "any", "uniform") and self.supports_autograd:
             notes.append(f"gradients through fully masked rows (fully_masked={self.fully_masked!r}: such a row has "
                          f"no gradient to compare)")
         if not self.supports_autograd:
@@ -176,10 +176,12 @@ def reference_attention(
     *,
     is_causal: bool = False,
     conventions: Conventions = Conventions(),
+    bias: Float[Tensor, "#b #h #t s"] | None = None,
 ) -> Float[Tensor, "b h t dv"]:
     """Our reference in the candidate's semantics (canonical ``bhtd`` layout with ``h = (g r)``, keep-mask
     ``keep``), computed in the dtype of ``q``. A query row without any allowed key gives what the conventions
-    declare: zeros (``"zero"`` and ``"any"``), NaN, or the mean of the values (``"uniform"``)."""
+    declare: zeros (``"zero"`` and ``"any"``), NaN, or the mean of the values (``"uniform"``). ``bias``: an
+    additive position bias on the scaled logits (T5's relative bias, ALiBi), the attention core's ``attn_bias``."""
     t, s = q.shape[2], k.shape[2]
     keep = effective_keep(keep, is_causal, t, s, conventions)
     dead: Tensor | None = None
@@ -187,9 +189,13 @@ def reference_attention(
         dead = ~keep.any(dim=-1, keepdim=True)  # (#b, #h, t, 1)
         if conventions.fully_masked == "uniform" and bool(dead.any()):
             # equal logits on every key of a dead row: zero its query, let it see every key
-            q = q.masked_fill(dead.expand(q.shape[0], q.shape[1], t, 1), 0.0)
+            dead_rows = dead.expand(q.shape[0], q.shape[1], t, 1)
+            q = q.masked_fill(dead_rows, 0.0)
             keep = keep | dead
-    out = scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=conventions.scale)
+            if bias is not None:  # a fill of finfo.min swamps the bias: the row is uniform
+                bias = bias.masked_fill(dead_rows, 0.0)
+    out = scaled_dot_product_attention(q, k, v, attn_mask=keep, attn_bias=None if bias is None else bias.to(q.dtype),
+                                       scale=conventions.scale)
     assert isinstance(out, Tensor)
     if dead is not None and conventions.fully_masked == "nan":
         out = out.masked_fill(dead.expand(out.shape[0], out.shape[1], t, 1), math.nan)
@@ -348,6 +354,8 @@ class Adapter(Protocol):
     fixed: dict[str, int] | None
     #: the rotary embedding a module applies (base, style), None if none
     rotary: tuple[float, Literal["half", "interleaved"]] | None
+    #: why the order of the keys matters (rotary positions, a position bias, a sliding window), None if it does not
+    positional: str | None
 
     def call(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor: ...
 

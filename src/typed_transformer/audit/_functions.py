@@ -99,6 +99,7 @@ class FunctionAdapter:
     kind: Literal["function", "module"] = "function"
     fixed: dict[str, int] | None = None
     rotary: tuple[float, Literal["half", "interleaved"]] | None = None
+    positional: str | None = None
 
     def call(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor:
         args, kwargs = to_candidate(ins, keep, is_causal, dtype, self.conventions)

@@ -114,7 +114,7 @@ class _Prober:
         self.probes += 1
         self.adapter.conventions = conv
         try:
-            out = self.adapter.call(example.inputs(), example.mask(), example.is_causal, torch.float64)
+            out = self.adapter.call(example.inputs(), example.mask(), example.is_causal, example.torch_dtype)
         except CandidateRaised as raised:
             cause = raised.__cause__
             return cause if isinstance(cause, Exception) else raised
@@ -431,7 +431,8 @@ def _mask(p: _Prober) -> bool:
 
 def _fully_masked(p: _Prober, masks: bool) -> None:
     """``fully_masked``: a query row without any allowed key gives one of zeros, NaN or the mean of the values,
-    the same on a second call (else a finding); with dv = d and dv != d (different there: ``"any"``)."""
+    the same on a second call (else a finding); with dv = d and dv != d, in float64 and float32 (different
+    documented rows there: ``"any"``, with the witnesses)."""
     conv = p.conv
     examples = []
     for offset, dv in ((6, 4), (7, 3)):  # dv = d and dv != d: kernels differ there
@@ -447,6 +448,8 @@ def _fully_masked(p: _Prober, masks: bool) -> None:
     if not examples:
         p.decide("fully_masked", conv.fully_masked, "no input this candidate takes leaves a query row without keys")
         return
+    # float64 and float32 too: a mask fill of finfo(float64).min becomes -inf in a float32 softmax (NaN rows)
+    examples += [dataclasses.replace(example, dtype="float32") for example in examples]
     kinds = []
     for example in examples:
         out = p.call(conv, example)
@@ -466,14 +469,16 @@ def _fully_masked(p: _Prober, masks: bool) -> None:
                    example)
             p.conv = dataclasses.replace(p.conv, fully_masked="zero")
             return
-    if len(set(kinds)) > 1:
-        p.decide("fully_masked", "any", f"a fully masked row gives {_ROW_NAMES[kinds[0]]} with dv = d and "
-                 f"{_ROW_NAMES[kinds[1]]} with dv != d (two kernels): not checked ('any')",
-                 dataclasses.replace(conv, fully_masked="any"), examples[1])
-        return
     how = "mask row 0 all False" if masks else "is_causal, t=3 > s=2 (bottom-right: row 0 sees no key)"
+    if len(set(kinds)) > 1:
+        seen = "; ".join(f"{_ROW_NAMES[kind]} with dv {'=' if e.dv == e.d else '!='} d in {e.dtype}"
+                         for kind, e in zip(kinds, examples, strict=True))
+        p.decide("fully_masked", "any", f"{how}: {seen} (not checked: 'any')",
+                 dataclasses.replace(conv, fully_masked="any"), examples[kinds.index(kinds[-1])])
+        return
     trial = dataclasses.replace(conv, fully_masked=kinds[0])  # type: ignore[arg-type]
-    p.decide("fully_masked", kinds[0], f"{how}: {_ROW_NAMES[kinds[0]]} (dv = d and dv != d)", trial, examples[0])
+    p.decide("fully_masked", kinds[0], f"{how}: {_ROW_NAMES[kinds[0]]} (dv = d and dv != d, float64 and float32)",
+             trial, examples[0])
 
 
 _ROW_NAMES = {"zero": "zeros", "nan": "NaN", "uniform": "the mean of the values"}
