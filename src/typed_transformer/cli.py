@@ -212,8 +212,9 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     audit.add_argument("--module", default=None, metavar="MODULE:CLASS",
                        help="audit an attention module class instead, e.g. "
                        "transformers.models.llama.modeling_llama:LlamaAttention (with --spec and --config)")
-    audit.add_argument("--spec", default=None, help="the module's spec: torch_mha, typed_transformer, gpt2, bert, "
-                       "llama, torchtune, x_transformers")
+    audit.add_argument("--spec", default=None, metavar="NAME|MODULE:ATTR",
+                       help="the module's spec: a shipped one (typed_transformer.audit.SPECS: torch_mha, gpt2, llama, "
+                       "t5, mistral, ...) or your own ModuleSpec as pkg.mod:NAME")
     audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
                        "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
     audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd")
@@ -743,6 +744,23 @@ def _import(spec: str) -> Any:
     return found
 
 
+def _module_setup(args: argparse.Namespace, config: dict[str, Any]) -> str:
+    """The lines that rebuild the audited module (same class, configuration and seeded weights) and its spec in
+    a fresh interpreter: the top of every repro the report prints."""
+    module_name, _, cls = args.module.partition(":")
+    if ":" in args.spec:
+        spec_module, _, spec_name = args.spec.partition(":")
+        spec_line = f"spec = importlib.import_module({spec_module!r}).{spec_name}"
+    else:
+        spec_line = f"from typed_transformer.audit import SPECS\nspec = SPECS[{args.spec!r}]"
+    return (f"import importlib\n"
+            f"from typed_transformer.strategies import randomize_parameters\n"
+            f"{spec_line}\n"
+            f"cls, config = importlib.import_module({module_name!r}).{cls}, {config!r}\n"
+            f"module = spec.build(cls, config) if spec.build is not None else cls(**config)\n"
+            f"module = randomize_parameters(module, {args.seed})  # the weights the audit drew (--seed)")
+
+
 def _audit(args: argparse.Namespace) -> int:
     import json
 
@@ -763,9 +781,27 @@ def _audit(args: argparse.Namespace) -> int:
     if (args.candidate is None) == (args.module is None):
         return _fail("give either a candidate MODULE:ATTR or --module MODULE:CLASS (with --spec), not both"
                      if args.candidate else "give a candidate MODULE:ATTR or --module MODULE:CLASS --spec NAME")
-    if args.module is not None and args.spec not in SPECS:
-        return _fail(f"--spec: {'missing' if args.spec is None else f'unknown spec {args.spec!r}'} "
-                     f"(choose {', '.join(SPECS)})")
+    spec: Any = None
+    if args.module is not None:
+        if args.spec is None:
+            return _fail(f"--spec: missing (a shipped spec: {', '.join(SPECS)}; or your own ModuleSpec as "
+                         f"pkg.mod:NAME)")
+        if ":" in args.spec:
+            try:
+                spec = _import(args.spec)
+            except Exception as err:  # the user's module: one line, exit 2
+                first_line = str(err).splitlines()[0] if str(err) else ""
+                return _fail(f"--spec: cannot import {args.spec}: {type(err).__name__}: {first_line}")
+            from .audit import ModuleSpec
+
+            if not isinstance(spec, ModuleSpec):
+                return _fail(f"--spec: {args.spec} is a {type(spec).__name__}, not a "
+                             f"typed_transformer.audit.ModuleSpec")
+        elif args.spec not in SPECS:
+            return _fail(f"--spec: unknown spec {args.spec!r} (choose {', '.join(SPECS)}, or give your own "
+                         f"ModuleSpec as pkg.mod:NAME)")
+        else:
+            spec = SPECS[args.spec]
     target = args.candidate or args.module
     function_only = {"layout": "bhtd", "mask_polarity": "keep", "mask_kind": "bool", "causal_alignment": "bottom-right",
                      "scale": None, "gqa": False, "grouping": "g r", "self_attention": False, "equal_head_sizes": False,
@@ -810,7 +846,6 @@ def _audit(args: argparse.Namespace) -> int:
                 return _fail(f"--config is not valid JSON: {err}")
             if not isinstance(config, dict):
                 return _fail("--config must be a JSON object of constructor arguments")
-            spec = SPECS[args.spec]
             try:
                 module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
             except Exception as err:
@@ -820,6 +855,7 @@ def _audit(args: argparse.Namespace) -> int:
 
             # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
             module = randomize_parameters(module, args.seed)
+            options["setup"] = _module_setup(args, config)
             if args.infer:
                 report = audit_module(module, spec, conventions="infer", name=f"{target} (spec {spec.name})",
                                       **options)
