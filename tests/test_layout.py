@@ -14,9 +14,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "typed_transformer"
 
 #: Dependency order: each module may import (at module level) only modules listed before it.
-ORDER = ["_deprecation", "_signals", "shapecheck", "masks", "attention", "positions", "multihead", "layers", "interop",
-         "seq2seq", "gpt", "hf", "plot", "strategies", "audit", "data", "checkpoint", "training", "cli", "__init__",
-         "__main__"]
+ORDER = ["_deprecation", "_signals", "_install", "shapecheck", "masks", "attention", "positions", "multihead", "layers",
+         "interop", "seq2seq", "gpt", "hf", "plot", "strategies", "audit", "data", "checkpoint", "training", "cli",
+         "__init__", "__main__"]
 
 #: (importer, imported) pairs allowed inside a function body, where the import is the only way back.
 LATE_IMPORTS = {("multihead", "interop"), ("layers", "interop"),

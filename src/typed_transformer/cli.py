@@ -29,6 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
 
+from ._install import install_hint
 from ._signals import exit_code, raise_terminated
 
 __all__ = ["main"]
@@ -52,7 +53,9 @@ MAX_WIDTH = 65536
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        # Under torchrun every rank parses the same arguments: rank 0 alone says what is wrong.
+        self.exit(2, f"{self.prog}: error: {message}\n" if _rank() == 0 else None)
+
 
 
 def _number(convert: Callable[[str], Any], accept: Callable[[Any], bool], wanted: str) -> Callable[[str], Any]:
@@ -91,7 +94,11 @@ _dropout = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     """The command line's parser; ``train_defaults`` (from ``--config``) replace the train flags' defaults."""
+    from . import __version__
+
     parser = _Parser(prog="typed-transformer", description="A reference Transformer with checked tensor shapes.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     train = commands.add_parser("train", help="train a character-level GPT on a text file")
@@ -104,7 +111,7 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                        help="baby (default): 4x4x128, block 64 (nanoGPT's CPU run); seed: 6x6x384, block 256, "
                             "dropout 0.2")
     train.add_argument("--max-iters", type=_int_in(1, MAX_ITERS), default=None, help="optimizer steps (default 2000)")
-    train.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    train.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train (default cpu)")
     train.add_argument("--out", type=Path, default=Path("runs/gpt"), help="checkpoint directory (default runs/gpt)")
     start = train.add_mutually_exclusive_group()
     start.add_argument("--resume", action="store_true", help="continue the run saved in --out")
@@ -127,9 +134,10 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     train.add_argument("--seed", type=_seed, default=None, help="default 1337")
     train.add_argument("--sample-tokens", type=_int_in(0, MAX_TOKENS), default=None,
                        help="characters to sample at the end (default 300)")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--no-progress", action="store_true",
+                       help="no progress bar (it is drawn only when stderr is a terminal)")
     size = train.add_argument_group("model size (on top of the preset)")
-    size.add_argument("--n-layer", type=_int_in(1, MAX_LAYERS), default=None)
+    size.add_argument("--n-layer", type=_int_in(1, MAX_LAYERS), default=None, help="transformer blocks")
     size.add_argument("--n-head", type=_int_in(1, MAX_WIDTH), default=None, help="must divide --n-embd")
     size.add_argument("--n-kv-heads", type=_int_in(1, MAX_WIDTH), default=None,
                       help="key/value heads (grouped-query attention; must divide --n-head)")
@@ -154,14 +162,20 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     generate = commands.add_parser("generate", help="sample text from a checkpoint")
     generate.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
     generate.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    generate.add_argument("--max-new-tokens", type=_int_in(0, MAX_TOKENS), default=500)
+    generate.add_argument("--max-new-tokens", type=_int_in(0, MAX_TOKENS), default=500,
+                          help="characters to generate after the prompt (default 500)")
     generate.add_argument("--temperature", type=_temperature, default=0.8,
                           help=f"default 0.8; from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}")
-    generate.add_argument("--top-k", type=_positive_int, default=None)
-    generate.add_argument("--top-p", type=_fraction, default=None)
+    generate.add_argument("--top-k", type=_positive_int, default=None,
+                          help="sample only among the k most likely characters (default: all)")
+    generate.add_argument("--top-p", type=_fraction, default=None,
+                          help="sample only among the most likely characters whose probabilities reach p, in (0, 1]; "
+                               "the most likely one always stays (default: all)")
     generate.add_argument("--greedy", action="store_true", help="always take the most likely character")
-    generate.add_argument("--seed", type=_seed, default=1337)
-    generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    generate.add_argument("--seed", type=_seed, default=1337,
+                          help="random seed of the sampling (default 1337; the same seed gives the same text)")
+    generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                          help="where to run the model (default cpu)")
     generate.add_argument("--compile", action="store_true",
                           help="torch.compile the forward pass with the weights frozen in (inductor, max-autotune): "
                                "the first call compiles for a minute or more on a CPU, then each cached step runs "
@@ -180,20 +194,25 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                            help="rough time budget per size and mode (default 2)")
     attention.add_argument("--threads", type=_positive_int, default=None,
                            help="torch intra-op threads (default: torch's choice)")
-    attention.add_argument("--size", choices=["small", "training", "both"], default="both")
+    attention.add_argument("--size", choices=["small", "training", "both"], default="both",
+                           help="small: one short batch; training: the baby run's batch; both (default)")
     gpt = which.add_parser("gpt", help="GPT training step against a nanoGPT-style baseline; KV-cache generation")
     gpt.add_argument("--presets", default="baby,seed", help="comma-separated presets to time (default baby,seed)")
-    gpt.add_argument("--batch-size", type=_positive_int, default=12)
+    gpt.add_argument("--batch-size", type=_positive_int, default=12,
+                     help="sequences per training step (default 12, the main job's)")
     gpt.add_argument("--steps", type=_positive_int, default=None,
                      help="measured training steps per variant (default: as many as fit in about 20 s per preset)")
-    gpt.add_argument("--threads", type=_positive_int, default=None)
-    gpt.add_argument("--skip-generation", action="store_true")
+    gpt.add_argument("--threads", type=_positive_int, default=None,
+                     help="torch intra-op threads (default: torch's choice)")
+    gpt.add_argument("--skip-generation", action="store_true",
+                     help="time the training steps only, not KV-cache generation")
     gpt.add_argument("--generation-rounds", type=_int_in(1, 100), default=3,
                      help="interleaved rounds of the seed-preset generation targets (default 3)")
     checks = which.add_parser("checks", help="what the shape checks cost: off, default and strict mode")
     checks.add_argument("--seconds", type=_positive_float, default=20.0,
                         help="rough time budget of the training-step comparison (default 20)")
-    checks.add_argument("--threads", type=_positive_int, default=None)
+    checks.add_argument("--threads", type=_positive_int, default=None,
+                        help="torch intra-op threads (default: torch's choice)")
 
     audit = commands.add_parser("audit", help="audit a third-party attention function or module against the "
                                 "reference")
@@ -206,7 +225,9 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                        "llama, torchtune, x_transformers")
     audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
                        "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
-    audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd")
+    audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd",
+                       help="axis order of the candidate's q, k, v: (batch, heads, time, dim) (default, SDPA's) "
+                            "or (batch, time, heads, dim)")
     audit.add_argument("--mask-polarity", choices=["keep", "drop"], default="keep",
                        help="keep: True = may attend (SDPA); drop: True = masked out (nn.MultiheadAttention)")
     audit.add_argument("--mask-kind", choices=["bool", "additive"], default="bool",
@@ -234,7 +255,8 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     audit.add_argument("--dtypes", default="float32,float64", help="comma-separated (default float32,float64)")
     audit.add_argument("--max-examples", type=_positive_int, default=20,
                        help="examples per check and dtype (default 20)")
-    audit.add_argument("--seed", type=_non_negative_int, default=0)
+    audit.add_argument("--seed", type=_non_negative_int, default=0,
+                       help="seed of the drawn examples (and of --module's redrawn parameters; default 0)")
     audit.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
     return parser
 
@@ -278,8 +300,8 @@ def _cuda_or_fail(device: str) -> None:
 
 
 #: What ``train``, ``generate`` and ``attention`` need beyond the core install: the ``[train]`` extra.
-TRAIN_EXTRA = {"train": ("safetensors", "tqdm", "matplotlib"), "generate": ("safetensors",),
-               "attention": ("safetensors", "matplotlib")}
+TRAIN_EXTRA = {"train": ("safetensors", "numpy", "tqdm", "matplotlib"), "generate": ("safetensors", "numpy"),
+               "attention": ("safetensors", "numpy", "matplotlib")}
 
 
 def _require_train_extra(command: str) -> None:
@@ -292,7 +314,7 @@ def _require_train_extra(command: str) -> None:
         except ImportError:
             missing.append(name)
     if missing:
-        raise ValueError(f"{command} needs the [train] extra: pip install 'typed-transformer[train]' "
+        raise ValueError(f"{command} needs the [train] extra: {install_hint('train')} "
                          f"(missing: {', '.join(missing)})")
 
 
@@ -541,7 +563,8 @@ def _train_locked(args: argparse.Namespace) -> int:
             "preset": resume.info.get("preset") if resume is not None else preset,
             "config_file": str(args.config) if args.config is not None else None}
     result = train(model, data, config, args.out, resume=resume, overwrite=args.overwrite, device=args.device,
-                   progress=not args.no_progress and main, info={k: v for k, v in info.items() if v is not None},
+                   progress=not args.no_progress and main and sys.stderr.isatty(),
+                   info={k: v for k, v in info.items() if v is not None},
                    peak_flops=peak or None)
     if not main:
         return 0
@@ -652,6 +675,8 @@ def _run_training_command(args: argparse.Namespace) -> int:
     try:
         return {"train": _train, "generate": _generate, "attention": _attention}[args.command](args)
     except (DataError, CheckpointError, RunDirectoryError, ValueError) as err:
+        if _rank() != 0:  # under torchrun every rank checks the same input: rank 0 alone says what is wrong
+            return 2
         return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
     except OSError as err:
         return _fail(f"cannot write: {describe_os_error(err)} (the last checkpoint, if any, is intact)")
@@ -700,7 +725,7 @@ def _audit(args: argparse.Namespace) -> int:
             audit_module,
         )
     except ImportError as err:
-        return _fail(f"audit needs Hypothesis (pip install 'typed-transformer[audit]'): {err}")
+        return _fail(f"audit needs the [audit] extra: {install_hint('audit')} ({err})")
     if (args.candidate is None) == (args.module is None):
         return _fail("give either a candidate MODULE:ATTR or --module MODULE:CLASS (with --spec), not both"
                      if args.candidate else "give a candidate MODULE:ATTR or --module MODULE:CLASS --spec NAME")
@@ -723,6 +748,8 @@ def _audit(args: argparse.Namespace) -> int:
     except Exception as err:  # any import-time error of the user's module: one line, exit 2
         first_line = str(err).splitlines()[0] if str(err) else ""
         return _fail(f"cannot import {target}: {type(err).__name__}: {first_line}")
+    except SystemExit as exit_:  # the module ends the interpreter while it is imported
+        return _fail(f"cannot import {target}: importing it called sys.exit({exit_.code!r})")
     if not callable(candidate):
         return _fail(f"{target} is not callable")
     names = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
@@ -804,6 +831,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # bare `typed-transformer`: the usage, as a usage error
+        parser.print_help(sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if args.command == "train" and args.config is not None:
         try:
@@ -840,8 +870,8 @@ def _main(argv: list[str] | None) -> int:
             try:
                 targets = bench.bench_generation_targets(rounds=args.generation_rounds)
             except ImportError:
-                print("generation targets: skipped (the comparison with Hugging Face needs transformers: "
-                      "pip install -e '.[hf]')")
+                print(f"generation targets: skipped (the comparison with Hugging Face needs transformers: "
+                      f"{install_hint('hf')})")
             else:
                 print()
                 print(bench.format_generation_targets(targets))

@@ -611,11 +611,13 @@ def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume
                 iteration += 1
                 if on_step is not None:
                     on_step(iteration)
-                if bar is not None and step_seconds > 0:
-                    speed = tokens_per_step * (iteration - start - 1) / step_seconds
-                    bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{speed:,.0f}",
-                                    mfu=f"{100 * flops_per_step * speed / tokens_per_step / (world * peak_flops):.1f}%"
-                                    if peak_flops else "?")
+                if bar is not None:  # every step counts, so the bar ends at max_iters/max_iters
+                    if step_seconds > 0:
+                        speed = tokens_per_step * (iteration - start - 1) / step_seconds
+                        bar_mfu = (flops_per_step * speed / tokens_per_step / (world * peak_flops) if peak_flops
+                                   else None)
+                        bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{speed:,.0f}",
+                                        mfu="?" if bar_mfu is None else f"{100 * bar_mfu:.1f}%", refresh=False)
                     bar.update(1)
                 if interrupt.requested is not None:
                     interrupted = True
