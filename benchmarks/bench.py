@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from typed_transformer.interop import from_torch
 from typed_transformer.multihead import MultiHeadAttention
 from typed_transformer.shapecheck import shape_checks
 
@@ -65,8 +66,8 @@ def _variants(case: AttentionCase, x: Tensor) -> dict[str, tuple[nn.Module, Call
     """name -> (module, call, checks on?)"""
     torch.manual_seed(0)
     reference = nn.MultiheadAttention(case.d_model, case.h, batch_first=True)
-    sdpa = MultiHeadAttention.from_torch(reference, backend="sdpa")
-    einsum = MultiHeadAttention.from_torch(reference, backend="reference")
+    sdpa = from_torch(reference, backend="sdpa")
+    einsum = from_torch(reference, backend="reference")
 
     def call_torch(m: nn.Module) -> Tensor:
         out: Tensor = m(x, x, x, need_weights=False)[0]
@@ -132,6 +133,26 @@ def bench_attention(cases: list[AttentionCase] | None = None, *, seconds: float 
                 median = statistics.median(samples[name])
                 rows.append(Row(case, name, mode, median, median / base))
     return rows
+
+
+def thread_probe(which: str) -> Callable[[], None]:
+    """One step of benchmark ``which`` ("attention": torch's MultiheadAttention forward+backward at the training
+    size; "gpt"/"checks": a baby-preset training step of the plain-torch baseline) for ``--threads auto`` to time
+    at each thread count: both sides of every ratio then run at the count this machine runs fastest now."""
+    torch.manual_seed(0)
+    if which == "attention":
+        case = TRAINING
+        module = nn.MultiheadAttention(case.d_model, case.h, batch_first=True)
+        x = torch.randn(case.b, case.t, case.d_model)
+
+        def attention_step() -> None:
+            module(x, x, x, need_weights=False)[0].sum().backward()
+
+        return attention_step
+    model = BaselineGPT(65, 64, 4, 4, 128, 0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(65, (12, 64))
+    return functools.partial(_train_step, model, optimizer, ids, ids)
 
 
 def format_attention_table(rows: list[Row]) -> str:
@@ -463,15 +484,15 @@ def _matvec_ms(model: nn.Module, repeats: int = 50) -> float:
 
 def bench_generation_targets(*, tokens: int = 255, rounds: int = 3) -> GenerationTargets:
     """``tokens`` greedy tokens from a one-token prompt at the seed preset (6 layers, 384 wide, block 256) with
-    and without the KV cache, eager and compiled (:func:`typed_transformer.training.compile_for_generation`, as
+    and without the KV cache, eager and compiled (:func:`typed_transformer.generation.compile_for_generation`, as
     ``typed-transformer generate --compile`` does; compilation excluded); and our cached generation against
     ``GPT2LMHeadModel.generate`` (greedy, ``use_cache=True``) on the same random GPT-2 weights of the seed
     preset's sizes, loaded with ``GPT.from_hf_gpt2``. The runs alternate within each round (order reversed
     every other round); medians. Needs ``transformers`` (the ``hf`` extra), a benchmark-only dependency."""
     import transformers
 
+    from typed_transformer.generation import compile_for_generation
     from typed_transformer.gpt import GPT, GPTConfig
-    from typed_transformer.training import compile_for_generation
 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     torch.manual_seed(0)

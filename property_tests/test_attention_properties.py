@@ -38,6 +38,7 @@ from typed_transformer.strategies import (
     keep_masks,
     key_padding_masks,
     randn,
+    seeds,
 )
 
 Backend = Literal["reference", "sdpa"]
@@ -193,6 +194,34 @@ def test_weights_match_torch_sdpa(case: CoreCase) -> None:
     expected = torch.where(live, torch_sdpa(inputs, case.mask, case.is_causal, case.scale, v=eye), 0.0)
     assert_close(weights, expected)
     assert_close(out, weights @ inputs.v.repeat_interleave(shape.r, dim=1))
+
+
+@given(case=core_cases(), backend=st.sampled_from(BACKENDS), seed=seeds(), data=st.data())
+def test_attn_bias_equals_torch_sdpa_with_the_bias_in_its_float_mask(case: CoreCase, backend: Backend, seed: int,
+                                                                    data: st.DataObject) -> None:
+    """``attn_bias`` (2-D or 4-D, any broadcast) beside any mask and ``is_causal``: torch's one float mask,
+    the bias with ``-inf`` where our masks forbid (or the bias plus a float mask), gives the same output."""
+    inputs, shape = case.inputs, case.inputs.shape
+    if data.draw(st.booleans(), label="two_dimensional"):
+        bias_shape: tuple[int, ...] = (shape.t, shape.s)
+    else:
+        axes = (("b", shape.b), ("h", shape.h), ("t", shape.t))
+        bias_shape = (*(data.draw(st.sampled_from([1, n]), label=axis) for axis, n in axes), shape.s)
+    bias = randn(bias_shape, seed)
+    out = call_valid(scaled_dot_product_attention, inputs.q, inputs.k, inputs.v, attn_mask=case.mask,
+                     attn_bias=bias, is_causal=case.is_causal, scale=case.scale, backend=backend)
+    assert isinstance(out, Tensor)
+    mask = explicit_mask(shape, case.mask, case.is_causal)
+    if mask is None:
+        torch_mask = bias
+    elif mask.dtype == torch.bool:
+        torch_mask = torch.where(mask, bias, float("-inf"))
+    else:
+        torch_mask = mask + bias
+    live = combined_keep(shape, case.mask, case.is_causal).any(-1, keepdim=True)
+    expected = F.scaled_dot_product_attention(inputs.q, inputs.k, inputs.v, attn_mask=torch_mask, scale=case.scale,
+                                              enable_gqa=shape.g != shape.h)
+    assert_close(out, torch.where(live, expected, 0.0))
 
 
 @given(inputs=attention_inputs(attention_shapes(same_length=True)), backend=st.sampled_from(BACKENDS),

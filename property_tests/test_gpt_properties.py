@@ -19,10 +19,11 @@ from torch import Tensor
 from property_tests.helpers import EXACTISH, assert_close
 from typed_transformer import ShapeError
 from typed_transformer.gpt import GPT, GPTConfig, sample
+from typed_transformer.positions import ALiBiPositionalBias, alibi_slopes
 from typed_transformer.strategies import randomize_parameters, seeds
 
 FORWARD = "typed_transformer.gpt.GPT.forward"
-POSITIONALS: tuple[Literal["learned", "sinusoidal", "rope"], ...] = ("learned", "sinusoidal", "rope")
+POSITIONALS: tuple[Literal["learned", "sinusoidal", "rope", "alibi"], ...] = ("learned", "sinusoidal", "rope", "alibi")
 ACTIVATIONS: tuple[Literal["gelu", "gelu_tanh"], ...] = ("gelu", "gelu_tanh")
 
 
@@ -321,3 +322,60 @@ def test_token_ids_outside_the_vocabulary_are_value_errors(config: GPTConfig, da
     assert info.type is ValueError
     assert str(info.value) == (f"GPT.forward: idx holds token id {bad}, "
                                f"outside the vocabulary 0..{config.vocab_size - 1}")
+
+
+@given(n_head=st.integers(1, 12), t=st.integers(1, 6), cached=st.integers(0, 6), shift=st.integers(0, 6))
+def test_alibi_bias_depends_only_on_the_distance(n_head: int, t: int, cached: int, shift: int) -> None:
+    """bias[h, i, j] is a function of (h, pos(i) - pos(j)): the same query/key distance gives the same bias
+    whatever the cache length, -m_h * distance for keys up to the query (what the causal mask lets through),
+    with geometric slopes in (0, 1)."""
+    alibi = ALiBiPositionalBias(n_head)
+    s = cached + t
+    bias = alibi(t, s, dtype=torch.float64)[0]
+    slopes = alibi_slopes(n_head)
+    assert torch.all((slopes > 0) & (slopes < 1))
+    query_pos = torch.arange(cached, s)[:, None]
+    key_pos = torch.arange(s)[None, :]
+    distance = (query_pos - key_pos).double()
+    causal = distance >= 0
+    expected = -slopes[:, None, None] * distance.abs()
+    assert torch.equal(bias, expected.to(torch.float32).double())
+    assert torch.all(bias[:, causal] <= 0)
+    # Shifting every position by the same amount (a longer cache) leaves the bias of each distance unchanged.
+    shifted = alibi(t, s + shift, dtype=torch.float64)[0, :, :, shift:]
+    assert torch.equal(shifted, bias)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Padded batches: every row generates what it generates alone
+# ----------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def padded_batches(draw: st.DrawFn) -> tuple[GPT, Tensor, Tensor, int]:
+    """A random float64 GPT, 1-3 left-padded prompts of random lengths 1..block_size+3 (random padding ids,
+    so that attending to padding would show) and a number of new tokens that crosses block_size."""
+    config = draw(gpt_configs())
+    seed = draw(seeds(), label="seed")
+    model = randomize_parameters(GPT(config).double().eval(), seed, std=0.5)
+    sizes = draw(st.lists(st.integers(1, config.block_size + 3), min_size=1, max_size=3), label="lengths")
+    ids = torch.randint(config.vocab_size, (len(sizes), max(sizes)), generator=torch.Generator().manual_seed(seed))
+    new = draw(st.integers(1, config.block_size + 3), label="max_new_tokens")
+    return model, ids, torch.tensor(sizes), new
+
+
+@given(batch=padded_batches(), settings=sampling_settings(), sample_seed=seeds(), use_cache=st.booleans())
+def test_each_row_of_a_padded_batch_generates_what_it_generates_alone(
+        batch: tuple[GPT, Tensor, Tensor, int], settings: dict[str, object], sample_seed: int,
+        use_cache: bool) -> None:
+    model, ids, lengths, new = batch
+    generators = [torch.Generator().manual_seed(sample_seed + i) for i in range(ids.shape[0])]
+    out = model.generate(ids, new, lengths=lengths, generator=generators, use_cache=use_cache,
+                         **settings)  # type: ignore[arg-type]
+    assert out.shape == (ids.shape[0], ids.shape[1] + new)
+    assert torch.equal(out[:, : ids.shape[1]], ids)
+    for i, n in enumerate(lengths.tolist()):
+        alone = model.generate(ids[i : i + 1, ids.shape[1] - n :], new, use_cache=use_cache,
+                               generator=torch.Generator().manual_seed(sample_seed + i),
+                               **settings)  # type: ignore[arg-type]
+        assert torch.equal(out[i, ids.shape[1] :], alone[0, n:]), f"row {i} (length {n})"

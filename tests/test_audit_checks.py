@@ -189,3 +189,16 @@ def test_declared_lengths_hold_in_every_check() -> None:
     report = audit_attention(spy, conventions=conventions, max_examples=5)
     assert report.passed, report.table()
     assert all(2 <= t <= 5 and 2 <= s <= 5 for t, s in seen)
+
+
+def test_declared_nan_rows_do_not_fail_gradients_through_them() -> None:
+    """A textbook -inf fill + softmax with bottom-right causal masks gives NaN rows when t > s; declared
+    ``fully_masked="nan"``, the gradient check leaves those rows out (they carry NaN into dk and dv too) and the
+    report says so, instead of failing with an infinite error."""
+    conventions = Conventions(fully_masked="nan")
+    report = audit_attention(cands.nan_rows, conventions=conventions, checks=["gradients", "causality"],
+                             max_examples=25)
+    assert report.passed, report.table()
+    assert any("gradients through fully masked rows" in note for note in report.untested)
+    # the causal forward still sees the NaN rows (t > s is drawn there) and they match the declaration
+    assert audit_attention(cands.nan_rows, conventions=Conventions(), checks=["causality"], max_examples=25).failed

@@ -359,3 +359,39 @@ def test_torchtune_with_its_interleaved_rotary_embedding() -> None:
     half = dataclasses.replace(SPECS["torchtune"], rotary=Rotary("pos_embeddings.base", "half", when="pos_embeddings"))
     report = audit_module(module, half, dtypes=[torch.float32], checks=["reference", "rope"], **QUICK)
     assert report.failed == ["reference", "rope"], report.table()
+
+
+class TextbookCrossAttention(nn.Module):
+    """Cross-attention with a textbook -inf fill and softmax: a query row without keys gives NaN."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(dim, dim) for _ in range(3))
+
+    def forward(self, x: Tensor, key: Tensor, value: Tensor, keep: Tensor | None = None) -> Tensor:
+        q = rearrange(self.q_proj(x), "b t (h d) -> b h t d", h=self.heads)
+        k = rearrange(self.k_proj(key), "b s (h d) -> b h s d", h=self.heads)
+        v = rearrange(self.v_proj(value), "b s (h d) -> b h s d", h=self.heads)
+        logits = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if keep is not None:
+            logits = logits.masked_fill(~keep, float("-inf"))
+        out: Tensor = rearrange(logits.softmax(dim=-1) @ v, "b h t d -> b t (h d)")
+        return out
+
+
+def test_module_declaring_nan_rows_does_not_fail_gradients_through_them() -> None:
+    from typed_transformer.audit import Conventions, with_causal
+
+    def call(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+             is_causal: bool) -> Tensor:
+        assert key is not None
+        assert value is not None
+        out: Tensor = m(x, key, value, with_causal(keep, is_causal, x.shape[1], key.shape[1]))
+        return out
+
+    spec = ModuleSpec("textbook_cross", call, Conventions(fully_masked="nan"), out=None, num_heads="heads")
+    module = randomize_parameters(TextbookCrossAttention(8, 2), 0)
+    report = audit_module(module, spec, checks=["gradients", "causality"], max_examples=25)
+    assert report.passed, report.table()
+    assert any("gradients through fully masked rows" in note for note in report.untested)

@@ -20,7 +20,7 @@ def test_bench_attention_prints_ratios(capsys: pytest.CaptureFixture[str]) -> No
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["bench"], ["bench", "attention", "--seconds", "-1"], ["bench", "attention", "--threads", "x"], ["nope"]],
+    [["bench"], ["bench", "attention", "--seconds", "-1"], ["bench", "attention", "--threads", "x"], ["nope"]],
 )
 def test_bad_arguments_give_one_line_and_exit_code_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:

@@ -33,6 +33,8 @@ def test_train_writes_a_checkpoint_and_a_plot(trained: tuple[Path, Path]) -> Non
     assert checkpoint.model.config.n_embd == 128
     assert checkpoint.tokenizer.chars == "".join(sorted(set(TEXT)))
     assert [h["iter"] for h in checkpoint.history] == [0, 10, 20]
+    # The thread count in use at the save, and who set it (the suite fixes it through OMP_NUM_THREADS).
+    assert checkpoint.info.pop("threads").endswith(" (OMP_NUM_THREADS)")
     assert checkpoint.info == {"source": str(text), "text_chars": len(TEXT), "preset": "baby",
                                "text_sha256": hashlib.sha256(TEXT.encode()).hexdigest()}
     assert checkpoint.train_config["max_iters"] == 20
@@ -126,6 +128,24 @@ def test_generate_continues_the_prompt(trained: tuple[Path, Path], capsys: pytes
     assert capsys.readouterr().out == printed  # same seed, same text
 
 
+def test_several_prompts_each_continue_as_they_would_alone(trained: tuple[Path, Path], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    _, out = trained
+    flags = ["--checkpoint", str(out), "--max-new-tokens", "20", "--seed", "7"]
+    alone = []
+    for prompt in ("speak", "all:", "a"):
+        capsys.readouterr()
+        assert main(["generate", *flags, "--prompt", prompt]) == 0
+        alone.append(capsys.readouterr().out)
+    expected = "".join(f"==> prompt {i} <==\n{text}" for i, text in enumerate(alone, 1))
+    assert main(["generate", *flags, "--prompt", "speak", "--prompt", "all:", "--prompt", "a"]) == 0
+    assert capsys.readouterr().out == expected
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("all:\n\na\n", encoding="utf-8")
+    assert main(["generate", *flags, "--prompt", "speak", "--prompts-file", str(prompts)]) == 0
+    assert capsys.readouterr().out == expected
+
+
 def test_greedy_generate_matches_the_model(trained: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     _, out = trained
     capsys.readouterr()
@@ -192,6 +212,8 @@ def _corrupt_checkpoint(root: Path) -> Path:
         (["generate", "--checkpoint", "{tmp}"], "no such checkpoint"),
         (["generate", "--checkpoint", "{corrupt}"], "not a readable checkpoint"),
         (["generate", "--checkpoint", "{run}", "--prompt", ""], "--prompt is empty"),
+        (["generate", "--checkpoint", "{run}", "--prompt", "a", "--prompt", ""], "--prompt is empty (prompt 2)"),
+        (["generate", "--checkpoint", "{run}", "--prompts-file", "{tmp}/none.txt"], "none.txt: no such file"),
         (["generate", "--checkpoint", "{run}", "--temperature", "-0.5"], "argument --temperature"),
         (["generate", "--checkpoint", "{run}", "--temperature=-1"], "argument --temperature"),
         (["generate", "--checkpoint", "{run}", "--temperature", "0"], "argument --temperature"),

@@ -170,16 +170,18 @@ def test_baby_non_embedding_parameter_count_is_nanogpts_figure() -> None:
 
 
 def test_parameter_count_formula_for_the_seed_preset() -> None:
-    # Per layer 12 d^2 (attention 4 d^2, MLP 8 d^2) + 2 d (two LayerNorm weights, no biases);
-    # then the final LayerNorm and the (tied) token embedding.
+    # Per layer 12 d^2 (attention 4 d^2, MLP 8 d^2), the biases of the output projection (d) and the MLP (4 d + d),
+    # two LayerNorms with biases (4 d); then the final LayerNorm (2 d), the token embedding and the untied head
+    # with its bias (the original tutorial's model; tests/test_seed_preset.py compares it with its printout).
     d, layers, vocab = 384, 6, 65
-    expected = layers * (12 * d * d + 2 * d) + d + vocab * d
+    expected = layers * (12 * d * d + 10 * d) + 2 * d + vocab * d + (d * vocab + vocab)
     model = GPT(GPTConfig.preset("seed", vocab))
-    assert model.num_parameters() == expected == 10_646_784
+    assert model.num_parameters() == expected == 10_690_625
 
 
 def test_config_round_trips_through_a_dict() -> None:
-    config = tiny(n_kv_heads=1, positional="rope", bias=True, activation="gelu_tanh")
+    config = tiny(n_kv_heads=1, positional="rope", bias=True, activation="gelu_tanh", qkv_bias=False,
+                  lm_head_bias=True, tie_weights=False)
     assert GPTConfig.from_dict(config.to_dict()) == config
 
 
@@ -197,8 +199,10 @@ def test_config_round_trips_through_a_dict() -> None:
         ({"n_kv_heads": 0}, "n_kv_heads=0 must divide n_head=2"),
         ({"dropout": 1.0}, "dropout must be in [0, 1)"),
         ({"dropout": -0.1}, "dropout must be in [0, 1)"),
-        ({"positional": "alibi"}, "positional must be learned, sinusoidal or rope"),
-        ({"activation": "relu"}, "activation must be gelu or gelu_tanh"),
+        ({"positional": "xpos"}, "positional must be learned, sinusoidal, rope or alibi"),
+        ({"activation": "swish"}, "activation must be gelu, gelu_tanh or relu"),
+        ({"qkv_bias": "false"}, "qkv_bias must be None, True or False"),
+        ({"lm_head_bias": 1}, "lm_head_bias must be True or False"),
         ({"positional": "rope", "n_embd": 6, "n_head": 2}, "rope needs an even head size, got 3"),
     ],
 )
@@ -281,7 +285,7 @@ def test_weight_tying_shares_one_tensor_and_survives_a_step() -> None:
     idx = tokens(2, 8, 11)
     _, loss = model(idx, idx)
     assert loss is not None
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward has no annotations
     optimizer.step()
     assert model.lm_head.weight is model.tok_emb.weight
     untied = GPT(tiny(tie_weights=False))
@@ -573,3 +577,77 @@ def test_bad_target_ids_name_the_ignore_index() -> None:
     loss = GPT(tiny())(torch.zeros(1, 2, dtype=torch.long), torch.tensor([[-1, 3]]))[1]
     assert loss is not None
     assert torch.isfinite(loss)
+
+
+def test_alibi_gpt_trains_and_generates_with_the_kv_cache() -> None:
+    torch.manual_seed(0)
+    model = GPT(tiny(positional="alibi", n_head=3, n_embd=12, block_size=8))
+    assert model.pos is None
+    assert model.alibi is not None
+    assert not any("alibi" in name for name in model.state_dict())  # the slopes are not saved
+    data = torch.randint(0, model.vocab_size, (4, 9), generator=torch.Generator().manual_seed(1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(30):
+        _, loss = model(data[:, :-1], data[:, 1:])
+        assert loss is not None
+        losses.append(loss.item())
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward has no annotations
+        optimizer.step()
+    assert losses[-1] < 0.5 * losses[0]
+    model.eval()
+    prompt = data[:1, :3]
+    cached = model.generate(prompt, 12, greedy=True)  # runs past block_size: cache, then recomputed windows
+    uncached = model.generate(prompt, 12, greedy=True, use_cache=False)
+    assert torch.equal(cached, uncached)
+    weights = model.attention_weights(data[:1, :5])
+    assert weights.shape == (2, 1, 3, 5, 5)
+    assert torch.all(weights.triu(diagonal=1) == 0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Padded batches (prompts of different lengths)
+# ---------------------------------------------------------------------------------------------------
+
+
+def left_padded(prompts: list[Tensor], pad: int) -> tuple[Tensor, Tensor]:
+    width = max(len(p) for p in prompts)
+    rows = [torch.cat([torch.full((width - len(p),), pad, dtype=torch.long), p]) for p in prompts]
+    return torch.stack(rows), torch.tensor([len(p) for p in prompts])
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_padded_batch_generates_each_prompt_as_if_alone(use_cache: bool, greedy: bool) -> None:
+    model = randomized(tiny(block_size=4, positional="rope"))
+    prompts = [tokens(1, n, 11, seed=n)[0] for n in (1, 6, 3)]  # 6 > block_size: cropped as alone
+    for pad in (0, 7):  # the padding ids change nothing
+        idx, lengths = left_padded(prompts, pad)
+        out = model.generate(idx, 7, lengths=lengths, greedy=greedy, use_cache=use_cache,
+                             generator=[torch.Generator().manual_seed(10 + i) for i in range(3)])
+        assert torch.equal(out[:, :6], idx)
+        for i, prompt in enumerate(prompts):
+            alone = model.generate(prompt[None], 7, greedy=greedy, use_cache=use_cache,
+                                   generator=torch.Generator().manual_seed(10 + i))
+            assert torch.equal(out[i, 6:], alone[0, len(prompt):])
+
+
+def test_one_generator_per_row_without_lengths_draws_each_row_as_alone() -> None:
+    model = randomized(tiny())
+    idx = tokens(2, 3, 11, seed=5)
+    out = model.generate(idx, 5, generator=[torch.Generator().manual_seed(s) for s in (1, 2)])
+    for i, s in enumerate((1, 2)):
+        assert torch.equal(out[i], model.generate(idx[i:i + 1], 5, generator=torch.Generator().manual_seed(s))[0])
+
+
+def test_padded_generation_rejects_bad_lengths_and_generator_counts() -> None:
+    model = randomized(tiny())
+    idx = tokens(2, 3, 11)
+    for bad in ([0, 3], [2, 4]):
+        with pytest.raises(ValueError, match=r"lengths holds .*1 to t=3"):
+            model.generate(idx, 2, lengths=torch.tensor(bad))
+    with pytest.raises(jaxtyping.TypeCheckError):
+        model.generate(idx, 2, lengths=torch.tensor([1, 2, 3]))
+    with pytest.raises(ShapeError, match="3 generators for 2 rows"):
+        model.generate(idx, 2, generator=[torch.Generator() for _ in range(3)])

@@ -10,7 +10,13 @@ from torch import Tensor
 from property_tests.helpers import exactly
 from typed_transformer import MultiHeadAttention, ShapeError
 from typed_transformer.multihead import KVCache
-from typed_transformer.positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from typed_transformer.positions import (
+    ALiBiPositionalBias,
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    alibi_slopes,
+)
 
 
 def randn(*shape: int, seed: int = 0) -> Tensor:
@@ -158,3 +164,33 @@ def test_offsets_default_to_zero_and_dtype_is_honoured() -> None:
     torch.testing.assert_close(rotary(q), rotary(q, 0))
     torch.testing.assert_close(rotary(q)[:, :, 0], q[:, :, 0])  # position 0 is not rotated
     torch.testing.assert_close(SinusoidalPositionalEncoding(4)(x), SinusoidalPositionalEncoding(4)(x, 0))
+
+
+def test_alibi_slopes_are_the_papers() -> None:
+    # Powers of two: 2^(-8 i / n). 8 heads: 1/2 ... 1/256 (the paper's example).
+    assert alibi_slopes(8).tolist() == [2.0 ** -i for i in range(1, 9)]
+    assert alibi_slopes(1).tolist() == [2.0 ** -8]
+    assert alibi_slopes(4).tolist() == [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8]
+    # Not a power of two: the 4-head slopes, then every other slope of the 8-head sequence (the paper's code).
+    assert alibi_slopes(6).tolist() == [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]
+    assert alibi_slopes(3).tolist() == [2.0 ** -4, 2.0 ** -8, 2.0 ** -2]
+    with pytest.raises(ValueError, match="num_heads must be a positive int, got 0"):
+        alibi_slopes(0)
+
+
+def test_alibi_bias_values_and_bottom_right_alignment() -> None:
+    alibi = ALiBiPositionalBias(2)
+    bias = alibi(3)
+    assert bias.shape == (1, 2, 3, 3)
+    assert bias.dtype == torch.float32
+    m = alibi_slopes(2)
+    for h in range(2):
+        for i in range(3):
+            for j in range(3):
+                assert bias[0, h, i, j].item() == pytest.approx(-m[h].item() * abs(i - j))
+    # 2 new queries after 3 cached keys are the last two rows of the 5 x 5 bias.
+    torch.testing.assert_close(alibi(2, 5), alibi(5)[:, :, 3:], rtol=0, atol=0)
+    assert alibi(4, dtype=torch.float64).dtype == torch.float64
+    assert alibi.state_dict() == {}  # no parameters, nothing persistent
+    with pytest.raises(ValueError, match="non-negative"):
+        alibi(-1)

@@ -2,6 +2,9 @@
 
     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V            ("Attention Is All You Need", eq. 1)
 
+with, beside the mask, an additive position bias ``B`` (ALiBi, T5's relative buckets):
+``softmax(Q K^T * scale + B) V``.
+
 Axis names, shared by every signature in the library:
 
     b  batch            t  query positions          s  key/value positions
@@ -13,6 +16,10 @@ Behaviour that is specified (and tested against torch):
 * Boolean masks are keep-masks (True = may attend); float masks are added to the logits. Masks are
   ``(t, s)`` or ``(b, h, t, s)`` with ``b``, ``h`` and ``t`` allowed to be 1 (broadcast). A 3-D mask is
   refused: torch would silently read ``(b, t, s)`` as ``(h, t, s)``.
+* ``attn_bias`` is a float tensor added to the logits after scaling, beside the mask (the split of
+  x-transformers: the mask says which keys may be attended, the bias how much each is favoured). Its shape
+  is ``(t, s)`` or ``(b, h, t, s)`` with ``b``, ``h`` and ``t`` allowed to be 1; it is one per *query*
+  head ``h``, also with grouped-query heads. ``attn_bias`` plus a float ``attn_mask`` is their sum.
 * ``is_causal=True`` is a real flag, ANDed with any ``attn_mask``, aligned bottom-right when ``t != s``
   (see :func:`typed_transformer.masks.causal_mask`).
 * A query row with no allowed key gives **zero output and zero weights**, with finite (zero) gradients.
@@ -25,7 +32,7 @@ Behaviour that is specified (and tested against torch):
 
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, TypeAlias, overload
 
 import torch
 import torch.nn.functional as F
@@ -37,17 +44,44 @@ from ._deprecation import warn_deprecated as _warn_deprecated
 from .masks import AttnMask, causal_mask, merge_causal
 from .shapecheck import raise_shape_error, typechecked
 
-__all__ = ["Backend", "scaled_dot_product_attention", "scaled_dot_product_attention_with_weights"]
+__all__ = ["AttnBias", "Backend", "scaled_dot_product_attention", "scaled_dot_product_attention_with_weights"]
 
 Backend = Literal["reference", "sdpa"]
 
+#: An additive attention bias: float, ``(t, s)`` or ``(b, h, t, s)`` where ``b``, ``h`` and ``t`` may be 1.
+AttnBias: TypeAlias = Float[Tensor, "#b #h #t s"] | Float[Tensor, "t s"]
 
+
+# The deprecated return_weights flag changes the return type: the overloads make it exact for type checkers
+# (False or left out: the output alone; True: (output, weights)).
+@overload
+def scaled_dot_product_attention(
+    q: Float[Tensor, "b h t d"], k: Float[Tensor, "b g s d"], v: Float[Tensor, "b g s dv"], *,
+    attn_mask: AttnMask | None = None, attn_bias: AttnBias | None = None, is_causal: bool = False,
+    scale: float | None = None, dropout_p: float = 0.0, return_weights: Literal[False] = False,
+    backend: Backend = "reference",
+) -> Float[Tensor, "b h t dv"]: ...
+@overload
+def scaled_dot_product_attention(
+    q: Float[Tensor, "b h t d"], k: Float[Tensor, "b g s d"], v: Float[Tensor, "b g s dv"], *,
+    attn_mask: AttnMask | None = None, attn_bias: AttnBias | None = None, is_causal: bool = False,
+    scale: float | None = None, dropout_p: float = 0.0, return_weights: Literal[True],
+    backend: Backend = "reference",
+) -> tuple[Float[Tensor, "b h t dv"], Float[Tensor, "b h t s"]]: ...
+@overload
+def scaled_dot_product_attention(
+    q: Float[Tensor, "b h t d"], k: Float[Tensor, "b g s d"], v: Float[Tensor, "b g s dv"], *,
+    attn_mask: AttnMask | None = None, attn_bias: AttnBias | None = None, is_causal: bool = False,
+    scale: float | None = None, dropout_p: float = 0.0, return_weights: bool,
+    backend: Backend = "reference",
+) -> Float[Tensor, "b h t dv"] | tuple[Float[Tensor, "b h t dv"], Float[Tensor, "b h t s"]]: ...
 def scaled_dot_product_attention(
     q: Float[Tensor, "b h t d"],
     k: Float[Tensor, "b g s d"],
     v: Float[Tensor, "b g s dv"],
     *,
     attn_mask: AttnMask | None = None,
+    attn_bias: AttnBias | None = None,
     is_causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
@@ -62,6 +96,9 @@ def scaled_dot_product_attention(
         v: values ``(b, g, s, dv)``.
         attn_mask: boolean keep-mask (True = may attend) or additive float mask, ``(t, s)`` or
             ``(b, h, t, s)`` with broadcastable ``b``, ``h`` and ``t``.
+        attn_bias: additive float bias on the logits, after scaling (a position bias such as
+            :class:`~typed_transformer.positions.ALiBiPositionalBias`), ``(t, s)`` or ``(b, h, t, s)`` with
+            broadcastable ``b``, ``h`` and ``t``; one per query head.
         is_causal: apply a bottom-right aligned causal mask (ANDed with ``attn_mask``).
         scale: logit scale; default ``1 / sqrt(d)``.
         dropout_p: dropout on the attention weights, always applied when > 0 (pass 0.0 in eval mode).
@@ -87,10 +124,10 @@ def scaled_dot_product_attention(
             raise ValueError("scaled_dot_product_attention: backend='sdpa' cannot return weights; "
                              "use backend='reference'")
     if backend == "sdpa":
-        return _sdpa(q, k, v, attn_mask, is_causal, scale, dropout_p)
+        return _sdpa(q, k, v, attn_mask, attn_bias, is_causal, scale, dropout_p)
     if backend != "reference":
         raise ValueError(f"scaled_dot_product_attention: backend must be 'reference' or 'sdpa', got {backend!r}")
-    out, weights = _reference(q, k, v, attn_mask, is_causal, scale, dropout_p)
+    out, weights = _reference(q, k, v, attn_mask, attn_bias, is_causal, scale, dropout_p)
     return (out, weights) if return_weights else out
 
 
@@ -100,6 +137,7 @@ def scaled_dot_product_attention_with_weights(
     v: Float[Tensor, "b g s dv"],
     *,
     attn_mask: AttnMask | None = None,
+    attn_bias: AttnBias | None = None,
     is_causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
@@ -118,7 +156,7 @@ def scaled_dot_product_attention_with_weights(
         ValueError: ``dropout_p`` outside ``[0, 1)``.
     """
     scale, is_causal = _prepare(scaled_dot_product_attention_with_weights, q, k, v, scale, is_causal, dropout_p)
-    return _reference(q, k, v, attn_mask, is_causal, scale, dropout_p)
+    return _reference(q, k, v, attn_mask, attn_bias, is_causal, scale, dropout_p)
 
 
 def _prepare(function: Callable[..., object], q: Tensor, k: Tensor, v: Tensor, scale: float | None,
@@ -145,8 +183,8 @@ def _prepare(function: Callable[..., object], q: Tensor, k: Tensor, v: Tensor, s
     return scale, is_causal
 
 
-def _reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float,
-               dropout_p: float) -> tuple[Tensor, Tensor]:
+def _reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, attn_bias: Tensor | None,
+               is_causal: bool, scale: float, dropout_p: float) -> tuple[Tensor, Tensor]:
     """The paper's equation with our conventions: ``(output, weights)``."""
     t, s, g = q.shape[2], k.shape[2], k.shape[1]
     keep: Tensor | None = causal_mask(t, s, device=q.device) if is_causal else None
@@ -162,11 +200,13 @@ def _reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_cau
     grouped_q = rearrange(q.to(compute), "b (g r) t d -> b g r t d", g=g)
     logits = einsum(grouped_q, k.to(compute), "b g r t d, b g s d -> b g r t s") * scale
     logits = rearrange(logits, "b g r t s -> b (g r) t s")
+    if attn_bias is not None:
+        logits = logits + attn_bias.to(compute)
     if bias is not None:
         logits = logits + bias.to(compute)
     if keep is not None:
         logits = logits.masked_fill(~keep, float("-inf"))
-    if keep is None and bias is None:
+    if keep is None and bias is None and attn_bias is None:
         weights = logits.softmax(dim=-1)
     else:
         # Rows where every key is masked: softmax over all -inf is NaN. Give them zero weights instead,
@@ -181,14 +221,14 @@ def _reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_cau
     return out, weights.to(q.dtype)
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, scale: float,
-          dropout_p: float) -> Tensor:
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, attn_bias: Tensor | None, is_causal: bool,
+          scale: float, dropout_p: float) -> Tensor:
     """The same computation through ``F.scaled_dot_product_attention``, with our conventions imposed."""
     t, s = q.shape[2], k.shape[2]
     mask = attn_mask
     torch_causal = False
     if is_causal:
-        if mask is None and t == s and scale > 0:
+        if mask is None and attn_bias is None and t == s and scale > 0:
             # torch's top-left alignment equals ours when t == s, and the flag lets it pick a fast kernel.
             # (Its CPU kernel returns NaN for causal rows with a non-positive scale: build the mask then.)
             torch_causal = True
@@ -196,6 +236,15 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: 
             mask = merge_causal(mask, t, s, device=q.device)
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
+    if attn_bias is not None:
+        # torch takes one float mask: the bias, with -inf where a boolean mask forbids (or plus a float mask).
+        bias = attn_bias.to(q.dtype)
+        if mask is None:
+            mask = bias
+        elif mask.dtype == torch.bool:
+            mask = torch.where(mask, bias, torch.tensor(float("-inf"), dtype=q.dtype, device=q.device))
+        else:
+            mask = mask + bias
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=torch_causal,
                                          scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     if mask is not None:

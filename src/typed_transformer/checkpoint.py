@@ -30,7 +30,6 @@ import json
 import math
 import os
 import re
-import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._paths import temporary_path
+from .config import TrainConfig
 from .data import CharTokenizer, DataError
 from .gpt import GPT, GPTConfig
 
@@ -53,6 +54,7 @@ __all__ = [
     "run_directory",
     "save_checkpoint",
     "temporary_path",
+    "write_atomically",
 ]
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
@@ -88,12 +90,6 @@ class Checkpoint:
 # ---------------------------------------------------------------------------------------------------
 # Temporary files and the run directory
 # ---------------------------------------------------------------------------------------------------
-
-
-def temporary_path(final: Path) -> Path:
-    """A unique temporary name next to ``final`` (``.NAME.tmp-PID-RANDOM.SUFFIX``), removed by
-    :func:`remove_temporaries` when a run was killed before it could rename or delete it."""
-    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}{final.suffix}")
 
 
 def remove_temporaries(directory: Path) -> list[Path]:
@@ -231,6 +227,38 @@ def _optimizer_tensors(state: dict[str, Any]) -> tuple[dict[str, Tensor], dict[s
     return tensors, {"param_groups": state["param_groups"], "state": per_param}
 
 
+def write_atomically(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+    """Write a safetensors file through a temporary file, fsync and rename: ``path`` is the old file or the
+    new one, never a torn one. An OSError leaves the old file as it was and removes the temporary."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    temporary = temporary_path(path)
+    try:
+        # O_EXCL on a fresh random name; mode 0o666 filtered by the umask, like any file the user creates.
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        mode = temporary.stat().st_mode & 0o777  # 0o666 less the umask; safetensors writes files 0o600
+        try:
+            save_file(tensors, str(temporary), metadata=metadata)
+            os.chmod(temporary, mode)
+        except SafetensorError as err:  # its I/O errors end in "(os error N)": make them the OSError they are
+            found = re.search(r"os error (\d+)", str(err))
+            number = int(found.group(1)) if found else errno.EIO
+            raise OSError(number, os.strerror(number), str(temporary)) from None
+        with open(temporary, "rb") as stream:
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every platform)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
 def save_checkpoint(
     path: str | Path,
     model: GPT,
@@ -249,9 +277,6 @@ def save_checkpoint(
         OSError: the file cannot be written (the previous checkpoint, if any, is left as it was and the
             temporary file is removed).
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
     path = Path(path)
     if path.is_dir() or not path.suffix:
         path = path / CHECKPOINT_NAME
@@ -278,30 +303,7 @@ def save_checkpoint(
         "info": json.dumps(info or {}),
     }
     metadata["sha256"] = _digest(tensors, metadata)
-    temporary = temporary_path(path)
-    try:
-        # O_EXCL on a fresh random name; mode 0o666 filtered by the umask, like any file the user creates.
-        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        mode = temporary.stat().st_mode & 0o777  # 0o666 less the umask; safetensors writes files 0o600
-        try:
-            save_file(tensors, str(temporary), metadata=metadata)
-            os.chmod(temporary, mode)
-        except SafetensorError as err:  # its I/O errors end in "(os error N)": make them the OSError they are
-            found = re.search(r"os error (\d+)", str(err))
-            number = int(found.group(1)) if found else errno.EIO
-            raise OSError(number, os.strerror(number), str(temporary)) from None
-        with open(temporary, "rb") as stream:
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every platform)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+    write_atomically(path, tensors, metadata)
     return path
 
 
@@ -341,8 +343,6 @@ def _validate_history(history: Any, iteration: int) -> list[dict[str, float]]:
 
 
 def _validate_train_config(config: Any) -> dict[str, Any]:
-    from .training import TrainConfig
-
     if not isinstance(config, dict):
         raise ValueError(f"train_config must be a dict, got {type(config).__name__}")
     known = set(TrainConfig.__dataclass_fields__)

@@ -4,7 +4,9 @@
   any model size on top of a preset, ``--config FILE.toml``, gradient accumulation, ``--compile``, ``--dtype``;
   under ``torchrun`` (``torchrun --standalone --nproc-per-node N -m typed_transformer train ...``) one
   ``DistributedDataParallel`` process per rank (docs/training.md).
-* ``generate``: sample text from a checkpoint.
+* ``generate``: sample text from a checkpoint (several prompts: one padded batch).
+* ``train-seq2seq``: train the encoder-decoder on a synthetic task (copy, reverse, sort, add) or a file of
+  tab-separated pairs, printing held-out exact match; ``translate``: greedy or beam decoding with its checkpoint.
 * ``bench attention`` / ``bench gpt`` / ``bench checks``: the scripts in the checkout's ``benchmarks/`` folder
   (side-by-side ratios); not part of the installed library, so they need a source checkout.
 * ``audit MODULE:ATTR``: audit a third-party attention function; ``audit --module MODULE:CLASS --spec NAME
@@ -92,6 +94,19 @@ _fraction = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 _dropout = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
+def _threads(text: str) -> int | str:
+    """``--threads``: ``auto`` or a positive integer."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    value: int = _number(int, lambda v: v > 0, "a positive integer or auto")(text)
+    return value
+
+
+_THREADS_HELP = ("intra-op threads: auto (default) times real steps at 1 .. usable cores and keeps the fastest, "
+                 "re-checked when the step time drifts; a number fixes it (as do OMP_NUM_THREADS or the "
+                 "caller's torch.set_num_threads)")
+
+
 def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     """The command line's parser; ``train_defaults`` (from ``--config``) replace the train flags' defaults."""
     from . import __version__
@@ -108,8 +123,8 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     train.add_argument("--data", type=Path, default=None,
                        help="UTF-8 text file (default: ~1 MB of this Python's standard-library source)")
     train.add_argument("--preset", choices=["baby", "seed"], default=None,
-                       help="baby (default): 4x4x128, block 64 (nanoGPT's CPU run); seed: 6x6x384, block 256, "
-                            "dropout 0.2")
+                       help="baby (default): 4x4x128, block 64 (nanoGPT's CPU run); seed: the original tutorial's "
+                            "model (6x6x384, block 256, dropout 0.2, ReLU, no q/k/v biases, untied head)")
     train.add_argument("--max-iters", type=_int_in(1, MAX_ITERS), default=None, help="optimizer steps (default 2000)")
     train.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train (default cpu)")
     train.add_argument("--out", type=Path, default=Path("runs/gpt"), help="checkpoint directory (default runs/gpt)")
@@ -136,6 +151,8 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                        help="characters to sample at the end (default 300)")
     train.add_argument("--no-progress", action="store_true",
                        help="no progress bar (it is drawn only when stderr is a terminal)")
+    train.add_argument("--verbose", action="store_true",
+                       help="also print the model's module tree (as the original tutorial's training log does)")
     size = train.add_argument_group("model size (on top of the preset)")
     size.add_argument("--n-layer", type=_int_in(1, MAX_LAYERS), default=None, help="transformer blocks")
     size.add_argument("--n-head", type=_int_in(1, MAX_WIDTH), default=None, help="must divide --n-embd")
@@ -143,7 +160,17 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                       help="key/value heads (grouped-query attention; must divide --n-head)")
     size.add_argument("--n-embd", type=_int_in(1, MAX_WIDTH), default=None, help="model width")
     size.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
-                      help="biases in the linear layers and layer norms (default: no)")
+                      help="biases in the layer norms, attention output projections and feed-forward layers "
+                           "(default: preset's; baby: no)")
+    size.add_argument("--qkv-bias", action=argparse.BooleanOptionalAction, default=None,
+                      help="biases in the query/key/value projections (default: as --bias; seed preset: no)")
+    size.add_argument("--lm-head-bias", action=argparse.BooleanOptionalAction, default=None,
+                      help="a bias in the output head (default: preset's; baby: no, seed: yes)")
+    size.add_argument("--tie-weights", action=argparse.BooleanOptionalAction, default=None,
+                      help="share the output head's weight with the token embedding (default: preset's; baby: "
+                           "yes, seed: no)")
+    size.add_argument("--activation", choices=["gelu", "gelu_tanh", "relu"], default=None,
+                      help="feed-forward activation (default: preset's; baby: gelu, seed: relu)")
     scale = train.add_argument_group("scale and speed")
     scale.add_argument("--grad-accum", type=_int_in(1, MAX_BATCH_SIZE), default=None,
                        help="micro-batches per optimizer step; --batch-size is the global batch (default 1)")
@@ -153,6 +180,7 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                        help="torch.compile the training steps (default: no)")
     scale.add_argument("--backend", choices=["gloo", "nccl"], default=None,
                        help="torch.distributed backend under torchrun (default: nccl on CUDA, gloo on CPU)")
+    scale.add_argument("--threads", type=_threads, default=None, help=_THREADS_HELP)
     scale.add_argument("--peak-flops", type=_positive_float, default=None,
                        help="one process's peak FLOP/s for the MFU figure (default: a float32 matmul measured "
                             "at start)")
@@ -161,7 +189,11 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
 
     generate = commands.add_parser("generate", help="sample text from a checkpoint")
     generate.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
-    generate.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    generate.add_argument("--prompt", action="append", default=None,
+                          help="text to continue (default: a newline); repeat it for several prompts, generated as "
+                               "one padded batch, each continuing exactly as it would alone")
+    generate.add_argument("--prompts-file", type=Path, default=None,
+                          help="a UTF-8 file with one prompt per line (after any --prompt)")
     generate.add_argument("--max-new-tokens", type=_int_in(0, MAX_TOKENS), default=500,
                           help="characters to generate after the prompt (default 500)")
     generate.add_argument("--temperature", type=_temperature, default=0.8,
@@ -176,10 +208,13 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                           help="random seed of the sampling (default 1337; the same seed gives the same text)")
     generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                           help="where to run the model (default cpu)")
+    generate.add_argument("--threads", type=_threads, default="auto", help=_THREADS_HELP)
     generate.add_argument("--compile", action="store_true",
                           help="torch.compile the forward pass with the weights frozen in (inductor, max-autotune): "
                                "the first call compiles for a minute or more on a CPU, then each cached step runs "
                                "2.5-3x faster (typed-transformer bench gpt)")
+
+    _seq2seq_parsers(commands)
 
     maps = commands.add_parser("attention", help="draw a checkpoint's attention maps over a text (PNG)")
     maps.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
@@ -192,8 +227,7 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     attention = which.add_parser("attention", help="MultiHeadAttention against torch.nn.MultiheadAttention")
     attention.add_argument("--seconds", type=_positive_float, default=2.0,
                            help="rough time budget per size and mode (default 2)")
-    attention.add_argument("--threads", type=_positive_int, default=None,
-                           help="torch intra-op threads (default: torch's choice)")
+    attention.add_argument("--threads", type=_threads, default="auto", help=_THREADS_HELP)
     attention.add_argument("--size", choices=["small", "training", "both"], default="both",
                            help="small: one short batch; training: the baby run's batch; both (default)")
     gpt = which.add_parser("gpt", help="GPT training step against a nanoGPT-style baseline; KV-cache generation")
@@ -202,8 +236,7 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                      help="sequences per training step (default 12, the main job's)")
     gpt.add_argument("--steps", type=_positive_int, default=None,
                      help="measured training steps per variant (default: as many as fit in about 20 s per preset)")
-    gpt.add_argument("--threads", type=_positive_int, default=None,
-                     help="torch intra-op threads (default: torch's choice)")
+    gpt.add_argument("--threads", type=_threads, default="auto", help=_THREADS_HELP)
     gpt.add_argument("--skip-generation", action="store_true",
                      help="time the training steps only, not KV-cache generation")
     gpt.add_argument("--generation-rounds", type=_int_in(1, 100), default=3,
@@ -211,8 +244,7 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     checks = which.add_parser("checks", help="what the shape checks cost: off, default and strict mode")
     checks.add_argument("--seconds", type=_positive_float, default=20.0,
                         help="rough time budget of the training-step comparison (default 20)")
-    checks.add_argument("--threads", type=_positive_int, default=None,
-                        help="torch intra-op threads (default: torch's choice)")
+    checks.add_argument("--threads", type=_threads, default="auto", help=_THREADS_HELP)
 
     audit = commands.add_parser("audit", help="audit a third-party attention function or module against the "
                                 "reference")
@@ -251,6 +283,10 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     audit.add_argument("--decode-sees-all", action="store_true",
                        help="with is_causal a single query sees every key (Hugging Face's sdpa rule)")
     audit.add_argument("--no-autograd", action="store_true", help="skip the gradient check")
+    audit.add_argument("--infer", action="store_true",
+                       help="infer the conventions from the candidate's behaviour instead of declaring them (a "
+                            "module's behavioural ones; its --spec says where the weights live); the report "
+                            "starts with them and the input that decided each")
     audit.add_argument("--checks", default=None, help="comma-separated subset of the checks")
     audit.add_argument("--dtypes", default="float32,float64", help="comma-separated (default float32,float64)")
     audit.add_argument("--max-examples", type=_positive_int, default=20,
@@ -259,6 +295,48 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                        help="seed of the drawn examples (and of --module's redrawn parameters; default 0)")
     audit.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
     return parser
+
+
+def _seq2seq_parsers(commands: Any) -> None:
+    """``train-seq2seq`` (flags named as :class:`~typed_transformer.seq2seq_training.Seq2SeqConfig`'s fields) and
+    ``translate``."""
+    s2s = commands.add_parser("train-seq2seq", help="train the encoder-decoder on a synthetic task or TSV pairs")
+    s2s.add_argument("--task", choices=["copy", "reverse", "sort", "add"], default="reverse",
+                     help="synthetic task generated on the fly (default reverse); ignored with --data")
+    s2s.add_argument("--data", default=None, help="a UTF-8 file of source<TAB>target lines (character level)")
+    s2s.add_argument("--vocab", type=_int_in(2, 36), default=10, help="task symbols: the first N of 0-9a-z (10)")
+    s2s.add_argument("--min-len", type=_int_in(1, 512), default=1, help="shortest task sequence (1; add: digits)")
+    s2s.add_argument("--max-len", type=_int_in(1, 512), default=10, help="longest task sequence (10; add: digits)")
+    s2s.add_argument("--held-out", type=_fraction, default=0.1, help="fraction of --data held out (0.1)")
+    s2s.add_argument("--eval-pairs", type=_int_in(1, 100_000), default=500, help="held-out task pairs (500)")
+    s2s.add_argument("--d-model", type=_int_in(1, MAX_WIDTH), default=64, help="model width (64)")
+    s2s.add_argument("--nhead", type=_int_in(1, 1024), default=4, help="attention heads (4)")
+    s2s.add_argument("--layers", type=_int_in(1, MAX_LAYERS), default=2, help="encoder and decoder layers each (2)")
+    s2s.add_argument("--dim-feedforward", type=_int_in(1, MAX_WIDTH), default=256, help="feed-forward width (256)")
+    s2s.add_argument("--dropout", type=_number(float, lambda v: 0 <= v < 1, "a number in [0, 1)"), default=0.0,
+                     help="dropout (0)")
+    s2s.add_argument("--post-norm", dest="norm_first", action="store_false",
+                     help="the paper's post-LN layers (default: pre-LN, which trains faster at this size)")
+    s2s.add_argument("--batch-size", type=_int_in(1, MAX_BATCH_SIZE), default=64, help="pairs per step (64)")
+    s2s.add_argument("--max-iters", type=_int_in(0, MAX_ITERS), default=1500, help="training steps (1500)")
+    s2s.add_argument("--learning-rate", type=_number(float, lambda v: 0 < v <= MAX_LEARNING_RATE, "in (0, 1]"),
+                     default=2e-3, help="Adam's peak learning rate (2e-3)")
+    s2s.add_argument("--warmup-iters", type=_int_in(0, MAX_ITERS), default=100, help="linear warmup steps (100)")
+    s2s.add_argument("--eval-interval", type=_int_in(1, MAX_ITERS), default=250,
+                     help="evaluate and save every N steps (250)")
+    s2s.add_argument("--seed", type=_seed, default=1337, help="data, initialisation and dropout seed (1337)")
+    s2s.add_argument("--threads", type=_int_in(1, 1024), default=None, help="torch intra-op threads")
+    s2s.add_argument("--out", type=Path, default=Path("out-seq2seq"), help="run directory (out-seq2seq)")
+    s2s.add_argument("--resume", action="store_true", help="continue the run in --out")
+    s2s.add_argument("--overwrite", action="store_true", help="replace the checkpoint in --out")
+    s2s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr = commands.add_parser("translate", help="decode sources with a train-seq2seq checkpoint")
+    tr.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
+    tr.add_argument("--text", action="append", default=None,
+                    help="a source to decode (repeat it for several; default: each line of stdin)")
+    tr.add_argument("--beam", type=_int_in(1, 1024), default=1, help="beam width (1: greedy)")
+    tr.add_argument("--max-new-tokens", type=_int_in(1, MAX_TOKENS), default=None,
+                    help="longest output (default: twice the source plus 10)")
 
 
 def _fail(message: str) -> int:
@@ -301,7 +379,8 @@ def _cuda_or_fail(device: str) -> None:
 
 #: What ``train``, ``generate`` and ``attention`` need beyond the core install: the ``[train]`` extra.
 TRAIN_EXTRA = {"train": ("safetensors", "numpy", "tqdm", "matplotlib"), "generate": ("safetensors", "numpy"),
-               "attention": ("safetensors", "numpy", "matplotlib")}
+               "attention": ("safetensors", "numpy", "matplotlib"), "train-seq2seq": ("safetensors", "numpy", "tqdm"),
+               "translate": ("safetensors", "numpy")}
 
 
 def _require_train_extra(command: str) -> None:
@@ -321,7 +400,7 @@ def _require_train_extra(command: str) -> None:
 #: Options a resumed run may change (the model, the data, the vocabulary and the seed may not).
 CHANGEABLE_ON_RESUME = ("--max-iters", "--lr", "--batch-size", "--eval-interval", "--eval-iters",
                         "--checkpoint-interval", "--sample-tokens", "--device", "--no-progress", "--grad-accum",
-                        "--dtype", "--compile", "--backend", "--peak-flops", "--config")
+                        "--dtype", "--compile", "--backend", "--peak-flops", "--config", "--verbose", "--threads")
 
 #: Train options a ``--config`` file may not hold: they are about one invocation, not the run.
 NOT_IN_CONFIG = ("config", "resume", "overwrite", "command")
@@ -464,13 +543,15 @@ def _train_locked(args: argparse.Namespace) -> int:
     text_sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
     overrides: dict[str, Any] = {}
     train_overrides: dict[str, Any] = {}
-    for key in ("block_size", "dropout", "positional", "n_layer", "n_head", "n_kv_heads", "n_embd", "bias"):
+    for key in ("block_size", "dropout", "positional", "n_layer", "n_head", "n_kv_heads", "n_embd", "bias",
+                "qkv_bias", "lm_head_bias", "tie_weights", "activation"):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
     for flag, key in (("max_iters", "max_iters"), ("batch_size", "batch_size"), ("lr", "learning_rate"),
                       ("eval_interval", "eval_interval"), ("eval_iters", "eval_iters"), ("seed", "seed"),
                       ("sample_tokens", "sample_tokens"), ("checkpoint_interval", "checkpoint_interval"),
-                      ("grad_accum", "grad_accum"), ("dtype", "dtype"), ("compile", "compile")):
+                      ("grad_accum", "grad_accum"), ("dtype", "dtype"), ("compile", "compile"),
+                      ("threads", "threads")):
         if getattr(args, flag) is not None:
             train_overrides[key] = getattr(args, flag)
     if args.dtype == "float16" and not args.device.startswith("cuda"):
@@ -542,11 +623,17 @@ def _train_locked(args: argparse.Namespace) -> int:
           f"train {len(data.train):,} / val {len(data.val):,} tokens", file=err)
     print(f"model: {preset} preset, {model.num_parameters():,} parameters (without positions), "
           f"{model.config}", file=err)
+    if args.verbose:
+        print(model, file=err)  # the module tree, as the original tutorial's log prints its model
     print(f"train: {config}", file=err)
     rows = config.batch_size // world
+    from .threads import resolve_threads
+
+    threads = resolve_threads(config.threads)
     print(f"batch: {config.batch_size} sequences per step = {world} process(es) x {config.grad_accum} "
           f"micro-batch(es) x {rows // config.grad_accum}"
-          + (f"; torch.distributed {torch.distributed.get_backend()}" if world > 1 else ""), file=err)
+          + (f"; torch.distributed {torch.distributed.get_backend()}" if world > 1 else "")
+          + f"; {threads.describe()}", file=err)
     if config.dtype == "bfloat16" and not args.device.startswith("cuda") and main:
         slow = _slow_bfloat16()
         if slow is not None:
@@ -556,9 +643,11 @@ def _train_locked(args: argparse.Namespace) -> int:
         from .training import measure_matmul_flops
 
         kind = torch.float32 if not args.device.startswith("cuda") else DTYPES[config.dtype]
+        if threads.count is not None and threads.source == "--threads":
+            torch.set_num_threads(threads.count)
         peak = measure_matmul_flops(args.device, kind)
-        print(f"peak: {peak / 1e9:,.1f} GFLOP/s per process ({str(kind).removeprefix('torch.')} matmul, measured; "
-              "MFU is against this, or --peak-flops)", file=err)
+        print(f"peak: {peak / 1e9:,.1f} GFLOP/s per process ({str(kind).removeprefix('torch.')} matmul at "
+              f"{torch.get_num_threads()} threads, measured; MFU is against this, or --peak-flops)", file=err)
     info = {"source": source, "text_chars": len(text), "text_sha256": text_sha256,
             "preset": resume.info.get("preset") if resume is not None else preset,
             "config_file": str(args.config) if args.config is not None else None}
@@ -601,30 +690,42 @@ def _check_sizes(batch_size: int, block_size: int, eval_iters: int) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     _require_train_extra("generate")
-    import torch
-
     from .checkpoint import load_checkpoint
+    from .data import read_prompts
+    from .generation import continue_prompts
 
     _cuda_or_fail(args.device)
     checkpoint = load_checkpoint(args.checkpoint, map_location=args.device)
-    prompt = args.prompt
-    if not prompt:
-        raise ValueError("--prompt is empty")
-    ids = torch.tensor([checkpoint.tokenizer.encode(prompt)], device=args.device)
+    prompts = [*(args.prompt or []), *(read_prompts(args.prompts_file) if args.prompts_file else [])] or ["\n"]
+    if "" in prompts:
+        raise ValueError(f"--prompt is empty (prompt {prompts.index('') + 1})")
     model = checkpoint.model.eval()
+    # Timed on a unit of the work to come: the prompts' forward and 8 cached greedy steps.
+    _choose_threads(args.threads, lambda: continue_prompts(model, checkpoint.tokenizer, prompts, 8, seed=args.seed,
+                                                           device=args.device, greedy=True))
     if args.compile:
         import warnings
 
-        from .training import compile_for_generation
+        from . import generation
 
         # Raised inside torch's autotuner while it compiles, about torch's own storage API: not the user's concern.
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
-        model = compile_for_generation(model)
-    generator = torch.Generator(device=args.device).manual_seed(args.seed)
-    out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, greedy=args.greedy, generator=generator)
-    print(checkpoint.tokenizer.decode(out[0].cpu()))
+        model = generation.compile_for_generation(model)
+    texts = continue_prompts(model, checkpoint.tokenizer, prompts, args.max_new_tokens, seed=args.seed,
+                             device=args.device, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                             greedy=args.greedy)
+    for i, text in enumerate(texts):
+        if len(prompts) > 1:
+            print(f"==> prompt {i + 1} <==")
+        print(text)
     return 0
+
+
+def _choose_threads(requested: int | str | None, step: Callable[[], object]) -> None:
+    """Set the thread count for a command that is not a training run: fixed, or tuned on ``step``."""
+    from .threads import settle_threads
+
+    settle_threads(requested, step)
 
 
 def _attention(args: argparse.Namespace) -> int:
@@ -673,6 +774,12 @@ def _run_training_command(args: argparse.Namespace) -> int:
     from .data import DataError
 
     try:
+        if args.command in ("train-seq2seq", "translate"):
+            from . import seq2seq_training
+
+            _require_train_extra(args.command)
+            return (seq2seq_training.train_command if args.command == "train-seq2seq"
+                    else seq2seq_training.translate_command)(args)
         return {"train": _train, "generate": _generate, "attention": _attention}[args.command](args)
     except (DataError, CheckpointError, RunDirectoryError, ValueError) as err:
         if _rank() != 0:  # under torchrun every rank checks the same input: rank 0 alone says what is wrong
@@ -738,6 +845,11 @@ def _audit(args: argparse.Namespace) -> int:
                      "even_head_size": False, "no_mask": False, "no_causal": False, "no_mask_with_causal": False,
                      "decode_sees_all": False, "no_autograd": False}
     changed = [name for name, default in function_only.items() if getattr(args, name) != default]
+    if args.infer and changed:
+        return _fail(f"--{changed[0].replace('_', '-')} declares a convention; --infer decides them from the "
+                     f"candidate's behaviour (give one or the other)")
+    if args.infer and args.fully_masked is not None:
+        return _fail("--fully-masked declares a convention; --infer decides it from the candidate's behaviour")
     if args.module is not None and changed:
         return _fail(f"--{changed[0].replace('_', '-')} describes a candidate function; a module's conventions come "
                      f"from its --spec")
@@ -783,8 +895,14 @@ def _audit(args: argparse.Namespace) -> int:
 
             # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
             module = randomize_parameters(module, args.seed)
-            report = audit_module(module, spec, fully_masked=args.fully_masked, name=f"{target} (spec {spec.name})",
-                                  **options)
+            if args.infer:
+                report = audit_module(module, spec, conventions="infer", name=f"{target} (spec {spec.name})",
+                                      **options)
+            else:
+                report = audit_module(module, spec, fully_masked=args.fully_masked,
+                                      name=f"{target} (spec {spec.name})", **options)
+        elif args.infer:
+            report = audit_attention(candidate, conventions="infer", name=target, **options)
         else:
             conventions = Conventions(
                 layout=args.layout, mask_polarity=args.mask_polarity, causal_alignment=args.causal_alignment,
@@ -841,7 +959,7 @@ def _main(argv: list[str] | None) -> int:
         except ValueError as err:
             return _fail(str(err))
         args = build_parser(defaults).parse_args(argv)  # the file's values as defaults: flags override them
-    if args.command in ("train", "generate", "attention"):
+    if args.command in ("train", "generate", "attention", "train-seq2seq", "translate"):
         return _run_training_command(args)
     if args.command == "bench":
         try:
@@ -849,19 +967,16 @@ def _main(argv: list[str] | None) -> int:
         except ValueError as err:
             return _fail(str(err))
     if args.command == "bench" and args.which == "gpt":
-        import torch
-
         bench_generation, bench_gpt_training = bench.bench_generation, bench.bench_gpt_training
         decode_step_costs, format_gpt_table = bench.decode_step_costs, bench.format_gpt_table
 
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
         presets = [p.strip() for p in args.presets.split(",") if p.strip()]
         unknown = [p for p in presets if p not in ("baby", "seed")]
         if unknown:
             return _fail(f"--presets: unknown preset {unknown[0]!r} (choose baby, seed)")
         if not presets:
             return _fail(f"--presets: no preset in {args.presets!r} (choose baby, seed, or both: baby,seed)")
+        _choose_threads(args.threads, bench.thread_probe(args.which))
         training = bench_gpt_training(presets, batch_size=args.batch_size, steps=args.steps)
         generation = [] if args.skip_generation else bench_generation(block_sizes=(64,))
         costs = None if args.skip_generation else decode_step_costs()
@@ -877,21 +992,15 @@ def _main(argv: list[str] | None) -> int:
                 print(bench.format_generation_targets(targets))
         return 0
     if args.command == "bench" and args.which == "attention":
-        import torch
-
         SMALL, TRAINING = bench.SMALL, bench.TRAINING
         bench_attention, format_attention_table = bench.bench_attention, bench.format_attention_table
 
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
+        _choose_threads(args.threads, bench.thread_probe(args.which))
         cases = {"small": [SMALL], "training": [TRAINING], "both": [SMALL, TRAINING]}[args.size]
         print(format_attention_table(bench_attention(cases, seconds=args.seconds)))
         return 0
     if args.command == "bench" and args.which == "checks":
-        import torch
-
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
+        _choose_threads(args.threads, bench.thread_probe(args.which))
         print(bench.bench_checks(seconds=args.seconds))
         return 0
     if args.command == "audit":

@@ -15,7 +15,8 @@ from torch import Tensor
 
 from .shapecheck import typechecked
 
-__all__ = ["CharTokenizer", "DataError", "TextData", "default_corpus", "get_batch", "load_text"]
+__all__ = ["CharTokenizer", "DataError", "TextData", "default_corpus", "get_batch", "left_pad", "load_text",
+           "read_prompts"]
 
 #: Size of the default corpus, in characters (the files are taken whole, so it ends a little above this).
 DEFAULT_CORPUS_CHARS = 1_000_000
@@ -152,3 +153,20 @@ def get_batch(data: Int[Tensor, " n"], batch_size: int, block_size: int, generat
 
 
 get_batch = typechecked(get_batch)
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """The prompts of a UTF-8 file, one per line; blank lines are skipped (:func:`load_text`'s checks apply)."""
+    prompts = [line for line in load_text(path).splitlines() if line.strip()]
+    if not prompts:
+        raise DataError(f"{path}: no prompt (every line is blank)")
+    return prompts
+
+
+def left_pad(rows: list[list[int]], *, pad: int = 0, device: str | torch.device = "cpu"
+             ) -> tuple[Int[Tensor, "b t"], Int[Tensor, " b"]]:
+    """Token id lists as one left-padded ``(b, max length)`` batch and their lengths, the form
+    :meth:`GPT.generate <typed_transformer.gpt.GPT.generate>` takes prompts of different lengths in."""
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[pad] * (width - len(row)) + row for row in rows], dtype=torch.long, device=device)
+    return ids, torch.tensor([len(row) for row in rows], dtype=torch.long, device=device)

@@ -1,19 +1,20 @@
 """A decoder-only, character-level GPT (seeds 003 and 004; nanoGPT's ``model.py`` as the style anchor).
 
-    x_0 = E[idx] + P              token embedding plus positions (learned, sinusoidal, or RoPE inside attention)
+    x_0 = E[idx] + P              token embedding plus positions (learned, sinusoidal; or none here and
+                                  RoPE or ALiBi's bias inside attention)
     x_l = x_{l-1} + Attn(LN(x_{l-1}))         pre-LN blocks with causal self-attention
-    x_l = x_l + MLP(LN(x_l))                  MLP(x) = W_2 GELU(W_1 x), width 4 * n_embd (FeedForward)
+    x_l = x_l + MLP(LN(x_l))                  MLP(x) = W_2 act(W_1 x), width 4 * n_embd (FeedForward; GELU or ReLU)
     logits = LN_f(x_L) E^T                    output head tied to the token embedding (by default)
 
 Shapes: ``idx (b, t)`` token ids, ``logits (b, t, vocab_size)`` (only the last position when no targets are
 given, as nanoGPT does when generating). Attention is :class:`~typed_transformer.MultiHeadAttention`, so the
-model has grouped-query heads (``n_kv_heads``), a KV cache and RoPE with the same code as everything else.
+model has grouped-query heads (``n_kv_heads``), a KV cache, RoPE and ALiBi with the same code as everything else.
 """
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -23,13 +24,13 @@ from torch import Tensor, nn
 
 from .layers import FeedForward
 from .multihead import KVCache, MultiHeadAttention
-from .positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .positions import ALiBiPositionalBias, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .shapecheck import raise_shape_error, shape_checked, typechecked
 
 __all__ = ["GPT", "PRESETS", "GPTConfig"]
 
-Positional = Literal["learned", "sinusoidal", "rope"]
-Activation = Literal["gelu", "gelu_tanh"]
+Positional = Literal["learned", "sinusoidal", "rope", "alibi"]
+Activation = Literal["gelu", "gelu_tanh", "relu"]
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,15 @@ class GPTConfig:
     """Sizes and options of a :class:`GPT`.
 
     ``n_kv_heads`` (default ``n_head``) must divide ``n_head``; ``n_head`` must divide ``n_embd``.
-    ``activation="gelu_tanh"`` is GPT-2's ``gelu_new``.
+    ``activation="gelu_tanh"`` is GPT-2's ``gelu_new``; ``"relu"`` is the original tutorial's feed-forward.
+
+    Biases: ``bias`` switches those of the layer norms, the attention's output projection and the feed-forward;
+    ``qkv_bias`` those of the query/key/value projections (default: as ``bias``); ``lm_head_bias`` the output
+    head's (default none, as in nanoGPT and GPT-2). The original tutorial's model has ``bias=True,
+    qkv_bias=False, lm_head_bias=True`` and an untied head (the ``seed`` preset).
 
     Raises:
-        ValueError: a size that is not a positive ``int``, ``bias`` or ``tie_weights`` that is not a ``bool``
+        ValueError: a size that is not a positive ``int``, a bias switch or ``tie_weights`` that is not a ``bool``
             (``"false"`` would read as true), ``dropout`` outside ``[0, 1)``, ``layer_norm_eps`` not positive and
             finite, an unknown ``positional`` or ``activation``, or sizes that do not divide.
     """
@@ -53,6 +59,8 @@ class GPTConfig:
     n_embd: int = 128
     dropout: float = 0.0
     bias: bool = False
+    qkv_bias: bool | None = None  # None: as bias
+    lm_head_bias: bool = False
     positional: Positional = "learned"
     activation: Activation = "gelu"
     tie_weights: bool = True
@@ -70,7 +78,9 @@ class GPTConfig:
             raise ValueError(f"GPTConfig: n_kv_heads={self.n_kv_heads} must divide n_head={self.n_head}")
         if self.n_kv_heads is not None and (not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool)):
             raise ValueError(f"GPTConfig: n_kv_heads must be None or a positive int, got {self.n_kv_heads!r}")
-        for name in ("bias", "tie_weights"):
+        if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
+            raise ValueError(f"GPTConfig: qkv_bias must be None, True or False, got {self.qkv_bias!r}")
+        for name in ("bias", "lm_head_bias", "tie_weights"):
             if not isinstance(getattr(self, name), bool):  # bool("false") is True: refuse strings and numbers
                 raise ValueError(f"GPTConfig: {name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.dropout, int | float) or isinstance(self.dropout, bool) \
@@ -79,16 +89,22 @@ class GPTConfig:
         eps = self.layer_norm_eps
         if not isinstance(eps, int | float) or isinstance(eps, bool) or not (eps > 0 and math.isfinite(eps)):
             raise ValueError(f"GPTConfig: layer_norm_eps must be a positive finite number, got {eps!r}")
-        if self.positional not in ("learned", "sinusoidal", "rope"):
-            raise ValueError(f"GPTConfig: positional must be learned, sinusoidal or rope, got {self.positional!r}")
-        if self.activation not in ("gelu", "gelu_tanh"):
-            raise ValueError(f"GPTConfig: activation must be gelu or gelu_tanh, got {self.activation!r}")
+        if self.positional not in ("learned", "sinusoidal", "rope", "alibi"):
+            raise ValueError("GPTConfig: positional must be learned, sinusoidal, rope or alibi, "
+                             f"got {self.positional!r}")
+        if self.activation not in ("gelu", "gelu_tanh", "relu"):
+            raise ValueError(f"GPTConfig: activation must be gelu, gelu_tanh or relu, got {self.activation!r}")
         if self.positional == "rope" and (self.n_embd // self.n_head) % 2 != 0:
             raise ValueError(f"GPTConfig: rope needs an even head size, got {self.n_embd // self.n_head}")
 
     @property
     def kv_heads(self) -> int:
         return self.n_head if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def qkv_has_bias(self) -> bool:
+        """Whether the query/key/value projections have biases (``qkv_bias``, else ``bias``)."""
+        return self.bias if self.qkv_bias is None else self.qkv_bias
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,10 +126,13 @@ class GPTConfig:
 
 
 #: ``baby``: nanoGPT's CPU shakespeare_char config (4 layers, 4 heads, 128 wide, block 64, no dropout).
-#: ``seed``: seed 003's model (6 layers, 6 heads, 384 wide, block 256, dropout 0.2).
+#: ``seed``: the original tutorial's model as it prints it (6 layers, 6 heads, 384 wide, block 256, dropout
+#: 0.2, a ReLU feed-forward, no biases on the key/query/value projections but biases everywhere else, an untied
+#: ``lm_head`` with a bias): 10,788,929 parameters with the position table for 65 characters.
 PRESETS: dict[str, dict[str, Any]] = {
     "baby": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "dropout": 0.0},
-    "seed": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "dropout": 0.2},
+    "seed": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "dropout": 0.2, "activation": "relu",
+             "bias": True, "qkv_bias": False, "lm_head_bias": True, "tie_weights": False},
 }
 
 
@@ -132,19 +151,24 @@ class Block(nn.Module):
         self.n_embd = config.n_embd
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.attn = MultiHeadAttention(config.n_embd, config.n_head, num_kv_heads=config.kv_heads,
-                                       dropout=config.dropout, bias=config.bias, rotary=rotary)
+                                       dropout=config.dropout, bias=config.qkv_has_bias, rotary=rotary)
+        if config.qkv_has_bias != config.bias:  # MultiHeadAttention has one switch for both projections
+            self.attn.out_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.mlp = FeedForward(config.n_embd, 4 * config.n_embd, dropout=0.0, activation=config.activation,
                                bias=config.bias)
         self.mlp_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Float[Tensor, "b t {self.n_embd}"], kv_cache: KVCache | None = None
-                ) -> Float[Tensor, "b t {self.n_embd}"]:
-        attended, _ = self.attn(self.ln_1(x), is_causal=True, kv_cache=kv_cache)
+    def forward(self, x: Float[Tensor, "b t {self.n_embd}"], kv_cache: KVCache | None = None, *,
+                attn_bias: Float[Tensor, "#b #h t s"] | None = None) -> Float[Tensor, "b t {self.n_embd}"]:
+        attended, _ = self.attn(self.ln_1(x), is_causal=True, kv_cache=kv_cache, attn_bias=attn_bias)
         x = x + self.resid_dropout(attended)
         out: Tensor = x + self.mlp_dropout(self.mlp(self.ln_2(x)))
         return out
+
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
 
 
 @shape_checked
@@ -163,19 +187,21 @@ class GPT(nn.Module):
         self.config = config
         self.vocab_size = config.vocab_size
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
-        self.pos: nn.Module | None
+        self.pos: nn.Module | None = None
+        self.alibi: ALiBiPositionalBias | None = None
         rotary = None
         if config.positional == "learned":
             self.pos = LearnedPositionalEmbedding(config.block_size, config.n_embd)
         elif config.positional == "sinusoidal":
             self.pos = SinusoidalPositionalEncoding(config.n_embd)
+        elif config.positional == "alibi":
+            self.alibi = ALiBiPositionalBias(config.n_head)
         else:
-            self.pos = None
             rotary = RotaryEmbedding(config.n_embd // config.n_head)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, rotary) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.lm_head_bias)
         if config.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
         self.reset_parameters()
@@ -228,8 +254,9 @@ class GPT(nn.Module):
             if targets is not None:
                 _check_ids("targets", targets, -1, self.vocab_size)  # -1 = ignored position
         x = self._embed(idx, offset)
+        bias = self._attn_bias(t, offset + t, x.dtype)
         for i, block in enumerate(self.blocks):
-            x = block(x, kv_caches[i] if kv_caches is not None else None)
+            x = block(x, kv_caches[i] if kv_caches is not None else None, attn_bias=bias)
         x = self.ln_f(x)
         if targets is None:
             logits = self.lm_head(x if all_positions else x[:, -1:])
@@ -238,6 +265,13 @@ class GPT(nn.Module):
         loss = F.cross_entropy(rearrange(logits, "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)"),
                                ignore_index=-1)
         return logits, loss
+
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
+
+    def _attn_bias(self, t: int, s: int, dtype: torch.dtype) -> Tensor | None:
+        """ALiBi's bias ``(1, n_head, t, s)`` for ``t`` new positions after ``s - t`` cached ones, or None."""
+        return None if self.alibi is None else self.alibi(t, s, dtype=dtype)
 
     def _embed(self, idx: Tensor, offset: int) -> Tensor:
         x = self.tok_emb(idx)
@@ -268,11 +302,14 @@ class GPT(nn.Module):
         maps = []
         with torch.no_grad():
             x = self._embed(idx, 0)
+            bias = self._attn_bias(idx.shape[1], idx.shape[1], x.dtype)
             for block in self.blocks:
                 assert isinstance(block, Block)
-                _, weights = block.attn(block.ln_1(x), is_causal=True, need_weights=True, average_attn_weights=False)
+                _, weights = block.attn(block.ln_1(x), is_causal=True, need_weights=True, average_attn_weights=False,
+                                        attn_bias=bias)
+                assert weights is not None  # need_weights=True
                 maps.append(weights)
-                x = block(x)
+                x = block(x, attn_bias=bias)
         return torch.stack(maps)
 
     from_hf_gpt2: ClassVar[Callable[..., "GPT"]]
@@ -294,8 +331,9 @@ class GPT(nn.Module):
         top_k: int | None = None,
         top_p: float | None = None,
         greedy: bool = False,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
         use_cache: bool = True,
+        lengths: Int[Tensor, " b"] | None = None,
     ) -> Int[Tensor, "b t+{max_new_tokens}"]:
         """Append ``max_new_tokens`` sampled tokens to ``idx``.
 
@@ -306,7 +344,16 @@ class GPT(nn.Module):
         therefore give the same logits.
 
         Sampling: logits / ``temperature``, then the ``top_k`` largest, then the smallest set whose
-        probability reaches ``top_p``; ``greedy`` takes the argmax instead. ``generator`` makes it reproducible.
+        probability reaches ``top_p``; ``greedy`` takes the argmax instead. ``generator`` makes it reproducible;
+        a sequence of ``b`` generators gives each row its own (row ``i`` then draws exactly what generating it
+        alone with ``generator=generators[i]`` draws).
+
+        Prompts of different lengths: ``idx`` left-padded (any ids in the padding) and ``lengths[i]`` the number
+        of real tokens of row ``i`` (its last ``lengths[i]`` positions). Each row is generated as if it were
+        alone: its positions start at 0 at its first real token and no padding is ever attended to. The rows
+        run aligned at their first real token, the longer prompts fed one token per step (through the cache)
+        while the shorter ones already sample, so no attention mask is needed and a row's logits are those of
+        the row alone. The result keeps ``idx`` (padding included) and appends ``max_new_tokens`` per row.
 
         Shape checks: the arguments are checked at this call; the forward passes it makes are the library
         calling itself and are checked again only in strict mode (see :mod:`typed_transformer.shapecheck`).
@@ -320,6 +367,9 @@ class GPT(nn.Module):
         if idx.shape[1] == 0:
             raise_shape_error("typed_transformer.gpt.GPT.generate", "idx",
                               "axis t is 0: generation needs a prompt of at least one token", axis="t", actual=0)
+        if lengths is not None or (generator is not None and not isinstance(generator, torch.Generator)):
+            return self._generate_rows(idx, lengths, max_new_tokens, temperature=temperature, top_k=top_k,
+                                       top_p=top_p, greedy=greedy, generator=generator, use_cache=use_cache)
         block = self.config.block_size
         caches = self.new_caches() if use_cache else None
         logits, _ = self(idx[:, -block:], kv_caches=caches)
@@ -342,6 +392,62 @@ class GPT(nn.Module):
                 caches = self.new_caches() if use_cache else None
                 logits, _ = self(idx[:, -block:], kv_caches=caches)
         return idx
+
+    def _generate_rows(self, idx: Tensor, lengths: Tensor | None, max_new_tokens: int, *, temperature: float,
+                       top_k: int | None, top_p: float | None, greedy: bool,
+                       generator: torch.Generator | Sequence[torch.Generator] | None, use_cache: bool) -> Tensor:
+        """:meth:`generate` for left-padded prompts (``lengths``) or one generator per row."""
+        b, t = idx.shape
+        name = "typed_transformer.gpt.GPT.generate"
+        if lengths is None:
+            lengths = torch.full((b,), t, dtype=torch.long)
+        sizes = [int(n) for n in lengths.tolist()]
+        if any(not 1 <= n <= t for n in sizes):
+            bad = next(n for n in sizes if not 1 <= n <= t)
+            raise ValueError(f"GPT.generate: lengths holds {bad}; every prompt needs 1 to t={t} tokens")
+        generators: list[torch.Generator] | None = None
+        if generator is not None and not isinstance(generator, torch.Generator):
+            generators = list(generator)
+            if len(generators) != b:
+                raise_shape_error(name, "generator", f"holds {len(generators)} generators for {b} rows", axis="b",
+                                  actual=len(generators), expected=b)
+        block = self.config.block_size
+        # Row i aligned at its first real token: aligned[i, :sizes[i]] is its prompt.
+        aligned = torch.stack([torch.roll(row, n - t) for row, n in zip(idx, sizes, strict=True)])
+        shortest, longest = min(sizes), max(sizes)
+        prompt_len = torch.tensor(sizes, device=idx.device)
+        context = aligned[:, :shortest]
+        produced = torch.zeros(b, dtype=torch.long, device=idx.device)
+        new = torch.zeros(b, max_new_tokens, dtype=idx.dtype, device=idx.device)
+        caches = self.new_caches() if use_cache else None
+        logits, _ = self(context[:, -block:], kv_caches=caches)
+        steps = longest - shortest + max_new_tokens
+        for step in range(steps):
+            position = context.shape[1]
+            in_prompt = prompt_len > position
+            sampling = ~in_prompt & (produced < max_new_tokens)
+            next_id = aligned[:, min(position, t - 1)].clone()
+            next_id[~in_prompt] = 0  # rows done with max_new_tokens keep feeding a valid id; never returned
+            rows = sampling.nonzero().flatten().tolist()
+            if rows and generators is not None and not greedy:
+                for i in rows:
+                    next_id[i] = sample(logits[i:i + 1, -1], temperature=temperature, top_k=top_k, top_p=top_p,
+                                        generator=generators[i])[0, 0]
+            elif rows:
+                drawn = sample(logits[rows, -1], temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                               generator=generator if isinstance(generator, torch.Generator) else None)
+                next_id[rows] = drawn[:, 0]
+            new[rows, produced[rows]] = next_id[rows]
+            produced += sampling.long()
+            context = torch.cat([context, next_id[:, None]], dim=1)
+            if step == steps - 1:
+                break
+            if caches is not None and caches[0].length < block:
+                logits, _ = self(next_id[:, None], kv_caches=caches)
+            else:
+                caches = self.new_caches() if use_cache else None
+                logits, _ = self(context[:, -block:], kv_caches=caches)
+        return torch.cat([idx, new], dim=1)
 
     def parameter_groups(self, weight_decay: float) -> list[dict[str, Any]]:
         """AdamW groups: decay on matrices (dim >= 2), none on biases, norms and other vectors."""

@@ -16,7 +16,7 @@ zero output for fully masked rows, and shape checks naming the argument and axis
 """
 
 import math
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -264,6 +264,7 @@ class MultiHeadAttention(nn.Module):
         attn_mask: Bool[Tensor, "t s"] | Float[Tensor, "t s"] | Bool[Tensor, "b t s"] | Float[Tensor, "b t s"]
         | Bool[Tensor, "#b #{self.num_heads} #t s"] | Float[Tensor, "#b #{self.num_heads} #t s"] | None = None,
         key_padding_mask: Bool[Tensor, "b s"] | None = None,
+        attn_bias: Float[Tensor, "#b #{self.num_heads} #t s"] | Float[Tensor, "t s"] | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
         average_attn_weights: bool = True,
@@ -281,6 +282,10 @@ class MultiHeadAttention(nn.Module):
             attn_mask: keep-mask (True = may attend) or additive float mask: ``(t, s)``, ``(b, t, s)`` or
                 ``(b, h, t, s)`` (``b``, ``h`` and ``t`` may be 1).
             key_padding_mask: ``(b, s)``, True = real token, False = padding (never attended to).
+            attn_bias: additive float bias on each head's logits after scaling (a position bias such as
+                :class:`~typed_transformer.positions.ALiBiPositionalBias`): ``(t, s)`` or ``(b, h, t, s)``
+                (``b``, ``h`` and ``t`` may be 1), covering the cached positions too; the appended
+                ``add_bias_kv``/``add_zero_attn`` keys get no bias.
             is_causal: bottom-right aligned causal mask, ANDed with the other masks.
             need_weights: also return the attention weights (computed on the reference path).
             average_attn_weights: average the returned weights over heads ``(b, t, s')``; otherwise
@@ -315,7 +320,8 @@ class MultiHeadAttention(nn.Module):
         s = offset + t if key is None else key.shape[1]
         if self_attention:
             # With key=None the keys are the query positions (plus any cached ones): masks must say so too.
-            for name, mask in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
+            for name, mask in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask),
+                               ("attn_bias", attn_bias)):
                 if mask is not None and mask.shape[-1] != s:
                     why = f"self-attention with {offset} cached positions" if offset else "self-attention: s = t"
                     raise_shape_error(MultiHeadAttention.forward, name,
@@ -340,20 +346,25 @@ class MultiHeadAttention(nn.Module):
 
         mask = self._combined_mask(attn_mask, key_padding_mask, t, s, is_causal and self.extra_keys > 0)
         core_causal = is_causal and self.extra_keys == 0
+        if attn_bias is not None and self.extra_keys:
+            attn_bias = F.pad(attn_bias, (0, self.extra_keys), value=0.0)
         dropout_p = self.dropout if self.training else 0.0
         weights: Tensor | None = None
         if need_weights:
-            out, weights = scaled_dot_product_attention_with_weights(q, k, v, attn_mask=mask, is_causal=core_causal,
-                                                                     dropout_p=dropout_p)
+            out, weights = scaled_dot_product_attention_with_weights(q, k, v, attn_mask=mask, attn_bias=attn_bias,
+                                                                     is_causal=core_causal, dropout_p=dropout_p)
             if average_attn_weights:
                 weights = reduce(weights, "b h t s -> b t s", "mean")
         else:
-            result = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=core_causal,
+            result = scaled_dot_product_attention(q, k, v, attn_mask=mask, attn_bias=attn_bias, is_causal=core_causal,
                                                   dropout_p=dropout_p, backend=self.backend)
             assert isinstance(result, Tensor)  # the tuple form is the deprecated return_weights=True
             out = result
         out = rearrange(out, "b h t d -> b t (h d)")
         return self.out_proj(out), weights
+
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
 
     def _project(self, query: Tensor, key: Tensor | None, value: Tensor | None) -> tuple[Tensor, ...]:
         """Queries, keys and values; ``key=None`` (self-attention) projects ``query`` with one fused matmul."""
@@ -391,27 +402,3 @@ class MultiHeadAttention(nn.Module):
         if mask is not None and self.extra_keys:
             mask = F.pad(mask, (0, self.extra_keys), value=True if mask.dtype == torch.bool else 0.0)
         return mask
-
-    # Interop with torch.nn.MultiheadAttention: thin aliases of typed_transformer.interop, imported when called
-    # (interop imports this module at load time; this module never imports interop at load time).
-
-    @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention, *, backend: Backend = "sdpa") -> Self:
-        """Copy an ``nn.MultiheadAttention``: :func:`typed_transformer.interop.multihead_from_torch`.
-
-        Raises:
-            TypeError: ``module`` is not an ``nn.MultiheadAttention``.
-        """
-        from .interop import _multihead_from_torch
-
-        return _multihead_from_torch(cls, module, backend)
-
-    def to_torch(self, *, batch_first: bool = True) -> nn.MultiheadAttention:
-        """The equivalent ``nn.MultiheadAttention``: :func:`typed_transformer.interop.multihead_to_torch`.
-
-        Raises:
-            ValueError: grouped-query heads or ``input_dim != d_model``, which torch cannot express.
-        """
-        from .interop import multihead_to_torch
-
-        return multihead_to_torch(self, batch_first=batch_first)

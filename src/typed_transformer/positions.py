@@ -1,5 +1,5 @@
-"""Positional information: the paper's sinusoids, learned embeddings (nanoGPT's ``wpe``) and rotary
-embeddings (RoPE).
+"""Positional information: the paper's sinusoids, learned embeddings (nanoGPT's ``wpe``), rotary
+embeddings (RoPE) and ALiBi's linear attention biases.
 
 Every encoding takes a position ``offset``: the index of the first position of the input. A KV cache
 decodes position ``offset`` after ``offset`` cached ones, so the same module serves a full pass
@@ -16,9 +16,16 @@ decodes position ``offset`` after ``offset`` cached ones, so the same module ser
   angles, in the split-half convention (GPT-NeoX, Equinox, HF Llama): the pair rotated together is
   ``(x[i], x[i + d/2])`` with angle ``pos * base^(-2i/d)``. Then ``q_m . k_n`` depends only on ``m - n``.
   Any length works.
+* :class:`ALiBiPositionalBias` adds no vector at all: it makes the additive attention bias
+
+      bias[h, i, j] = -m_h * |pos(i) - pos(j)|
+
+  ("Train Short, Test Long", Press et al., 2022), passed to the attention core as ``attn_bias``. The slopes
+  ``m_h`` are the paper's geometric sequence (:func:`alibi_slopes`). Any length works.
 """
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
@@ -26,7 +33,14 @@ from torch import Tensor, nn
 
 from .shapecheck import raise_shape_error, shape_checked
 
-__all__ = ["LearnedPositionalEmbedding", "RotaryEmbedding", "SinusoidalPositionalEncoding", "sinusoidal_table"]
+__all__ = [
+    "ALiBiPositionalBias",
+    "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEncoding",
+    "alibi_slopes",
+    "sinusoidal_table",
+]
 
 
 def sinusoidal_table(positions: Tensor, d_model: int, *, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -57,6 +71,9 @@ class SinusoidalPositionalEncoding(nn.Module):
         positions = torch.arange(offset, offset + x.shape[1], device=x.device)
         return x + sinusoidal_table(positions, self.d_model, dtype=x.dtype)
 
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
+
 
 @shape_checked
 class LearnedPositionalEmbedding(nn.Module):
@@ -83,6 +100,9 @@ class LearnedPositionalEmbedding(nn.Module):
                 f"positions {offset}..{offset + t - 1} are beyond the {self.max_length} learned positions "
                 f"(axis t is {t}, offset {offset})", axis="t", actual=offset + t, expected=self.max_length)
         return x + self.weight[offset : offset + t].to(x.dtype)
+
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
 
 
 @shape_checked
@@ -121,3 +141,73 @@ class RotaryEmbedding(nn.Module):
         x1, x2 = x.chunk(2, dim=-1)
         rotated = torch.cat([-x2, x1], dim=-1)
         return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
+
+
+def alibi_slopes(num_heads: int) -> Float[Tensor, " {num_heads}"]:
+    """ALiBi's head slopes in float64, as the paper's code computes them.
+
+    For ``n`` a power of two: the geometric sequence ``m_i = 2^(-8 i / n)``, ``i = 1..n`` (``1/2 ... 1/256``
+    for 8 heads). Otherwise, with ``p`` the largest power of two below ``n``: the ``p`` slopes for ``p`` heads,
+    then every other slope of the ``2p``-head sequence, ``n - p`` of them (the paper's interpolation).
+
+    Raises:
+        ValueError: ``num_heads`` is not a positive int.
+    """
+    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads <= 0:
+        raise ValueError(f"alibi_slopes: num_heads must be a positive int, got {num_heads!r}")
+
+    def power_of_two(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
+
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = power_of_two(closest)
+    if closest != num_heads:
+        slopes += power_of_two(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+@shape_checked
+class ALiBiPositionalBias(nn.Module):
+    """ALiBi: the additive attention bias ``-m_h * |pos(i) - pos(j)|`` for ``num_heads`` query heads.
+
+    ``forward(t, s)`` returns the bias ``(1, num_heads, t, s)`` for ``t`` queries and ``s`` keys, aligned
+    bottom-right as the library's causal mask is: query ``i`` sits at position ``i + (s - t)``, key ``j`` at
+    ``j``, so a KV cache (``t`` new queries after ``s - t`` cached keys) gets the rows of a full pass. Pass
+    it to :class:`~typed_transformer.MultiHeadAttention` as ``attn_bias`` (with ``is_causal=True`` for a
+    decoder). The bias depends only on the distance ``i - j``; under the causal mask only ``j <= i`` is
+    seen, where it is the paper's ``-m_h (i - j)``. No parameters (the slopes are a non-persistent buffer,
+    so a state dict holds nothing for it).
+    """
+
+    slopes: Tensor
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.register_buffer("slopes", alibi_slopes(num_heads).to(torch.float32), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+    def forward(self, t: int, s: int | None = None, *, dtype: torch.dtype | None = None
+                ) -> Float[Tensor, "1 {self.num_heads} t s"]:
+        """The bias ``(1, num_heads, t, s)`` (``s`` defaults to ``t``), in ``dtype`` (default float32).
+
+        Raises:
+            ValueError: ``t`` or ``s`` negative.
+        """
+        s = t if s is None else s
+        if t < 0 or s < 0:
+            raise ValueError(f"ALiBiPositionalBias: sizes must be non-negative, got t={t}, s={s}")
+        device = self.slopes.device
+        query_pos = torch.arange(s - t, s, device=device)
+        key_pos = torch.arange(s, device=device)
+        distance = (query_pos[:, None] - key_pos[None, :]).abs().to(torch.float32)
+        bias = 0.0 - self.slopes[:, None, None].float() * distance  # 0.0 - x: +0 on the diagonal, not -0
+        return bias[None].to(torch.float32 if dtype is None else dtype)
+
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward

@@ -1,0 +1,131 @@
+"""Data for the encoder-decoder: synthetic tasks generated on the fly, tab-separated pairs, a character
+vocabulary with padding, start and end tokens, and padded ``(src, tgt)`` batches.
+
+Tasks (the Annotated Transformer trains its first model on ``copy``): a source is ``n`` symbols drawn uniformly
+from the first ``vocab`` of ``0-9a-z`` with ``n`` uniform in ``[min_len, max_len]``; the target is
+
+* ``copy``: the source; ``reverse``: the source backwards; ``sort``: the source's symbols in order;
+* ``add``: decimal addition, source ``"123+45"``, target ``"168"`` (operands of 1 to ``max_len`` digits).
+
+Pairs files: one ``source<TAB>target`` pair per line, both sides non-empty, read character by character.
+Every problem raises :class:`~typed_transformer.data.DataError` with a one-line message naming the file and
+the line.
+
+Ids: 0 is padding, 1 is ``bos`` (the decoder's first input), 2 is ``eos``; characters follow in sorted order.
+"""
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from .data import DataError, load_text
+
+__all__ = ["BOS", "EOS", "PAD", "SYMBOLS", "TASKS", "Pair", "PairVocab", "Task", "encode_pairs", "make_pairs",
+           "read_pairs", "split_pairs"]
+
+PAD, BOS, EOS = 0, 1, 2
+SPECIALS = 3
+#: The symbols of the synthetic tasks; ``vocab`` takes the first ``vocab`` of them.
+SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz"
+TASKS = ("copy", "reverse", "sort", "add")
+Task = Literal["copy", "reverse", "sort", "add"]
+Pair = tuple[str, str]
+
+
+def _task_pair(task: str, rng: random.Random, min_len: int, max_len: int, vocab: int) -> Pair:
+    if task == "add":
+        a, b = (rng.randrange(10 ** rng.randint(min_len, max_len)) for _ in range(2))
+        return f"{a}+{b}", str(a + b)
+    source = "".join(rng.choice(SYMBOLS[:vocab]) for _ in range(rng.randint(min_len, max_len)))
+    target = {"copy": source, "reverse": source[::-1], "sort": "".join(sorted(source))}[task]
+    return source, target
+
+
+def make_pairs(task: str, count: int, *, min_len: int, max_len: int, vocab: int = 10, seed: int = 0) -> list[Pair]:
+    """``count`` pairs of a synthetic task, the same for the same arguments."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r} (choose {', '.join(TASKS)})")
+    if not 1 <= min_len <= max_len:
+        raise ValueError(f"lengths: need 1 <= min_len <= max_len, got {min_len} and {max_len}")
+    if not 2 <= vocab <= len(SYMBOLS):
+        raise ValueError(f"vocab must be in [2, {len(SYMBOLS)}], got {vocab}")
+    rng = random.Random(seed)
+    return [_task_pair(task, rng, min_len, max_len, vocab) for _ in range(count)]
+
+
+def read_pairs(path: str | Path) -> list[Pair]:
+    """The ``source<TAB>target`` lines of a UTF-8 file (blank lines skipped)."""
+    pairs = []
+    for number, line in enumerate(load_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise DataError(f"{path}: line {number} has {len(fields) - 1} tabs; each line is source<TAB>target")
+        if not fields[0] or not fields[1]:
+            side = "source" if not fields[0] else "target"
+            raise DataError(f"{path}: line {number} has an empty {side}")
+        pairs.append((fields[0], fields[1]))
+    if len(pairs) < 2:
+        raise DataError(f"{path}: {len(pairs)} pair(s); training and a held-out split need at least 2")
+    return pairs
+
+
+def split_pairs(pairs: list[Pair], held_out: float, seed: int = 0) -> tuple[list[Pair], list[Pair]]:
+    """Shuffle with ``seed`` and hold out ``held_out`` of the pairs (at least one, at least one left)."""
+    if not 0 < held_out < 1:
+        raise ValueError(f"held_out must be in (0, 1), got {held_out}")
+    order = list(pairs)
+    random.Random(seed).shuffle(order)
+    n = min(max(1, round(len(order) * held_out)), len(order) - 1)
+    return order[n:], order[:n]
+
+
+@dataclass(frozen=True)
+class PairVocab:
+    """Characters <-> ids, shared by source and target, after the three special ids."""
+
+    chars: str
+
+    @classmethod
+    def from_pairs(cls, pairs: list[Pair], extra: str = "") -> "PairVocab":
+        return cls("".join(sorted(set(extra).union(*(set(s) | set(t) for s, t in pairs)))))
+
+    @property
+    def size(self) -> int:
+        return SPECIALS + len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        index = {c: i + SPECIALS for i, c in enumerate(self.chars)}
+        unknown = sorted(set(text) - index.keys())
+        if unknown:
+            raise DataError(f"characters not in the vocabulary: {''.join(unknown)!r} (it has {self.chars!r})")
+        return [index[c] for c in text]
+
+    def decode(self, ids: list[int] | Tensor) -> str:
+        """The characters of ``ids``, stopping at the first ``eos`` and skipping ``bos`` and padding."""
+        out = []
+        for i in (ids.tolist() if isinstance(ids, Tensor) else ids):
+            if i == EOS:
+                break
+            if i >= SPECIALS:
+                out.append(self.chars[i - SPECIALS])
+        return "".join(out)
+
+
+def encode_pairs(vocab: PairVocab, pairs: list[Pair], device: str | torch.device = "cpu"
+                 ) -> tuple[Int[Tensor, "b s"], Int[Tensor, "b t"]]:
+    """Sources padded with ``PAD``; targets as ``bos ... eos`` padded with ``PAD`` (the decoder reads
+    ``tgt[:, :-1]`` and predicts ``tgt[:, 1:]``)."""
+    sources = [vocab.encode(s) for s, _ in pairs]
+    targets = [[BOS, *vocab.encode(t), EOS] for _, t in pairs]
+    s = max(len(x) for x in sources)
+    t = max(len(x) for x in targets)
+    src = torch.tensor([x + [PAD] * (s - len(x)) for x in sources], dtype=torch.long, device=device)
+    tgt = torch.tensor([x + [PAD] * (t - len(x)) for x in targets], dtype=torch.long, device=device)
+    return src, tgt

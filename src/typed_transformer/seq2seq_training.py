@@ -1,0 +1,448 @@
+"""Training, evaluating and decoding the encoder-decoder :class:`~typed_transformer.seq2seq.Seq2SeqTransformer`
+(``typed-transformer train-seq2seq`` and ``translate``).
+
+Training is teacher forcing with cross-entropy over the target tokens (padding ignored), Adam with the
+paper's betas (0.9, 0.98), a linear warmup and a cosine decay. Batches come from ``(seed, iteration)`` alone, so a
+resumed run draws exactly the batches the uninterrupted run would have drawn. Evaluation greedy-decodes the held-out
+pairs and reports *token accuracy* (target positions, ``eos`` included, where the output has the right token)
+and *exact match* (outputs equal to the target). Checkpoints are safetensors files written atomically with
+the same sha256 integrity field as the GPT's; a run directory is locked while a run uses it; a NaN or
+infinite loss stops the run (exit 1) keeping the last finite checkpoint; the first Ctrl-C or SIGTERM saves
+and stops.
+"""
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+import torch.nn.functional as F
+
+from .checkpoint import CHECKPOINT_NAME, CheckpointError, _digest, run_directory, write_atomically
+from .data import DataError
+from .seq2seq import Seq2SeqTransformer
+from .seq2seq_data import (
+    BOS,
+    EOS,
+    PAD,
+    SYMBOLS,
+    TASKS,
+    Pair,
+    PairVocab,
+    encode_pairs,
+    make_pairs,
+    read_pairs,
+    split_pairs,
+)
+from .shapecheck import shape_checks
+from .training import TrainingDiverged, _Interrupt
+
+__all__ = ["Seq2SeqCheckpoint", "Seq2SeqConfig", "Seq2SeqResult", "evaluate_pairs", "load_seq2seq",
+           "train_seq2seq", "translate"]
+
+FORMAT = "typed-transformer-seq2seq/1"
+_EVAL_SEED = 0x5EED  # the held-out stream of a synthetic task: another stream than the training batches'
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig:
+    """A seq2seq run. ``task`` (synthetic) or ``data`` (a pairs file) gives the data; the defaults reverse
+    sequences of 1-10 digits."""
+
+    task: str | None = "reverse"
+    data: str | None = None
+    vocab: int = 10
+    min_len: int = 1
+    max_len: int = 10
+    held_out: float = 0.1
+    eval_pairs: int = 500
+    d_model: int = 64
+    nhead: int = 4
+    layers: int = 2
+    dim_feedforward: int = 256
+    dropout: float = 0.0
+    norm_first: bool = True
+    batch_size: int = 64
+    max_iters: int = 1500
+    learning_rate: float = 2e-3
+    warmup_iters: int = 100
+    eval_interval: int = 250
+    seed: int = 1337
+
+    def __post_init__(self) -> None:
+        if (self.task is None) == (self.data is None):
+            raise ValueError("give a synthetic task or a pairs file, not both" if self.task else
+                             "give a synthetic task (--task) or a pairs file (--data)")
+        if self.task is not None and self.task not in TASKS:
+            raise ValueError(f"--task {self.task!r}: choose {', '.join(TASKS)}")
+        if not 1 <= self.min_len <= self.max_len:
+            raise ValueError(f"--min-len {self.min_len} and --max-len {self.max_len}: need 1 <= min <= max")
+        if self.d_model % self.nhead:
+            raise ValueError(f"--d-model {self.d_model} is not divisible by --nhead {self.nhead}")
+        positive = ("vocab", "eval_pairs", "d_model", "nhead", "layers", "dim_feedforward", "batch_size",
+                    "eval_interval")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.max_iters < 0 or self.warmup_iters < 0:
+            raise ValueError("--max-iters and --warmup-iters must be non-negative")
+        if not 0 <= self.dropout < 1 or not 0 < self.held_out < 1:
+            raise ValueError("--dropout must be in [0, 1) and --held-out in (0, 1)")
+        if not 0 < self.learning_rate <= 1:
+            raise ValueError(f"--learning-rate must be in (0, 1], got {self.learning_rate}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "Seq2SeqConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown setting {unknown[0]!r}")
+        return cls(**values)
+
+
+@dataclass
+class Seq2SeqCheckpoint:
+    """A trained model with its vocabulary, run settings, iteration, evaluation history and optimizer state."""
+
+    model: Seq2SeqTransformer
+    vocab: PairVocab
+    config: Seq2SeqConfig
+    iteration: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    optimizer_state: dict[str, Any] | None = None
+
+
+@dataclass
+class Seq2SeqResult:
+    model: Seq2SeqTransformer
+    vocab: PairVocab
+    history: list[dict[str, float]]
+    iteration: int
+    checkpoint: Path
+    seconds: float
+    signal: int | None = None  # the signal that stopped the run early, if one did
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data and model
+# ---------------------------------------------------------------------------------------------------
+
+
+def _data(config: Seq2SeqConfig) -> tuple[PairVocab, list[Pair], list[Pair]]:
+    """Vocabulary, training pairs (empty for a task: its batches are generated) and held-out pairs."""
+    if config.data is not None:
+        train, held = split_pairs(read_pairs(config.data), config.held_out, config.seed)
+        return PairVocab.from_pairs(train + held), train, held
+    assert config.task is not None
+    held = make_pairs(config.task, config.eval_pairs, min_len=config.min_len, max_len=config.max_len,
+                      vocab=config.vocab, seed=config.seed ^ _EVAL_SEED)
+    alphabet = "0123456789+" if config.task == "add" else SYMBOLS[:config.vocab]
+    return PairVocab("".join(sorted(alphabet))), [], held
+
+
+def _batch(config: Seq2SeqConfig, train: list[Pair], iteration: int) -> list[Pair]:
+    seed = config.seed * 1_000_003 + iteration
+    if config.task is not None:
+        return make_pairs(config.task, config.batch_size, min_len=config.min_len, max_len=config.max_len,
+                          vocab=config.vocab, seed=seed)
+    return random.Random(seed).choices(train, k=config.batch_size)
+
+
+def build_model(config: Seq2SeqConfig, vocab: PairVocab) -> Seq2SeqTransformer:
+    return Seq2SeqTransformer(vocab.size, vocab.size, PAD, PAD, d_model=config.d_model, nhead=config.nhead,
+                              num_encoder_layers=config.layers, num_decoder_layers=config.layers,
+                              dim_feedforward=config.dim_feedforward, dropout=config.dropout,
+                              norm_first=config.norm_first)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Decoding and evaluation
+# ---------------------------------------------------------------------------------------------------
+
+
+def translate(model: Seq2SeqTransformer, vocab: PairVocab, sources: list[str], *, beam: int = 1,
+              max_new_tokens: int | None = None, batch_size: int = 500) -> list[str]:
+    """Decode each source: greedy (``beam=1``) or beam search; at most ``max_new_tokens`` tokens (default:
+    twice the longest source plus 10)."""
+    model.eval()
+    out: list[str] = []
+    for start in range(0, len(sources), batch_size):
+        chunk = sources[start:start + batch_size]
+        src, _ = encode_pairs(vocab, [(s, s) for s in chunk])
+        limit = max_new_tokens if max_new_tokens is not None else 2 * src.shape[1] + 10
+        if beam == 1:
+            ids = model.greedy_decode(src, bos_idx=BOS, eos_idx=EOS, max_new_tokens=limit)
+        else:
+            ids, _ = model.beam_search(src, bos_idx=BOS, eos_idx=EOS, max_new_tokens=limit, beam_size=beam)
+        out.extend(vocab.decode(row[1:]) for row in ids)
+    return out
+
+
+def evaluate_pairs(model: Seq2SeqTransformer, vocab: PairVocab, pairs: list[Pair]) -> dict[str, float]:
+    """Greedy decoding of ``pairs``: ``token_accuracy`` over target positions (``eos`` included) and
+    ``exact_match``, both fractions."""
+    was_training = model.training
+    src, tgt = encode_pairs(vocab, pairs)
+    model.eval()
+    ids = model.greedy_decode(src, bos_idx=BOS, eos_idx=EOS, max_new_tokens=tgt.shape[1] - 1)
+    model.train(was_training)
+    got = torch.full_like(tgt, PAD)
+    got[:, :ids.shape[1]] = ids
+    real = tgt[:, 1:] != PAD
+    right = (got[:, 1:] == tgt[:, 1:]) & real
+    return {"token_accuracy": right.sum().item() / real.sum().item(),
+            "exact_match": (right == real).all(dim=1).float().mean().item()}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------------
+
+
+def save_seq2seq(path: Path, model: Seq2SeqTransformer, vocab: PairVocab, config: Seq2SeqConfig, *,
+                 iteration: int, history: list[dict[str, float]], optimizer: torch.optim.Optimizer | None) -> Path:
+    """Write the checkpoint atomically (the file or the directory to put it in)."""
+    if path.is_dir() or not path.suffix:
+        path = path / CHECKPOINT_NAME
+    tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    optimizer_meta: dict[str, Any] | None = None
+    if optimizer is not None:
+        state = optimizer.state_dict()
+        optimizer_meta = {"param_groups": state["param_groups"], "state": {}}
+        for index, values in state["state"].items():
+            optimizer_meta["state"][str(index)] = sorted(values)
+            for key, value in values.items():
+                tensors[f"optim.{index}.{key}"] = torch.as_tensor(value).detach().contiguous().cpu()
+    metadata = {"format": FORMAT, "config": json.dumps(asdict(config)), "vocab": json.dumps(vocab.chars),
+                "iteration": str(iteration), "history": json.dumps(history), "optimizer": json.dumps(optimizer_meta)}
+    metadata["sha256"] = _digest(tensors, metadata)
+    write_atomically(path, tensors, metadata)
+    return path
+
+
+def load_seq2seq(path: str | Path) -> Seq2SeqCheckpoint:
+    """Read and verify a checkpoint of :func:`train_seq2seq`.
+
+    Raises:
+        CheckpointError: missing, unreadable, not a seq2seq checkpoint, failing the integrity check, or with a
+            field out of range (one line naming the path).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / CHECKPOINT_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"{path}: not a readable checkpoint ({str(err).splitlines()[0]})") from None
+    if metadata.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a typed-transformer seq2seq checkpoint (format "
+                              f"{metadata.get('format')!r})")
+    if _digest(tensors, metadata) != metadata.get("sha256"):
+        raise CheckpointError(f"{path}: corrupt checkpoint (integrity check failed: the tensors or metadata were "
+                              "modified or damaged after it was written)")
+    try:
+        config = Seq2SeqConfig.from_dict(json.loads(metadata["config"]))
+        vocab = PairVocab(json.loads(metadata["vocab"]))
+        model = build_model(config, vocab)
+        model.load_state_dict({k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")})
+        meta = json.loads(metadata["optimizer"])
+        optimizer_state = None if meta is None else {
+            "param_groups": meta["param_groups"],
+            "state": {int(i): {key: tensors[f"optim.{i}.{key}"] for key in keys} for i, keys in meta["state"].items()}}
+        return Seq2SeqCheckpoint(model, vocab, config, int(metadata["iteration"]), json.loads(metadata["history"]),
+                                 optimizer_state)
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"{path}: invalid checkpoint ({str(err).splitlines()[0] or type(err).__name__})"
+                              ) from None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------
+
+
+def learning_rate(config: Seq2SeqConfig, iteration: int) -> float:
+    """Linear warmup over ``warmup_iters``, then a cosine decay to a tenth of the peak at ``max_iters``."""
+    if iteration < config.warmup_iters:
+        return config.learning_rate * (iteration + 1) / config.warmup_iters
+    progress = (iteration - config.warmup_iters) / max(1, config.max_iters - config.warmup_iters)
+    return config.learning_rate * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _resumed(config: Seq2SeqConfig, out: Path) -> Seq2SeqCheckpoint:
+    if not (out / CHECKPOINT_NAME).exists():
+        raise CheckpointError(f"--resume: no checkpoint in {out} to continue")
+    checkpoint = load_seq2seq(out)
+    saved = asdict(checkpoint.config)
+    changed = [k for k, v in asdict(config).items() if k not in ("max_iters", "eval_interval") and saved[k] != v]
+    if changed:
+        raise ValueError(f"--resume: --{changed[0].replace('_', '-')} is {getattr(config, changed[0])!r} but the "
+                         f"checkpoint was trained with {saved[changed[0]]!r}")
+    return checkpoint
+
+
+def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = False, log: TextIO | None = None,
+                  progress: bool = False, on_step: Callable[[int], None] | None = None) -> Seq2SeqResult:
+    """Train per ``config`` into ``out`` (``out/checkpoint.safetensors``, ``out/config.json``), evaluating
+    every ``eval_interval`` iterations and at the end; with ``resume``, go on from ``out``'s checkpoint.
+
+    Raises:
+        DataError, ValueError: unusable data or settings. CheckpointError: a bad checkpoint to resume.
+        RunDirectoryError: ``out`` unusable or locked. TrainingDiverged: the loss became NaN or infinite.
+    """
+    import sys
+
+    stream = log if log is not None else sys.stdout
+    out = Path(out)
+    with run_directory(out):
+        vocab, train, held = _data(config)
+        previous = _resumed(config, out) if resume else None
+        if previous is not None and previous.vocab != vocab:
+            raise DataError(f"--resume: the data's characters {vocab.chars!r} are not the checkpoint's "
+                            f"{previous.vocab.chars!r}")
+        torch.manual_seed(config.seed)
+        model = previous.model if previous is not None else build_model(config, vocab)
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.98), eps=1e-9)
+        if previous is not None and previous.optimizer_state is not None:
+            optimizer.load_state_dict(previous.optimizer_state)
+        start = previous.iteration if previous is not None else 0
+        history = list(previous.history) if previous is not None else []
+        (out / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n", encoding="utf-8")
+        print(f"seq2seq: {sum(p.numel() for p in model.parameters()):,} parameters, vocabulary {vocab.size} "
+              f"({vocab.chars!r} + pad, bos, eos), {len(held)} held-out pairs"
+              + (f", resuming at iteration {start}" if start else ""), file=stream, flush=True)
+        return _loop(config, model, optimizer, vocab, train, held, out, start, history, stream, progress, on_step)
+
+
+def _loop(config: Seq2SeqConfig, model: Seq2SeqTransformer, optimizer: torch.optim.Optimizer, vocab: PairVocab,
+          train: list[Pair], held: list[Pair], out: Path, start: int, history: list[dict[str, float]],
+          stream: TextIO, progress: bool, on_step: Callable[[int], None] | None) -> Seq2SeqResult:
+    bar: Any = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=config.max_iters, initial=start, desc="train-seq2seq", unit="it", file=stream)
+    say = bar.write if bar is not None else (lambda message: print(message, file=stream, flush=True))
+    began = time.perf_counter()
+    iteration, loss_value, stopped = start, float("nan"), None
+
+    def save() -> Path:
+        return save_seq2seq(out, model, vocab, config, iteration=iteration, history=history, optimizer=optimizer)
+
+    def evaluation() -> None:
+        scores = evaluate_pairs(model, vocab, held)
+        history.append({"iter": iteration, "loss": loss_value, **scores})
+        say(f"iter {iteration:5d}: loss {loss_value:.4f}, held-out token accuracy {scores['token_accuracy']:.1%}, "
+            f"exact match {scores['exact_match']:.1%} ({time.perf_counter() - began:.1f} s)")
+
+    try:
+        with _Interrupt() as interrupt, shape_checks(False):
+            model.train()
+            while iteration < config.max_iters:
+                if iteration % config.eval_interval == 0 and iteration > start:
+                    evaluation()
+                    save()
+                if on_step is not None:
+                    on_step(iteration)
+                if interrupt.requested is not None:
+                    stopped = interrupt.requested
+                    break
+                for group in optimizer.param_groups:
+                    group["lr"] = learning_rate(config, iteration)
+                torch.manual_seed(config.seed * 1_000_003 + iteration)  # dropout: the same after a resume
+                src, tgt = encode_pairs(vocab, _batch(config, train, iteration))
+                logits = model(src, tgt[:, :-1])
+                loss = F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD)
+                if not math.isfinite(loss.item()):
+                    kept = out / CHECKPOINT_NAME
+                    raise TrainingDiverged(f"the loss is {loss.item()} at iteration {iteration}; the last finite "
+                                           f"checkpoint is kept ({kept if kept.exists() else 'none yet'})",
+                                           iteration, kept if kept.exists() else None)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()  # type: ignore[no-untyped-call]
+                optimizer.step()
+                loss_value = loss.item()
+                iteration += 1
+                if bar is not None:
+                    bar.set_postfix(loss=f"{loss_value:.4f}")
+                    bar.update(1)
+            if stopped is None and not (history and history[-1]["iter"] == iteration):
+                evaluation()
+            path = save()
+    finally:
+        if bar is not None:
+            bar.close()
+    return Seq2SeqResult(model.eval(), vocab, history, iteration, path, time.perf_counter() - began, stopped)
+
+
+def held_out_sample(config: Seq2SeqConfig, count: int = 3) -> list[Pair]:
+    """The first ``count`` held-out pairs of ``config`` (for showing examples after a run)."""
+    return _data(config)[2][:count]
+
+
+
+# ---------------------------------------------------------------------------------------------------
+# The two commands (the command line parses the flags and maps the errors to one line and an exit code)
+# ---------------------------------------------------------------------------------------------------
+
+
+def train_command(args: Any) -> int:
+    """``typed-transformer train-seq2seq``: flags named as :class:`Seq2SeqConfig`'s fields."""
+    import signal
+    import sys
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    task = None if args.data is not None else args.task
+    config = Seq2SeqConfig(**{f.name: getattr(args, f.name) for f in fields(Seq2SeqConfig)} | {"task": task})
+    out = Path(args.out)
+    if not args.resume and not args.overwrite and (out / CHECKPOINT_NAME).exists():
+        raise ValueError(f"{out / CHECKPOINT_NAME} exists: continue that run with --resume or replace it with "
+                         "--overwrite")
+    result = train_seq2seq(config, out, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty(),
+                           log=sys.stdout)
+    if result.signal is not None:
+        name = "SIGTERM" if result.signal == signal.SIGTERM else "Ctrl-C"
+        print(f"interrupted ({name}) at iteration {result.iteration}; saved {result.checkpoint} "
+              "(continue with --resume)", file=sys.stderr)
+        return 128 + result.signal
+    last = result.history[-1] if result.history else {}
+    print(f"done: iteration {result.iteration} in {result.seconds:.1f} s, held-out exact match "
+          f"{last.get('exact_match', float('nan')):.1%}, token accuracy {last.get('token_accuracy', float('nan')):.1%}"
+          f"; checkpoint {result.checkpoint}")
+    examples = held_out_sample(config)
+    sources = [s for s, _ in examples]
+    for (source, target), got in zip(examples, translate(result.model, result.vocab, sources), strict=True):
+        print(f"  {source!r} -> {got!r} ({'right' if got == target else f'expected {target!r}'})")
+    return 0
+
+
+def translate_command(args: Any) -> int:
+    """``typed-transformer translate``: each ``--text`` (or each line of stdin) decoded, one line each."""
+    import sys
+
+    checkpoint = load_seq2seq(args.checkpoint)
+    texts = list(args.text or [])
+    if not texts:
+        texts = [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not texts:
+        raise ValueError("nothing to translate: give --text or lines on stdin")
+    if "" in texts:
+        raise ValueError(f"--text is empty (text {texts.index('') + 1})")
+    if not 1 <= args.beam < checkpoint.vocab.size:
+        raise ValueError(f"--beam must be in [1, {checkpoint.vocab.size - 1}] for this vocabulary, got {args.beam}")
+    for line in translate(checkpoint.model, checkpoint.vocab, texts, beam=args.beam,
+                          max_new_tokens=args.max_new_tokens):
+        print(line)
+    return 0
