@@ -36,7 +36,7 @@ def test_a_bare_command_prints_the_usage_and_exits_2(capsys: pytest.CaptureFixtu
     assert captured.out == ""
     assert captured.err == build_parser().format_help()
     assert captured.err.startswith("usage: typed-transformer [-h] [--version]")
-    assert all(command in captured.err for command in ("train", "generate", "attention", "bench", "audit"))
+    assert all(command in captured.err for command in ("train", "generate", "attention", "audit"))
 
 
 def _parsers(parser: argparse.ArgumentParser, name: str) -> list[tuple[str, argparse.ArgumentParser]]:
@@ -49,9 +49,11 @@ def _parsers(parser: argparse.ArgumentParser, name: str) -> list[tuple[str, argp
 
 
 def test_every_flag_of_every_subcommand_has_help_text() -> None:
-    parsers = _parsers(build_parser(), "typed-transformer")
+    from benchmarks.bench import build_parser as build_bench_parser
+
+    parsers = _parsers(build_parser(), "typed-transformer") + _parsers(build_bench_parser(), "benchmarks/bench.py")
     assert {name for name, _ in parsers} >= {"typed-transformer train", "typed-transformer generate",
-                                             "typed-transformer bench gpt", "typed-transformer audit"}
+                                             "typed-transformer audit", "benchmarks/bench.py gpt"}
     missing = [f"{name} {action.option_strings[0] if action.option_strings else action.dest}"
                for name, parser in parsers for action in parser._actions
                if not isinstance(action, argparse._SubParsersAction) and not (action.help or "").strip()]

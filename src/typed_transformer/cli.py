@@ -7,8 +7,6 @@
 * ``generate``: sample text from a checkpoint (several prompts: one padded batch).
 * ``train-seq2seq``: train the encoder-decoder on a synthetic task (copy, reverse, sort, add) or a file of
   tab-separated pairs, printing held-out exact match; ``translate``: greedy or beam decoding with its checkpoint.
-* ``bench attention`` / ``bench gpt`` / ``bench checks``: the scripts in the checkout's ``benchmarks/`` folder
-  (side-by-side ratios); not part of the installed library, so they need a source checkout.
 * ``audit MODULE:ATTR``: audit a third-party attention function; ``audit --module MODULE:CLASS --spec NAME
   --config JSON``: an attention module with its own weights (exit 1 when a check fails).
 * ``attention``: draw a checkpoint's attention over a text, one heatmap per layer and head.
@@ -28,7 +26,6 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any, NoReturn
 
 from ._install import install_hint
@@ -212,7 +209,7 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     generate.add_argument("--compile", action="store_true",
                           help="torch.compile the forward pass with the weights frozen in (inductor, max-autotune): "
                                "the first call compiles for a minute or more on a CPU, then each cached step runs "
-                               "2.5-3x faster (typed-transformer bench gpt)")
+                               "2.5-3x faster (python benchmarks/bench.py gpt)")
 
     _seq2seq_parsers(commands)
 
@@ -222,30 +219,6 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     maps.add_argument("--out", type=Path, default=Path("attention.png"), help="image to write (default attention.png)")
     maps.add_argument("--panel-size", type=_positive_float, default=2.5, help="inches per heatmap (default 2.5)")
     maps.add_argument("--dpi", type=_positive_int, default=100, help="default 100")
-    bench = commands.add_parser("bench", help="benchmarks that print side-by-side ratios")
-    which = bench.add_subparsers(dest="which", required=True, parser_class=_Parser)
-    attention = which.add_parser("attention", help="MultiHeadAttention against torch.nn.MultiheadAttention")
-    attention.add_argument("--seconds", type=_positive_float, default=2.0,
-                           help="rough time budget per size and mode (default 2)")
-    attention.add_argument("--threads", type=_threads, default="auto", help=_THREADS_HELP)
-    attention.add_argument("--size", choices=["small", "training", "both"], default="both",
-                           help="small: one short batch; training: the baby run's batch; both (default)")
-    gpt = which.add_parser("gpt", help="GPT training step against a nanoGPT-style baseline; KV-cache generation")
-    gpt.add_argument("--presets", default="baby,seed", help="comma-separated presets to time (default baby,seed)")
-    gpt.add_argument("--batch-size", type=_positive_int, default=12,
-                     help="sequences per training step (default 12, the main job's)")
-    gpt.add_argument("--steps", type=_positive_int, default=None,
-                     help="measured training steps per variant (default: as many as fit in about 20 s per preset)")
-    gpt.add_argument("--threads", type=_threads, default="auto", help=_THREADS_HELP)
-    gpt.add_argument("--skip-generation", action="store_true",
-                     help="time the training steps only, not KV-cache generation")
-    gpt.add_argument("--generation-rounds", type=_int_in(1, 100), default=3,
-                     help="interleaved rounds of the seed-preset generation targets (default 3)")
-    checks = which.add_parser("checks", help="what the shape checks cost: off, default and strict mode")
-    checks.add_argument("--seconds", type=_positive_float, default=20.0,
-                        help="rough time budget of the training-step comparison (default 20)")
-    checks.add_argument("--threads", type=_threads, default="auto", help=_THREADS_HELP)
-
     audit = commands.add_parser("audit", help="audit a third-party attention function or module against the "
                                 "reference")
     audit.add_argument("candidate", metavar="MODULE:ATTR", nargs="?", default=None,
@@ -342,32 +315,6 @@ def _seq2seq_parsers(commands: Any) -> None:
 def _fail(message: str) -> int:
     print(f"typed-transformer: error: {message}", file=sys.stderr)
     return 2
-
-
-#: The benchmark scripts, in the source checkout this package was installed from (``pip install -e .``).
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks" / "bench.py"
-
-
-def _benchmarks() -> ModuleType:
-    """``benchmarks/bench.py`` of the checkout, imported from its file; ValueError when there is none."""
-    import importlib.util
-
-    if not BENCHMARKS.is_file():
-        raise ValueError(f"bench runs the scripts in a source checkout's benchmarks/ folder, and there is no "
-                         f"{BENCHMARKS}: clone the repository and install it with pip install -e .")
-    name = "typed_transformer_benchmarks"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS)
-        assert spec is not None
-        assert spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while the file executes
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
 
 
 def _cuda_or_fail(device: str) -> None:
@@ -961,48 +908,6 @@ def _main(argv: list[str] | None) -> int:
         args = build_parser(defaults).parse_args(argv)  # the file's values as defaults: flags override them
     if args.command in ("train", "generate", "attention", "train-seq2seq", "translate"):
         return _run_training_command(args)
-    if args.command == "bench":
-        try:
-            bench = _benchmarks()
-        except ValueError as err:
-            return _fail(str(err))
-    if args.command == "bench" and args.which == "gpt":
-        bench_generation, bench_gpt_training = bench.bench_generation, bench.bench_gpt_training
-        decode_step_costs, format_gpt_table = bench.decode_step_costs, bench.format_gpt_table
-
-        presets = [p.strip() for p in args.presets.split(",") if p.strip()]
-        unknown = [p for p in presets if p not in ("baby", "seed")]
-        if unknown:
-            return _fail(f"--presets: unknown preset {unknown[0]!r} (choose baby, seed)")
-        if not presets:
-            return _fail(f"--presets: no preset in {args.presets!r} (choose baby, seed, or both: baby,seed)")
-        _choose_threads(args.threads, bench.thread_probe(args.which))
-        training = bench_gpt_training(presets, batch_size=args.batch_size, steps=args.steps)
-        generation = [] if args.skip_generation else bench_generation(block_sizes=(64,))
-        costs = None if args.skip_generation else decode_step_costs()
-        print(format_gpt_table(training, generation, costs))
-        if not args.skip_generation:
-            try:
-                targets = bench.bench_generation_targets(rounds=args.generation_rounds)
-            except ImportError:
-                print(f"generation targets: skipped (the comparison with Hugging Face needs transformers: "
-                      f"{install_hint('hf')})")
-            else:
-                print()
-                print(bench.format_generation_targets(targets))
-        return 0
-    if args.command == "bench" and args.which == "attention":
-        SMALL, TRAINING = bench.SMALL, bench.TRAINING
-        bench_attention, format_attention_table = bench.bench_attention, bench.format_attention_table
-
-        _choose_threads(args.threads, bench.thread_probe(args.which))
-        cases = {"small": [SMALL], "training": [TRAINING], "both": [SMALL, TRAINING]}[args.size]
-        print(format_attention_table(bench_attention(cases, seconds=args.seconds)))
-        return 0
-    if args.command == "bench" and args.which == "checks":
-        _choose_threads(args.threads, bench.thread_probe(args.which))
-        print(bench.bench_checks(seconds=args.seconds))
-        return 0
     if args.command == "audit":
         return _audit(args)
     return 2  # unreachable: argparse requires a known command

@@ -64,7 +64,7 @@ def compile_for_generation(model: GPT, *, backend: str = "inductor", max_autotun
     applied only around this model's calls; it needs ``no_grad``, which ``generate`` has) and, with
     ``max_autotune``, each matrix-vector product of a cached step is benchmarked against inductor's own C++
     kernel, which on CPU reads the weights several times faster than the BLAS call eager mode makes (the
-    cached step is bound by reading every weight once; see ``typed-transformer bench gpt``). So: compile
+    cached step is bound by reading every weight once; see ``benchmarks/bench.py gpt`` in the repository). So: compile
     after the weights are final; a compiled model whose weights then change keeps generating with the old ones.
     The first generation pays the compilation (tens of seconds on CPU).
     """
