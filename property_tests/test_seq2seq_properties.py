@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from property_tests.helpers import assert_close
-from typed_transformer.seq2seq import Seq2SeqTransformer
+from typed_transformer.seq2seq import Positions, Seq2SeqTransformer
 from typed_transformer.strategies import randomize_parameters, seeds
 
 PAD, BOS, EOS = 0, 1, 2
 CLOSE = {"atol": 1e-9, "rtol": 1e-9}
+POSITIONALS: tuple[Positions, ...] = ("sinusoidal", "learned", "rope", "none")
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Case:
 def cases(draw: st.DrawFn, *, max_new: int = 6) -> Case:
     vocab = draw(st.integers(4, 8), label="vocab")
     nhead = draw(st.integers(1, 2), label="nhead")
-    positional = draw(st.sampled_from(["sinusoidal", "learned", "rope", "none"]), label="positional")
+    positional: Positions = draw(st.sampled_from(POSITIONALS), label="positional")
     head_dim = draw(st.sampled_from([2, 4]), label="head_dim")
     seed = draw(seeds(), label="seed")
     torch.manual_seed(seed)
@@ -56,9 +57,10 @@ def full_model_score(model: Seq2SeqTransformer, src: Tensor, tokens: Tensor) -> 
     """Sum of log p(token | source, earlier tokens) over the real tokens after ``bos``, from one teacher-forced
     pass of the whole model (the encoder run again), without the padding that follows ``eos``."""
     with torch.no_grad():
-        log_probs = model(src, tokens[:, :-1]).log_softmax(dim=-1)
+        log_probs: Tensor = model(src, tokens[:, :-1]).log_softmax(dim=-1)
     picked = log_probs.gather(-1, tokens[:, 1:, None])[..., 0]
-    return picked.masked_fill(tokens[:, 1:] == PAD, 0.0).sum(dim=1)
+    score: Tensor = picked.masked_fill(tokens[:, 1:] == PAD, 0.0).sum(dim=1)
+    return score
 
 
 def check_layout(tokens: Tensor, max_new_tokens: int) -> None:

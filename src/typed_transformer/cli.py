@@ -666,8 +666,9 @@ def _generate(args: argparse.Namespace) -> int:
         model = compile_for_generation(model)
     # One generator per prompt, all from --seed: each prompt continues exactly as it would alone.
     generators = [torch.Generator(device=args.device).manual_seed(args.seed) for _ in prompts]
+    several: dict[str, Any] = {"generator": generators, "lengths": lengths} if len(prompts) > 1 else {}
     out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, greedy=args.greedy, generator=generators, lengths=lengths)
+                         top_p=args.top_p, greedy=args.greedy, **({"generator": generators[0]} | several))
     for i, n in enumerate(lengths.tolist()):
         if len(prompts) > 1:
             print(f"==> prompt {i + 1} <==")
