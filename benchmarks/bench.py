@@ -1,16 +1,18 @@
 """Benchmarks that print ratios measured side by side in one process (a script, not library code).
 
-Run from a checkout: ``python benchmarks/bench.py attention --size small`` or ``python benchmarks/bench.py gpt``
-(the same as ``typed-transformer bench ...``, which imports this file from the checkout it was installed from).
+Run from a checkout: ``python benchmarks/bench.py attention --size small``, ``python benchmarks/bench.py gpt`` or
+``python benchmarks/bench.py checks`` (``--help`` lists the options). The package never imports this file.
 
-``typed-transformer bench attention`` times our :class:`MultiHeadAttention` (shape checks on and off,
+``bench.py attention`` times our :class:`MultiHeadAttention` (shape checks on and off,
 reference and sdpa paths) against ``torch.nn.MultiheadAttention`` with the same weights. Variants are
 interleaved in rounds (in a freshly shuffled order each round, so that none always follows the same other
 one) and each is reported by its median, so that machine noise hits all of them alike; the ratios are the
 figures to read, not the absolute milliseconds.
 """
 
+import argparse
 import functools
+import math
 import random
 import statistics
 import time
@@ -21,8 +23,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from typed_transformer.interop import from_torch
 from typed_transformer.multihead import MultiHeadAttention
 from typed_transformer.shapecheck import shape_checks
+from typed_transformer.threads import settle_threads
 
 __all__ = ["AttentionCase", "bench_attention", "bench_checks", "format_attention_table"]
 
@@ -65,8 +69,8 @@ def _variants(case: AttentionCase, x: Tensor) -> dict[str, tuple[nn.Module, Call
     """name -> (module, call, checks on?)"""
     torch.manual_seed(0)
     reference = nn.MultiheadAttention(case.d_model, case.h, batch_first=True)
-    sdpa = MultiHeadAttention.from_torch(reference, backend="sdpa")
-    einsum = MultiHeadAttention.from_torch(reference, backend="reference")
+    sdpa = from_torch(reference, backend="sdpa")
+    einsum = from_torch(reference, backend="reference")
 
     def call_torch(m: nn.Module) -> Tensor:
         out: Tensor = m(x, x, x, need_weights=False)[0]
@@ -132,6 +136,26 @@ def bench_attention(cases: list[AttentionCase] | None = None, *, seconds: float 
                 median = statistics.median(samples[name])
                 rows.append(Row(case, name, mode, median, median / base))
     return rows
+
+
+def thread_probe(which: str) -> Callable[[], None]:
+    """One step of benchmark ``which`` ("attention": torch's MultiheadAttention forward+backward at the training
+    size; "gpt"/"checks": a baby-preset training step of the plain-torch baseline) for ``--threads auto`` to time
+    at each thread count: both sides of every ratio then run at the count this machine runs fastest now."""
+    torch.manual_seed(0)
+    if which == "attention":
+        case = TRAINING
+        module = nn.MultiheadAttention(case.d_model, case.h, batch_first=True)
+        x = torch.randn(case.b, case.t, case.d_model)
+
+        def attention_step() -> None:
+            module(x, x, x, need_weights=False)[0].sum().backward()
+
+        return attention_step
+    model = BaselineGPT(65, 64, 4, 4, 128, 0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(65, (12, 64))
+    return functools.partial(_train_step, model, optimizer, ids, ids)
 
 
 def format_attention_table(rows: list[Row]) -> str:
@@ -463,15 +487,15 @@ def _matvec_ms(model: nn.Module, repeats: int = 50) -> float:
 
 def bench_generation_targets(*, tokens: int = 255, rounds: int = 3) -> GenerationTargets:
     """``tokens`` greedy tokens from a one-token prompt at the seed preset (6 layers, 384 wide, block 256) with
-    and without the KV cache, eager and compiled (:func:`typed_transformer.training.compile_for_generation`, as
+    and without the KV cache, eager and compiled (:func:`typed_transformer.generation.compile_for_generation`, as
     ``typed-transformer generate --compile`` does; compilation excluded); and our cached generation against
     ``GPT2LMHeadModel.generate`` (greedy, ``use_cache=True``) on the same random GPT-2 weights of the seed
     preset's sizes, loaded with ``GPT.from_hf_gpt2``. The runs alternate within each round (order reversed
     every other round); medians. Needs ``transformers`` (the ``hf`` extra), a benchmark-only dependency."""
     import transformers
 
+    from typed_transformer.generation import compile_for_generation
     from typed_transformer.gpt import GPT, GPTConfig
-    from typed_transformer.training import compile_for_generation
 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     torch.manual_seed(0)
@@ -607,9 +631,90 @@ def bench_checks(*, seconds: float = 20.0, batch_size: int = 12) -> str:
     ])
 
 
+def _positive(convert: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = 0
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"expected a positive {convert.__name__}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _threads(text: str) -> int | str:
+    return "auto" if text.strip().lower() == "auto" else int(_positive(int)(text))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``python benchmarks/bench.py attention|gpt|checks [options]``."""
+    parser = argparse.ArgumentParser(prog="benchmarks/bench.py", description="benchmarks that print side-by-side "
+                                     "ratios")
+    which = parser.add_subparsers(dest="which", required=True)
+    attention = which.add_parser("attention", help="MultiHeadAttention against torch.nn.MultiheadAttention")
+    attention.add_argument("--seconds", type=_positive(float), default=2.0,
+                           help="rough time budget per size and mode (default 2)")
+    attention.add_argument("--size", choices=["small", "training", "both"], default="both")
+    gpt = which.add_parser("gpt", help="GPT training step against a nanoGPT-style baseline; KV-cache generation")
+    gpt.add_argument("--presets", default="baby,seed", help="comma-separated presets to time (default baby,seed)")
+    gpt.add_argument("--batch-size", type=_positive(int), default=12)
+    gpt.add_argument("--steps", type=_positive(int), default=None,
+                     help="measured training steps per variant (default: as many as fit in about 20 s per preset)")
+    gpt.add_argument("--skip-generation", action="store_true")
+    gpt.add_argument("--generation-rounds", type=_positive(int), default=3,
+                     help="interleaved rounds of the seed-preset generation targets (default 3)")
+    checks = which.add_parser("checks", help="what the shape checks cost: off, default and strict mode")
+    checks.add_argument("--seconds", type=_positive(float), default=20.0,
+                        help="rough time budget of the training-step comparison (default 20)")
+    for sub in (attention, gpt, checks):
+        sub.add_argument("--threads", type=_threads, default="auto",
+                         help="intra-op threads: auto (default) times this benchmark's step at 1 .. usable cores and "
+                              "keeps the fastest, so both sides of every ratio run at that count; a number fixes it")
+    return parser
+
+
+def _gpt(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    unknown = [p for p in presets if p not in ("baby", "seed")]
+    if unknown:
+        parser.error(f"--presets: unknown preset {unknown[0]!r} (choose baby, seed)")
+    if not presets:
+        parser.error(f"--presets: no preset in {args.presets!r} (choose baby, seed, or both: baby,seed)")
+    settle_threads(args.threads, thread_probe(args.which))
+    training = bench_gpt_training(presets, batch_size=args.batch_size, steps=args.steps)
+    generation = [] if args.skip_generation else bench_generation(block_sizes=(64,))
+    costs = None if args.skip_generation else decode_step_costs()
+    print(format_gpt_table(training, generation, costs))
+    if not args.skip_generation:
+        try:
+            targets = bench_generation_targets(rounds=args.generation_rounds)
+        except ImportError:
+            print("generation targets: skipped (the comparison with Hugging Face needs transformers: "
+                  "pip install -e '.[hf]')")
+        else:
+            print()
+            print(format_generation_targets(targets))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one benchmark and print its table; bad arguments exit with code 2 and one line."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.which == "gpt":
+        _gpt(args, parser)
+    elif args.which == "attention":
+        settle_threads(args.threads, thread_probe(args.which))
+        cases = {"small": [SMALL], "training": [TRAINING], "both": [SMALL, TRAINING]}[args.size]
+        print(format_attention_table(bench_attention(cases, seconds=args.seconds)))
+    else:
+        settle_threads(args.threads, thread_probe(args.which))
+        print(bench_checks(seconds=args.seconds))
+    return 0
+
+
 if __name__ == "__main__":
     import sys
 
-    from typed_transformer.cli import main
-
-    sys.exit(main(["bench", *sys.argv[1:]]))
+    sys.exit(main())

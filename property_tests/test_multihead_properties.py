@@ -31,8 +31,10 @@ from typed_transformer import (
     MultiHeadAttention,
     attn_mask_from_torch,
     attn_mask_to_torch,
+    from_torch,
     key_padding_mask_from_torch,
     key_padding_mask_to_torch,
+    to_torch,
 )
 from typed_transformer.strategies import (
     MHAConfig,
@@ -208,7 +210,7 @@ def run_torch(module: nn.MultiheadAttention, case: MHACase, *, need_weights: boo
 
 def _ours(module: MultiHeadAttention, *args: Tensor | None, **kwargs: object) -> tuple[Tensor, Tensor | None]:
     """Our module on arguments it must accept (an unexpected ShapeError fails the test)."""
-    result: tuple[Tensor, Tensor | None] = call_valid(module, *args, **kwargs)
+    result: tuple[Tensor, Tensor | None] = call_valid(module, *args, **kwargs)  # type: ignore[arg-type]
     return result
 
 
@@ -259,7 +261,7 @@ def test_matches_torch_mha(case: MHACase, batch_first: bool, fastpath: bool, nee
     """All constructor options torch has, every mask kind and layout, key padding, causal, both
     ``need_weights`` and ``average_attn_weights``, ``batch_first`` either way, torch's fast path on/off."""
     reference = torch_module(case, batch_first=batch_first)
-    ours = MultiHeadAttention.from_torch(reference, backend=backend)
+    ours = from_torch(reference, backend=backend)
     grad_mode = torch.no_grad() if fastpath else contextlib.nullcontext()  # the fast path needs no_grad
     with mha_fastpath(fastpath), grad_mode:
         want_out, want_weights = run_torch(reference, case, need_weights=need_weights, average=average)
@@ -281,7 +283,7 @@ def test_matches_torch_mha_fast_path(case: MHACase, need_weights: bool, average:
     """Self-attention in eval + no_grad with even heads, bias and bool masks: torch takes its fused fast
     path (asserted by counting calls of ``torch._native_multi_head_attention``)."""
     reference = torch_module(case, batch_first=True)
-    ours = MultiHeadAttention.from_torch(reference, backend=backend).eval()
+    ours = from_torch(reference, backend=backend).eval()
     with mha_fastpath(True), torch.no_grad(), count_native_mha_calls() as calls:
         want_out, want_weights = run_torch(reference, case, need_weights=need_weights, average=average)
         got_out, got_weights = case.call(ours, need_weights=need_weights, average=average)
@@ -301,7 +303,7 @@ def test_to_torch_round_trip(case: MHACase, batch_first: bool, backend: Backend)
                               **config.kwargs())
     randomize_parameters(ours, case.seed + 1)
     ours.eval()
-    theirs = ours.to_torch(batch_first=batch_first)
+    theirs = to_torch(ours, batch_first=batch_first)
     assert theirs.batch_first == batch_first
     assert not theirs.training
     with mha_fastpath(False):
@@ -311,7 +313,7 @@ def test_to_torch_round_trip(case: MHACase, batch_first: bool, backend: Backend)
     assert got_weights is not None
     assert want_weights is not None
     assert_close(got_weights, want_weights)
-    back = MultiHeadAttention.from_torch(theirs, backend=backend)
+    back = from_torch(theirs, backend=backend)
     assert back.state_dict().keys() == ours.state_dict().keys()
     for name, tensor in ours.state_dict().items():
         assert torch.equal(back.state_dict()[name], tensor), name

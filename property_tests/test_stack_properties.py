@@ -31,12 +31,9 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from property_tests.helpers import EXACTISH, assert_close, bottom_right_causal, fewer_examples, mha_fastpath
-from typed_transformer import ShapeError
+from typed_transformer import ShapeError, from_torch, to_torch
 from typed_transformer.layers import (
     Transformer,
-    TransformerDecoderLayer,
-    TransformerEncoder,
-    TransformerEncoderLayer,
 )
 from typed_transformer.positions import RotaryEmbedding, SinusoidalPositionalEncoding
 from typed_transformer.seq2seq import Positions, Seq2SeqTransformer
@@ -215,7 +212,7 @@ def test_encoder_layer_matches_torch(config: StackConfig, b: int, s: int, batch_
     masks = data.draw(masks_for(b, config.nhead, s, s, finite_bias=not fastpath), label="masks")
     theirs = nn.TransformerEncoderLayer(**config.torch_layer_kwargs(batch_first))
     randomize_parameters(theirs, seed).eval()
-    ours = TransformerEncoderLayer.from_torch(theirs, backend=backend)
+    ours = from_torch(theirs, backend=backend)
     x = randn((b, s, config.d_model), seed + 1)
     with torch_context(fastpath):
         want = theirs(to_torch_layout(x, batch_first), src_mask=masks.torch_attn,
@@ -233,7 +230,7 @@ def test_decoder_layer_matches_torch(config: StackConfig, b: int, t: int, s: int
     memory_masks = data.draw(masks_for(b, config.nhead, t, s), label="memory_masks")
     theirs = nn.TransformerDecoderLayer(**config.torch_layer_kwargs(batch_first))
     randomize_parameters(theirs, seed).eval()
-    ours = TransformerDecoderLayer.from_torch(theirs, backend=backend)
+    ours = from_torch(theirs, backend=backend)
     tgt, memory = randn((b, t, config.d_model), seed + 1), randn((b, s, config.d_model), seed + 2)
     with torch_context(fastpath):
         # torch's causal flags are hints that need the mask: the masks carry causality; the flags stay off.
@@ -257,7 +254,7 @@ def test_encoder_matches_torch(config: StackConfig, b: int, s: int, batch_first:
     theirs = quiet(lambda: nn.TransformerEncoder(layer, config.num_encoder_layers, norm if final_norm else None))
     randomize_parameters(theirs, seed).eval()
     assert isinstance(theirs, nn.TransformerEncoder)
-    ours = TransformerEncoder.from_torch(theirs)
+    ours = from_torch(theirs)
     x = randn((b, s, config.d_model), seed + 1)
     with torch_context(fastpath):
         want = theirs(to_torch_layout(x, batch_first), mask=masks.torch_attn, src_key_padding_mask=masks.torch_padding)
@@ -318,7 +315,7 @@ def check_encoder_on_torch_fast_path(config: StackConfig, b: int, s: int, masks:
     theirs = quiet(lambda: nn.TransformerEncoder(layer, config.num_encoder_layers))
     randomize_parameters(theirs, seed).eval()
     assert isinstance(theirs, nn.TransformerEncoder)
-    ours = TransformerEncoder.from_torch(theirs)
+    ours = from_torch(theirs)
     x = randn((b, s, config.d_model), seed + 1)
     with torch_context(True), count_encoder_layer_fast_path_calls() as calls:
         want = theirs(x, mask=masks.torch_attn, src_key_padding_mask=masks.torch_padding)
@@ -355,7 +352,7 @@ def test_transformer_matches_torch(config: StackConfig, b: int, s: int, t: int, 
                                               if k not in ("d_model", "nhead")}))
     randomize_parameters(theirs, seed).eval()
     assert isinstance(theirs, nn.Transformer)
-    ours = Transformer.from_torch(theirs)
+    ours = from_torch(theirs)
     src, tgt = randn((b, s, config.d_model), seed + 1), randn((b, t, config.d_model), seed + 2)
     with torch_context(fastpath):
         want = theirs(to_torch_layout(src, batch_first), to_torch_layout(tgt, batch_first),
@@ -374,14 +371,14 @@ def test_to_torch_round_trip(config: StackConfig, b: int, s: int, t: int, batch_
     """``to_torch`` gives an equal nn.Transformer; ``from_torch(to_torch(m))`` has the same parameters."""
     ours = config.ours(final_norms=final_norms)
     randomize_parameters(ours, seed).eval()
-    theirs = ours.to_torch(batch_first=batch_first)
+    theirs = to_torch(ours, batch_first=batch_first)
     assert not theirs.training
     src, tgt = randn((b, s, config.d_model), seed + 1), randn((b, t, config.d_model), seed + 2)
     causal = ~bottom_right_causal(t, t)
     with mha_fastpath(False):
         want = theirs(to_torch_layout(src, batch_first), to_torch_layout(tgt, batch_first), tgt_mask=causal)
     assert_close(ours(src, tgt, tgt_is_causal=True), from_torch_layout(want, batch_first))
-    back = Transformer.from_torch(theirs)
+    back = from_torch(theirs)
     assert back.state_dict().keys() == ours.state_dict().keys()
     for name, value in ours.state_dict().items():
         assert torch.equal(back.state_dict()[name], value), name
@@ -419,7 +416,7 @@ def test_decoder_is_causal_by_gradient(config: StackConfig, rotary: bool, b: int
     randomize_parameters(model, seed).eval()
     src = randn((b, s, config.d_model), seed + 1)
     tgt = randn((b, t, config.d_model), seed + 2).requires_grad_(True)
-    model(src, tgt, tgt_is_causal=True)[:, i].sum().backward()
+    model(src, tgt, tgt_is_causal=True)[:, i].sum().backward()  # type: ignore[no-untyped-call]  # torch's
     assert tgt.grad is not None
     assert torch.equal(tgt.grad[:, i + 1:], torch.zeros_like(tgt.grad[:, i + 1:]))
     assert tgt.grad[:, i].abs().sum() > 0

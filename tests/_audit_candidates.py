@@ -251,3 +251,54 @@ def decode_sees_all(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None
                     is_causal: bool = False) -> Tensor:
     """Correct for HF's sdpa rule: top-left causal, except that a single query sees every key."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal and q.shape[-2] > 1)
+
+
+# --- for convention inference: an always-causal candidate, and bugs no convention explains -------------------
+
+
+def always_causal(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None) -> Tensor:
+    """Correct for the original tutorial's attention: always causal (top-left), no ``is_causal`` argument."""
+    return _naive(q, k, v, attn_mask, causal_diagonal=0)
+
+
+def mask_ignored(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                 is_causal: bool = False) -> Tensor:
+    """Bug: takes ``attn_mask`` and ignores it (ours otherwise)."""
+    out = scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    assert isinstance(out, Tensor)
+    return out
+
+
+def causal_ignored(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                   is_causal: bool = False) -> Tensor:
+    """Bug: takes ``is_causal`` and ignores it (ours otherwise)."""
+    out = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    assert isinstance(out, Tensor)
+    return out
+
+
+def mask_multiplies_logits(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                           is_causal: bool = False) -> Tensor:
+    """Bug: multiplies the logits by the mask (a mask that masks under no polarity or kind)."""
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if attn_mask is not None:
+        logits = logits * attn_mask.to(logits.dtype)
+    return logits.softmax(dim=-1) @ v
+
+
+def scale_by_heads(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                   is_causal: bool = False) -> Tensor:
+    """Bug: the logit scale is ``1/sqrt(h * d)`` (the model width instead of the head size)."""
+    return _naive(q, k, v, attn_mask, scale=1.0 / math.sqrt(q.shape[1] * q.shape[-1]),
+                  causal_diagonal=0 if is_causal else None)
+
+
+def fully_masked_first_value(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                             is_causal: bool = False) -> Tensor:
+    """Bug: a fully masked row returns the first value (neither zeros, NaN nor the mean); ours otherwise."""
+    out = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    assert isinstance(out, Tensor)
+    if attn_mask is None:
+        return out
+    dead = ~attn_mask.any(dim=-1, keepdim=True)
+    return torch.where(dead, v[..., :1, :].expand_as(out) if v.shape[1] == out.shape[1] else out, out)

@@ -14,8 +14,9 @@ from typed_transformer import (
     scaled_dot_product_attention_with_weights,
     shape_checks,
 )
+from typed_transformer.attention import Backend
 
-BACKENDS = ["reference", "sdpa"]
+BACKENDS: list[Backend] = ["reference", "sdpa"]
 
 
 def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -31,22 +32,22 @@ def naive(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None) -> Tensor
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_matches_the_equation(backend: str) -> None:
+def test_matches_the_equation(backend: Backend) -> None:
     q, k, v = randn(2, 3, 4, 5, seed=1), randn(2, 3, 6, 5, seed=2), randn(2, 3, 6, 7, seed=3)
-    out = scaled_dot_product_attention(q, k, v, backend=backend)  # type: ignore[arg-type]
+    out = scaled_dot_product_attention(q, k, v, backend=backend)
     torch.testing.assert_close(out, naive(q, k, v), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_causal_is_bottom_right_aligned_for_a_kv_cache(backend: str) -> None:
+def test_causal_is_bottom_right_aligned_for_a_kv_cache(backend: Backend) -> None:
     # 2 new queries after 3 cached keys: query 0 sees keys 0..3, query 1 sees keys 0..4.
     q, k, v = randn(1, 1, 2, 4, seed=1), randn(1, 1, 5, 4, seed=2), randn(1, 1, 5, 4, seed=3)
     keep = torch.tensor([[True, True, True, True, False], [True] * 5])
-    out = scaled_dot_product_attention(q, k, v, is_causal=True, backend=backend)  # type: ignore[arg-type]
+    out = scaled_dot_product_attention(q, k, v, is_causal=True, backend=backend)
     torch.testing.assert_close(out, naive(q, k, v, keep), rtol=1e-12, atol=1e-12)
     # The last rows of a full causal pass equal the cached step.
     full_q = torch.cat([randn(1, 1, 3, 4, seed=9), q], dim=2)
-    full = scaled_dot_product_attention(full_q, k, v, is_causal=True, backend=backend)  # type: ignore[arg-type]
+    full = scaled_dot_product_attention(full_q, k, v, is_causal=True, backend=backend)
     assert isinstance(full, Tensor)
     torch.testing.assert_close(full[:, :, 3:], out, rtol=1e-12, atol=1e-12)
 
@@ -60,11 +61,11 @@ def test_causal_mask_values() -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_fully_masked_rows_give_zero_output_and_finite_gradients(backend: str) -> None:
+def test_fully_masked_rows_give_zero_output_and_finite_gradients(backend: Backend) -> None:
     q, k, v = (randn(1, 2, 3, 4, seed=i).requires_grad_() for i in range(3))
     keep = torch.ones(3, 3, dtype=torch.bool)
     keep[1] = False  # query 1 may attend to nothing
-    out = scaled_dot_product_attention(q, k, v, attn_mask=keep, backend=backend)  # type: ignore[arg-type]
+    out = scaled_dot_product_attention(q, k, v, attn_mask=keep, backend=backend)
     assert isinstance(out, Tensor)
     assert torch.equal(out[:, :, 1], torch.zeros(1, 2, 4, dtype=torch.float64))
     torch.testing.assert_close(out[:, :, [0, 2]], naive(q, k, v, keep)[:, :, [0, 2]])
@@ -131,13 +132,13 @@ def test_invalid_arguments() -> None:
                                       "use backend='reference'")
     # With checks off the annotation no longer refuses an unknown backend; the body still does.
     with shape_checks(False), pytest.raises(ValueError, match="backend must be") as value_error:
-        scaled_dot_product_attention(q, k, v, backend="flash")  # type: ignore[arg-type]
+        scaled_dot_product_attention(q, k, v, backend="flash")  # type: ignore[call-overload]
     assert str(value_error.value) == ("scaled_dot_product_attention: backend must be 'reference' or 'sdpa', "
                                       "got 'flash'")
     with pytest.raises(ValueError, match="dropout_p"):
         scaled_dot_product_attention(q, k, v, dropout_p=1.0)
     with pytest.raises(ShapeError) as info:
-        scaled_dot_product_attention(q, k, v, backend="flash")  # type: ignore[arg-type]
+        scaled_dot_product_attention(q, k, v, backend="flash")  # type: ignore[call-overload]
     assert info.value.argument == "backend"
     with pytest.raises(ShapeError) as info:
         scaled_dot_product_attention(q, k.float(), v)
@@ -198,21 +199,21 @@ def naive_biased(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, keep: Tensor | N
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("bias_shape", [(4, 6), (1, 3, 4, 6), (2, 1, 1, 6), (2, 3, 4, 6)])
-def test_attn_bias_is_added_to_the_scaled_logits(backend: str, bias_shape: tuple[int, ...]) -> None:
+def test_attn_bias_is_added_to_the_scaled_logits(backend: Backend, bias_shape: tuple[int, ...]) -> None:
     q, k, v = randn(2, 3, 4, 5, seed=1), randn(2, 3, 6, 5, seed=2), randn(2, 3, 6, 7, seed=3)
     bias = randn(*bias_shape, seed=4)
-    out = scaled_dot_product_attention(q, k, v, attn_bias=bias, backend=backend)  # type: ignore[arg-type]
+    out = scaled_dot_product_attention(q, k, v, attn_bias=bias, backend=backend)
     torch.testing.assert_close(out, naive_biased(q, k, v, bias), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_attn_bias_with_a_boolean_mask_and_causal_equals_torch_with_one_float_mask(backend: str) -> None:
+def test_attn_bias_with_a_boolean_mask_and_causal_equals_torch_with_one_float_mask(backend: Backend) -> None:
     q, k, v = randn(2, 3, 4, 5, seed=1), randn(2, 3, 4, 5, seed=2), randn(2, 3, 4, 7, seed=3)
     bias = randn(1, 3, 4, 4, seed=4)
     keep = torch.rand(2, 1, 4, 4, generator=torch.Generator().manual_seed(5)) > 0.3
     keep[..., 0] = True  # every row keeps key 0, which causal keeps too: no fully masked row
     out = scaled_dot_product_attention(q, k, v, attn_mask=keep, attn_bias=bias, is_causal=True,
-                                       backend=backend)  # type: ignore[arg-type]
+                                       backend=backend)
     allowed = keep & causal_mask(4)
     float_mask = bias.masked_fill(~allowed, float("-inf"))
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask)
@@ -221,10 +222,10 @@ def test_attn_bias_with_a_boolean_mask_and_causal_equals_torch_with_one_float_ma
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_attn_bias_plus_a_float_mask_is_their_sum(backend: str) -> None:
+def test_attn_bias_plus_a_float_mask_is_their_sum(backend: Backend) -> None:
     q, k, v = randn(1, 2, 3, 4, seed=1), randn(1, 2, 5, 4, seed=2), randn(1, 2, 5, 4, seed=3)
     bias, mask = randn(3, 5, seed=4), randn(1, 2, 3, 5, seed=5)
-    out = scaled_dot_product_attention(q, k, v, attn_mask=mask, attn_bias=bias, backend=backend)  # type: ignore[arg-type]
+    out = scaled_dot_product_attention(q, k, v, attn_mask=mask, attn_bias=bias, backend=backend)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask + bias)
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
 

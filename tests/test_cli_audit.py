@@ -132,3 +132,24 @@ def test_audit_a_module_from_the_command_line(tmp_path: Path, capsys: pytest.Cap
     # ... and a pass when NaN is declared
     assert main([*fast, "--fully-masked", "nan"]) == 0
     capsys.readouterr()
+
+
+def test_audit_infer_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["audit", "tests._audit_candidates:bthd_attention", "--infer", *QUICK, "--dtypes", "float64"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[1].startswith("inferred conventions (")
+    assert "  layout = 'bthd': h=2, t=3, s=4 matches the reference in bthd" in lines
+    assert main(["audit", "tests._audit_candidates:mask_ignored", "--infer", *QUICK, "--dtypes", "float64"]) == 1
+    assert "supports_mask: attn_mask is accepted and ignored" in capsys.readouterr().out
+    # a module: the spec says where the weights live, inference the behaviour
+    code = main(["audit", "--module", "torch.nn:MultiheadAttention", "--spec", "torch_mha", "--config",
+                 '{"embed_dim": 8, "num_heads": 2, "batch_first": true}', "--checks", "reference,causality",
+                 "--infer", *QUICK, "--dtypes", "float64"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "  causal_alignment = 'bottom-right': is_causal=True, t=2, s=4" in out
+    # declaring and inferring at once is refused in one line
+    assert main(["audit", "tests._audit_candidates:bthd_attention", "--infer", "--layout", "bthd"]) == 2
+    assert capsys.readouterr().err.strip().endswith("(give one or the other)")

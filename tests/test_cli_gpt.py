@@ -33,6 +33,8 @@ def test_train_writes_a_checkpoint_and_a_plot(trained: tuple[Path, Path]) -> Non
     assert checkpoint.model.config.n_embd == 128
     assert checkpoint.tokenizer.chars == "".join(sorted(set(TEXT)))
     assert [h["iter"] for h in checkpoint.history] == [0, 10, 20]
+    # The thread count in use at the save, and who set it (the suite fixes it through OMP_NUM_THREADS).
+    assert checkpoint.info.pop("threads").endswith(" (OMP_NUM_THREADS)")
     assert checkpoint.info == {"source": str(text), "text_chars": len(TEXT), "preset": "baby",
                                "text_sha256": hashlib.sha256(TEXT.encode()).hexdigest()}
     assert checkpoint.train_config["max_iters"] == 20

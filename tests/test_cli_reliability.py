@@ -351,12 +351,6 @@ def test_train_and_generate_without_the_extra_name_it(command: str, missing: str
     assert not (tmp_path / "run").exists()
 
 
-def test_bench_refuses_an_empty_preset_list(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "gpt", "--presets", ","]) == 2
-    assert one_line(capsys.readouterr().err) == ("typed-transformer: error: --presets: no preset in ',' (choose baby, "
-                                                 "seed, or both: baby,seed)")
-
-
 def test_generate_refuses_a_checkpoint_with_nan_weights(trained: tuple[Path, Path], tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     def nan_weight(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:

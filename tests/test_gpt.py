@@ -285,7 +285,7 @@ def test_weight_tying_shares_one_tensor_and_survives_a_step() -> None:
     idx = tokens(2, 8, 11)
     _, loss = model(idx, idx)
     assert loss is not None
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward has no annotations
     optimizer.step()
     assert model.lm_head.weight is model.tok_emb.weight
     untied = GPT(tiny(tie_weights=False))
@@ -593,7 +593,7 @@ def test_alibi_gpt_trains_and_generates_with_the_kv_cache() -> None:
         assert loss is not None
         losses.append(loss.item())
         optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward has no annotations
         optimizer.step()
     assert losses[-1] < 0.5 * losses[0]
     model.eval()

@@ -6,7 +6,7 @@ import math
 import re
 import warnings
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pytest
 import torch
@@ -15,7 +15,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from property_tests.helpers import exactly, mha_fastpath
-from typed_transformer import ShapeError, causal_mask, key_padding_mask_to_torch
+from typed_transformer import ShapeError, causal_mask, from_torch, key_padding_mask_to_torch, to_torch
 from typed_transformer.layers import (
     FeedForward,
     Transformer,
@@ -26,6 +26,8 @@ from typed_transformer.layers import (
 )
 from typed_transformer.multihead import MultiHeadAttention
 from typed_transformer.positions import RotaryEmbedding
+
+M = TypeVar("M", bound=nn.Module)
 
 # torch warns that its nested tensors are a prototype whenever eval + no_grad takes the nested path.
 pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
@@ -40,7 +42,7 @@ def randn(*shape: int, seed: int = 0) -> Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def randomize(module: nn.Module, seed: int = 1) -> nn.Module:
+def randomize(module: M, seed: int = 1) -> M:
     """Random weights everywhere (torch initialises biases to 0 and LayerNorm to 1, which hides bugs)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -133,7 +135,7 @@ def test_encoder_layer_from_torch_and_back(options: dict[str, object], batch_fir
     theirs = randomize(nn.TransformerEncoderLayer(6, 2, 8, 0.0, batch_first=batch_first, dtype=torch.float64,
                                                   **options)).eval()  # type: ignore[arg-type]
     assert isinstance(theirs, nn.TransformerEncoderLayer)
-    ours = TransformerEncoderLayer.from_torch(theirs)
+    ours = from_torch(theirs)
     x = randn(2, 5, 6)
     padding, torch_padding = _src_masks()
     with mha_fastpath(False):
@@ -141,7 +143,7 @@ def test_encoder_layer_from_torch_and_back(options: dict[str, object], batch_fir
                       src_key_padding_mask=torch_padding)
     want = want if batch_first else rearrange(want, "s b d -> b s d")
     close(ours(x, src_key_padding_mask=padding, is_causal=True), want)
-    back = ours.to_torch(batch_first=batch_first)
+    back = to_torch(ours, batch_first=batch_first)
     assert back.state_dict().keys() == theirs.state_dict().keys()
     for key, value in theirs.state_dict().items():
         assert torch.equal(back.state_dict()[key], value), key
@@ -153,13 +155,13 @@ def test_decoder_layer_from_torch_and_back(options: dict[str, object]) -> None:
     theirs = randomize(nn.TransformerDecoderLayer(6, 3, 8, 0.0, batch_first=True, dtype=torch.float64,
                                                   **options)).eval()  # type: ignore[arg-type]
     assert isinstance(theirs, nn.TransformerDecoderLayer)
-    ours = TransformerDecoderLayer.from_torch(theirs)
+    ours = from_torch(theirs)
     tgt, memory = randn(2, 4, 6, seed=1), randn(2, 5, 6, seed=2)
     padding, torch_padding = _src_masks()
     want = theirs(tgt, memory, tgt_mask=~causal_mask(4), memory_key_padding_mask=torch_padding)
     got = ours(tgt, memory, memory_key_padding_mask=padding, tgt_is_causal=True)
     close(got, want)
-    back = ours.to_torch()
+    back = to_torch(ours)
     for key, value in theirs.state_dict().items():
         assert torch.equal(back.state_dict()[key], value), key
 
@@ -171,7 +173,7 @@ def test_transformer_from_torch_and_back(options: dict[str, object]) -> None:
                                                 **options))  # type: ignore[arg-type]
     randomize(theirs).eval()
     assert isinstance(theirs, nn.Transformer)
-    ours = Transformer.from_torch(theirs)
+    ours = from_torch(theirs)
     src, tgt = randn(2, 5, 6, seed=1), randn(2, 4, 6, seed=2)
     padding, torch_padding = _src_masks()
     with torch.no_grad():  # eval + no_grad: torch may take its nested-tensor path
@@ -179,7 +181,7 @@ def test_transformer_from_torch_and_back(options: dict[str, object]) -> None:
                       memory_key_padding_mask=torch_padding)
     got = ours(src, tgt, src_key_padding_mask=padding, memory_key_padding_mask=padding, tgt_is_causal=True)
     close(got, want)
-    back = ours.to_torch()
+    back = to_torch(ours)
     assert back.state_dict().keys() == theirs.state_dict().keys()
     for key, value in theirs.state_dict().items():
         assert torch.equal(back.state_dict()[key], value), key
@@ -190,7 +192,7 @@ def test_state_dict_names_are_torchs_up_to_two_renames() -> None:
     projection is a Linear (``in_proj.weight`` for torch's ``in_proj_weight``)."""
     theirs = quiet_torch(lambda: nn.Transformer(6, 2, 1, 1, 8))
     assert isinstance(theirs, nn.Transformer)
-    ours = Transformer.from_torch(theirs)
+    ours = from_torch(theirs)
     renamed = {key.replace("feed_forward.", "").replace("in_proj.weight", "in_proj_weight")
                .replace("in_proj.bias", "in_proj_bias") for key in ours.state_dict()}
     assert renamed == set(theirs.state_dict())
@@ -200,11 +202,11 @@ def test_stacks_from_torch_keep_each_layer_and_the_final_norm() -> None:
     layer = nn.TransformerDecoderLayer(6, 2, 8, 0.0, batch_first=True, dtype=torch.float64)
     theirs = randomize(nn.TransformerDecoder(layer, 3, norm=nn.LayerNorm(6, dtype=torch.float64)))
     assert isinstance(theirs, nn.TransformerDecoder)
-    ours = TransformerDecoder.from_torch(theirs)
+    ours = from_torch(theirs)
     assert len(ours.layers) == 3
     tgt, memory = randn(2, 4, 6), randn(2, 3, 6, seed=1)
     close(ours(tgt, memory), theirs(tgt, memory))
-    no_norm = TransformerDecoder.from_torch(nn.TransformerDecoder(layer, 1))
+    no_norm = from_torch(nn.TransformerDecoder(layer, 1))
     assert no_norm.norm is None
 
 
@@ -214,11 +216,11 @@ def test_gelu_tanh_keeps_torch_off_its_exact_gelu_fast_path(activation: Any) -> 
     so the torch copy computes tanh-GELU on every path."""
     ours = randomize(TransformerEncoderLayer(6, 2, 8, 0.0, activation=activation, dtype=torch.float64)).eval()
     assert isinstance(ours, TransformerEncoderLayer)
-    theirs = ours.to_torch()
+    theirs = to_torch(ours)
     x = randn(2, 5, 6)
     with torch.no_grad(), mha_fastpath(True):
         close(theirs(x), ours(x))
-    assert TransformerEncoderLayer.from_torch(theirs).feed_forward.extra_repr() == "activation=gelu_tanh"
+    assert from_torch(theirs).feed_forward.extra_repr() == "activation=gelu_tanh"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -230,7 +232,7 @@ def test_torch_nested_path_zeroes_padded_positions_and_we_do_not() -> None:
     layer = nn.TransformerEncoderLayer(6, 2, 8, 0.0, batch_first=True, dtype=torch.float64)
     theirs = randomize(nn.TransformerEncoder(layer, 2)).eval()
     assert isinstance(theirs, nn.TransformerEncoder)
-    ours = TransformerEncoder.from_torch(theirs)
+    ours = from_torch(theirs)
     x = randn(2, 5, 6)
     padding, torch_padding = _src_masks()
     with torch.no_grad():
@@ -246,7 +248,7 @@ def test_torch_fused_encoder_layer_reads_a_float_mask_as_boolean() -> None:
     an additive float mask as "masked out". Ours adds the mask to the logits, as torch's slow path does."""
     theirs = randomize(nn.TransformerEncoderLayer(6, 2, 8, 0.0, batch_first=True, dtype=torch.float64)).eval()
     assert isinstance(theirs, nn.TransformerEncoderLayer)
-    ours = TransformerEncoderLayer.from_torch(theirs)
+    ours = from_torch(theirs)
     x = randn(2, 3, 6)
     bias = torch.tensor([[0.0, 1.5, 0.0], [0.0, 0.0, -2.0], [0.5, 0.0, 0.0]], dtype=torch.float64)
     as_boolean = torch.zeros_like(bias).masked_fill(bias != 0, float("-inf"))
@@ -296,7 +298,7 @@ def test_is_causal_is_a_real_flag() -> None:
     with_flag, with_mask = layer(x, is_causal=True), layer(x, causal_mask(4))
     torch.testing.assert_close(with_flag, with_mask, rtol=0, atol=0)
     assert (with_flag - layer(x)).abs().max() > 1e-3
-    theirs = layer.to_torch()  # type: ignore[operator]
+    theirs = to_torch(layer)
     with pytest.raises(RuntimeError):
         theirs(x, is_causal=True)
 
@@ -353,16 +355,13 @@ def test_constructors_reject_bad_arguments(build: Callable[[], object], message:
 
 
 def test_interop_refuses_what_it_cannot_convert() -> None:
-    with pytest.raises(TypeError, match=r"expected nn\.TransformerEncoderLayer"):
-        TransformerEncoderLayer.from_torch(nn.Linear(2, 2))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^from_torch: expected one of nn\.MultiheadAttention, .*, got Linear$"):
+        from_torch(nn.Linear(2, 2))  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="convert torch's with from_torch"):
         TransformerEncoder(nn.TransformerEncoderLayer(8, 2), 2)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"expected nn\.Transformer,"):
-        Transformer.from_torch(nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2), 1,  # type: ignore[arg-type]
-                                                     enable_nested_tensor=False))
     rotary = TransformerEncoderLayer(8, 2, rotary=RotaryEmbedding(4))
     with pytest.raises(ValueError, match="no rotary embeddings"):
-        rotary.to_torch()
+        to_torch(rotary)
 
 
 def test_repr_and_copies() -> None:
@@ -394,32 +393,33 @@ def test_from_torch_hands_the_backend_to_every_attention() -> None:
     layer = nn.TransformerEncoderLayer(6, 2, 8, 0.0, batch_first=True)
     decoder_layer = nn.TransformerDecoderLayer(6, 2, 8, 0.0, batch_first=True)
     converted: list[nn.Module] = [
-        TransformerEncoderLayer.from_torch(layer, backend="reference"),
-        TransformerDecoderLayer.from_torch(decoder_layer, backend="reference"),
-        TransformerEncoder.from_torch(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), backend="reference"),
-        TransformerDecoder.from_torch(nn.TransformerDecoder(decoder_layer, 2), backend="reference"),
-        Transformer.from_torch(cast(nn.Transformer, quiet_torch(lambda: nn.Transformer(6, 2, 1, 1, 8))),
+        from_torch(layer, backend="reference"),
+        from_torch(decoder_layer, backend="reference"),
+        from_torch(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), backend="reference"),
+        from_torch(nn.TransformerDecoder(decoder_layer, 2), backend="reference"),
+        from_torch(cast(nn.Transformer, quiet_torch(lambda: nn.Transformer(6, 2, 1, 1, 8))),
                                backend="reference"),
     ]
     for module in converted:
         attentions = every_attention(module)
         assert attentions
         assert {a.backend for a in attentions} == {"reference"}, type(module).__name__
-    assert {a.backend for a in every_attention(TransformerEncoderLayer.from_torch(layer))} == {"sdpa"}
+    assert {a.backend for a in every_attention(from_torch(layer))} == {"sdpa"}
 
 
 @pytest.mark.parametrize("cls", [TransformerEncoderLayer, TransformerDecoderLayer, TransformerEncoder,
                                  TransformerDecoder, Transformer])
-def test_from_torch_names_what_it_expected_and_got(cls: Any) -> None:
+def test_the_deprecated_classmethods_name_what_they_expected_and_got(cls: Any) -> None:
     expected = "nn." + cls.__name__
-    with pytest.raises(TypeError, match=f"^from_torch: expected {re.escape(expected)}, got Linear$"):
+    with (pytest.warns(DeprecationWarning, match=f"^{cls.__name__}.from_torch is deprecated"),
+          pytest.raises(TypeError, match=f"^from_torch: expected {re.escape(expected)}, got Linear$")):
         cls.from_torch(nn.Linear(2, 2))
 
 
 def test_to_torch_refuses_rotary_with_its_reason() -> None:
     with pytest.raises(ValueError, match=exactly("to_torch: torch's Transformer layers have no rotary embeddings "
                                                 "(rotary is set)")):
-        TransformerEncoderLayer(8, 2, rotary=RotaryEmbedding(4)).to_torch()
+        to_torch(TransformerEncoderLayer(8, 2, rotary=RotaryEmbedding(4)))
 
 
 def test_to_torch_copies_share_no_tensor_and_warn_nothing() -> None:
@@ -431,13 +431,13 @@ def test_to_torch_copies_share_no_tensor_and_warn_nothing() -> None:
     for ours in stacks:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            theirs = ours.to_torch()
+            theirs = to_torch(ours)
         assert caught == [], [str(w.message) for w in caught]
         our_storage = {p.untyped_storage().data_ptr() for p in ours.parameters()}
         assert not any(p.untyped_storage().data_ptr() in our_storage for p in theirs.parameters())
         assert sum(p.numel() for p in theirs.parameters()) == sum(p.numel() for p in ours.parameters())
     transformer = Transformer(6, 3, 1, 1, 8)
-    assert (transformer.to_torch().nhead, transformer.to_torch().d_model) == (3, 6)
+    assert (to_torch(transformer).nhead, to_torch(transformer).d_model) == (3, 6)
 
 
 @pytest.mark.parametrize(
@@ -590,16 +590,15 @@ def test_transformer_refuses_swapped_custom_stacks(kwargs: dict[str, str], messa
 def test_from_torch_copies_dropout_and_norms_without_sharing_them() -> None:
     encoder_layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.3, batch_first=True)
     decoder_layer = nn.TransformerDecoderLayer(8, 2, 16, dropout=0.3, batch_first=True)
-    for ours in (TransformerEncoderLayer.from_torch(encoder_layer), TransformerDecoderLayer.from_torch(decoder_layer)):
+    for ours in (from_torch(encoder_layer), from_torch(decoder_layer)):
         dropouts = [m.p for m in ours.modules() if isinstance(m, nn.Dropout)]
         assert dropouts == [0.3] * len(dropouts)
         assert len(dropouts) >= 3
     norm = nn.LayerNorm(8)
     theirs_stacks: list[Any] = [nn.TransformerEncoder(encoder_layer, 1, norm, enable_nested_tensor=False),
                                 nn.TransformerDecoder(decoder_layer, 1, norm)]
-    classes: list[Any] = [TransformerEncoder, TransformerDecoder]
-    for theirs, cls in zip(theirs_stacks, classes, strict=True):
-        converted = cls.from_torch(theirs)
+    for theirs in theirs_stacks:
+        converted = from_torch(theirs)
         assert converted.norm is not theirs.norm
         assert converted.norm.weight.untyped_storage().data_ptr() != theirs.norm.weight.untyped_storage().data_ptr()
         assert torch.equal(converted.norm.weight, theirs.norm.weight)
@@ -613,9 +612,9 @@ def test_activation_must_be_a_name_or_a_callable() -> None:
 
 def test_to_torch_is_batch_first_by_default() -> None:
     encoder_layer, decoder_layer = TransformerEncoderLayer(8, 2, 16), TransformerDecoderLayer(8, 2, 16)
-    converted: list[Any] = [encoder_layer.to_torch(), decoder_layer.to_torch(),
-                            TransformerEncoder(encoder_layer, 1).to_torch(),
-                            TransformerDecoder(decoder_layer, 1).to_torch(), Transformer(8, 2, 1, 1, 16).to_torch()]
+    converted: list[Any] = [to_torch(encoder_layer), to_torch(decoder_layer),
+                            to_torch(TransformerEncoder(encoder_layer, 1)),
+                            to_torch(TransformerDecoder(decoder_layer, 1)), to_torch(Transformer(8, 2, 1, 1, 16))]
     for module in converted:
         attentions = [m for m in module.modules() if isinstance(m, nn.MultiheadAttention)]
         assert attentions

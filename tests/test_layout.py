@@ -1,9 +1,8 @@
 """The package's dependencies point one way, as docs/index.md#layout says.
 
 Module-level imports between the package's modules must follow ``ORDER`` (a module imports only modules
-listed before it). Imports inside functions are the documented exceptions only: the ``from_torch``/``to_torch``
-aliases of ``multihead`` and ``layers`` import ``interop`` when called, ``checkpoint`` imports ``training`` when
-it loads a run's settings, and the command line imports what each command needs.
+listed before it). Imports inside functions are the documented exceptions only: the command line imports what
+each command needs.
 """
 
 import ast
@@ -14,15 +13,13 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "typed_transformer"
 
 #: Dependency order: each module may import (at module level) only modules listed before it.
-ORDER = ["_deprecation", "_signals", "shapecheck", "masks", "attention", "positions", "multihead", "layers", "interop",
-         "seq2seq", "gpt", "hf", "plot", "strategies", "audit", "data", "seq2seq_data", "checkpoint", "training",
-         "seq2seq_training", "cli", "__init__",
+ORDER = ["_deprecation", "_signals", "_paths", "_activations", "shapecheck", "masks", "attention", "positions",
+         "multihead", "layers", "interop", "seq2seq", "gpt", "hf", "plot", "strategies", "audit", "config", "data",
+         "seq2seq_data", "checkpoint", "generation", "threads", "training", "seq2seq_training", "cli", "__init__",
          "__main__"]
 
 #: (importer, imported) pairs allowed inside a function body, where the import is the only way back.
-LATE_IMPORTS = {("multihead", "interop"), ("layers", "interop"),
-                # checkpoint reads a run's TrainConfig only when it loads one
-                ("checkpoint", "training")}
+LATE_IMPORTS: set[tuple[str, str]] = set()
 
 
 def _imports(path: Path) -> tuple[set[str], set[str]]:

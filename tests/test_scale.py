@@ -15,8 +15,9 @@ from torch.multiprocessing.spawn import spawn
 
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.data import TextData
+from typed_transformer.generation import compile_for_generation
 from typed_transformer.gpt import GPT, GPTConfig
-from typed_transformer.training import TrainConfig, TrainResult, compile_for_generation, flops_per_token, train
+from typed_transformer.training import TrainConfig, TrainResult, flops_per_token, train
 
 from ._cli import run
 from ._ddp_worker import run_rank, tiny_model
@@ -180,7 +181,7 @@ def test_config_file_with_flags_overriding(text: Path, tmp_path: Path, capsys: p
     assert saved.info["config_file"] == str(config)
     err = capsys.readouterr().err
     assert "train: TrainConfig(max_iters=3, batch_size=4, learning_rate=0.002" in err
-    assert "grad_accum=2, dtype='float32', compile=False)" in err
+    assert "grad_accum=2, dtype='float32', compile=False, threads='auto')" in err
 
 
 @pytest.mark.parametrize(
@@ -320,7 +321,7 @@ def test_compiled_generation_equals_eager() -> None:
 
 def test_generate_compile_flag(tmp_path: Path, text: Path, monkeypatch: pytest.MonkeyPatch,
                                capsys: pytest.CaptureFixture[str]) -> None:
-    import typed_transformer.training as training
+    import typed_transformer.generation as generation
 
     out = tmp_path / "run"
     assert run(["train", "--data", str(text), "--max-iters", "1", *TINY, "--out", str(out)]) == 0
@@ -330,7 +331,7 @@ def test_generate_compile_flag(tmp_path: Path, text: Path, monkeypatch: pytest.M
         compiled.append(model)
         return model
 
-    monkeypatch.setattr(training, "compile_for_generation", record)
+    monkeypatch.setattr(generation, "compile_for_generation", record)
     capsys.readouterr()
     assert run(["generate", "--checkpoint", str(out), "--max-new-tokens", "5", "--greedy", "--compile"]) == 0
     assert len(compiled) == 1

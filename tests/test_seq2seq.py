@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from typed_transformer import ShapeError, shape_checks
+from typed_transformer import ShapeError, shape_checks, to_torch
 from typed_transformer.seq2seq import Positions, Seq2SeqTransformer
 
 PAD, BOS, EOS = 0, 1, 2
@@ -43,7 +43,7 @@ def test_forward_is_embeddings_positions_and_nn_transformer(norm_first: bool) ->
     """An independent composition: our embeddings, the paper's sinusoids written out, torch's own
     nn.Transformer (from to_torch) with masks in torch's polarity, our output projection."""
     model = small_model(norm_first=norm_first)
-    theirs = model.transformer.to_torch()
+    theirs = to_torch(model.transformer)
 
     def embed(tokens: Tensor, table: nn.Embedding) -> Tensor:
         pe = torch.zeros(tokens.shape[1], 8, dtype=torch.float64)
@@ -297,7 +297,7 @@ def test_old_method_keywords_warn_and_give_the_same_results() -> None:
     want = model(SRC, TRG)
     with pytest.warns(DeprecationWarning, match=r"^Seq2SeqTransformer\.forward: the keyword trg= is deprecated, "
                                                 r"use tgt=$") as record:
-        got = model(SRC, trg=TRG)
+        got = model(SRC, trg=TRG)  # type: ignore[call-arg]  # the deprecated keyword is not in the signature
     assert torch.equal(got, want)
     assert record[0].filename == __file__  # past nn.Module.__call__, to the caller's line
     memory, src_mask = model.encode(SRC), model.source_mask(SRC)
@@ -311,7 +311,7 @@ def test_old_method_keywords_warn_and_give_the_same_results() -> None:
 def test_old_and_new_keyword_together_is_an_error() -> None:
     with pytest.raises(TypeError, match=r"^Seq2SeqTransformer\.forward: got both trg= and tgt= "
                                         r"\(trg is the deprecated name of tgt\)$"):
-        small_model()(SRC, tgt=TRG, trg=TRG)
+        small_model()(SRC, tgt=TRG, trg=TRG)  # type: ignore[call-arg]
 
 
 def test_old_attribute_names_warn_and_read_the_new_ones() -> None:

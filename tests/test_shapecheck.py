@@ -96,7 +96,7 @@ def test_wrong_rank() -> None:
 def test_non_tensor_argument() -> None:
     q, k, v = qkv()
     with pytest.raises(jaxtyping.TypeCheckError) as info:
-        scaled_dot_product_attention(q, k, v, is_causal="yes")  # type: ignore[arg-type]
+        scaled_dot_product_attention(q, k, v, is_causal="yes")  # type: ignore[call-overload]
     assert isinstance(info.value, ShapeError)
     assert info.value.argument == "is_causal"
     assert info.value.reason == "expected bool, got str 'yes'"

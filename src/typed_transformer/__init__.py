@@ -10,9 +10,11 @@ Modules, in dependency order: ``shapecheck`` -> ``masks`` -> ``attention`` -> ``
 
 from jaxtyping import TypeCheckError
 
-from . import hf, interop
+# threads first reads torch's thread count here, so a torch.set_num_threads made after this import is the user's.
+from . import hf, interop, threads
 from .attention import scaled_dot_product_attention, scaled_dot_product_attention_with_weights
 from .gpt import GPT, GPTConfig
+from .interop import from_torch, to_torch
 from .layers import (
     FeedForward,
     Transformer,
@@ -69,6 +71,7 @@ __all__ = [
     "attn_mask_to_torch",
     "causal_mask",
     "checks_enabled",
+    "from_torch",
     "hf",
     "interop",
     "is_checked",
@@ -85,4 +88,6 @@ __all__ = [
     "shape_trace",
     "strict_checks",
     "strict_checks_enabled",
+    "threads",
+    "to_torch",
 ]

@@ -32,7 +32,7 @@ Behaviour that is specified (and tested against torch):
 
 import math
 from collections.abc import Callable
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, overload
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +52,29 @@ Backend = Literal["reference", "sdpa"]
 AttnBias: TypeAlias = Float[Tensor, "#b #h #t s"] | Float[Tensor, "t s"]
 
 
+# The deprecated return_weights flag changes the return type: the overloads make it exact for type checkers
+# (False or left out: the output alone; True: (output, weights)).
+@overload
+def scaled_dot_product_attention(
+    q: Float[Tensor, "b h t d"], k: Float[Tensor, "b g s d"], v: Float[Tensor, "b g s dv"], *,
+    attn_mask: AttnMask | None = None, attn_bias: AttnBias | None = None, is_causal: bool = False,
+    scale: float | None = None, dropout_p: float = 0.0, return_weights: Literal[False] = False,
+    backend: Backend = "reference",
+) -> Float[Tensor, "b h t dv"]: ...
+@overload
+def scaled_dot_product_attention(
+    q: Float[Tensor, "b h t d"], k: Float[Tensor, "b g s d"], v: Float[Tensor, "b g s dv"], *,
+    attn_mask: AttnMask | None = None, attn_bias: AttnBias | None = None, is_causal: bool = False,
+    scale: float | None = None, dropout_p: float = 0.0, return_weights: Literal[True],
+    backend: Backend = "reference",
+) -> tuple[Float[Tensor, "b h t dv"], Float[Tensor, "b h t s"]]: ...
+@overload
+def scaled_dot_product_attention(
+    q: Float[Tensor, "b h t d"], k: Float[Tensor, "b g s d"], v: Float[Tensor, "b g s dv"], *,
+    attn_mask: AttnMask | None = None, attn_bias: AttnBias | None = None, is_causal: bool = False,
+    scale: float | None = None, dropout_p: float = 0.0, return_weights: bool,
+    backend: Backend = "reference",
+) -> Float[Tensor, "b h t dv"] | tuple[Float[Tensor, "b h t dv"], Float[Tensor, "b h t s"]]: ...
 def scaled_dot_product_attention(
     q: Float[Tensor, "b h t d"],
     k: Float[Tensor, "b g s d"],

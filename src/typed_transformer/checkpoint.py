@@ -30,7 +30,6 @@ import json
 import math
 import os
 import re
-import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._paths import temporary_path
+from .config import TrainConfig
 from .data import CharTokenizer, DataError
 from .gpt import GPT, GPTConfig
 
@@ -89,12 +90,6 @@ class Checkpoint:
 # ---------------------------------------------------------------------------------------------------
 # Temporary files and the run directory
 # ---------------------------------------------------------------------------------------------------
-
-
-def temporary_path(final: Path) -> Path:
-    """A unique temporary name next to ``final`` (``.NAME.tmp-PID-RANDOM.SUFFIX``), removed by
-    :func:`remove_temporaries` when a run was killed before it could rename or delete it."""
-    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}{final.suffix}")
 
 
 def remove_temporaries(directory: Path) -> list[Path]:
@@ -348,8 +343,6 @@ def _validate_history(history: Any, iteration: int) -> list[dict[str, float]]:
 
 
 def _validate_train_config(config: Any) -> dict[str, Any]:
-    from .training import TrainConfig
-
     if not isinstance(config, dict):
         raise ValueError(f"train_config must be a dict, got {type(config).__name__}")
     known = set(TrainConfig.__dataclass_fields__)

@@ -7,8 +7,6 @@
 * ``generate``: sample text from a checkpoint (several prompts: one padded batch).
 * ``train-seq2seq``: train the encoder-decoder on a synthetic task (copy, reverse, sort, add) or a file of
   tab-separated pairs, printing held-out exact match; ``translate``: greedy or beam decoding with its checkpoint.
-* ``bench attention`` / ``bench gpt`` / ``bench checks``: the scripts in the checkout's ``benchmarks/`` folder
-  (side-by-side ratios); not part of the installed library, so they need a source checkout.
 * ``audit MODULE:ATTR``: audit a third-party attention function; ``audit --module MODULE:CLASS --spec NAME
   --config JSON``: an attention module with its own weights (exit 1 when a check fails).
 * ``attention``: draw a checkpoint's attention over a text, one heatmap per layer and head.
@@ -28,7 +26,6 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any, NoReturn
 
 from ._signals import exit_code, raise_terminated
@@ -89,6 +86,19 @@ _temperature = _number(float, lambda v: MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
 _seed = _int_in(0, MAX_SEED)
 _fraction = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 _dropout = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+
+
+def _threads(text: str) -> int | str:
+    """``--threads``: ``auto`` or a positive integer."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    value: int = _number(int, lambda v: v > 0, "a positive integer or auto")(text)
+    return value
+
+
+_THREADS_HELP = ("intra-op threads: auto (default) times real steps at 1 .. usable cores and keeps the fastest, "
+                 "re-checked when the step time drifts; a number fixes it (as do OMP_NUM_THREADS or the "
+                 "caller's torch.set_num_threads)")
 
 
 def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
@@ -159,6 +169,7 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                        help="torch.compile the training steps (default: no)")
     scale.add_argument("--backend", choices=["gloo", "nccl"], default=None,
                        help="torch.distributed backend under torchrun (default: nccl on CUDA, gloo on CPU)")
+    scale.add_argument("--threads", type=_threads, default=None, help=_THREADS_HELP)
     scale.add_argument("--peak-flops", type=_positive_float, default=None,
                        help="one process's peak FLOP/s for the MFU figure (default: a float32 matmul measured "
                             "at start)")
@@ -180,10 +191,11 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     generate.add_argument("--greedy", action="store_true", help="always take the most likely character")
     generate.add_argument("--seed", type=_seed, default=1337)
     generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    generate.add_argument("--threads", type=_threads, default="auto", help=_THREADS_HELP)
     generate.add_argument("--compile", action="store_true",
                           help="torch.compile the forward pass with the weights frozen in (inductor, max-autotune): "
                                "the first call compiles for a minute or more on a CPU, then each cached step runs "
-                               "2.5-3x faster (typed-transformer bench gpt)")
+                               "2.5-3x faster (python benchmarks/bench.py gpt)")
 
     _seq2seq_parsers(commands)
 
@@ -193,28 +205,6 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     maps.add_argument("--out", type=Path, default=Path("attention.png"), help="image to write (default attention.png)")
     maps.add_argument("--panel-size", type=_positive_float, default=2.5, help="inches per heatmap (default 2.5)")
     maps.add_argument("--dpi", type=_positive_int, default=100, help="default 100")
-    bench = commands.add_parser("bench", help="benchmarks that print side-by-side ratios")
-    which = bench.add_subparsers(dest="which", required=True, parser_class=_Parser)
-    attention = which.add_parser("attention", help="MultiHeadAttention against torch.nn.MultiheadAttention")
-    attention.add_argument("--seconds", type=_positive_float, default=2.0,
-                           help="rough time budget per size and mode (default 2)")
-    attention.add_argument("--threads", type=_positive_int, default=None,
-                           help="torch intra-op threads (default: torch's choice)")
-    attention.add_argument("--size", choices=["small", "training", "both"], default="both")
-    gpt = which.add_parser("gpt", help="GPT training step against a nanoGPT-style baseline; KV-cache generation")
-    gpt.add_argument("--presets", default="baby,seed", help="comma-separated presets to time (default baby,seed)")
-    gpt.add_argument("--batch-size", type=_positive_int, default=12)
-    gpt.add_argument("--steps", type=_positive_int, default=None,
-                     help="measured training steps per variant (default: as many as fit in about 20 s per preset)")
-    gpt.add_argument("--threads", type=_positive_int, default=None)
-    gpt.add_argument("--skip-generation", action="store_true")
-    gpt.add_argument("--generation-rounds", type=_int_in(1, 100), default=3,
-                     help="interleaved rounds of the seed-preset generation targets (default 3)")
-    checks = which.add_parser("checks", help="what the shape checks cost: off, default and strict mode")
-    checks.add_argument("--seconds", type=_positive_float, default=20.0,
-                        help="rough time budget of the training-step comparison (default 20)")
-    checks.add_argument("--threads", type=_positive_int, default=None)
-
     audit = commands.add_parser("audit", help="audit a third-party attention function or module against the "
                                 "reference")
     audit.add_argument("candidate", metavar="MODULE:ATTR", nargs="?", default=None,
@@ -250,6 +240,10 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     audit.add_argument("--decode-sees-all", action="store_true",
                        help="with is_causal a single query sees every key (Hugging Face's sdpa rule)")
     audit.add_argument("--no-autograd", action="store_true", help="skip the gradient check")
+    audit.add_argument("--infer", action="store_true",
+                       help="infer the conventions from the candidate's behaviour instead of declaring them (a "
+                            "module's behavioural ones; its --spec says where the weights live); the report "
+                            "starts with them and the input that decided each")
     audit.add_argument("--checks", default=None, help="comma-separated subset of the checks")
     audit.add_argument("--dtypes", default="float32,float64", help="comma-separated (default float32,float64)")
     audit.add_argument("--max-examples", type=_positive_int, default=20,
@@ -306,32 +300,6 @@ def _fail(message: str) -> int:
     return 2
 
 
-#: The benchmark scripts, in the source checkout this package was installed from (``pip install -e .``).
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks" / "bench.py"
-
-
-def _benchmarks() -> ModuleType:
-    """``benchmarks/bench.py`` of the checkout, imported from its file; ValueError when there is none."""
-    import importlib.util
-
-    if not BENCHMARKS.is_file():
-        raise ValueError(f"bench runs the scripts in a source checkout's benchmarks/ folder, and there is no "
-                         f"{BENCHMARKS}: clone the repository and install it with pip install -e .")
-    name = "typed_transformer_benchmarks"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS)
-        assert spec is not None
-        assert spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while the file executes
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
-
-
 def _cuda_or_fail(device: str) -> None:
     import torch
 
@@ -362,7 +330,7 @@ def _require_train_extra(command: str) -> None:
 #: Options a resumed run may change (the model, the data, the vocabulary and the seed may not).
 CHANGEABLE_ON_RESUME = ("--max-iters", "--lr", "--batch-size", "--eval-interval", "--eval-iters",
                         "--checkpoint-interval", "--sample-tokens", "--device", "--no-progress", "--grad-accum",
-                        "--dtype", "--compile", "--backend", "--peak-flops", "--config", "--verbose")
+                        "--dtype", "--compile", "--backend", "--peak-flops", "--config", "--verbose", "--threads")
 
 #: Train options a ``--config`` file may not hold: they are about one invocation, not the run.
 NOT_IN_CONFIG = ("config", "resume", "overwrite", "command")
@@ -512,7 +480,8 @@ def _train_locked(args: argparse.Namespace) -> int:
     for flag, key in (("max_iters", "max_iters"), ("batch_size", "batch_size"), ("lr", "learning_rate"),
                       ("eval_interval", "eval_interval"), ("eval_iters", "eval_iters"), ("seed", "seed"),
                       ("sample_tokens", "sample_tokens"), ("checkpoint_interval", "checkpoint_interval"),
-                      ("grad_accum", "grad_accum"), ("dtype", "dtype"), ("compile", "compile")):
+                      ("grad_accum", "grad_accum"), ("dtype", "dtype"), ("compile", "compile"),
+                      ("threads", "threads")):
         if getattr(args, flag) is not None:
             train_overrides[key] = getattr(args, flag)
     if args.dtype == "float16" and not args.device.startswith("cuda"):
@@ -588,9 +557,13 @@ def _train_locked(args: argparse.Namespace) -> int:
         print(model, file=err)  # the module tree, as the original tutorial's log prints its model
     print(f"train: {config}", file=err)
     rows = config.batch_size // world
+    from .threads import resolve_threads
+
+    threads = resolve_threads(config.threads)
     print(f"batch: {config.batch_size} sequences per step = {world} process(es) x {config.grad_accum} "
           f"micro-batch(es) x {rows // config.grad_accum}"
-          + (f"; torch.distributed {torch.distributed.get_backend()}" if world > 1 else ""), file=err)
+          + (f"; torch.distributed {torch.distributed.get_backend()}" if world > 1 else "")
+          + f"; {threads.describe()}", file=err)
     if config.dtype == "bfloat16" and not args.device.startswith("cuda") and main:
         slow = _slow_bfloat16()
         if slow is not None:
@@ -600,9 +573,11 @@ def _train_locked(args: argparse.Namespace) -> int:
         from .training import measure_matmul_flops
 
         kind = torch.float32 if not args.device.startswith("cuda") else DTYPES[config.dtype]
+        if threads.count is not None and threads.source == "--threads":
+            torch.set_num_threads(threads.count)
         peak = measure_matmul_flops(args.device, kind)
-        print(f"peak: {peak / 1e9:,.1f} GFLOP/s per process ({str(kind).removeprefix('torch.')} matmul, measured; "
-              "MFU is against this, or --peak-flops)", file=err)
+        print(f"peak: {peak / 1e9:,.1f} GFLOP/s per process ({str(kind).removeprefix('torch.')} matmul at "
+              f"{torch.get_num_threads()} threads, measured; MFU is against this, or --peak-flops)", file=err)
     info = {"source": source, "text_chars": len(text), "text_sha256": text_sha256,
             "preset": resume.info.get("preset") if resume is not None else preset,
             "config_file": str(args.config) if args.config is not None else None}
@@ -644,36 +619,42 @@ def _check_sizes(batch_size: int, block_size: int, eval_iters: int) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     _require_train_extra("generate")
-    import torch
-
     from .checkpoint import load_checkpoint
-    from .data import left_pad, read_prompts
+    from .data import read_prompts
+    from .generation import continue_prompts
 
     _cuda_or_fail(args.device)
     checkpoint = load_checkpoint(args.checkpoint, map_location=args.device)
     prompts = [*(args.prompt or []), *(read_prompts(args.prompts_file) if args.prompts_file else [])] or ["\n"]
     if "" in prompts:
         raise ValueError(f"--prompt is empty (prompt {prompts.index('') + 1})")
-    ids, lengths = left_pad([checkpoint.tokenizer.encode(p) for p in prompts], device=args.device)
     model = checkpoint.model.eval()
+    # Timed on a unit of the work to come: the prompts' forward and 8 cached greedy steps.
+    _choose_threads(args.threads, lambda: continue_prompts(model, checkpoint.tokenizer, prompts, 8, seed=args.seed,
+                                                           device=args.device, greedy=True))
     if args.compile:
         import warnings
 
-        from .training import compile_for_generation
+        from . import generation
 
         # Raised inside torch's autotuner while it compiles, about torch's own storage API: not the user's concern.
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
-        model = compile_for_generation(model)
-    # One generator per prompt, all from --seed: each prompt continues exactly as it would alone.
-    generators = [torch.Generator(device=args.device).manual_seed(args.seed) for _ in prompts]
-    several: dict[str, Any] = {"generator": generators, "lengths": lengths} if len(prompts) > 1 else {}
-    out = model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, greedy=args.greedy, **({"generator": generators[0]} | several))
-    for i, n in enumerate(lengths.tolist()):
+        model = generation.compile_for_generation(model)
+    texts = continue_prompts(model, checkpoint.tokenizer, prompts, args.max_new_tokens, seed=args.seed,
+                             device=args.device, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                             greedy=args.greedy)
+    for i, text in enumerate(texts):
         if len(prompts) > 1:
             print(f"==> prompt {i + 1} <==")
-        print(checkpoint.tokenizer.decode(out[i, ids.shape[1] - n:].cpu()))
+        print(text)
     return 0
+
+
+def _choose_threads(requested: int | str | None, step: Callable[[], object]) -> None:
+    """Set the thread count for a command that is not a training run: fixed, or tuned on ``step``."""
+    from .threads import settle_threads
+
+    settle_threads(requested, step)
 
 
 def _attention(args: argparse.Namespace) -> int:
@@ -791,6 +772,11 @@ def _audit(args: argparse.Namespace) -> int:
                      "even_head_size": False, "no_mask": False, "no_causal": False, "no_mask_with_causal": False,
                      "decode_sees_all": False, "no_autograd": False}
     changed = [name for name, default in function_only.items() if getattr(args, name) != default]
+    if args.infer and changed:
+        return _fail(f"--{changed[0].replace('_', '-')} declares a convention; --infer decides them from the "
+                     f"candidate's behaviour (give one or the other)")
+    if args.infer and args.fully_masked is not None:
+        return _fail("--fully-masked declares a convention; --infer decides it from the candidate's behaviour")
     if args.module is not None and changed:
         return _fail(f"--{changed[0].replace('_', '-')} describes a candidate function; a module's conventions come "
                      f"from its --spec")
@@ -834,8 +820,14 @@ def _audit(args: argparse.Namespace) -> int:
 
             # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
             module = randomize_parameters(module, args.seed)
-            report = audit_module(module, spec, fully_masked=args.fully_masked, name=f"{target} (spec {spec.name})",
-                                  **options)
+            if args.infer:
+                report = audit_module(module, spec, conventions="infer", name=f"{target} (spec {spec.name})",
+                                      **options)
+            else:
+                report = audit_module(module, spec, fully_masked=args.fully_masked,
+                                      name=f"{target} (spec {spec.name})", **options)
+        elif args.infer:
+            report = audit_attention(candidate, conventions="infer", name=target, **options)
         else:
             conventions = Conventions(
                 layout=args.layout, mask_polarity=args.mask_polarity, causal_alignment=args.causal_alignment,
@@ -891,57 +883,6 @@ def _main(argv: list[str] | None) -> int:
         args = build_parser(defaults).parse_args(argv)  # the file's values as defaults: flags override them
     if args.command in ("train", "generate", "attention", "train-seq2seq", "translate"):
         return _run_training_command(args)
-    if args.command == "bench":
-        try:
-            bench = _benchmarks()
-        except ValueError as err:
-            return _fail(str(err))
-    if args.command == "bench" and args.which == "gpt":
-        import torch
-
-        bench_generation, bench_gpt_training = bench.bench_generation, bench.bench_gpt_training
-        decode_step_costs, format_gpt_table = bench.decode_step_costs, bench.format_gpt_table
-
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        presets = [p.strip() for p in args.presets.split(",") if p.strip()]
-        unknown = [p for p in presets if p not in ("baby", "seed")]
-        if unknown:
-            return _fail(f"--presets: unknown preset {unknown[0]!r} (choose baby, seed)")
-        if not presets:
-            return _fail(f"--presets: no preset in {args.presets!r} (choose baby, seed, or both: baby,seed)")
-        training = bench_gpt_training(presets, batch_size=args.batch_size, steps=args.steps)
-        generation = [] if args.skip_generation else bench_generation(block_sizes=(64,))
-        costs = None if args.skip_generation else decode_step_costs()
-        print(format_gpt_table(training, generation, costs))
-        if not args.skip_generation:
-            try:
-                targets = bench.bench_generation_targets(rounds=args.generation_rounds)
-            except ImportError:
-                print("generation targets: skipped (the comparison with Hugging Face needs transformers: "
-                      "pip install -e '.[hf]')")
-            else:
-                print()
-                print(bench.format_generation_targets(targets))
-        return 0
-    if args.command == "bench" and args.which == "attention":
-        import torch
-
-        SMALL, TRAINING = bench.SMALL, bench.TRAINING
-        bench_attention, format_attention_table = bench.bench_attention, bench.format_attention_table
-
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        cases = {"small": [SMALL], "training": [TRAINING], "both": [SMALL, TRAINING]}[args.size]
-        print(format_attention_table(bench_attention(cases, seconds=args.seconds)))
-        return 0
-    if args.command == "bench" and args.which == "checks":
-        import torch
-
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        print(bench.bench_checks(seconds=args.seconds))
-        return 0
     if args.command == "audit":
         return _audit(args)
     return 2  # unreachable: argparse requires a known command

@@ -7,28 +7,36 @@ Every copy shares no tensor with its source. What the conversions map:
 * ``nn.MultiheadAttention`` <-> :class:`~typed_transformer.multihead.MultiHeadAttention`: packed
   (``in_proj_weight``) or separate q/k/v weights, bias on or off, ``bias_k``/``bias_v`` (torch ``(1, 1, e)``,
   ours ``(e,)``), ``add_zero_attn``, dropout, either ``batch_first`` (ours is always batch-first). torch
-  cannot express grouped-query heads or a query width ``input_dim != d_model``: :func:`multihead_to_torch`
+  cannot express grouped-query heads or a query width ``input_dim != d_model``: :func:`to_torch`
   refuses them.
 * ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` <-> ours: torch keeps ``linear1``/``linear2``
   on the layer, ours in ``feed_forward``; the activation goes over by name (``"relu"``, ``"gelu"``,
-  ``"gelu_tanh"``) or as the callable itself. torch's layers have no rotary embeddings: ``*_to_torch``
+  ``"gelu_tanh"``) or as the callable itself. torch's layers have no rotary embeddings: :func:`to_torch`
   refuses a layer that has them.
 * ``nn.TransformerEncoder`` / ``nn.TransformerDecoder`` / ``nn.Transformer`` <-> ours: layer by layer, with
   the final norms.
 
 Masks are not converted here: the copies take masks in their own library's convention (see
-:mod:`typed_transformer.masks` for ``attn_mask_from_torch`` and friends). The classes' ``from_torch``
-classmethods and ``to_torch`` methods are thin aliases of the functions here.
+:mod:`typed_transformer.masks` for ``attn_mask_from_torch`` and friends).
+
+:func:`from_torch` and :func:`to_torch` are the two entry points; their overloads give each input type its
+exact result type. The earlier spellings still work and warn (``DeprecationWarning``): the per-kind functions
+(``multihead_from_torch``, ``encoder_layer_to_torch``, ...) and the classes' ``from_torch`` classmethods and
+``to_torch`` methods, which this module attaches to the classes (the classes themselves know nothing of
+interop: this module imports them, never the reverse).
 """
 
 import copy
 import warnings
-from typing import Any, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar, cast, overload
 
 import torch
 from einops import rearrange
 from torch import nn
 
+from ._activations import activation_name, gelu_tanh
+from ._deprecation import warn_deprecated
 from .attention import Backend
 from .layers import (
     Transformer,
@@ -36,27 +44,11 @@ from .layers import (
     TransformerDecoderLayer,
     TransformerEncoder,
     TransformerEncoderLayer,
-    _activation_name,
-    _gelu_tanh,
 )
 from .multihead import MultiHeadAttention
 
-__all__ = [
-    "decoder_from_torch",
-    "decoder_layer_from_torch",
-    "decoder_layer_to_torch",
-    "decoder_to_torch",
-    "encoder_from_torch",
-    "encoder_layer_from_torch",
-    "encoder_layer_to_torch",
-    "encoder_to_torch",
-    "from_torch",
-    "multihead_from_torch",
-    "multihead_to_torch",
-    "to_torch",
-    "transformer_from_torch",
-    "transformer_to_torch",
-]
+__all__ = ["from_torch", "to_torch"]
+
 
 _MHA = TypeVar("_MHA", bound=MultiHeadAttention)
 _EncoderLayer = TypeVar("_EncoderLayer", bound=TransformerEncoderLayer)
@@ -64,6 +56,78 @@ _DecoderLayer = TypeVar("_DecoderLayer", bound=TransformerDecoderLayer)
 _Encoder = TypeVar("_Encoder", bound=TransformerEncoder)
 _Decoder = TypeVar("_Decoder", bound=TransformerDecoder)
 _Transformer = TypeVar("_Transformer", bound=Transformer)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The two entry points
+# ----------------------------------------------------------------------------------------------------
+
+
+@overload
+def from_torch(module: nn.MultiheadAttention, *, backend: Backend = "sdpa") -> MultiHeadAttention: ...
+@overload
+def from_torch(module: nn.TransformerEncoderLayer, *, backend: Backend = "sdpa") -> TransformerEncoderLayer: ...
+@overload
+def from_torch(module: nn.TransformerDecoderLayer, *, backend: Backend = "sdpa") -> TransformerDecoderLayer: ...
+@overload
+def from_torch(module: nn.TransformerEncoder, *, backend: Backend = "sdpa") -> TransformerEncoder: ...
+@overload
+def from_torch(module: nn.TransformerDecoder, *, backend: Backend = "sdpa") -> TransformerDecoder: ...
+@overload
+def from_torch(module: nn.Transformer, *, backend: Backend = "sdpa") -> Transformer: ...
+def from_torch(module: nn.Module, *, backend: Backend = "sdpa") -> nn.Module:
+    """Our copy of a torch module this library mirrors, with the same weights and no shared tensor:
+    ``nn.MultiheadAttention`` (packed or separate q/k/v weights, bias on or off, ``bias_k``/``bias_v``,
+    ``add_zero_attn``, either ``batch_first``), ``nn.TransformerEncoderLayer``, ``nn.TransformerDecoderLayer``
+    (post-LN or pre-LN, any activation, bias on or off), ``nn.TransformerEncoder``, ``nn.TransformerDecoder``
+    (layer by layer, with the final norm, any module, if there is one) or ``nn.Transformer``.
+
+    The copy is batch-first whatever ``module.batch_first`` says, keeps ``module.training``, runs its
+    attention with ``backend``, and takes masks in our convention: convert torch's with
+    :func:`typed_transformer.masks.attn_mask_from_torch` and
+    :func:`typed_transformer.masks.key_padding_mask_from_torch`.
+
+    Raises:
+        TypeError: ``module`` is none of those.
+    """
+    for kind, ours, build in _FROM_TORCH:
+        if isinstance(module, kind):
+            converted: nn.Module = build(ours, module, backend)
+            return converted
+    names = ", ".join(f"nn.{kind.__name__}" for kind, _, _ in _FROM_TORCH)
+    raise TypeError(f"from_torch: expected one of {names}, got {type(module).__name__}")
+
+
+@overload
+def to_torch(module: MultiHeadAttention, *, batch_first: bool = True) -> nn.MultiheadAttention: ...
+@overload
+def to_torch(module: TransformerEncoderLayer, *, batch_first: bool = True) -> nn.TransformerEncoderLayer: ...
+@overload
+def to_torch(module: TransformerDecoderLayer, *, batch_first: bool = True) -> nn.TransformerDecoderLayer: ...
+@overload
+def to_torch(module: TransformerEncoder, *, batch_first: bool = True) -> nn.TransformerEncoder: ...
+@overload
+def to_torch(module: TransformerDecoder, *, batch_first: bool = True) -> nn.TransformerDecoder: ...
+@overload
+def to_torch(module: Transformer, *, batch_first: bool = True) -> nn.Transformer: ...
+def to_torch(module: nn.Module, *, batch_first: bool = True) -> nn.Module:
+    """torch's equivalent of one of our modules that mirror one (:class:`MultiHeadAttention`, the encoder
+    and decoder layers and stacks, :class:`Transformer`), with the same weights and no shared tensor. It
+    takes masks in torch's convention; ``batch_first`` is the torch module's setting.
+
+    Raises:
+        TypeError: ``module`` is none of those.
+        ValueError: the module uses what torch cannot express: grouped-query heads or a query width
+            ``input_dim != d_model`` (attention), rotary embeddings (layers and stacks).
+    """
+    for kind, convert in _TO_TORCH:
+        if isinstance(module, kind):
+            converted: nn.Module = convert(module, batch_first)
+            return converted
+    names = ", ".join(kind.__name__ for kind, _ in _TO_TORCH)
+    raise TypeError(f"to_torch: expected one of {names}, got {type(module).__name__}")
 
 
 def _expect(module: nn.Module, kind: type[nn.Module]) -> None:
@@ -79,20 +143,6 @@ def _factory(module: nn.Module) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------
 # Multi-head attention
 # ----------------------------------------------------------------------------------------------------
-
-
-def multihead_from_torch(module: nn.MultiheadAttention, *, backend: Backend = "sdpa") -> MultiHeadAttention:
-    """Copy any ``nn.MultiheadAttention`` (packed or separate q/k/v weights, bias on or off,
-    ``bias_k``/``bias_v``, ``add_zero_attn``, either ``batch_first``).
-
-    The copy is batch-first regardless of ``module.batch_first``, and takes masks in our convention:
-    convert torch masks with :func:`typed_transformer.masks.attn_mask_from_torch` and
-    :func:`typed_transformer.masks.key_padding_mask_from_torch`.
-
-    Raises:
-        TypeError: ``module`` is not an ``nn.MultiheadAttention``.
-    """
-    return _multihead_from_torch(MultiHeadAttention, module, backend)
 
 
 def _multihead_from_torch(cls: type[_MHA], module: nn.MultiheadAttention, backend: Backend) -> _MHA:
@@ -136,13 +186,8 @@ def _multihead_from_torch(cls: type[_MHA], module: nn.MultiheadAttention, backen
     return ours.train(module.training)
 
 
-def multihead_to_torch(ours: MultiHeadAttention, *, batch_first: bool = True) -> nn.MultiheadAttention:
-    """The equivalent ``nn.MultiheadAttention`` (which takes masks in torch's convention).
 
-    Raises:
-        ValueError: for what torch cannot express: grouped-query heads, or a query width ``input_dim``
-            different from ``d_model``.
-    """
+def _multihead_to_torch(ours: MultiHeadAttention, batch_first: bool) -> nn.MultiheadAttention:
     if ours.num_kv_heads != ours.num_heads:
         raise ValueError("to_torch: nn.MultiheadAttention has no grouped-query heads "
                          f"(num_kv_heads={ours.num_kv_heads}, num_heads={ours.num_heads})")
@@ -189,75 +234,42 @@ def multihead_to_torch(ours: MultiHeadAttention, *, batch_first: bool = True) ->
 # ----------------------------------------------------------------------------------------------------
 
 
-def encoder_layer_from_torch(module: nn.TransformerEncoderLayer, *,
-                             backend: Backend = "sdpa") -> TransformerEncoderLayer:
-    """Copy an ``nn.TransformerEncoderLayer`` (post-LN or pre-LN, any activation, bias on or off, either
-    ``batch_first``). The copy is batch-first and takes masks in our convention.
-
-    Raises:
-        TypeError: ``module`` is not an ``nn.TransformerEncoderLayer``.
-    """
-    return _encoder_layer_from_torch(TransformerEncoderLayer, module, backend)
-
-
 def _encoder_layer_from_torch(cls: type[_EncoderLayer], module: nn.TransformerEncoderLayer,
                               backend: Backend) -> _EncoderLayer:
     _expect(module, nn.TransformerEncoderLayer)
     ours = cls(module.self_attn.embed_dim, module.self_attn.num_heads, module.linear1.out_features,
-               module.dropout.p, activation=_activation_name(module.activation), norm_first=module.norm_first,
+               module.dropout.p, activation=activation_name(module.activation), norm_first=module.norm_first,
                bias=module.linear1.bias is not None, backend=backend, **_factory(module))
-    ours.self_attn = multihead_from_torch(module.self_attn, backend=backend)
+    ours.self_attn = _multihead_from_torch(MultiHeadAttention, module.self_attn, backend)
     _copy_feed_forward_and_norms(module, ours, ("norm1", "norm2"))
     return ours.train(module.training)
 
 
-def encoder_layer_to_torch(ours: TransformerEncoderLayer, *, batch_first: bool = True) -> nn.TransformerEncoderLayer:
-    """The equivalent ``nn.TransformerEncoderLayer`` (masks in torch's convention).
-
-    Raises:
-        ValueError: the layer has rotary embeddings, which torch's layers do not have.
-    """
+def _encoder_layer_to_torch(ours: TransformerEncoderLayer, batch_first: bool) -> nn.TransformerEncoderLayer:
     _refuse_rotary(ours.self_attn)
     module = nn.TransformerEncoderLayer(**_torch_layer_kwargs(ours, batch_first))
-    module.self_attn.load_state_dict(multihead_to_torch(ours.self_attn, batch_first=batch_first).state_dict())
+    module.self_attn.load_state_dict(_multihead_to_torch(ours.self_attn, batch_first).state_dict())
     _copy_feed_forward_and_norms(ours, module, ("norm1", "norm2"))
     return module.train(ours.training)
-
-
-def decoder_layer_from_torch(module: nn.TransformerDecoderLayer, *,
-                             backend: Backend = "sdpa") -> TransformerDecoderLayer:
-    """Copy an ``nn.TransformerDecoderLayer`` (post-LN or pre-LN, any activation, bias on or off, either
-    ``batch_first``). The copy is batch-first and takes masks in our convention.
-
-    Raises:
-        TypeError: ``module`` is not an ``nn.TransformerDecoderLayer``.
-    """
-    return _decoder_layer_from_torch(TransformerDecoderLayer, module, backend)
 
 
 def _decoder_layer_from_torch(cls: type[_DecoderLayer], module: nn.TransformerDecoderLayer,
                               backend: Backend) -> _DecoderLayer:
     _expect(module, nn.TransformerDecoderLayer)
     ours = cls(module.self_attn.embed_dim, module.self_attn.num_heads, module.linear1.out_features,
-               module.dropout.p, activation=_activation_name(module.activation), norm_first=module.norm_first,
+               module.dropout.p, activation=activation_name(module.activation), norm_first=module.norm_first,
                bias=module.linear1.bias is not None, backend=backend, **_factory(module))
-    ours.self_attn = multihead_from_torch(module.self_attn, backend=backend)
-    ours.multihead_attn = multihead_from_torch(module.multihead_attn, backend=backend)
+    ours.self_attn = _multihead_from_torch(MultiHeadAttention, module.self_attn, backend)
+    ours.multihead_attn = _multihead_from_torch(MultiHeadAttention, module.multihead_attn, backend)
     _copy_feed_forward_and_norms(module, ours, ("norm1", "norm2", "norm3"))
     return ours.train(module.training)
 
 
-def decoder_layer_to_torch(ours: TransformerDecoderLayer, *, batch_first: bool = True) -> nn.TransformerDecoderLayer:
-    """The equivalent ``nn.TransformerDecoderLayer`` (masks in torch's convention).
-
-    Raises:
-        ValueError: the layer has rotary embeddings, which torch's layers do not have.
-    """
+def _decoder_layer_to_torch(ours: TransformerDecoderLayer, batch_first: bool) -> nn.TransformerDecoderLayer:
     _refuse_rotary(ours.self_attn)
     module = nn.TransformerDecoderLayer(**_torch_layer_kwargs(ours, batch_first))
-    module.self_attn.load_state_dict(multihead_to_torch(ours.self_attn, batch_first=batch_first).state_dict())
-    module.multihead_attn.load_state_dict(
-        multihead_to_torch(ours.multihead_attn, batch_first=batch_first).state_dict())
+    module.self_attn.load_state_dict(_multihead_to_torch(ours.self_attn, batch_first).state_dict())
+    module.multihead_attn.load_state_dict(_multihead_to_torch(ours.multihead_attn, batch_first).state_dict())
     _copy_feed_forward_and_norms(ours, module, ("norm1", "norm2", "norm3"))
     return module.train(ours.training)
 
@@ -272,7 +284,7 @@ def _torch_layer_kwargs(layer: TransformerEncoderLayer | TransformerDecoderLayer
     # torch's fast path computes exact GELU for any nn.GELU, nn.GELU("tanh") included: tanh-GELU goes over as
     # our plain function, which keeps torch off that path. Everything else as it is (torch's fast path knows
     # F.relu, F.gelu, nn.ReLU and nn.GELU() by identity or type).
-    activation = _gelu_tanh if _activation_name(ff.activation) == "gelu_tanh" else ff.activation
+    activation = gelu_tanh if activation_name(ff.activation) == "gelu_tanh" else ff.activation
     return {"d_model": layer.d_model, "nhead": layer.nhead, "dim_feedforward": ff.dim_feedforward,
             "dropout": ff.dropout.p, "activation": activation, "layer_norm_eps": layer.norm1.eps,
             "batch_first": batch_first, "norm_first": layer.norm_first, "bias": ff.linear1.bias is not None,
@@ -292,36 +304,22 @@ def _copy_feed_forward_and_norms(source: nn.Module, target: nn.Module, norms: tu
         getattr(target, name).eps = getattr(source, name).eps
 
 
+
 # ----------------------------------------------------------------------------------------------------
 # Stacks
 # ----------------------------------------------------------------------------------------------------
 
 
-def encoder_from_torch(module: nn.TransformerEncoder, *, backend: Backend = "sdpa") -> TransformerEncoder:
-    """Copy an ``nn.TransformerEncoder`` layer by layer, with its final norm (any module) if it has one.
-
-    Raises:
-        TypeError: ``module`` is not an ``nn.TransformerEncoder``.
-    """
-    return _encoder_from_torch(TransformerEncoder, module, backend)
-
-
 def _encoder_from_torch(cls: type[_Encoder], module: nn.TransformerEncoder, backend: Backend) -> _Encoder:
     _expect(module, nn.TransformerEncoder)
-    layers = [encoder_layer_from_torch(layer, backend=backend) for layer in module.layers]
+    layers = [_encoder_layer_from_torch(TransformerEncoderLayer, layer, backend) for layer in module.layers]
     ours = cls(layers[0], len(layers), copy.deepcopy(module.norm))
     ours.layers = nn.ModuleList(layers)
     return ours.train(module.training)
 
 
-def encoder_to_torch(ours: TransformerEncoder, *, batch_first: bool = True) -> nn.TransformerEncoder:
-    """The equivalent ``nn.TransformerEncoder`` (with torch's nested-tensor fast path where it applies).
-
-    Raises:
-        ValueError: a layer has rotary embeddings, which torch's layers do not have.
-    """
-    layers = [encoder_layer_to_torch(cast(TransformerEncoderLayer, layer), batch_first=batch_first)
-              for layer in ours.layers]
+def _encoder_to_torch(ours: TransformerEncoder, batch_first: bool) -> nn.TransformerEncoder:
+    layers = [_encoder_layer_to_torch(cast(TransformerEncoderLayer, layer), batch_first) for layer in ours.layers]
     with warnings.catch_warnings():
         # torch explains, at construction, why its nested-tensor path cannot run for this configuration.
         warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
@@ -330,62 +328,33 @@ def encoder_to_torch(ours: TransformerEncoder, *, batch_first: bool = True) -> n
     return module.train(ours.training)
 
 
-def decoder_from_torch(module: nn.TransformerDecoder, *, backend: Backend = "sdpa") -> TransformerDecoder:
-    """Copy an ``nn.TransformerDecoder`` layer by layer, with its final norm (any module) if it has one.
-
-    Raises:
-        TypeError: ``module`` is not an ``nn.TransformerDecoder``.
-    """
-    return _decoder_from_torch(TransformerDecoder, module, backend)
-
-
 def _decoder_from_torch(cls: type[_Decoder], module: nn.TransformerDecoder, backend: Backend) -> _Decoder:
     _expect(module, nn.TransformerDecoder)
-    layers = [decoder_layer_from_torch(layer, backend=backend) for layer in module.layers]
+    layers = [_decoder_layer_from_torch(TransformerDecoderLayer, layer, backend) for layer in module.layers]
     ours = cls(layers[0], len(layers), copy.deepcopy(module.norm))
     ours.layers = nn.ModuleList(layers)
     return ours.train(module.training)
 
 
-def decoder_to_torch(ours: TransformerDecoder, *, batch_first: bool = True) -> nn.TransformerDecoder:
-    """The equivalent ``nn.TransformerDecoder``.
-
-    Raises:
-        ValueError: a layer has rotary embeddings, which torch's layers do not have.
-    """
-    layers = [decoder_layer_to_torch(cast(TransformerDecoderLayer, layer), batch_first=batch_first)
-              for layer in ours.layers]
+def _decoder_to_torch(ours: TransformerDecoder, batch_first: bool) -> nn.TransformerDecoder:
+    layers = [_decoder_layer_to_torch(cast(TransformerDecoderLayer, layer), batch_first) for layer in ours.layers]
     module = nn.TransformerDecoder(layers[0], ours.num_layers, copy.deepcopy(ours.norm))
     module.layers = nn.ModuleList(layers)
     return module.train(ours.training)
 
 
-def transformer_from_torch(module: nn.Transformer, *, backend: Backend = "sdpa") -> Transformer:
-    """Copy an ``nn.Transformer`` (both stacks, with their final norms).
-
-    Raises:
-        TypeError: ``module`` is not an ``nn.Transformer``.
-    """
-    return _transformer_from_torch(Transformer, module, backend)
-
-
 def _transformer_from_torch(cls: type[_Transformer], module: nn.Transformer, backend: Backend) -> _Transformer:
     _expect(module, nn.Transformer)
-    encoder = encoder_from_torch(module.encoder, backend=backend)
-    decoder = decoder_from_torch(module.decoder, backend=backend)
+    encoder = _encoder_from_torch(TransformerEncoder, module.encoder, backend)
+    decoder = _decoder_from_torch(TransformerDecoder, module.decoder, backend)
     ours = cls(encoder.d_model, encoder.nhead, custom_encoder=encoder, custom_decoder=decoder, backend=backend,
                **_factory(module))
     return ours.train(module.training)
 
 
-def transformer_to_torch(ours: Transformer, *, batch_first: bool = True) -> nn.Transformer:
-    """The equivalent ``nn.Transformer``.
-
-    Raises:
-        ValueError: a layer has rotary embeddings, which torch's layers do not have.
-    """
-    encoder = encoder_to_torch(ours.encoder, batch_first=batch_first)
-    decoder = decoder_to_torch(ours.decoder, batch_first=batch_first)
+def _transformer_to_torch(ours: Transformer, batch_first: bool) -> nn.Transformer:
+    encoder = _encoder_to_torch(ours.encoder, batch_first)
+    decoder = _decoder_to_torch(ours.decoder, batch_first)
     # nn.Transformer re-initialises custom encoders and decoders in place: build it around parameter-free
     # placeholders, then put the copies in.
     module = nn.Transformer(ours.d_model, ours.nhead, custom_encoder=nn.Identity(), custom_decoder=nn.Identity(),
@@ -395,55 +364,96 @@ def transformer_to_torch(ours: Transformer, *, batch_first: bool = True) -> nn.T
 
 
 # ----------------------------------------------------------------------------------------------------
-# Any module
+# Dispatch tables: (torch's class, ours, copy in), (ours, copy out). The first match converts: none of
+# these classes subclasses another, so a user's subclass finds its base.
 # ----------------------------------------------------------------------------------------------------
 
-# The first match converts: none of these classes subclasses another, so a user's subclass finds its base.
-_FROM_TORCH: tuple[tuple[type[nn.Module], Any], ...] = (
-    (nn.MultiheadAttention, multihead_from_torch),
-    (nn.TransformerEncoderLayer, encoder_layer_from_torch),
-    (nn.TransformerDecoderLayer, decoder_layer_from_torch),
-    (nn.TransformerEncoder, encoder_from_torch),
-    (nn.TransformerDecoder, decoder_from_torch),
-    (nn.Transformer, transformer_from_torch),
+_FROM_TORCH: tuple[tuple[type[nn.Module], type[nn.Module], Callable[[Any, Any, Backend], nn.Module]], ...] = (
+    (nn.MultiheadAttention, MultiHeadAttention, _multihead_from_torch),
+    (nn.TransformerEncoderLayer, TransformerEncoderLayer, _encoder_layer_from_torch),
+    (nn.TransformerDecoderLayer, TransformerDecoderLayer, _decoder_layer_from_torch),
+    (nn.TransformerEncoder, TransformerEncoder, _encoder_from_torch),
+    (nn.TransformerDecoder, TransformerDecoder, _decoder_from_torch),
+    (nn.Transformer, Transformer, _transformer_from_torch),
 )
-_TO_TORCH: tuple[tuple[type[nn.Module], Any], ...] = (
-    (MultiHeadAttention, multihead_to_torch),
-    (TransformerEncoderLayer, encoder_layer_to_torch),
-    (TransformerDecoderLayer, decoder_layer_to_torch),
-    (TransformerEncoder, encoder_to_torch),
-    (TransformerDecoder, decoder_to_torch),
-    (Transformer, transformer_to_torch),
+_TO_TORCH: tuple[tuple[type[nn.Module], Callable[[Any, bool], nn.Module]], ...] = (
+    (MultiHeadAttention, _multihead_to_torch),
+    (TransformerEncoderLayer, _encoder_layer_to_torch),
+    (TransformerDecoderLayer, _decoder_layer_to_torch),
+    (TransformerEncoder, _encoder_to_torch),
+    (TransformerDecoder, _decoder_to_torch),
+    (Transformer, _transformer_to_torch),
 )
 
 
-def from_torch(module: nn.Module, *, backend: Backend = "sdpa") -> nn.Module:
-    """Our copy of any torch module this library mirrors: ``nn.MultiheadAttention``,
-    ``nn.TransformerEncoderLayer``, ``nn.TransformerDecoderLayer``, ``nn.TransformerEncoder``,
-    ``nn.TransformerDecoder`` or ``nn.Transformer``.
-
-    Raises:
-        TypeError: ``module`` is none of those.
-    """
-    for kind, convert in _FROM_TORCH:
-        if isinstance(module, kind):
-            converted: nn.Module = convert(module, backend=backend)
-            return converted
-    names = ", ".join(f"nn.{kind.__name__}" for kind, _ in _FROM_TORCH)
-    raise TypeError(f"from_torch: expected one of {names}, got {type(module).__name__}")
+# ----------------------------------------------------------------------------------------------------
+# Deprecated spellings: the per-kind functions, the classes' from_torch classmethods and to_torch methods
+# ----------------------------------------------------------------------------------------------------
 
 
-def to_torch(module: nn.Module, *, batch_first: bool = True) -> nn.Module:
-    """torch's equivalent of any of our modules that mirror one: :class:`MultiHeadAttention`, the encoder
-    and decoder layers and stacks, and :class:`Transformer`.
+_M = TypeVar("_M", bound=nn.Module)
 
-    Raises:
-        TypeError: ``module`` is none of those.
-        ValueError: the module uses what torch cannot express (see the specific functions).
-    """
-    for kind, convert in _TO_TORCH:
-        if isinstance(module, kind):
-            converted: nn.Module = convert(module, batch_first=batch_first)
-            return converted
-    names = ", ".join(kind.__name__ for kind, _ in _TO_TORCH)
-    raise TypeError(f"to_torch: expected one of {names}, got {type(module).__name__}")
+
+def _old_from_torch(name: str, ours: type[_M], build: Callable[[type[_M], Any, Backend], _M]) -> Callable[..., _M]:
+    """``name(module, *, backend="sdpa")``: the copy into ``ours`` (refusing any other torch class), warning."""
+    def convert(module: nn.Module, *, backend: Backend = "sdpa") -> _M:
+        warn_deprecated(f"typed_transformer.interop.{name} is deprecated, use typed_transformer.from_torch")
+        return build(ours, module, backend)
+
+    convert.__name__ = convert.__qualname__ = name
+    convert.__doc__ = "Deprecated: use :func:`from_torch`."
+    return convert
+
+
+def _old_to_torch(name: str, convert: Callable[[_M, bool], nn.Module]) -> Callable[..., nn.Module]:
+    """``name(ours, *, batch_first=True)``: torch's copy, warning."""
+    def old(ours: _M, *, batch_first: bool = True) -> nn.Module:
+        warn_deprecated(f"typed_transformer.interop.{name} is deprecated, use typed_transformer.to_torch")
+        return convert(ours, batch_first)
+
+    old.__name__ = old.__qualname__ = name
+    old.__doc__ = "Deprecated: use :func:`to_torch`."
+    return old
+
+
+multihead_from_torch = _old_from_torch("multihead_from_torch", MultiHeadAttention, _multihead_from_torch)
+encoder_layer_from_torch = _old_from_torch("encoder_layer_from_torch", TransformerEncoderLayer,
+                                           _encoder_layer_from_torch)
+decoder_layer_from_torch = _old_from_torch("decoder_layer_from_torch", TransformerDecoderLayer,
+                                           _decoder_layer_from_torch)
+encoder_from_torch = _old_from_torch("encoder_from_torch", TransformerEncoder, _encoder_from_torch)
+decoder_from_torch = _old_from_torch("decoder_from_torch", TransformerDecoder, _decoder_from_torch)
+transformer_from_torch = _old_from_torch("transformer_from_torch", Transformer, _transformer_from_torch)
+multihead_to_torch = _old_to_torch("multihead_to_torch", _multihead_to_torch)
+encoder_layer_to_torch = _old_to_torch("encoder_layer_to_torch", _encoder_layer_to_torch)
+decoder_layer_to_torch = _old_to_torch("decoder_layer_to_torch", _decoder_layer_to_torch)
+encoder_to_torch = _old_to_torch("encoder_to_torch", _encoder_to_torch)
+decoder_to_torch = _old_to_torch("decoder_to_torch", _decoder_to_torch)
+transformer_to_torch = _old_to_torch("transformer_to_torch", _transformer_to_torch)
+
+
+def _attach_old_methods(ours: type[_M], build: Callable[[type[_M], Any, Backend], _M],
+                        convert: Callable[[_M, bool], nn.Module]) -> None:
+    """``ours.from_torch(module, *, backend=...)`` (a classmethod that builds ``cls``, so subclasses get
+    themselves) and ``ours.to_torch(*, batch_first=...)``, both warning."""
+    owner = ours.__name__
+
+    def from_torch_(cls: type[_M], module: nn.Module, *, backend: Backend = "sdpa") -> _M:
+        warn_deprecated(f"{owner}.from_torch is deprecated, use typed_transformer.from_torch")
+        return build(cls, module, backend)
+
+    def to_torch_(self: _M, *, batch_first: bool = True) -> nn.Module:
+        warn_deprecated(f"{owner}.to_torch() is deprecated, use typed_transformer.to_torch")
+        return convert(self, batch_first)
+
+    # Attached here, not declared on the classes: the classes know nothing of interop.
+    for name, method, attribute in (("from_torch", from_torch_, classmethod(from_torch_)),
+                                    ("to_torch", to_torch_, to_torch_)):
+        method.__name__, method.__qualname__ = name, f"{owner}.{name}"
+        method.__doc__ = f"Deprecated: use :func:`typed_transformer.{name}`."
+        setattr(ours, name, attribute)
+
+
+for _torch_kind, _ours, _build in _FROM_TORCH:
+    _attach_old_methods(_ours, _build, dict(_TO_TORCH)[_ours])
+del _torch_kind, _ours, _build

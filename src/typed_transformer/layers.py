@@ -30,19 +30,18 @@ Differences from torch, on purpose:
 * Arguments after ``dropout`` are keyword-only: torch's positional ``batch_first`` does not exist here.
 * State-dict names are torch's but for two renames: the feed-forward linears sit in ``feed_forward``
   (torch: ``linear1``/``linear2`` on the layer) and the fused projection is a Linear (``in_proj.weight``,
-  torch: ``in_proj_weight``). ``from_torch``/``to_torch`` map them.
+  torch: ``in_proj_weight``). ``typed_transformer.from_torch``/``to_torch`` map them.
 """
 
 import copy
 import math
-from collections.abc import Callable
-from typing import Any, Literal, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from ._activations import Activation, activation_fn, activation_name
 from .attention import Backend
 from .multihead import MultiHeadAttention
 from .positions import RotaryEmbedding
@@ -58,10 +57,6 @@ __all__ = [
     "TransformerEncoderLayer",
 ]
 
-ActivationName = Literal["relu", "gelu", "gelu_tanh"]
-#: ``"relu"``, ``"gelu"`` (exact, ``x * Phi(x)``), ``"gelu_tanh"`` (GPT-2's approximation) or any callable.
-Activation: TypeAlias = ActivationName | Callable[[Tensor], Tensor]
-
 # Masks of the three attentions, in MultiHeadAttention's layouts: (t, s), (b, t, s) or (b|1, h|1, t, s).
 SourceMask: TypeAlias = (
     Bool[Tensor, "s s"] | Float[Tensor, "s s"] | Bool[Tensor, "b s s"] | Float[Tensor, "b s s"]
@@ -75,35 +70,6 @@ MemoryMask: TypeAlias = (
     Bool[Tensor, "t s"] | Float[Tensor, "t s"] | Bool[Tensor, "b t s"] | Float[Tensor, "b t s"]
     | Bool[Tensor, "#b #{self.nhead} t s"] | Float[Tensor, "#b #{self.nhead} t s"]
 )
-
-
-def _gelu_tanh(x: Tensor) -> Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": _gelu_tanh}
-
-
-def _activation_fn(owner: str, activation: Activation) -> Callable[[Tensor], Tensor]:
-    if isinstance(activation, str):
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"{owner}: activation must be 'relu', 'gelu', 'gelu_tanh' or a callable, "
-                             f"got {activation!r}")
-        return _ACTIVATIONS[activation]
-    if not callable(activation):
-        raise ValueError(f"{owner}: activation must be 'relu', 'gelu', 'gelu_tanh' or a callable, got {activation!r}")
-    return activation
-
-
-def _activation_name(fn: Callable[[Tensor], Tensor]) -> Activation:
-    """The name of a known activation (torch's ``F.relu``, ``nn.GELU()``, ...), else the callable itself."""
-    if fn is F.relu or isinstance(fn, nn.ReLU):
-        return "relu"
-    if fn is F.gelu or (isinstance(fn, nn.GELU) and fn.approximate == "none"):
-        return "gelu"
-    if fn is _gelu_tanh or (isinstance(fn, nn.GELU) and fn.approximate == "tanh"):
-        return "gelu_tanh"
-    return fn
 
 
 def _check_sizes(owner: str, d_model: int, nhead: int, dim_feedforward: int, dropout: float,
@@ -138,16 +104,19 @@ class FeedForward(nn.Module):
         self.d_model = d_model
         self.dim_feedforward = dim_feedforward
         self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias, device=device, dtype=dtype)
-        self.activation = _activation_fn("FeedForward", activation)
+        self.activation = activation_fn("FeedForward", activation)
         self.dropout = nn.Dropout(dropout)
         self.linear2 = nn.Linear(dim_feedforward, d_model, bias=bias, device=device, dtype=dtype)
 
     def extra_repr(self) -> str:
-        return f"activation={_activation_name(self.activation)}"  # a name, or the callable's own repr
+        return f"activation={activation_name(self.activation)}"  # a name, or the callable's own repr
 
     def forward(self, x: Float[Tensor, "b t {self.d_model}"]) -> Float[Tensor, "b t {self.d_model}"]:
         out: Tensor = self.linear2(self.dropout(self.activation(self.linear1(x))))
         return out
+
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -203,31 +172,14 @@ class TransformerEncoderLayer(nn.Module):
             x = self.norm2(x + self.dropout2(self.feed_forward(x)))
         return x
 
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
+
     def _sa_block(self, x: Tensor, mask: Tensor | None, key_padding_mask: Tensor | None, is_causal: bool) -> Tensor:
         out, _ = self.self_attn(x, attn_mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal)
         result: Tensor = self.dropout1(out)
         return result
 
-    @classmethod
-    def from_torch(cls, module: nn.TransformerEncoderLayer, *, backend: Backend = "sdpa") -> Self:
-        """Copy an ``nn.TransformerEncoderLayer``: :func:`typed_transformer.interop.encoder_layer_from_torch`.
-
-        Raises:
-            TypeError: ``module`` is not an ``nn.TransformerEncoderLayer``.
-        """
-        from .interop import _encoder_layer_from_torch
-
-        return _encoder_layer_from_torch(cls, module, backend)
-
-    def to_torch(self, *, batch_first: bool = True) -> nn.TransformerEncoderLayer:
-        """The equivalent ``nn.TransformerEncoderLayer``: :func:`typed_transformer.interop.encoder_layer_to_torch`.
-
-        Raises:
-            ValueError: the layer has rotary embeddings, which torch's layers do not have.
-        """
-        from .interop import encoder_layer_to_torch
-
-        return encoder_layer_to_torch(self, batch_first=batch_first)
 
 
 @shape_checked
@@ -288,6 +240,9 @@ class TransformerDecoderLayer(nn.Module):
             x = self.norm3(x + self.dropout3(self.feed_forward(x)))
         return x
 
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
+
     def _sa_block(self, x: Tensor, mask: Tensor | None, key_padding_mask: Tensor | None, is_causal: bool) -> Tensor:
         out, _ = self.self_attn(x, attn_mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal)
         result: Tensor = self.dropout1(out)
@@ -300,26 +255,6 @@ class TransformerDecoderLayer(nn.Module):
         result: Tensor = self.dropout2(out)
         return result
 
-    @classmethod
-    def from_torch(cls, module: nn.TransformerDecoderLayer, *, backend: Backend = "sdpa") -> Self:
-        """Copy an ``nn.TransformerDecoderLayer``: :func:`typed_transformer.interop.decoder_layer_from_torch`.
-
-        Raises:
-            TypeError: ``module`` is not an ``nn.TransformerDecoderLayer``.
-        """
-        from .interop import _decoder_layer_from_torch
-
-        return _decoder_layer_from_torch(cls, module, backend)
-
-    def to_torch(self, *, batch_first: bool = True) -> nn.TransformerDecoderLayer:
-        """The equivalent ``nn.TransformerDecoderLayer``: :func:`typed_transformer.interop.decoder_layer_to_torch`.
-
-        Raises:
-            ValueError: the layer has rotary embeddings, which torch's layers do not have.
-        """
-        from .interop import decoder_layer_to_torch
-
-        return decoder_layer_to_torch(self, batch_first=batch_first)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -380,26 +315,9 @@ class TransformerEncoder(_Stack):
             x = layer(x, mask, src_key_padding_mask, is_causal)
         return self._final_norm(x)
 
-    @classmethod
-    def from_torch(cls, module: nn.TransformerEncoder, *, backend: Backend = "sdpa") -> Self:
-        """Copy an ``nn.TransformerEncoder``: :func:`typed_transformer.interop.encoder_from_torch`.
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
 
-        Raises:
-            TypeError: ``module`` is not an ``nn.TransformerEncoder``.
-        """
-        from .interop import _encoder_from_torch
-
-        return _encoder_from_torch(cls, module, backend)
-
-    def to_torch(self, *, batch_first: bool = True) -> nn.TransformerEncoder:
-        """The equivalent ``nn.TransformerEncoder``: :func:`typed_transformer.interop.encoder_to_torch`.
-
-        Raises:
-            ValueError: a layer has rotary embeddings, which torch's layers do not have.
-        """
-        from .interop import encoder_to_torch
-
-        return encoder_to_torch(self, batch_first=batch_first)
 
 
 @shape_checked
@@ -433,26 +351,9 @@ class TransformerDecoder(_Stack):
                       tgt_is_causal, memory_is_causal)
         return self._final_norm(x)
 
-    @classmethod
-    def from_torch(cls, module: nn.TransformerDecoder, *, backend: Backend = "sdpa") -> Self:
-        """Copy an ``nn.TransformerDecoder``: :func:`typed_transformer.interop.decoder_from_torch`.
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
 
-        Raises:
-            TypeError: ``module`` is not an ``nn.TransformerDecoder``.
-        """
-        from .interop import _decoder_from_torch
-
-        return _decoder_from_torch(cls, module, backend)
-
-    def to_torch(self, *, batch_first: bool = True) -> nn.TransformerDecoder:
-        """The equivalent ``nn.TransformerDecoder``: :func:`typed_transformer.interop.decoder_to_torch`.
-
-        Raises:
-            ValueError: a layer has rotary embeddings, which torch's layers do not have.
-        """
-        from .interop import decoder_to_torch
-
-        return decoder_to_torch(self, batch_first=batch_first)
 
 
 @shape_checked
@@ -545,23 +446,6 @@ class Transformer(nn.Module):
                                    tgt_is_causal, memory_is_causal)
         return out
 
-    @classmethod
-    def from_torch(cls, module: nn.Transformer, *, backend: Backend = "sdpa") -> Self:
-        """Copy an ``nn.Transformer``: :func:`typed_transformer.interop.transformer_from_torch`.
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
 
-        Raises:
-            TypeError: ``module`` is not an ``nn.Transformer``.
-        """
-        from .interop import _transformer_from_torch
-
-        return _transformer_from_torch(cls, module, backend)
-
-    def to_torch(self, *, batch_first: bool = True) -> nn.Transformer:
-        """The equivalent ``nn.Transformer``: :func:`typed_transformer.interop.transformer_to_torch`.
-
-        Raises:
-            ValueError: a layer has rotary embeddings, which torch's layers do not have.
-        """
-        from .interop import transformer_to_torch
-
-        return transformer_to_torch(self, batch_first=batch_first)

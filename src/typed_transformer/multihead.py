@@ -16,7 +16,7 @@ zero output for fully masked rows, and shape checks naming the argument and axis
 """
 
 import math
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -363,6 +363,9 @@ class MultiHeadAttention(nn.Module):
         out = rearrange(out, "b h t d -> b t (h d)")
         return self.out_proj(out), weights
 
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
+
     def _project(self, query: Tensor, key: Tensor | None, value: Tensor | None) -> tuple[Tensor, ...]:
         """Queries, keys and values; ``key=None`` (self-attention) projects ``query`` with one fused matmul."""
         sizes = [self.d_model, self.kv_dim, self.kv_dim]
@@ -399,27 +402,3 @@ class MultiHeadAttention(nn.Module):
         if mask is not None and self.extra_keys:
             mask = F.pad(mask, (0, self.extra_keys), value=True if mask.dtype == torch.bool else 0.0)
         return mask
-
-    # Interop with torch.nn.MultiheadAttention: thin aliases of typed_transformer.interop, imported when called
-    # (interop imports this module at load time; this module never imports interop at load time).
-
-    @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention, *, backend: Backend = "sdpa") -> Self:
-        """Copy an ``nn.MultiheadAttention``: :func:`typed_transformer.interop.multihead_from_torch`.
-
-        Raises:
-            TypeError: ``module`` is not an ``nn.MultiheadAttention``.
-        """
-        from .interop import _multihead_from_torch
-
-        return _multihead_from_torch(cls, module, backend)
-
-    def to_torch(self, *, batch_first: bool = True) -> nn.MultiheadAttention:
-        """The equivalent ``nn.MultiheadAttention``: :func:`typed_transformer.interop.multihead_to_torch`.
-
-        Raises:
-            ValueError: grouped-query heads or ``input_dim != d_model``, which torch cannot express.
-        """
-        from .interop import multihead_to_torch
-
-        return multihead_to_torch(self, batch_first=batch_first)

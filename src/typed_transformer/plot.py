@@ -1,4 +1,6 @@
-"""Attention maps: one heatmap per layer and head, query positions down, key positions across.
+"""Pictures of a model and its training: the loss curve of a run (:func:`plot_history`) and attention maps.
+
+Attention maps: one heatmap per layer and head, query positions down, key positions across.
 
     weights[l, h, i, j] = softmax_j(q_i . k_j / sqrt(d) + mask)        (what query i takes from key j)
 
@@ -18,9 +20,10 @@ from typing import Any
 from jaxtyping import Float
 from torch import Tensor
 
+from ._paths import temporary_path
 from .shapecheck import raise_shape_error, typechecked
 
-__all__ = ["plot_attention", "token_label"]
+__all__ = ["plot_attention", "plot_history", "token_label"]
 
 _NAME = "typed_transformer.plot.plot_attention"
 
@@ -122,3 +125,34 @@ def plot_attention(
 
 plot_attention = typechecked(plot_attention)
 token_label = typechecked(token_label)
+
+
+def plot_history(history: list[dict[str, float]], path: Path, title: str = "") -> Path | None:
+    """Write the train/val loss curve of a run's ``history`` (entries ``{"iter", "train", "val"}``) as a PNG,
+    atomically (a temporary file renamed onto ``path``); returns None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
+    for split in ("train", "val"):
+        points = [(h["iter"], h[split]) for h in history if split in h]
+        if points:
+            axes.plot(*zip(*points, strict=True), marker="o", markersize=3, label=split)
+    axes.set_xlabel("iteration")
+    axes.set_ylabel("cross-entropy (nats/char)")
+    axes.set_title(title or "GPT training loss")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    temporary = temporary_path(path)
+    try:
+        figure.savefig(temporary, format="png")
+        temporary.replace(path)
+    finally:
+        plt.close(figure)
+        temporary.unlink(missing_ok=True)
+    return path

@@ -16,7 +16,7 @@ Training is teacher forcing: ``model(src, tgt[:, :-1])`` predicts ``tgt[:, 1:]``
 """
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from einops import rearrange, repeat
@@ -195,6 +195,9 @@ class Seq2SeqTransformer(nn.Module):
     def forward(self, src: Int[Tensor, "b s"], tgt: Int[Tensor, "b t"]) -> Float[Tensor, "b t {self.tgt_vocab_size}"]:
         """Teacher forcing: ``logits[:, i]`` predicts ``tgt[:, i + 1]``."""
         return self.decode(tgt, self.encode(src), self.source_mask(src))
+
+    if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
+        __call__ = forward
 
     # ------------------------------------------------------------------------------------------------
     # Decoding

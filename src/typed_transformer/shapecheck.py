@@ -55,7 +55,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any, ParamSpec, TypeVar, Union
+from typing import IO, Any, TypeVar, Union
 
 import jaxtyping
 import torch
@@ -78,9 +78,8 @@ __all__ = [
     "typechecked",
 ]
 
-P = ParamSpec("P")
-R = TypeVar("R")
 C = TypeVar("C", bound=type)
+F = TypeVar("F", bound=Callable[..., Any])
 
 _CHECKED_ATTR = "__typed_transformer_checked__"
 # `0` is a fine value for a `float` parameter (PEP 484 numeric tower); beartype's default says no.
@@ -596,7 +595,7 @@ def _resolve_annotations(fn: Callable[..., Any]) -> dict[str, Any]:
     return dict(annotations)
 
 
-def typechecked(fn: Callable[P, R], *, same_dtype: tuple[str, ...] = ()) -> Callable[P, R]:
+def typechecked(fn: F, *, same_dtype: tuple[str, ...] = ()) -> F:
     """Return ``fn`` with its jaxtyping annotations checked by ``jaxtyped(typechecker=beartype)``.
 
     Checked at every eager call from outside the library, and at every call in strict mode (see the module
@@ -610,6 +609,8 @@ def typechecked(fn: Callable[P, R], *, same_dtype: tuple[str, ...] = ()) -> Call
 
         def scaled_dot_product_attention(q: Float[Tensor, "b h t d"], ...) -> Float[Tensor, "b h t dv"]: ...
         scaled_dot_product_attention = typechecked(scaled_dot_product_attention)
+
+    The result has ``fn``'s own type, overloads included.
     """
     if getattr(fn, _CHECKED_ATTR, False):
         return fn
@@ -641,7 +642,7 @@ def typechecked(fn: Callable[P, R], *, same_dtype: tuple[str, ...] = ()) -> Call
     config = jaxtyping.config
 
     @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling() or config.jaxtyping_disable:
             return fn(*args, **kwargs)
         tracer = _TRACE.get()
@@ -650,8 +651,8 @@ def typechecked(fn: Callable[P, R], *, same_dtype: tuple[str, ...] = ()) -> Call
         token = _INSIDE.set(True)
         try:
             if tracer is not None:
-                return typing.cast(R, _traced_call(tracer, fn, checked, sig, hints, args, kwargs))
-            return typing.cast(R, checked(*args, **kwargs))
+                return _traced_call(tracer, fn, checked, sig, hints, args, kwargs)
+            return checked(*args, **kwargs)
         except ShapeError:
             raise
         except TypeCheckError as err:
@@ -662,7 +663,7 @@ def typechecked(fn: Callable[P, R], *, same_dtype: tuple[str, ...] = ()) -> Call
             _INSIDE.reset(token)
 
     setattr(wrapper, _CHECKED_ATTR, True)
-    return wrapper
+    return typing.cast(F, wrapper)
 
 
 def shape_checked(cls: C) -> C:

@@ -49,114 +49,30 @@ import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
+from ._deprecation import warn_deprecated
 from ._signals import Terminated
-from .checkpoint import CHECKPOINT_NAME, Checkpoint, RunDirectoryError, run_directory, save_checkpoint, temporary_path
+from .checkpoint import CHECKPOINT_NAME, Checkpoint, RunDirectoryError, run_directory, save_checkpoint
+from .config import DTYPES, PRESET_TRAINING, TrainConfig
 from .data import TextData, get_batch
+from .generation import sample_text
 from .gpt import GPT
+from .plot import plot_history
 from .shapecheck import typechecked
+from .threads import apply_threads
 
 __all__ = [
     "DTYPES",
     "PRESET_TRAINING",
     "TrainConfig",
     "TrainResult",
+    "Trainer",
     "TrainingDiverged",
-    "compile_for_generation",
     "evaluate",
     "flops_per_token",
     "learning_rate",
     "measure_matmul_flops",
-    "plot_history",
     "train",
 ]
-
-#: The ``dtype`` choices: the forward passes' autocast dtype (float32: no autocast).
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-#: Training settings of a model preset where they differ from :class:`TrainConfig`'s defaults (nanoGPT's).
-#: ``baby``: peak learning rate 3e-3 (min 3e-4) instead of nanoGPT's 1e-3. Over 2000 iterations on Tiny
-#: Shakespeare, two seeds each, the full-split validation loss was 1.908 at 1e-3, 1.821 at 2e-3, 1.789 at
-#: 3e-3 and 1.784 at 5e-3; 3e-3 is the smallest rate within noise of the best (README, "Quality").
-PRESET_TRAINING: dict[str, dict[str, Any]] = {
-    "baby": {"learning_rate": 3e-3, "min_lr": 3e-4},
-    "seed": {},
-}
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation settings; the defaults are nanoGPT's CPU "baby GPT" run (:meth:`for_preset` adds a
-    model preset's own settings: the command line's ``train`` starts from those)."""
-
-    max_iters: int = 2000
-    batch_size: int = 12
-    learning_rate: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_iters: int = 100
-    lr_decay_iters: int | None = None  # default: max_iters
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0
-    eval_interval: int = 250
-    eval_iters: int = 20
-    checkpoint_interval: int = 250
-    seed: int = 1337
-    sample_tokens: int = 300
-    grad_accum: int = 1  # micro-batches per optimizer step in each process; batch_size is the global batch
-    dtype: str = "float32"  # autocast dtype of the forward passes (DTYPES)
-    compile: bool = False  # torch.compile the training steps
-
-    @classmethod
-    def for_preset(cls, preset: str, **overrides: Any) -> "TrainConfig":
-        """The defaults with the preset's own settings (:data:`PRESET_TRAINING`), then ``overrides``
-        (see :meth:`overridden`)."""
-        if preset not in PRESET_TRAINING:
-            raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESET_TRAINING)}")
-        return cls.overridden(PRESET_TRAINING[preset], **overrides)
-
-    @classmethod
-    def overridden(cls, base: dict[str, Any], **overrides: Any) -> "TrainConfig":
-        """The settings ``base`` (a preset's, or a checkpoint's ``train_config``) with ``overrides``.
-
-        An overridden ``learning_rate`` without ``min_lr`` decays to a tenth of itself, as nanoGPT's does.
-        """
-        if "learning_rate" in overrides:
-            overrides.setdefault("min_lr", overrides["learning_rate"] / 10)
-        return cls(**{**base, **overrides})
-
-    def __post_init__(self) -> None:
-        positive = ("max_iters", "batch_size", "eval_interval", "eval_iters", "checkpoint_interval", "grad_accum")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
-        for name in ("warmup_iters", "seed", "sample_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
-        if self.lr_decay_iters is not None and (not isinstance(self.lr_decay_iters, int)
-                                                or isinstance(self.lr_decay_iters, bool) or self.lr_decay_iters <= 0):
-            raise ValueError(f"lr_decay_iters must be None or a positive integer, got {self.lr_decay_iters!r}")
-        if not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
-            raise ValueError(f"beta1 and beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
-        if not (self.learning_rate > 0 and self.min_lr >= 0 and self.min_lr <= self.learning_rate):
-            raise ValueError(f"need 0 <= min_lr <= learning_rate and learning_rate > 0, got "
-                             f"learning_rate={self.learning_rate}, min_lr={self.min_lr}")
-        if self.warmup_iters < 0 or self.sample_tokens < 0 or self.grad_clip < 0 or self.weight_decay < 0:
-            raise ValueError("warmup_iters, sample_tokens, grad_clip and weight_decay must be >= 0")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if not isinstance(self.compile, bool):
-            raise ValueError(f"compile must be True or False, got {self.compile!r}")
-        if self.batch_size % self.grad_accum != 0:
-            raise ValueError(f"batch_size={self.batch_size} is not divisible by grad_accum={self.grad_accum}: "
-                             "the global batch is split into equal micro-batches")
-
 
 def learning_rate(config: TrainConfig, iteration: int) -> float:
     """The learning rate at ``iteration`` (see the module docstring)."""
@@ -243,6 +159,8 @@ class TrainResult:
     tokens_per_second: float = float("nan")
     #: Model FLOPs utilisation: ``flops_per_token * tokens_per_second / (world_size * peak_flops)``.
     mfu: float = float("nan")
+    #: The intra-op thread count at the end of the run (``config.threads``, or what ``"auto"`` chose).
+    threads: int | None = None
 
 
 class TrainingDiverged(RuntimeError):
@@ -281,70 +199,6 @@ class _Interrupt:
     def __exit__(self, *exc: object) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-
-
-def plot_history(history: list[dict[str, float]], path: Path, title: str = "") -> Path | None:
-    """Write the train/val loss curve as a PNG; returns None when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    figure, axes = plt.subplots(figsize=(6, 4), dpi=100)
-    for split in ("train", "val"):
-        points = [(h["iter"], h[split]) for h in history if split in h]
-        if points:
-            axes.plot(*zip(*points, strict=True), marker="o", markersize=3, label=split)
-    axes.set_xlabel("iteration")
-    axes.set_ylabel("cross-entropy (nats/char)")
-    axes.set_title(title or "GPT training loss")
-    axes.grid(alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    temporary = temporary_path(path)
-    try:
-        figure.savefig(temporary, format="png")
-        temporary.replace(path)
-    finally:
-        plt.close(figure)
-        temporary.unlink(missing_ok=True)
-    return path
-
-
-def compile_for_generation(model: GPT, *, backend: str = "inductor", max_autotune: bool = True) -> GPT:
-    """``model`` with its ``forward`` compiled by ``torch.compile`` for :meth:`GPT.generate`; returns the same model.
-
-    :meth:`GPT.generate` stays eager and checks its arguments at the call; the compiled forward passes run without
-    checks. Shapes are dynamic where they change (the cache length after the first step, the window length
-    without the cache), so a generation compiles a handful of graphs, not one per step.
-
-    With the ``"inductor"`` backend the weights are *frozen* into the compiled code (inductor's ``freezing``,
-    applied only around this model's calls; it needs ``no_grad``, which ``generate`` has) and, with
-    ``max_autotune``, each matrix-vector product of a cached step is benchmarked against inductor's own C++
-    kernel, which on CPU reads the weights several times faster than the BLAS call eager mode makes (the
-    cached step is bound by reading every weight once; see ``typed-transformer bench gpt``). So: compile
-    after the weights are final; a compiled model whose weights then change keeps generating with the old ones.
-    The first generation pays the compilation (tens of seconds on CPU).
-    """
-    import torch._inductor.config as inductor_config
-
-    compiled = torch.compile(model.forward, backend=backend)
-    if backend != "inductor":
-        model.forward = compiled  # type: ignore[method-assign]
-        return model
-    # Inductor settings for this model's compilations only (they happen during its calls), not process-wide.
-    # Autotuning reports each benchmark on stderr by default: quiet here, generation output is the user's.
-    settings = {"freezing": True, "max_autotune": max_autotune, "max_autotune_report_choices_stats": False,
-                "autotune_num_choices_displayed": 0}
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        with inductor_config.patch(settings):
-            return compiled(*args, **kwargs)
-
-    model.forward = forward  # type: ignore[method-assign]
-    return model
 
 
 def _world() -> tuple[int, int]:
@@ -403,8 +257,8 @@ def train(
         if resume is None and not overwrite and (out / CHECKPOINT_NAME).exists():
             raise RunDirectoryError(f"{out / CHECKPOINT_NAME} exists: continue that run with --resume or "
                                     "replace it with --overwrite")
-        return _train(model, data, config, out, resume=resume, device=device, progress=progress, log=log,
-                      info=info, on_step=on_step, peak_flops=peak_flops, compile_backend=compile_backend)
+        return Trainer(model, data, config, out, resume=resume, device=device, progress=progress, log=log,
+                       info=info, on_step=on_step, peak_flops=peak_flops, compile_backend=compile_backend).run()
 
 
 def _non_finite_weight(model: GPT) -> str | None:
@@ -430,223 +284,304 @@ def _checked_call(model: GPT, net: nn.Module) -> Callable[[Tensor, Tensor], Tens
     return typechecked(loss_of) if net is not model else loss_of
 
 
-def _train(model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume: Checkpoint | None, device: str,
-           progress: bool, log: TextIO | None, info: dict[str, Any] | None,
-           on_step: Callable[[int], None] | None, peak_flops: float | None, compile_backend: str) -> TrainResult:
-    log = log if log is not None else sys.stderr
-    rank, world = _world()
-    main = rank == 0
-    block = model.config.block_size
-    model.to(device).train()
-    device_type = torch.device(device).type
-    amp_dtype = DTYPES[config.dtype]
+class Trainer:
+    """The training loop of :func:`train` (which holds the run directory's lock around it): build it with
+    ``train``'s arguments inside that lock, then :meth:`run` it once.
 
-    def autocast() -> contextlib.AbstractContextManager[Any]:
-        if amp_dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type, dtype=amp_dtype)
+    One step (:meth:`step`) is one path for every setting: the global batch (:meth:`next_batch`) is split into
+    ``grad_accum`` micro-batches, each forward pass runs under :meth:`autocast` (disabled for float32), each
+    loss goes backward through ``GradScaler(enabled=dtype == "float16")`` (a pass-through otherwise), and
+    ``DistributedDataParallel`` all-reduces on the last micro-batch only. The same seed and thread count give
+    the same losses with any of these settings off.
 
-    # Fixed evaluation batches: the same windows at every evaluation and after a resume (rank 0 evaluates).
-    eval_generator = torch.Generator().manual_seed(config.seed + 1)
-    eval_batches: dict[str, list[tuple[Tensor, Tensor]]] = {}
-    for split, ids in (("train", data.train), ("val", data.val)) if main else ():
-        pairs = (get_batch(ids, config.batch_size, block, eval_generator) for _ in range(config.eval_iters))
-        eval_batches[split] = [(x.to(device), y.to(device)) for x, y in pairs]
-    optimizer = torch.optim.AdamW(model.parameter_groups(config.weight_decay), lr=config.learning_rate,
-                                  betas=(config.beta1, config.beta2), fused=True if device_type == "cuda" else None)
-    scaler = torch.amp.GradScaler(device_type) if config.dtype == "float16" else None
-    batch_generator = torch.Generator().manual_seed(config.seed)
-    torch.manual_seed(config.seed + rank)  # dropout (each rank its own masks)
-    history: list[dict[str, float]] = []
-    start = 0
-    saved: tuple[int, Path] | None = None
-    plotted = -1  # len(history) when loss.png was last drawn
-    if resume is not None:
+    Extension points (override in a subclass, or pass ``on_step`` to :func:`train`):
+
+    - :meth:`after_step` runs after every optimizer step with the new iteration and the step's loss; it calls
+      ``on_step`` and advances the progress bar. Per-step work that is not training (re-checking the thread
+      count, logging) goes there.
+    - :meth:`next_batch` draws the step's global batch and returns this process's rows ``(inputs, targets)``;
+      :meth:`micro_loss` is the loss of one micro-batch (``self.loss_of``: the model's ``(x, y) -> loss``).
+      Another model (an encoder-decoder on pairs) trains with this machinery by overriding these two and
+      :meth:`evaluate_splits` (the evaluation losses by split).
+    - :meth:`save` writes the checkpoint (after checking that the weights are finite) and the loss plot.
+    """
+
+    def __init__(self, model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume: Checkpoint | None = None,
+                 device: str = "cpu", progress: bool = True, log: TextIO | None = None,
+                 info: dict[str, Any] | None = None, on_step: Callable[[int], None] | None = None,
+                 peak_flops: float | None = None, compile_backend: str = "inductor") -> None:
+        self.model, self.data, self.config, self.out, self.device = model, data, config, out, device
+        self.log = log if log is not None else sys.stderr
+        self.info, self.on_step, self.progress = info, on_step, progress
+        self.rank, self.world = _world()
+        self.main = self.rank == 0
+        self.block = model.config.block_size
+        model.to(device).train()
+        self.device_type = torch.device(device).type
+        self.amp_dtype = DTYPES[config.dtype]
+        self.eval_batches = self._eval_batches()
+        self.optimizer = torch.optim.AdamW(model.parameter_groups(config.weight_decay), lr=config.learning_rate,
+                                           betas=(config.beta1, config.beta2),
+                                           fused=True if self.device_type == "cuda" else None)
+        self.scaler = torch.amp.GradScaler(self.device_type, enabled=config.dtype == "float16")
+        self.batch_generator = torch.Generator().manual_seed(config.seed)
+        torch.manual_seed(config.seed + self.rank)  # dropout (each rank its own masks)
+        self.history: list[dict[str, float]] = []
+        self.start = 0
+        self.saved: tuple[int, Path] | None = None  # (iteration, path) of the last checkpoint written
+        self._plotted = -1  # len(history) when loss.png was last drawn
+        if resume is not None:
+            self._restore(resume)
+        self.iteration = self.start
+        self.net, self.ddp = self._wrap(compile_backend)
+        self.loss_of = _checked_call(model, self.net)
+        self.tokens_per_step = config.batch_size * self.block
+        if self.main and peak_flops is None:
+            peak_flops = measure_matmul_flops(device, torch.float32 if self.device_type == "cpu" else self.amp_dtype)
+        self.peak_flops = peak_flops
+        self.losses: list[float] = []  # every step's loss in this run
+        self.step_seconds = 0.0  # time in the steps after the first
+        self.bar: Any = None
+        # The thread count: fixed now, or timed on the steps to come (threads.ThreadTuner, re-checked on drift).
+        self.threads, self.tuner = apply_threads(config.threads, log=self.say if self.main else None)
+        self.last_step_seconds = 0.0
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The forward passes' autocast context (disabled for float32)."""
+        return torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
+
+    def _eval_batches(self) -> dict[str, list[tuple[Tensor, Tensor]]]:
+        """Fixed evaluation batches: the same windows at every evaluation and after a resume (rank 0 evaluates)."""
+        generator = torch.Generator().manual_seed(self.config.seed + 1)
+        batches: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        size, count = self.config.batch_size, self.config.eval_iters
+        for split, ids in (("train", self.data.train), ("val", self.data.val)) if self.main else ():
+            pairs = (get_batch(ids, size, self.block, generator) for _ in range(count))
+            batches[split] = [(x.to(self.device), y.to(self.device)) for x, y in pairs]
+        return batches
+
+    def _restore(self, resume: Checkpoint) -> None:
+        """Continue ``resume``: optimizer, batch sampling and dropout states, history and iteration."""
         if resume.optimizer_state is not None:
-            optimizer.load_state_dict(resume.optimizer_state)
+            self.optimizer.load_state_dict(resume.optimizer_state)
         if "batches" in resume.rng:
-            batch_generator.set_state(resume.rng["batches"])
-        if "torch" in resume.rng and main:
+            self.batch_generator.set_state(resume.rng["batches"])
+        if "torch" in resume.rng and self.main:
             torch.set_rng_state(resume.rng["torch"])
-        elif not main:  # the checkpoint holds rank 0's dropout state; the others draw fresh masks
-            torch.manual_seed(config.seed + rank + 7919 * resume.iteration)
-        history = list(resume.history)
-        start = resume.iteration
-        if (out / CHECKPOINT_NAME).exists():
-            saved = (start, out / CHECKPOINT_NAME)
+        elif not self.main:  # the checkpoint holds rank 0's dropout state; the others draw fresh masks
+            torch.manual_seed(self.config.seed + self.rank + 7919 * resume.iteration)
+        self.history = list(resume.history)
+        self.start = resume.iteration
+        if (self.out / CHECKPOINT_NAME).exists():
+            self.saved = (self.start, self.out / CHECKPOINT_NAME)
 
-    net: nn.Module = model
-    if config.compile:
-        net = torch.compile(model, backend=compile_backend)  # type: ignore[assignment]
-    ddp: Any = None
-    if world > 1:
+    def _wrap(self, compile_backend: str) -> tuple[nn.Module, Any]:
+        """The module the steps call (compiled with ``compile``, then in ``DistributedDataParallel`` across
+        processes) and the DDP wrapper (None in one process)."""
+        net: nn.Module = self.model
+        if self.config.compile:
+            net = torch.compile(net, backend=compile_backend)  # type: ignore[assignment]
+        if self.world == 1:
+            return net, None
         from torch.nn.parallel import DistributedDataParallel
 
-        index = torch.device(device).index
-        ddp = DistributedDataParallel(net, device_ids=[index] if device_type == "cuda" and index is not None
+        index = torch.device(self.device).index
+        ddp = DistributedDataParallel(net, device_ids=[index] if self.device_type == "cuda" and index is not None
                                       else None, forward_sync_buffers=False)
-        net = ddp
-    loss_of = _checked_call(model, net)
+        return ddp, ddp
 
-    def diverged(iteration: int, what: str) -> TrainingDiverged:
+    def run(self) -> TrainResult:
+        """Train to ``max_iters`` (or until Ctrl-C/SIGTERM), evaluate, save, sample; every rank returns."""
+        self.bar = self._progress_bar()
+        stop: int | None = None
+        path = self.out / CHECKPOINT_NAME
+        try:
+            with _Interrupt() as interrupt:
+                stop = self._loop(interrupt)
+                if stop is None:
+                    self.evaluation(self.iteration)
+                if self.main:
+                    path = self.save(self.iteration)
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+        if self.world > 1:  # every rank leaves together, after rank 0's last save (a rank tearing down early can abort)
+            import torch.distributed as dist
+
+            dist.barrier()
+        return self._result(path, stop)
+
+    def _progress_bar(self) -> Any:
+        if not (self.progress and self.main):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.config.max_iters, initial=self.start, desc="train", unit="it", file=self.log,
+                    dynamic_ncols=True)
+
+    def _loop(self, interrupt: "_Interrupt") -> int | None:
+        """Steps until ``max_iters``; returns the signal that stopped them early, else None."""
+        config = self.config
+        while self.iteration < config.max_iters:
+            iteration = self.iteration
+            if iteration % config.eval_interval == 0 and not any(h["iter"] == iteration for h in self.history):
+                self.evaluation(iteration)
+            t0 = time.perf_counter()
+            loss = self.step(interrupt)
+            self.last_step_seconds = time.perf_counter() - t0
+            if iteration > self.start:  # the first step (compilation, allocator warm-up) is not counted
+                self.step_seconds += self.last_step_seconds
+            self.losses.append(loss)
+            self.iteration += 1
+            self.after_step(self.iteration, loss)
+            if interrupt.requested is not None:
+                return interrupt.requested
+            if self.iteration % config.checkpoint_interval == 0 and self.iteration < config.max_iters and self.main:
+                self.save(self.iteration)
+        return None
+
+    def step(self, interrupt: "_Interrupt") -> float:
+        """One optimizer step at ``self.iteration``; returns its loss (the global batch's mean, on every rank)."""
+        lr = learning_rate(self.config, self.iteration)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = self.next_batch()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._backward(x, y, interrupt)
+        if not math.isfinite(loss):
+            raise self.diverged(self.iteration, f"the training loss is {loss}")
+        self.scaler.unscale_(self.optimizer)
+        if self.config.grad_clip > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
+            if not math.isfinite(norm) and not self.scaler.is_enabled():  # the scaler skips such steps itself
+                raise self.diverged(self.iteration, f"the gradient norm is {norm}")
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss
+
+    def next_batch(self) -> tuple[Tensor, Tensor]:
+        """This process's rows of the step's global batch, drawn from the seeded batch generator."""
+        x, y = get_batch(self.data.train, self.config.batch_size, self.block, self.batch_generator)
+        if self.world > 1:
+            rows = self.config.batch_size // self.world
+            x, y = x[self.rank * rows:(self.rank + 1) * rows], y[self.rank * rows:(self.rank + 1) * rows]
+        return x, y
+
+    def micro_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """The loss of one micro-batch (called under :meth:`autocast`)."""
+        return self.loss_of(x.to(self.device), y.to(self.device))
+
+    def _backward(self, x: Tensor, y: Tensor, interrupt: "_Interrupt") -> float:
+        """Gradients of the batch mean over ``grad_accum`` micro-batches; returns the loss (all-reduced)."""
+        accum = self.config.grad_accum
+        micro = x.shape[0] // accum
+        total = torch.zeros((), device=self.device)
+        for m in range(accum):
+            sync = self.ddp is None or m == accum - 1  # DDP all-reduces the gradients on the last micro-batch only
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                with self.autocast():
+                    loss = self.micro_loss(x[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro])
+                part = loss / accum if accum > 1 else loss
+                self.scaler.scale(part).backward()  # type: ignore[no-untyped-call]
+            total += part.detach().float()
+        if self.world > 1:
+            total = self._all_reduce(total, interrupt)
+        return float(total)
+
+    def _all_reduce(self, total: Tensor, interrupt: "_Interrupt") -> Tensor:
+        """One small all-reduce: the loss (for every rank's divergence check and the log) and whether any rank
+        was asked to stop, so that all ranks stop at the same step."""
+        import torch.distributed as dist
+
+        asked = 0.0 if interrupt.requested is None else 1.0
+        stats = torch.stack([total, torch.tensor(asked, device=self.device)])
+        dist.all_reduce(stats)
+        if float(stats[1]) > 0 and interrupt.requested is None:
+            interrupt.requested = signal.SIGINT
+        return stats[0] / self.world
+
+    def after_step(self, iteration: int, loss: float) -> None:
+        """After each optimizer step (``iteration`` steps done): the thread tuner sees the step's time, then
+        ``on_step(iteration)``, then the progress bar."""
+        if self.tuner is not None:
+            self.tuner.observe(self.last_step_seconds)
+        if self.on_step is not None:
+            self.on_step(iteration)
+        if self.bar is not None and self.step_seconds > 0:
+            speed = self.tokens_per_step * (iteration - self.start - 1) / self.step_seconds
+            mfu = (f"{100 * flops_per_token(self.model) * speed / (self.world * self.peak_flops):.1f}%"
+                   if self.peak_flops else "?")
+            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{speed:,.0f}", mfu=mfu)
+            self.bar.update(1)
+
+    def say(self, message: str) -> None:
+        """Print a line to the log (above the progress bar when there is one)."""
+        if self.bar is not None:
+            self.bar.write(message)
+        else:
+            print(message, file=self.log, flush=True)
+
+    def evaluate_splits(self) -> dict[str, float]:
+        """The mean loss of each split's fixed evaluation batches."""
+        return evaluate(self.model, self.eval_batches, autocast=self.autocast)
+
+    def evaluation(self, iteration: int) -> None:
+        """Rank 0: evaluate, stop on a non-finite loss, append to the history and print."""
+        if not self.main:
+            return
+        losses = self.evaluate_splits()
+        if not all(math.isfinite(v) for v in losses.values()):
+            raise self.diverged(iteration, f"the evaluation loss is {losses}")
+        self.history.append({"iter": iteration, **losses})
+        self.say(f"iter {iteration:5d}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+
+    def diverged(self, iteration: int, what: str) -> "TrainingDiverged":
+        saved = self.saved
         kept = (f"kept the checkpoint of iteration {saved[0]} ({saved[1]})" if saved is not None
                 else "no checkpoint was written")
         return TrainingDiverged(f"training diverged at iteration {iteration}: {what}; {kept}; lower the learning "
                                 "rate (--lr)", iteration, saved[1] if saved is not None else None)
 
-    def save(iteration: int) -> Path:
-        bad = _non_finite_weight(model)
+    def save(self, iteration: int) -> Path:
+        """Check the weights, write the checkpoint and (after a new evaluation) the loss plot; returns the path."""
+        bad = _non_finite_weight(self.model)
         if bad is not None:
-            raise diverged(iteration, f"weight {bad} holds NaN or infinity")
+            raise self.diverged(iteration, f"weight {bad} holds NaN or infinity")
         # Finite but exploded weights (a huge step) show as a non-finite loss: one batch decides before saving.
-        probe = evaluate(model, {"val": eval_batches["val"][:1]}, autocast=autocast)["val"]
+        probe = evaluate(self.model, {"val": self.eval_batches["val"][:1]}, autocast=self.autocast)["val"]
         if not math.isfinite(probe):
-            raise diverged(iteration, f"the loss of the weights to be saved is {probe}")
-        rng = {"batches": batch_generator.get_state(), "torch": torch.get_rng_state()}
-        path = save_checkpoint(out / CHECKPOINT_NAME, model, data.tokenizer, iteration=iteration,
-                               train_config=asdict(config), history=history, optimizer=optimizer, rng=rng,
-                               info=info)
-        nonlocal saved, plotted
-        saved = (iteration, path)
-        if plotted != len(history):  # the curve changes only with a new evaluation
-            plot_history(history, out / "loss.png")
-            plotted = len(history)
+            raise self.diverged(iteration, f"the loss of the weights to be saved is {probe}")
+        rng = {"batches": self.batch_generator.get_state(), "torch": torch.get_rng_state()}
+        path = save_checkpoint(self.out / CHECKPOINT_NAME, self.model, self.data.tokenizer, iteration=iteration,
+                               train_config=asdict(self.config), history=self.history, optimizer=self.optimizer,
+                               rng=rng, info=None if self.info is None else
+                               {**self.info, "threads": f"{torch.get_num_threads()} ({self.threads.source})"})
+        self.saved = (iteration, path)
+        if self._plotted != len(self.history):  # the curve changes only with a new evaluation
+            plot_history(self.history, self.out / "loss.png")
+            self._plotted = len(self.history)
         return path
 
-    tokens_per_step = config.batch_size * block
-    if main and peak_flops is None:
-        peak_flops = measure_matmul_flops(device, torch.float32 if device_type == "cpu" else amp_dtype)
-    flops_per_step = flops_per_token(model) * tokens_per_step
-    bar: Any = None
-    if progress and main:
-        from tqdm import tqdm
+    def _result(self, path: Path, stop: int | None) -> TrainResult:
+        """The run's result: throughput over the timed steps, MFU and (rank 0, finished runs) the sample."""
+        steps = self.iteration - self.start - 1  # timed steps: all but the first
+        speed = (self.tokens_per_step * steps / self.step_seconds if steps > 0 and self.step_seconds > 0
+                 else float("nan"))
+        mfu = flops_per_token(self.model) * speed / (self.world * self.peak_flops) if self.peak_flops else float("nan")
+        sample = ""
+        if self.config.sample_tokens and stop is None and self.main:
+            sample = sample_text(self.model, self.data.tokenizer, self.config.sample_tokens, seed=self.config.seed,
+                                 device=self.device, autocast=self.autocast)
+        return TrainResult(self.model, self.history, self.iteration, stop is not None, path, sample, signal=stop,
+                           losses=self.losses, tokens_per_second=speed, mfu=mfu, threads=torch.get_num_threads())
 
-        bar = tqdm(total=config.max_iters, initial=start, desc="train", unit="it", file=log, dynamic_ncols=True)
 
-    def say(message: str) -> None:
-        if bar is not None:
-            bar.write(message)
-        else:
-            print(message, file=log, flush=True)
+def __getattr__(name: str) -> Any:
+    """Old import paths: ``compile_for_generation`` moved to :mod:`~typed_transformer.generation`."""
+    if name == "compile_for_generation":
+        from . import generation
 
-    def evaluation(iteration: int) -> None:
-        if not main:
-            return
-        losses = evaluate(model, eval_batches, autocast=autocast)
-        if not all(math.isfinite(v) for v in losses.values()):
-            raise diverged(iteration, f"the evaluation loss is {losses}")
-        history.append({"iter": iteration, **losses})
-        say(f"iter {iteration:5d}: train loss {history[-1]['train']:.4f}, val loss {history[-1]['val']:.4f}")
-
-    accum = config.grad_accum
-    rows = config.batch_size // world  # this rank's share of the global batch
-    micro = rows // accum
-    step_losses: list[float] = []
-    interrupted = False
-    stop_signal: int | None = None
-    iteration = start
-    last_loss = float("nan")
-    step_seconds = 0.0
-    path = out / CHECKPOINT_NAME
-    try:
-        with _Interrupt() as interrupt:
-            while iteration < config.max_iters:
-                if iteration % config.eval_interval == 0 and not any(h["iter"] == iteration for h in history):
-                    evaluation(iteration)
-                t0 = time.perf_counter()
-                lr = learning_rate(config, iteration)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                x, y = get_batch(data.train, config.batch_size, block, batch_generator)
-                if world > 1:
-                    x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
-                optimizer.zero_grad(set_to_none=True)
-                if accum == 1 and world == 1:  # the plain loop, unchanged
-                    with autocast():
-                        loss = loss_of(x.to(device), y.to(device))
-                    last_loss = float(loss.detach())
-                    if not math.isfinite(last_loss):
-                        raise diverged(iteration, f"the training loss is {last_loss}")
-                    (scaler.scale(loss) if scaler is not None else loss).backward()  # type: ignore[no-untyped-call]
-                else:
-                    total = torch.zeros((), device=device)
-                    for m in range(accum):
-                        # DDP all-reduces the gradients on the last micro-batch only.
-                        sync = ddp is None or m == accum - 1
-                        with contextlib.nullcontext() if sync else ddp.no_sync():
-                            with autocast():
-                                loss = loss_of(x[m * micro:(m + 1) * micro].to(device),
-                                               y[m * micro:(m + 1) * micro].to(device))
-                            part = loss / accum if accum > 1 else loss
-                            (scaler.scale(part) if scaler is not None else part).backward()  # type: ignore[no-untyped-call]
-                        total += part.detach().float()
-                    if world > 1:
-                        import torch.distributed as dist
-
-                        # One small all-reduce: the loss (for every rank's divergence check and the log) and
-                        # whether any rank was asked to stop, so that all ranks stop at the same step.
-                        asked = 0.0 if interrupt.requested is None else 1.0
-                        stats = torch.stack([total, torch.tensor(asked, device=device)])
-                        dist.all_reduce(stats)
-                        total = stats[0] / world
-                        if float(stats[1]) > 0 and interrupt.requested is None:
-                            interrupt.requested = signal.SIGINT
-                    last_loss = float(total)
-                    if not math.isfinite(last_loss):
-                        raise diverged(iteration, f"the training loss is {last_loss}")
-                if scaler is not None:
-                    scaler.unscale_(optimizer)
-                if config.grad_clip > 0:
-                    norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
-                    if not math.isfinite(norm) and scaler is None:
-                        raise diverged(iteration, f"the gradient norm is {norm}")
-                if scaler is not None:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
-                if iteration > start:  # the first step (compilation, allocator warm-up) is not counted
-                    step_seconds += time.perf_counter() - t0
-                step_losses.append(last_loss)
-                iteration += 1
-                if on_step is not None:
-                    on_step(iteration)
-                if bar is not None and step_seconds > 0:
-                    speed = tokens_per_step * (iteration - start - 1) / step_seconds
-                    bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{speed:,.0f}",
-                                    mfu=f"{100 * flops_per_step * speed / tokens_per_step / (world * peak_flops):.1f}%"
-                                    if peak_flops else "?")
-                    bar.update(1)
-                if interrupt.requested is not None:
-                    interrupted = True
-                    stop_signal = interrupt.requested
-                    break
-                if iteration % config.checkpoint_interval == 0 and iteration < config.max_iters and main:
-                    save(iteration)
-            if not interrupted:
-                evaluation(iteration)
-            if main:
-                path = save(iteration)
-    finally:
-        if bar is not None:
-            bar.close()
-    if world > 1:  # every rank leaves together, after rank 0's last save (a rank tearing down early can abort)
-        import torch.distributed as dist
-
-        dist.barrier()
-
-    steps = iteration - start - 1  # timed steps: all but the first
-    speed = tokens_per_step * steps / step_seconds if steps > 0 and step_seconds > 0 else float("nan")
-    mfu = flops_per_step / tokens_per_step * speed / (world * peak_flops) if peak_flops else float("nan")
-    sample_text = ""
-    if config.sample_tokens and not interrupted and main:
-        prompt = torch.tensor([data.tokenizer.encode(data.tokenizer.chars[0] if "\n" not in data.tokenizer.chars
-                                                     else "\n")], device=device)
-        with autocast():
-            generated = model.eval().generate(prompt, config.sample_tokens,
-                                              generator=torch.Generator(device=device).manual_seed(config.seed))
-        sample_text = data.tokenizer.decode(generated[0, 1:].cpu())
-        model.train()
-    return TrainResult(model, history, iteration, interrupted, path, sample_text,
-                       signal=stop_signal if interrupted else None, losses=step_losses,
-                       tokens_per_second=speed, mfu=mfu)
+        warn_deprecated("typed_transformer.training.compile_for_generation is deprecated, use "
+                        "typed_transformer.generation.compile_for_generation")
+        return generation.compile_for_generation
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

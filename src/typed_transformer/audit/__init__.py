@@ -70,7 +70,17 @@ from ._functions import (
     candidate_call,
     parametrize_audit,
 )
-from ._modules import ModuleAdapter, ModuleSpec, Rotary, Weights, additive_mask, audit_module, with_causal
+from ._infer import Evidence, Finding, Inference, infer_conventions
+from ._modules import (
+    ModuleAdapter,
+    ModuleSpec,
+    Rotary,
+    Weights,
+    additive_mask,
+    alibi_bias,
+    audit_module,
+    with_causal,
+)
 from .specs import SPECS
 
 #: Every check, in report order.
@@ -105,18 +115,23 @@ __all__ = [
     "AuditUsageError",
     "CheckResult",
     "Conventions",
+    "Evidence",
     "Example",
+    "Finding",
     "FunctionAdapter",
+    "Inference",
     "ModuleAdapter",
     "ModuleSpec",
     "Rotary",
     "Weights",
     "additive_mask",
+    "alibi_bias",
     "audit_attention",
     "audit_module",
     "audit_multihead",
     "candidate_call",
     "draw_example",
+    "infer_conventions",
     "parametrize_audit",
     "reference_attention",
     "rotate",

@@ -79,7 +79,8 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
         if mask == "fully_masked":
             keep[:, :, 0, :] = False
     elif mask == "padding":
-        styles: tuple[Literal["right", "random"], ...] = ("right",) if a.rotary is not None else ("right", "random")
+        # positions matter (rotary, a position bias, a window): dropping padded keys must not renumber real ones
+        styles: tuple[Literal["right", "random"], ...] = ("right",) if a.positional is not None else ("right", "random")
         keep = data.draw(key_padding_masks(b, shape.s, styles=styles), label="padding")[:, None, None, :]
     seed = data.draw(seeds(), label="seed")
     example = Example(b=b, t=shape.t, s=shape.s, **sizes, seed=seed, dtype=_name(run.dtype),
@@ -156,7 +157,8 @@ def _need_mask(run: Run) -> None:
 
 
 def _need_causal(run: Run) -> None:
-    if not run.adapter.conventions.supports_causal:
+    conv = run.adapter.conventions
+    if not conv.supports_causal and not conv.always_causal:
         raise Skip("supports_causal=False")
 
 
@@ -228,8 +230,10 @@ def batch_independence(run: Run, data: st.DataObject) -> None:
 def permutation(run: Run, data: st.DataObject) -> None:
     """Permuting keys and values leaves the output alone; permuting queries permutes it (a tied module:
     permuting its one input permutes the output)."""
-    if run.adapter.rotary is not None:
-        raise Skip("rotary positions: order matters")
+    if run.adapter.positional is not None:
+        raise Skip(f"{run.adapter.positional}: order matters")
+    if run.adapter.conventions.always_causal:
+        raise Skip("always causal: order matters")
     example = draw_example(run, data)
     key_perm = torch.tensor(data.draw(st.permutations(range(example.s)), label="key_perm"))
     query_perm = torch.tensor(data.draw(st.permutations(range(example.t)), label="query_perm"))
@@ -265,6 +269,8 @@ def padding(run: Run, data: st.DataObject) -> None:
     keep = example.mask()
     assert keep is not None
     out, allowed = compare(run, example, keep=keep, what="key padding mask (b, 1, 1, s)")
+    if run.adapter.conventions.always_causal:
+        return  # dropping keys would move the causal diagonal: the comparison with the reference is the check
     ins = example.inputs()
     # one input, or t = s required: dropping a padded key drops that query position too
     positions = ins[1] is ins[0] or run.adapter.conventions.self_attention
@@ -303,6 +309,8 @@ def mask_and_causal(run: Run, data: st.DataObject) -> None:
     """``attn_mask`` and ``is_causal=True`` together: both apply (ANDed)."""
     _need_mask(run)
     _need_causal(run)
+    if not run.adapter.conventions.supports_causal:
+        raise Skip("always causal: masking checks the mask with the causal mask")
     if not run.adapter.conventions.mask_with_causal:
         raise Skip("mask_with_causal=False")
     example = draw_example(run, data, mask="keep", is_causal=True)
@@ -361,12 +369,16 @@ def gradients(run: Run, data: st.DataObject) -> None:
             kinds.append("fully_masked")
     if conv.supports_causal:
         kinds.append("causal")
+    if conv.always_causal and conv.fully_masked in ("nan", "any"):
+        kinds = ["none"]  # a mask ANDed with the candidate's own causal mask may leave NaN rows
     kind = data.draw(st.sampled_from(kinds), label="mask")
     example = draw_example(run, data, mask="none" if kind == "causal" else kind,  # type: ignore[arg-type]
                            is_causal=kind == "causal")
-    if kind == "causal" and conv.fully_masked in ("nan", "any") and example.t > example.s:
+    if ((kind == "causal" or conv.always_causal) and conv.fully_masked in ("nan", "any", "uniform")
+            and example.t > example.s):
         # a declaration that allows NaN rows: bottom-right causal rows without keys (t > s) would carry NaN into
-        # every gradient of the softmax (dk and dv too), so those rows are not drawn here (listed as not tested)
+        # every gradient of the softmax (dk and dv too); a uniform row's gradient is not defined (it depends on
+        # the fill): those rows are not drawn here (listed as not tested)
         example = dataclasses.replace(example, t=example.s)
         run.current = example
     keep, is_causal = example.mask(), example.is_causal

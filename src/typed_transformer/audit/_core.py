@@ -53,7 +53,9 @@ class Conventions:
     0/-inf), ``per_head_masks=False`` (only ``(b, 1, t, s)`` masks), ``mask_with_causal=False`` (never both
     ``attn_mask`` and ``is_causal``). ``grouping`` is how query heads map onto key/value heads: ``"g r"``
     (head ``i`` uses kv head ``i // r``, torch's) or ``"r g"`` (``i % g``). ``decode_sees_all``: with
-    ``is_causal`` a single query (t = 1) sees every key, whatever ``causal_alignment`` says.
+    ``is_causal`` a single query (t = 1) sees every key, whatever ``causal_alignment`` says. ``always_causal``:
+    the candidate applies its causal mask whatever it is told (nanoGPT's attention): it is audited on causal
+    examples only, every reference is causal.
     """
 
     layout: Literal["bhtd", "bthd"] = "bhtd"
@@ -75,6 +77,7 @@ class Conventions:
     per_head_masks: bool = True
     mask_with_causal: bool = True
     decode_sees_all: bool = False
+    always_causal: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in (("layout", ("bhtd", "bthd")), ("mask_polarity", ("keep", "drop")),
@@ -127,11 +130,14 @@ class Conventions:
             notes.append("is_causal (supports_causal=False)")
         elif not self.mask_with_causal:
             notes.append("attn_mask and is_causal together (mask_with_causal=False)")
+        if self.always_causal:
+            notes.append("non-causal attention (always_causal=True: the candidate applies its causal mask whatever "
+                         "it is told, so every example is audited as causal)")
         if self.decode_sees_all:
             notes.append("causal alignment of a single query (decode_sees_all=True)")
         if self.fully_masked == "any":
             notes.append("fully masked query rows (fully_masked='any')")
-        if self.fully_masked in ("nan", "any") and self.supports_autograd:
+        if self.fully_masked in ("nan", "any", "uniform") and self.supports_autograd:
             notes.append(f"gradients through fully masked rows (fully_masked={self.fully_masked!r}: such a row has "
                          f"no gradient to compare)")
         if not self.supports_autograd:
@@ -156,7 +162,7 @@ def causal_keep(t: int, s: int, conventions: Conventions) -> Bool[Tensor, "t s"]
 
 def effective_keep(keep: Tensor | None, is_causal: bool, t: int, s: int, conventions: Conventions) -> Tensor | None:
     """``keep`` ANDed with the candidate's causal mask, ``(#b, #h, t, s)`` (None when neither is given)."""
-    if not is_causal:
+    if not is_causal and not conventions.always_causal:
         return keep
     causal = rearrange(causal_keep(t, s, conventions), "t s -> 1 1 t s")
     return causal if keep is None else keep & causal
@@ -170,10 +176,12 @@ def reference_attention(
     *,
     is_causal: bool = False,
     conventions: Conventions = Conventions(),
+    bias: Float[Tensor, "#b #h #t s"] | None = None,
 ) -> Float[Tensor, "b h t dv"]:
     """Our reference in the candidate's semantics (canonical ``bhtd`` layout with ``h = (g r)``, keep-mask
     ``keep``), computed in the dtype of ``q``. A query row without any allowed key gives what the conventions
-    declare: zeros (``"zero"`` and ``"any"``), NaN, or the mean of the values (``"uniform"``)."""
+    declare: zeros (``"zero"`` and ``"any"``), NaN, or the mean of the values (``"uniform"``). ``bias``: an
+    additive position bias on the scaled logits (T5's relative bias, ALiBi), the attention core's ``attn_bias``."""
     t, s = q.shape[2], k.shape[2]
     keep = effective_keep(keep, is_causal, t, s, conventions)
     dead: Tensor | None = None
@@ -181,9 +189,13 @@ def reference_attention(
         dead = ~keep.any(dim=-1, keepdim=True)  # (#b, #h, t, 1)
         if conventions.fully_masked == "uniform" and bool(dead.any()):
             # equal logits on every key of a dead row: zero its query, let it see every key
-            q = q.masked_fill(dead.expand(q.shape[0], q.shape[1], t, 1), 0.0)
+            dead_rows = dead.expand(q.shape[0], q.shape[1], t, 1)
+            q = q.masked_fill(dead_rows, 0.0)
             keep = keep | dead
-    out = scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=conventions.scale)
+            if bias is not None:  # a fill of finfo.min swamps the bias: the row is uniform
+                bias = bias.masked_fill(dead_rows, 0.0)
+    out = scaled_dot_product_attention(q, k, v, attn_mask=keep, attn_bias=None if bias is None else bias.to(q.dtype),
+                                       scale=conventions.scale)
     assert isinstance(out, Tensor)
     if dead is not None and conventions.fully_masked == "nan":
         out = out.masked_fill(dead.expand(out.shape[0], out.shape[1], t, 1), math.nan)
@@ -342,6 +354,8 @@ class Adapter(Protocol):
     fixed: dict[str, int] | None
     #: the rotary embedding a module applies (base, style), None if none
     rotary: tuple[float, Literal["half", "interleaved"]] | None
+    #: why the order of the keys matters (rotary positions, a position bias, a sliding window), None if it does not
+    positional: str | None
 
     def call(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor: ...
 
@@ -395,6 +409,11 @@ class AuditReport:
     tolerance: float
     environment: dict[str, Any] = field(default_factory=dict)
     untested: list[str] = field(default_factory=list)
+    #: the inferred conventions and their evidence (``conventions="infer"``), or where declared conventions
+    #: contradict the behaviour; printed at the top of the table
+    inferred: list[str] = field(default_factory=list)
+    #: declared conventions the behaviour contradicts, each with its witness (printed after the rows)
+    contradictions: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -430,10 +449,14 @@ class AuditReport:
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = [f"audit of {self.candidate} (seed {self.seed}, {self.max_examples} examples per check and dtype, "
                  f"dtypes {', '.join(self.dtypes)}, tolerance {self.tolerance:g}x reference error)"]
+        if self.inferred:
+            lines += [*self.inferred, ""]
         for index, row in enumerate(rows):
             lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4])
             if index == 0:
                 lines.append("  ".join("-" * w for w in widths) + "  ------")
+        if self.contradictions:
+            lines += ["", *self.contradictions]
         for r in self.results:
             if r.status == "FAIL":
                 lines += ["", f"{r.name} [{r.dtype}]: counterexample {json.dumps(r.counterexample)}"]
@@ -442,7 +465,8 @@ class AuditReport:
                 if r.repro:
                     lines.append(r.repro)
         if self.untested:
-            lines += ["", "not tested (declared unsupported):"] + [f"  - {note}" for note in self.untested]
+            how = "inferred" if self.inferred and self.inferred[0].startswith("inferred") else "declared"
+            lines += ["", f"not tested ({how} unsupported):"] + [f"  - {note}" for note in self.untested]
         names = list(dict.fromkeys(r.name for r in self.results))
         statuses = [self.status(n) for n in names]
         lines += ["", f"{statuses.count('PASS')} passed, {statuses.count('FAIL')} failed, "
@@ -455,7 +479,8 @@ class AuditReport:
         return {"candidate": self.candidate, "checks_version": CHECKS_VERSION, "passed": self.passed,
                 "conventions": self.conventions, "seed": self.seed, "max_examples": self.max_examples,
                 "dtypes": self.dtypes, "tolerance": self.tolerance, "environment": self.environment,
-                "untested": self.untested, "results": [dataclasses.asdict(r) for r in self.results]}
+                "untested": self.untested, "inferred": self.inferred, "contradictions": self.contradictions,
+                "results": [dataclasses.asdict(r) for r in self.results]}
 
     def to_json(self, path: str | None = None) -> str:
         """The report as JSON (written to ``path`` too when given)."""

@@ -50,7 +50,7 @@ def to_candidate(ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch
             kwargs["attn_mask"] = torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, -math.inf)
         else:
             kwargs["attn_mask"] = keep if conventions.mask_polarity == "keep" else ~keep
-    if is_causal:
+    if is_causal and conventions.supports_causal:  # an always-causal candidate without the flag: not passed
         kwargs["is_causal"] = True
     return (q, k, v), kwargs
 
@@ -99,6 +99,7 @@ class FunctionAdapter:
     kind: Literal["function", "module"] = "function"
     fixed: dict[str, int] | None = None
     rotary: tuple[float, Literal["half", "interleaved"]] | None = None
+    positional: str | None = None
 
     def call(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor:
         args, kwargs = to_candidate(ins, keep, is_causal, dtype, self.conventions)
@@ -187,7 +188,7 @@ def run_audit(adapter: Adapter, *, checks: Sequence[str] | None, dtypes: Sequenc
 def audit_attention(
     candidate: Candidate,
     *,
-    conventions: Conventions = DEFAULT_CONVENTIONS,
+    conventions: Conventions | Literal["infer"] = DEFAULT_CONVENTIONS,
     checks: Sequence[str] | None = None,
     dtypes: Sequence[torch.dtype] = (torch.float32, torch.float64),
     max_examples: int = 20,
@@ -201,7 +202,11 @@ def audit_attention(
     Args:
         candidate: ``candidate(q, k, v, *, attn_mask=None, is_causal=False)`` in ``conventions``.
         conventions: the candidate's layout, mask polarity, causal alignment, scale, fully-masked rows and what
-            it supports (the audit draws only that, and the report lists what was left out).
+            it supports (the audit draws only that, and the report lists what was left out), or ``"infer"``:
+            :func:`~typed_transformer.audit.infer_conventions` decides them first, the report opens with them and
+            their evidence, and each behaviour that matches no convention is a FAIL of the ``conventions`` row.
+            When declared conventions are contradicted by the behaviour, the report names the field and the
+            witness.
         checks: names of registered checks (default: all that apply to functions).
         dtypes: the dtypes the inputs are drawn in; each check runs once per dtype (one report row each).
         max_examples: Hypothesis examples per check and dtype.
@@ -214,12 +219,23 @@ def audit_attention(
             (checked before any example runs).
         ValueError: an unknown check name, a non-positive ``tolerance`` or ``max_examples``.
     """
+    from ._infer import contradictions, infer_conventions, with_inference
+
     label = name or name_of(candidate)
     select(checks, "function")
+    if conventions == "infer":
+        inference = infer_conventions(candidate, seed=seed, name=label)
+        adapter = FunctionAdapter(candidate, inference.conventions, label)
+        report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
+                           tolerance=tolerance, conventions=asdict(inference.conventions))
+        return with_inference(report, inference)
     check_signature(candidate, conventions, label)
     adapter = FunctionAdapter(candidate, conventions, label)
-    return run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
-                     tolerance=tolerance, conventions=asdict(conventions))
+    report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
+                       tolerance=tolerance, conventions=asdict(conventions))
+    if not report.passed:
+        report.contradictions = contradictions(conventions, infer_conventions(candidate, seed=seed, name=label))
+    return report
 
 
 def name_of(candidate: object) -> str:

@@ -21,6 +21,7 @@ from ._core import (
     Example,
     Inputs,
     candidate_code,
+    effective_keep,
     reference_attention,
     rotate,
 )
@@ -42,6 +43,9 @@ class Rotary:
     style: Literal["half", "interleaved"] = "half"
     #: an attribute that is None when the module has no rotary embedding (e.g. ``"rotary"``)
     when: str | None = None
+    #: partial rotary: the fraction of each head rotated, from its first dimension on (a number or an attribute
+    #: path, e.g. GPT-NeoX's ``"config.rope_parameters.partial_rotary_factor"``); the rest passes through
+    fraction: float | str = 1.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,24 @@ class Weights:
     d: int
     dv: int
     scale: float
+    #: key and value positions the module appends after the projection (``nn.MultiheadAttention``'s
+    #: ``add_bias_kv`` then ``add_zero_attn``): ``(n, g d)`` and ``(n, g dv)``; always visible
+    extra_k: Tensor | None = None
+    extra_v: Tensor | None = None
+
+
+#: ``position_bias(module, t, s) -> (1 or h, t, s)``: the additive bias a module adds to its logits for ``t``
+#: queries (the last ``t`` positions) and ``s`` keys, in float64.
+PositionBias = Callable[[Any, int, int], Tensor]
+
+
+def alibi_bias(h: int, t: int, s: int) -> Tensor:
+    """ALiBi's bias ``(h, t, s)``: ``-m_i * |p - j|`` for the query at position ``p`` (the last ``t`` of ``s``),
+    slopes ``m_i = 2^(-8 i / h)``, ``i = 1..h`` (the paper's, for a power-of-two ``h``); float64. Under a causal
+    mask this is the paper's ``-m_i (p - j)``; without one, the symmetric form x-transformers uses."""
+    slopes = 2.0 ** (-8.0 * torch.arange(1, h + 1, dtype=torch.float64) / h)
+    distance = torch.arange(s - t, s, dtype=torch.float64)[:, None] - torch.arange(s, dtype=torch.float64)[None]
+    return -slopes[:, None, None] * distance.abs()
 
 
 @dataclass(frozen=True)
@@ -75,7 +97,16 @@ class ModuleSpec:
     x)`` runs ``x (b, t, e)`` token by token with the module's KV cache; ``fast_path(module, x, real)`` calls
     its inference fast path with a key padding mask (True = real token); ``build(cls, config)`` constructs
     the module for the CLI. ``conventions`` say what the module supports (``self_attention=True``: one
-    input)."""
+    input).
+
+    Shapes beyond plain self-attention: ``memory=True``: cross-attention with one memory tensor for keys and
+    values (``forward`` gets it as both ``key`` and ``value``); ``position_bias``: an additive bias in the
+    logits (T5's relative bias, ALiBi: :func:`alibi_bias`), the scale then often ``1.0``; ``window``: sliding
+    window of that many keys (a number or attribute path; query position ``p`` sees keys ``j > p - window``,
+    in the reference and in token-by-token decoding); ``q_norm``/``k_norm``: modules normalising each head's
+    queries/keys before the rotary embedding (the reference recomputes LayerNorm, or RMSNorm when the module has
+    no bias, from their weights and ``eps``/``variance_epsilon``); ``qkv_layout``: how a fused projection's
+    outputs are ordered, ``"blocks"`` (``[q; k; v]``) or ``"heads"`` (GPT-NeoX's ``(h [q k v] d)``)."""
 
     name: str
     forward: Forward
@@ -97,6 +128,12 @@ class ModuleSpec:
     fast_path: Callable[[Any, Tensor, Tensor], Tensor | None] | None = None
     build: Callable[[type, dict[str, Any]], nn.Module] | None = None
     module_type: str = ""
+    memory: bool = False
+    position_bias: PositionBias | None = None
+    window: int | str | None = None
+    q_norm: str | None = None
+    k_norm: str | None = None
+    qkv_layout: Literal["blocks", "heads"] = "blocks"
 
 
 def resolve(module: Any, path: str, spec: str) -> Any:
@@ -143,8 +180,15 @@ def spec_weights(module: Any, spec: ModuleSpec) -> Weights:
         if len(sizes) != 3 or min(sizes) <= 0:
             raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: fused {spec.qkv!r} "
                                   f"has {w.shape[0]} outputs, which do not split into q, k and v")
-        wq, wk, wv = torch.split(w, sizes)
-        bq, bk, bv = (None, None, None) if b is None else torch.split(b, sizes)
+        if spec.qkv_layout == "heads":  # GPT-NeoX: (h [q k v] d), one kv head per query head
+            if g != h or sizes[0] != sizes[1] or sizes[1] != sizes[2]:
+                raise AuditUsageError(f"spec {spec.name!r}: qkv_layout='heads' needs as many key/value heads as "
+                                      f"query heads and equal q, k, v sizes")
+            wq, wk, wv = rearrange(w, "(h three d) e -> three (h d) e", h=h, three=3)
+            bq, bk, bv = (None, None, None) if b is None else rearrange(b, "(h three d) -> three (h d)", h=h, three=3)
+        else:
+            wq, wk, wv = torch.split(w, sizes)
+            bq, bk, bv = (None, None, None) if b is None else torch.split(b, sizes)
     else:
         for name in ("q", "k", "v"):
             if getattr(spec, name) is None:
@@ -165,6 +209,43 @@ def spec_weights(module: Any, spec: ModuleSpec) -> Weights:
     scale = 1.0 / math.sqrt(d) if spec.scale is None else float(
         spec.scale if isinstance(spec.scale, float | int) else resolve(module, spec.scale, spec.name))
     return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, g, d, dv, scale)
+
+
+def _norm(module: Any, path: str, spec: ModuleSpec) -> Callable[[Tensor], Tensor] | None:
+    """The reference of a q/k norm module at ``path``: LayerNorm when it has a bias (or is ``nn.LayerNorm``),
+    else RMSNorm, over each head's last axis, with its weight and ``eps``/``variance_epsilon``; float64 math.
+    None when the attribute is None, or missing with a path ending in ``?`` (Phi without ``qk_layernorm``)."""
+    optional = path.endswith("?")
+    path = path.removesuffix("?")
+    try:
+        layer = resolve(module, path, spec.name)
+    except AuditUsageError:
+        if optional:
+            return None
+        raise
+    if layer is None:
+        return None
+    weight, bias = getattr(layer, "weight", None), getattr(layer, "bias", None)
+    eps = getattr(layer, "eps", getattr(layer, "variance_epsilon", None))
+    if eps is None:
+        raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: the norm {path!r} "
+                              f"({type(layer).__name__}) has no eps or variance_epsilon")
+    layer_norm = isinstance(layer, nn.LayerNorm) or isinstance(bias, Tensor)
+    w = None if weight is None else weight.detach().double()
+    b = None if bias is None else bias.detach().double()
+
+    def norm(x: Tensor) -> Tensor:
+        y = x.double()
+        if layer_norm:
+            y = y - y.mean(dim=-1, keepdim=True)
+        y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + float(eps))
+        if w is not None:
+            y = y * w
+        if b is not None:
+            y = y + b
+        return y.to(x.dtype)
+
+    return norm
 
 
 def additive_mask(keep: Tensor | None, dtype: torch.dtype, fill: float | None = None) -> Tensor | None:
@@ -210,11 +291,29 @@ class ModuleAdapter:
             "h": w.h, "g": w.g, "d": w.d, "dv": w.dv, "eq": w.wq.shape[1], "ek": w.wk.shape[1],
             "ev": w.wv.shape[1], "tied": int(tied), "fast_path": int(spec.fast_path is not None)}
         self.rotary: tuple[float, Literal["half", "interleaved"]] | None = None
+        self.rotary_dims = w.d
         if spec.rotary is not None and (spec.rotary.when is None
                                         or resolve(self.original, spec.rotary.when, spec.name) is not None):
             base = spec.rotary.base
             base = float(base if isinstance(base, float | int) else resolve(self.original, base, spec.name))
             self.rotary = (base, spec.rotary.style)
+            fraction = spec.rotary.fraction
+            fraction = float(fraction if isinstance(fraction, float | int)
+                             else resolve(self.original, fraction, spec.name))
+            self.rotary_dims = int(w.d * fraction)
+        window = spec.window
+        if isinstance(window, str):
+            window = resolve(self.original, window, spec.name)  # None: this module has no window
+        self.window: int | None = None if window is None else int(window)
+        self.norms: dict[str, Callable[[Tensor], Tensor]] = {}
+        for which, path in (("q", spec.q_norm), ("k", spec.k_norm)):
+            norm = None if path is None else _norm(self.original, path, spec)
+            if norm is not None:
+                self.norms[which] = norm
+        positional = [what for what, present in (("rotary positions", self.rotary is not None),
+                                                  ("a position bias", spec.position_bias is not None),
+                                                  ("a sliding window", self.window is not None)) if present]
+        self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
 
     def module(self, dtype: torch.dtype) -> nn.Module:
@@ -224,7 +323,7 @@ class ModuleAdapter:
         return self._copies[dtype]
 
     def call(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor:
-        x, key, value = (z.to(dtype) for z in ins)
+        x, key, value = (z.to(dtype) for z in self._memory(ins))
         module = self.module(dtype)
         with candidate_code():
             if self.conventions.self_attention:
@@ -233,7 +332,7 @@ class ModuleAdapter:
 
     def _project(self, ins: Inputs, dtype: torch.dtype, offset: int = 0) -> tuple[Tensor, Tensor, Tensor]:
         w = self.weights
-        x, key, value = (z.to(dtype) for z in ins)
+        x, key, value = (z.to(dtype) for z in self._memory(ins))
 
         def lin(z: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
             y = einsum(z, weight.to(dtype), "b t e, o e -> b t o")
@@ -242,13 +341,57 @@ class ModuleAdapter:
         q = rearrange(lin(x, w.wq, w.bq), "b t (h d) -> b h t d", h=w.h)
         k = rearrange(lin(key, w.wk, w.bk), "b s (g d) -> b g s d", g=w.g)
         v = rearrange(lin(value, w.wv, w.bv), "b s (g d) -> b g s d", g=w.g)
+        if "q" in self.norms:
+            q = self.norms["q"](q)
+        if "k" in self.norms:
+            k = self.norms["k"](k)
         if self.rotary is not None:
-            q, k = rotate(q, *self.rotary, offset=offset), rotate(k, *self.rotary, offset=offset)
+            r = self.rotary_dims
+            q = torch.cat([rotate(q[..., :r], *self.rotary, offset=offset), q[..., r:]], dim=-1)
+            k = torch.cat([rotate(k[..., :r], *self.rotary, offset=offset), k[..., r:]], dim=-1)
+        if w.extra_k is not None and w.extra_v is not None:  # appended key/value positions (add_bias_kv, ...)
+            n = w.extra_k.shape[0]
+            extra_k = rearrange(w.extra_k.to(dtype), "n (g d) -> 1 g n d", g=w.g).expand(k.shape[0], w.g, n, w.d)
+            extra_v = rearrange(w.extra_v.to(dtype), "n (g d) -> 1 g n d", g=w.g).expand(v.shape[0], w.g, n, w.dv)
+            k, v = torch.cat([k, extra_k], dim=2), torch.cat([v, extra_v], dim=2)
         return q, k, v
+
+    def _memory(self, ins: Inputs) -> Inputs:
+        """A cross-attention module with one memory tensor: the key input is also the value input."""
+        return (ins[0], ins[1], ins[1]) if self.spec.memory else ins
+
+    def bias(self, t: int, s: int, dtype: torch.dtype) -> Tensor | None:
+        """The additive position bias ``(1, 1 or h, t, s)`` the spec declares, or None."""
+        if self.spec.position_bias is None:
+            return None
+        bias = self.spec.position_bias(self.original, t, s).detach().to(dtype)
+        if bias.ndim != 3 or bias.shape[0] not in (1, self.weights.h) or tuple(bias.shape[1:]) != (t, s):
+            raise AuditUsageError(f"spec {self.spec.name!r}: position_bias(module, {t}, {s}) gave shape "
+                                  f"{tuple(bias.shape)}, expected (1 or {self.weights.h}, {t}, {s})")
+        return bias[None]
+
+    def visible(self, keep: Tensor | None, is_causal: bool, t: int, s: int) -> tuple[Tensor | None, bool]:
+        """``(keep, is_causal)`` with the sliding window and the module's extra key positions applied."""
+        w = self.weights
+        if self.window is None and w.extra_k is None:
+            return keep, is_causal
+        keep = effective_keep(keep, is_causal, t, s, self.conventions)
+        if self.window is not None:
+            positions = torch.arange(s - t, s)[:, None]
+            inside = (torch.arange(s)[None] > positions - self.window)[None, None]
+            keep = inside if keep is None else keep & inside
+        if w.extra_k is not None and keep is not None:
+            keep = torch.cat([keep, keep.new_ones(*keep.shape[:-1], w.extra_k.shape[0])], dim=-1)
+        return keep, False
 
     def reference(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor:
         q, k, v = self._project(ins, dtype)
-        out = reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions)
+        t, s = q.shape[2], ins[1].shape[1]
+        keep, is_causal = self.visible(keep, is_causal, t, s)
+        bias = self.bias(t, s, dtype)
+        if bias is not None and self.weights.extra_k is not None:
+            bias = torch.cat([bias, bias.new_zeros(*bias.shape[:-1], self.weights.extra_k.shape[0])], dim=-1)
+        out = reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions, bias=bias)
         out = rearrange(out, "b h t dv -> b t (h dv)")
         w = self.weights
         if w.wo is None:
@@ -266,7 +409,9 @@ class ModuleAdapter:
         q, k, _ = self._project(ins, torch.float64)
         grouped = rearrange(q, "b (g r) t d -> b g r t d", g=k.shape[1])
         logits = einsum(grouped, k, "b g r t d, b g s d -> b g r t s") * self.weights.scale
-        return rearrange(logits, "b g r t s -> b (g r) t s")
+        logits = rearrange(logits, "b g r t s -> b (g r) t s")[..., :ins[1].shape[1]]  # not the extra positions
+        bias = self.bias(q.shape[2], ins[1].shape[1], torch.float64)
+        return logits if bias is None else logits + bias
 
     def rows(self, keep: Tensor, example: Example) -> Tensor:
         return rearrange(keep.any(dim=-1).all(dim=1), "b t -> b t 1")
@@ -299,7 +444,7 @@ def audit_module(
     module: nn.Module | Callable[[], nn.Module],
     spec: "ModuleSpec | str",
     *,
-    conventions: Conventions | None = None,
+    conventions: Conventions | Literal["infer"] | None = None,
     fully_masked: Literal["zero", "nan", "uniform", "any"] | None = None,
     checks: Sequence[str] | None = None,
     dtypes: Sequence[torch.dtype] = (torch.float32, torch.float64),
@@ -316,7 +461,9 @@ def audit_module(
     Args:
         module: the module, or a zero-argument factory of one.
         spec: a :class:`ModuleSpec` or the name of a shipped one (:data:`SPECS`).
-        conventions: override the spec's conventions.
+        conventions: override the spec's conventions, or ``"infer"``: the spec says where the weights live,
+            inference decides the behavioural fields (causal alignment and decode rule, always causal, fully
+            masked rows, masks with ``is_causal``) and the report opens with them.
         fully_masked: override only what a query row without allowed keys gives.
 
     Raises:
@@ -329,11 +476,22 @@ def audit_module(
         if spec not in SPECS:
             raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SPECS)}")
         spec = SPECS[spec]
+    from ._infer import contradictions, infer_adapter, with_inference
+
     candidate = module if isinstance(module, nn.Module) else module()
-    conv = conventions or spec.conventions
+    infer = conventions == "infer"
+    conv = spec.conventions if conventions is None or conventions == "infer" else conventions
     if fully_masked is not None:
         conv = dataclasses.replace(conv, fully_masked=fully_masked)
     adapter = ModuleAdapter(candidate, spec, conventions=conv, name=name)
+    inference = infer_adapter(adapter, seed=seed) if infer else None
+    if inference is not None:
+        adapter.conventions = inference.conventions
     described = {"spec": spec.name, **dataclasses.asdict(adapter.conventions)}
-    return run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
-                     tolerance=tolerance, conventions=described)
+    report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
+                       tolerance=tolerance, conventions=described)
+    if inference is not None:
+        return with_inference(report, inference)
+    if not report.passed:
+        report.contradictions = contradictions(adapter.conventions, infer_adapter(adapter, seed=seed))
+    return report

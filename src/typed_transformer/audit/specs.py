@@ -13,7 +13,9 @@ causal mask only when no mask is given (``mask_with_causal=False``) and takes ``
 computes its softmax in float32 whatever the input dtype (a float64 audit reports it).
 """
 
+import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,7 +23,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from ._core import AuditUsageError, Conventions
-from ._modules import ModuleSpec, Rotary, Weights, additive_mask, with_causal
+from ._modules import ModuleSpec, Rotary, Weights, additive_mask, resolve, with_causal
 
 # ----------------------------------------------------------------------------------------------------
 # nn.MultiheadAttention
@@ -32,8 +34,6 @@ def _mha_weights(m: Any) -> Weights:
     if not isinstance(m, nn.MultiheadAttention):
         raise AuditUsageError(f"{type(m).__module__}.{type(m).__qualname__} does not match spec 'torch_mha': "
                               "expected a torch.nn.MultiheadAttention")
-    if m.bias_k is not None or m.add_zero_attn:
-        raise AuditUsageError("spec 'torch_mha' does not describe add_bias_kv or add_zero_attn")
     if m._qkv_same_embed_dim:
         wq, wk, wv = m.in_proj_weight.detach().double().chunk(3)
     else:
@@ -41,8 +41,16 @@ def _mha_weights(m: Any) -> Weights:
     bq, bk, bv = (None, None, None) if m.in_proj_bias is None else m.in_proj_bias.detach().double().chunk(3)
     bo = None if m.out_proj.bias is None else m.out_proj.bias.detach().double()
     d = m.embed_dim // m.num_heads
+    # add_bias_kv appends bias_k/bias_v after the projected keys/values, add_zero_attn then one zero position;
+    # torch pads attn_mask and key_padding_mask so that both are always visible
+    extra_k = [] if m.bias_k is None else [m.bias_k.detach().double().reshape(1, -1)]
+    extra_v = [] if m.bias_v is None else [m.bias_v.detach().double().reshape(1, -1)]
+    if m.add_zero_attn:
+        extra_k.append(torch.zeros(1, m.embed_dim, dtype=torch.float64))
+        extra_v.append(torch.zeros(1, m.embed_dim, dtype=torch.float64))
     return Weights(wq, wk, wv, m.out_proj.weight.detach().double(), bq, bk, bv, bo, m.num_heads, m.num_heads, d, d,
-                   1.0 / math.sqrt(d))
+                   1.0 / math.sqrt(d), torch.cat(extra_k) if extra_k else None,
+                   torch.cat(extra_v) if extra_v else None)
 
 
 def _mha_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
@@ -205,6 +213,178 @@ LLAMA = ModuleSpec("llama", _llama_forward, _HF, num_heads="config.num_attention
                    module_type="transformers.models.llama.modeling_llama.LlamaAttention")
 
 
+# ----------------------------------------------------------------------------------------------------
+# Hugging Face: cross-attention with one memory tensor (GPT-2, BART, Whisper)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _cross_mask(x: Tensor, memory: Tensor, keep: Tensor | None, is_causal: bool) -> Tensor:
+    b, t, s = x.shape[0], x.shape[1], memory.shape[1]
+    keep = with_causal(keep, is_causal, t, s)
+    if keep is None:
+        keep = torch.ones(1, 1, t, s, dtype=torch.bool)
+    mask = additive_mask(keep.expand(b, keep.shape[1], t, s), x.dtype)
+    assert mask is not None
+    return mask
+
+
+def _gpt2_cross_weights(m: Any) -> Weights:
+    """GPT-2's cross-attention: ``q_attn`` for queries, ``c_attn`` the fused ``[k; v]`` (``Conv1D``, stored
+    ``(in, out)``)."""
+    if not getattr(m, "is_cross_attention", False):
+        raise AuditUsageError("spec 'gpt2_cross' needs GPT2Attention(config, is_cross_attention=True); for "
+                              "self-attention use spec 'gpt2'")
+    wq, bq = m.q_attn.weight.detach().double().T, m.q_attn.bias.detach().double()
+    wk, wv = m.c_attn.weight.detach().double().T.chunk(2)
+    bk, bv = m.c_attn.bias.detach().double().chunk(2)
+    h, d = m.num_heads, m.head_dim
+    return Weights(wq, wk, wv, m.c_proj.weight.detach().double().T, bq, bk, bv, m.c_proj.bias.detach().double(),
+                   h, h, d, d, float(m.scaling))
+
+
+def _gpt2_cross_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                        is_causal: bool) -> Tensor:
+    assert key is not None
+    out = m(x, encoder_hidden_states=key, encoder_attention_mask=_cross_mask(x, key, keep, is_causal))
+    result: Tensor = out[0]
+    return result
+
+
+_CROSS = Conventions(fully_masked="uniform")
+
+GPT2_CROSS = ModuleSpec("gpt2_cross", _gpt2_cross_forward, _CROSS, weights=_gpt2_cross_weights, memory=True,
+                        build=lambda cls, config: _hf_build(cls, "GPT2Config", config, is_cross_attention=True,
+                                                            layer_idx=0),
+                        module_type="transformers.models.gpt2.modeling_gpt2.GPT2Attention")
+
+
+def _kv_states_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                       is_causal: bool) -> Tensor:
+    """BART/Whisper decoder cross-attention: ``key_value_states`` is the memory."""
+    assert key is not None
+    out = m(x, key_value_states=key, attention_mask=_cross_mask(x, key, keep, is_causal))
+    result: Tensor = out[0]
+    return result
+
+
+def _build_seq2seq_attention(config_name: str) -> Callable[[type, dict[str, Any]], nn.Module]:
+    """``config``: ``embed_dim``, ``num_heads`` (the decoder's cross-attention: ``is_decoder=True``)."""
+
+    def build(cls: type, config: dict[str, Any]) -> nn.Module:
+        import transformers
+
+        hf_config = getattr(transformers, config_name)()
+        hf_config._attn_implementation = "eager"
+        module: nn.Module = cls(config["embed_dim"], config["num_heads"], is_decoder=True, config=hf_config,
+                                layer_idx=0)
+        return module
+
+    return build
+
+
+BART = ModuleSpec("bart", _kv_states_forward, _CROSS, out="out_proj", head_dim="head_dim", scale="scaling",
+                  memory=True, build=_build_seq2seq_attention("BartConfig"),
+                  module_type="transformers.models.bart.modeling_bart.BartAttention")
+WHISPER = dataclasses.replace(BART, name="whisper", build=_build_seq2seq_attention("WhisperConfig"),
+                              module_type="transformers.models.whisper.modeling_whisper.WhisperAttention")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hugging Face: T5 (relative position bias, no 1/sqrt(d))
+# ----------------------------------------------------------------------------------------------------
+
+
+def _t5_bias(m: Any, t: int, s: int) -> Tensor:
+    if not m.has_relative_attention_bias:
+        raise AuditUsageError("spec 't5' reads the relative position bias: build T5Attention(config, "
+                              "has_relative_attention_bias=True) (later T5 layers reuse the first layer's bias)")
+    # written out from the embedding table (not through compute_bias, the code audited): key j - query p, bucketed
+    relative = torch.arange(s)[None, :] - torch.arange(s - t, s)[:, None]
+    buckets = m._relative_position_bucket(relative, bidirectional=not m.is_decoder,
+                                          num_buckets=m.relative_attention_num_buckets,
+                                          max_distance=m.relative_attention_max_distance)
+    table: Tensor = m.relative_attention_bias.weight.detach().double()
+    return rearrange(table[buckets], "t s h -> h t s")
+
+
+def _t5_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                is_causal: bool) -> Tensor:
+    out = m(x, mask=_hf_mask(x, keep, is_causal))
+    result: Tensor = out[0]
+    return result
+
+
+T5 = ModuleSpec("t5", _t5_forward, _HF, q="q", k="k", v="v", out="o", num_heads="n_heads",
+                head_dim="key_value_proj_dim", scale=1.0, position_bias=_t5_bias,
+                build=lambda cls, config: _hf_build(cls, "T5Config", config, has_relative_attention_bias=True),
+                module_type="transformers.models.t5.modeling_t5.T5Attention")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hugging Face: rotary modules (partial rotary, sliding windows, q/k norms)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _rope_spec(name: str, model: str, config_name: str, prefix: str, cache: str = "cache",
+               **fields: Any) -> ModuleSpec:
+    """A Llama-shaped spec for ``transformers.models.{model}``: ``{prefix}Attention`` called with its own
+    ``{prefix}RotaryEmbedding``'s ``position_embeddings`` and a KV cache built from its config (a sliding-window
+    cache where the config declares a window), passed as keyword ``cache``."""
+    path = f"transformers.models.{model}.modeling_{model}"
+
+    def rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+        import importlib
+
+        embedding = getattr(importlib.import_module(path), f"{prefix}RotaryEmbedding")(config=m.config)
+        cos, sin = embedding(x, torch.arange(offset, offset + x.shape[1])[None])
+        return cos, sin
+
+    window = fields.get("window")
+
+    def forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                is_causal: bool) -> Tensor:
+        size = None if window is None else resolve(m, window, name)
+        if size is not None:  # the model builds the window into the mask; a standalone module gets it so
+            t = x.shape[1]
+            inside = (torch.arange(t)[None] > torch.arange(t)[:, None] - int(size))[None, None]
+            keep = inside if keep is None else keep & inside
+        out = m(x, position_embeddings=rotary(m, x, 0), attention_mask=_hf_mask(x, keep, is_causal))
+        result: Tensor = out[0]
+        return result
+
+    def decode(m: Any, x: Tensor) -> Tensor:
+        from transformers import DynamicCache
+
+        kv_cache = DynamicCache(config=m.config)
+        outs = []
+        for i in range(x.shape[1]):
+            token = x[:, i:i + 1]
+            # no mask: one query sees every cached key (a sliding-window cache keeps only the window)
+            outs.append(m(token, position_embeddings=rotary(m, token, i), attention_mask=None,
+                          **{cache: kv_cache})[0])
+        return torch.cat(outs, dim=1)
+
+    defaults: dict[str, Any] = {
+        "num_heads": "config.num_attention_heads", "num_kv_heads": "config.num_key_value_heads",
+        "head_dim": "head_dim", "scale": "scaling", "rotary": Rotary("config.rope_parameters.rope_theta", "half")}
+    return ModuleSpec(name, forward, _HF, decode=decode,
+                      build=lambda cls, config: _hf_build(cls, config_name, config, layer_idx=0),
+                      module_type=f"{path}.{prefix}Attention", **{**defaults, **fields})
+
+
+_PARTIAL = Rotary("config.rope_parameters.rope_theta", "half", fraction="config.rope_parameters.partial_rotary_factor")
+
+GPT_NEOX = _rope_spec("gpt_neox", "gpt_neox", "GPTNeoXConfig", "GPTNeoX", "layer_past", q=None, k=None, v=None,
+                      qkv="query_key_value", qkv_layout="heads", out="dense", num_kv_heads=None, head_dim="head_size",
+                      rotary=_PARTIAL)
+PHI = _rope_spec("phi", "phi", "PhiConfig", "Phi", out="dense", rotary=_PARTIAL, q_norm="q_layernorm?",
+                 k_norm="k_layernorm?")
+MISTRAL = _rope_spec("mistral", "mistral", "MistralConfig", "Mistral", window="config.sliding_window")
+QWEN2 = _rope_spec("qwen2", "qwen2", "Qwen2Config", "Qwen2", window="sliding_window")
+QWEN3 = _rope_spec("qwen3", "qwen3", "Qwen3Config", "Qwen3", window="sliding_window", q_norm="q_norm",
+                   k_norm="k_norm")
+
+
 def _hf_build(cls: type, config_name: str, config: dict[str, Any], **kwargs: Any) -> nn.Module:
     import transformers
 
@@ -275,7 +455,9 @@ X_TRANSFORMERS = ModuleSpec(
     module_type="x_transformers.x_transformers.Attention")
 
 #: The shipped specs by name.
-SPECS: dict[str, ModuleSpec] = {spec.name: spec for spec in (TORCH_MHA, TYPED_TRANSFORMER, GPT2, BERT, LLAMA,
-                                                             TORCHTUNE, X_TRANSFORMERS)}
+SPECS: dict[str, ModuleSpec] = {spec.name: spec for spec in (
+    TORCH_MHA, TYPED_TRANSFORMER, GPT2, GPT2_CROSS, BERT, BART, WHISPER, T5, LLAMA, GPT_NEOX, PHI, MISTRAL, QWEN2,
+    QWEN3, TORCHTUNE, X_TRANSFORMERS)}
 
-__all__ = ["BERT", "GPT2", "LLAMA", "SPECS", "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER", "X_TRANSFORMERS"]
+__all__ = ["BART", "BERT", "GPT2", "GPT2_CROSS", "GPT_NEOX", "LLAMA", "MISTRAL", "PHI", "QWEN2", "QWEN3", "SPECS", "T5",
+           "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER", "WHISPER", "X_TRANSFORMERS"]

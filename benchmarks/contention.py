@@ -1,0 +1,84 @@
+"""The main job on a busy machine: wall times with one core held by another process (a script, not library code).
+
+Three runs of the same length, one after another in this process's watch, on the same text:
+
+* the main job (``typed-transformer train``, the baby preset, ``--threads auto`` as a user gets it), idle;
+* the same command while a busy-loop process holds one core;
+* nanoGPT's CPU baby run as a plain PyTorch loop (``nanogpt_reference.py``: the same model and settings, torch's
+  default of one intra-op thread per core) under the same load.
+
+No run inherits ``OMP_NUM_THREADS``. Each wall time is launch to exit (start-up, evaluations, the save, the plot
+and the sample included). With ``--rounds N`` the three are repeated in N interleaved rounds and each reported by
+its median. Prints the figures and the two ratios the targets are about, as lines ready to paste::
+
+    python benchmarks/contention.py [--data tinyshakespeare.txt] [--iters 200] [--rounds 1]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
+from benchmarks._runs import Run, busy_core, data_file, main_job, reference, run_timed
+
+#: Targets: loaded main job / idle main job, and loaded main job / loaded reference.
+LOADED_OVER_IDLE = 1.6
+LOADED_OVER_REFERENCE = 0.5
+
+
+def _threads_of(run: Run) -> str:
+    """What ``--threads auto`` chose last in a main-job run ('threads: 1 (...)' lines), else the batch line's."""
+    chosen = run.last("threads: ")
+    if chosen is not None:
+        return chosen.removeprefix("threads: ").split(" (")[0] + " (auto)"
+    batch = run.last("batch: ") or ""
+    return batch.rsplit("; ", 1)[-1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=None,
+                        help="text file (default: Tiny Shakespeare beside the checkout, else the main job's corpus)")
+    parser.add_argument("--iters", type=int, default=200, help="training iterations of every run (default 200)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; medians reported (default 1)")
+    args = parser.parse_args()
+    times: dict[str, list[float]] = {"idle": [], "loaded": [], "reference": []}
+    threads: dict[str, str] = {}
+    with data_file(args.data) as data, tempfile.TemporaryDirectory() as out:
+        job = main_job(data, Path(out) / "run", "--max-iters", str(args.iters))
+        for round_ in range(args.rounds):
+            run = run_timed(job)
+            times["idle"].append(run.seconds)
+            threads["idle"] = _threads_of(run)
+            with busy_core():
+                run = run_timed(job)
+                times["loaded"].append(run.seconds)
+                threads["loaded"] = _threads_of(run)
+                run = run_timed(reference(data, "--max-iters", str(args.iters)))
+                times["reference"].append(run.seconds)
+                done = run.last("done: ") or "done: ?, ? threads"
+                threads["reference"] = done.split(", ")[1].removesuffix(" threads") + " (torch's default)"
+            print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()),
+                  file=sys.stderr, flush=True)
+        name, size = data.name, data.stat().st_size
+    idle, loaded, ref = (statistics.median(times[k]) for k in ("idle", "loaded", "reference"))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"contention: baby preset, {args.iters} iterations on {name} ({size:,} bytes), {cores} usable cores, "
+          f"torch {torch.__version__}; wall time launch to exit, median of {args.rounds} round(s); loaded = one "
+          "busy-loop process holding a core")
+    print(f"main job idle (typed-transformer train, threads {threads['idle']}): {idle:.1f} s")
+    print(f"main job loaded (threads {threads['loaded']}): {loaded:.1f} s")
+    print(f"nanoGPT-style reference loop loaded (threads {threads['reference']}): {ref:.1f} s")
+    print(f"loaded / idle: {loaded / idle:.2f}x ({loaded:.1f} s / {idle:.1f} s; target <= {LOADED_OVER_IDLE}x)")
+    print(f"loaded / reference loaded: {loaded / ref:.2f}x ({loaded:.1f} s / {ref:.1f} s; "
+          f"target <= {LOADED_OVER_REFERENCE}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

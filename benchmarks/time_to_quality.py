@@ -1,0 +1,121 @@
+"""Time to nanoGPT's quality at its CPU baby configuration (a script, not library code).
+
+Runs, one after the other on the same text (Tiny Shakespeare beside the checkout by default):
+
+* nanoGPT's CPU baby run as a plain PyTorch loop (``nanogpt_reference.py``: 2000 iterations, its schedule, its
+  evaluations, torch's default threads);
+* the main job, ``typed-transformer train --data FILE`` (the baby preset: the same model sizes, block 64,
+  batch 12, 2000 iterations; ``--threads auto``), plus any ``--extra`` flags.
+
+Each evaluation line is stamped with the seconds since its process was launched. Printed, ready to paste:
+both runs' evaluation lines with their stamps, the reference's final val loss and wall time, when the main job
+first reached that val loss and 1.72, and the ratios against the targets (<= 0.50x the reference's wall time to
+its final val loss; val <= 1.72 within its wall time). ``--write docs/lab/time-to-quality.md`` also replaces the
+block between that page's ``<!-- time-to-quality -->`` markers with the output. ::
+
+    python benchmarks/time_to_quality.py [--data FILE] [--rounds 1] [--extra "--lr 3e-3"] [--write PAGE]
+
+The runs leave ``OMP_NUM_THREADS`` unset (each picks its own count, as a user's would). Evaluations happen every
+250 iterations, so a time to quality is the stamp of the first evaluation at or below the target: an upper
+bound, by up to 250 iterations.
+"""
+
+import argparse
+import re
+import shlex
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
+from benchmarks._runs import Run, data_file, main_job, reference, run_timed
+
+#: Targets: the main job reaches the reference's final val loss in <= this fraction of the reference's wall
+#: time, and reaches GOOD_VAL within the reference's wall time.
+FRACTION = 0.50
+GOOD_VAL = 1.72
+MARKER = "<!-- time-to-quality -->"
+_EVAL = re.compile(r"iter\s+(\d+): train loss ([\d.]+), val loss ([\d.]+)")
+
+
+def evaluations(run: Run) -> list[tuple[float, int, float]]:
+    """(seconds since launch, iteration, val loss) of each evaluation line."""
+    found = []
+    for seconds, line in run.lines:
+        match = _EVAL.search(line)
+        if match:
+            found.append((seconds, int(match.group(1)), float(match.group(3))))
+    return found
+
+
+def first_at_or_below(points: list[tuple[float, int, float]], target: float) -> tuple[float, int] | None:
+    """(seconds, iteration) of the first evaluation with val loss <= target, else None."""
+    return next(((s, i) for s, i, v in points if v <= target), None)
+
+
+def report(reference_runs: list[Run], ours: list[Run], *, name: str, extra: str) -> list[str]:
+    """The lines to print (and paste): medians over the rounds, and the last round's evaluation lines."""
+    ref_wall = statistics.median(r.seconds for r in reference_runs)
+    ref_val = statistics.median(evaluations(r)[-1][2] for r in reference_runs)
+    our_wall = statistics.median(r.seconds for r in ours)
+    our_val = statistics.median(evaluations(r)[-1][2] for r in ours)
+    lines = [f"time to quality: nanoGPT's CPU baby configuration on {name} (4 layers, 4 heads, 128 wide, block 64, "
+             f"batch 12, 2000 iterations), torch {torch.__version__}; wall time from launch; median of "
+             f"{len(ours)} round(s); evaluation every 250 iterations (times to quality are upper bounds)",
+             f"main job: typed-transformer train --data {name}{' ' + extra if extra else ''}",
+             f"reference (nanoGPT-style loop, torch's default threads): final val {ref_val:.4f}, wall {ref_wall:.1f} s",
+             f"main job: final val {our_val:.4f}, wall {our_wall:.1f} s"]
+    for target, label in ((ref_val, f"the reference's final val {ref_val:.4f}"), (GOOD_VAL, f"val {GOOD_VAL}")):
+        hits = [first_at_or_below(evaluations(r), target) for r in ours]
+        if any(hit is None for hit in hits):
+            lines.append(f"main job to {label}: not reached in {sum(h is None for h in hits)} of {len(hits)} round(s)")
+            continue
+        seconds = statistics.median(hit[0] for hit in hits if hit is not None)
+        iteration = max(hit[1] for hit in hits if hit is not None)
+        goal = (f"target <= {FRACTION:.2f}x" if target == ref_val else "target <= 1.00x")
+        lines.append(f"main job to {label}: {seconds:.1f} s (by iteration {iteration}) = "
+                     f"{seconds / ref_wall:.2f}x the reference's wall time "
+                     f"({seconds:.1f} s / {ref_wall:.1f} s; {goal})")
+    for title, run in (("reference", reference_runs[-1]), ("main job", ours[-1])):
+        lines.append(f"{title} evaluations (seconds since launch: iteration, val loss): " + ", ".join(
+            f"{s:.1f} s: {i}, {v:.4f}" for s, i, v in evaluations(run)))
+    return lines
+
+
+def write_block(page: Path, lines: list[str]) -> None:
+    """Replace the text between the two markers of ``page`` with ``lines`` in a code block."""
+    text = page.read_text(encoding="utf-8")
+    parts = text.split(MARKER)
+    if len(parts) != 3:
+        raise SystemExit(f"{page}: expected two {MARKER} markers, found {len(parts) - 1}")
+    block = "\n```\n" + "\n".join(lines) + "\n```\n"
+    page.write_text(parts[0] + MARKER + block + MARKER + parts[2], encoding="utf-8")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=None)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--extra", default="", help="flags added to the main job's command (quoted)")
+    parser.add_argument("--write", type=Path, default=None, help="a page with two time-to-quality markers")
+    args = parser.parse_args()
+    reference_runs: list[Run] = []
+    ours: list[Run] = []
+    with data_file(args.data) as data, tempfile.TemporaryDirectory() as out:
+        for round_ in range(args.rounds):
+            reference_runs.append(run_timed(reference(data)))
+            ours.append(run_timed(main_job(data, Path(out) / "run", *shlex.split(args.extra))))
+            print(f"round {round_ + 1}/{args.rounds}: reference {reference_runs[-1].seconds:.1f} s, "
+                  f"main job {ours[-1].seconds:.1f} s", file=sys.stderr, flush=True)
+        lines = report(reference_runs, ours, name=data.name, extra=args.extra)
+    print("\n".join(lines))
+    if args.write is not None:
+        write_block(args.write, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,641 @@
+"""Infer a candidate's conventions from its behaviour: a handful of small, deterministic probes (sizes <= 8, in
+float64), each compared with the reference under every documented convention.
+
+A behaviour becomes a convention only when it matches one documented convention exactly on every probe; anything
+else (an argument accepted and ignored, a mask that masks under no polarity, a scale that depends on the head
+count, a causal mask that matches neither alignment, a fully masked row that is neither zeros, NaN nor the mean of
+the values) is a *finding*, and an audit under the inferred conventions FAILs with it. Each decision keeps the
+smallest input that decided it, printable as a runnable repro.
+"""
+
+import dataclasses
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._core import Adapter, AuditReport, CandidateRaised, CheckFailure, CheckResult, Conventions, Example, error
+
+#: probes run in float64; a candidate computing in float32 inside still matches within this relative error
+_RTOL = 1e-4
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Why ``field`` was given ``value``: what was seen, on which input (``example``, called in ``conventions``)."""
+
+    field: str
+    value: Any
+    seen: str
+    example: Example | None = None
+    conventions: Conventions | None = None
+    repro: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.field} = {self.value!r}: {self.seen}"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A behaviour that matches no documented convention (``field`` names the convention it failed to be)."""
+
+    field: str
+    message: str
+    example: Example | None = None
+    repro: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+@dataclass
+class Inference:
+    """What :func:`infer_conventions` found: ``conventions`` to audit with, ``evidence`` per decided field and
+    ``findings`` (each one a FAIL of the audit). ``str(inference)`` lists them; ``seconds`` is how long it took."""
+
+    candidate: str
+    conventions: Conventions
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    probes: int = 0
+    seconds: float = 0.0
+
+    def lines(self) -> list[str]:
+        """The report's opening block: every inferred field with what decided it, then the findings."""
+        out = [f"inferred conventions ({self.probes} probes, {self.seconds:.2g} s):"]
+        out += [f"  {e}" for e in self.evidence.values()]
+        if self.findings:
+            out.append("findings (behaviours that match no documented convention; each fails the audit):")
+            out += [f"  - {f}" for f in self.findings]
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+class _Prober:
+    """Runs probes on one adapter, switching its conventions per probe."""
+
+    def __init__(self, adapter: Adapter, seed: int) -> None:
+        self.adapter = adapter
+        self.seed = seed
+        self.conv = adapter.conventions
+        self.evidence: dict[str, Evidence] = {}
+        self.findings: list[Finding] = []
+        self.probes = 0
+
+    # -- examples --------------------------------------------------------------------------------------
+
+    def example(self, *, t: int, s: int, h: int = 2, g: int | None = None, d: int = 4, dv: int | None = None,
+                b: int = 1, keep: Tensor | None = None, is_causal: bool = False, offset: int = 0) -> Example:
+        fixed = self.adapter.fixed
+        if fixed is None:
+            return Example(b=b, h=h, g=h if g is None else g, t=t, s=s, d=d, dv=d if dv is None else dv,
+                           seed=self.seed * 1000 + offset, dtype="float64",
+                           keep=None if keep is None else keep.tolist(), is_causal=is_causal)
+        tied = bool(fixed.get("tied"))
+        return Example(b=b, h=fixed["h"], g=fixed["g"], t=t, s=t if tied else s, d=fixed["d"], dv=fixed["dv"],
+                       seed=self.seed * 1000 + offset, dtype="float64",
+                       keep=None if keep is None else keep.tolist(), is_causal=is_causal,
+                       widths=(fixed["eq"], fixed["ek"], fixed["ev"]), tied=tied)
+
+    @property
+    def tied(self) -> bool:
+        return self.adapter.fixed is not None and bool(self.adapter.fixed.get("tied"))
+
+    # -- calls -----------------------------------------------------------------------------------------
+
+    def call(self, conv: Conventions, example: Example) -> Tensor | Exception:
+        """The candidate's output on ``example`` called in ``conv`` (canonical layout), or what it raised."""
+        self.probes += 1
+        self.adapter.conventions = conv
+        try:
+            out = self.adapter.call(example.inputs(), example.mask(), example.is_causal, example.torch_dtype)
+        except CandidateRaised as raised:
+            cause = raised.__cause__
+            return cause if isinstance(cause, Exception) else raised
+        except CheckFailure as failure:  # not a tensor
+            return failure
+        finally:
+            self.adapter.conventions = self.conv
+        return out
+
+    def reference(self, conv: Conventions, example: Example, keep: Tensor | None = None,
+                  is_causal: bool | None = None) -> Tensor:
+        self.adapter.conventions = conv
+        try:
+            return self.adapter.reference(example.inputs(), example.mask() if keep is None else keep,
+                                          example.is_causal if is_causal is None else is_causal, torch.float64)
+        finally:
+            self.adapter.conventions = self.conv
+
+    @staticmethod
+    def matches(out: Tensor | Exception, ref: Tensor) -> bool:
+        if not isinstance(out, Tensor) or tuple(out.shape) != tuple(ref.shape):
+            return False
+        finite = ref[torch.isfinite(ref)]
+        size = float(finite.abs().max()) if finite.numel() else 1.0
+        return error(out, ref) <= _RTOL * max(size, 1.0)
+
+    def repro(self, conv: Conventions, example: Example, what: str) -> str:
+        self.adapter.conventions = conv
+        try:
+            return self.adapter.repro(example, what)
+        finally:
+            self.adapter.conventions = self.conv
+
+    # -- record ----------------------------------------------------------------------------------------
+
+    def decide(self, name: str, value: Any, seen: str, conv: Conventions | None = None,
+               example: Example | None = None) -> None:
+        self.evidence[name] = Evidence(name, value, seen, example, conv,
+                                       "" if example is None or conv is None
+                                       else self.repro(conv, example, f"inference of {name}"))
+        if conv is not None and name in {f.name for f in dataclasses.fields(Conventions)}:
+            changes: dict[str, Any] = {name: value}
+            self.conv = dataclasses.replace(self.conv, **changes)
+
+    def find(self, name: str, message: str, conv: Conventions | None = None, example: Example | None = None) -> None:
+        self.findings.append(Finding(name, message, example,
+                                     "" if example is None or conv is None
+                                     else self.repro(conv, example, f"inference of {name}")))
+
+
+def _describe(out: Tensor | Exception) -> str:
+    if isinstance(out, Exception):
+        first = str(out).splitlines()[0] if str(out) else ""
+        return f"raised {type(out).__name__}: {first}"
+    return f"returned a {tuple(out.shape)} tensor that differs"
+
+
+# ----------------------------------------------------------------------------------------------------
+# The decisions
+# ----------------------------------------------------------------------------------------------------
+
+
+def _signature(p: _Prober, candidate: Any) -> None:
+    """``supports_mask``/``supports_causal``: False only when the signature lacks the argument."""
+    try:
+        params = inspect.signature(candidate).parameters
+    except (TypeError, ValueError):
+        p.decide("supports_mask", True, "no signature to read: assumed to take attn_mask")
+        p.decide("supports_causal", True, "no signature to read: assumed to take is_causal")
+        return
+    var_kw = any(x.kind is inspect.Parameter.VAR_KEYWORD for x in params.values())
+    for name, arg in (("supports_mask", "attn_mask"), ("supports_causal", "is_causal")):
+        has = arg in params or var_kw
+        changes: dict[str, Any] = {name: has}
+        p.conv = dataclasses.replace(p.conv, **changes)
+        p.decide(name, has, f"the signature {'takes' if has else 'has no'} {arg}"
+                 + (" (**kwargs)" if has and arg not in params else ""))
+
+
+def _estimate_scale(p: _Prober, d: int, h: int) -> tuple[float | None, Example, Tensor | Exception]:
+    """The logit scale from query 1 against two keys (``t = s = 2``, ``dv = 1``; query 1 sees both keys under
+    any causal rule): ``p1 = sigmoid(scale * (l1 - l0))``."""
+    example = p.example(t=2, s=2, h=h, d=d, dv=1)
+    for offset in range(40):
+        example = p.example(t=2, s=2, h=h, d=d, dv=1, offset=offset)
+        q, k, v = example.inputs()
+        delta = (q[0, 0, 1] * (k[0, 0, 1] - k[0, 0, 0])).sum()
+        dv = v[0, 0, 1, 0] - v[0, 0, 0, 0]
+        if abs(float(delta)) > 0.5 and abs(float(dv)) > 0.5 and abs(float(delta)) < 3.0:
+            break
+    out = p.call(p.conv, example)
+    if not isinstance(out, Tensor) or out.shape != (1, h, 2, 1) or not bool(torch.isfinite(out).all()):
+        return None, example, out
+    q, k, v = example.inputs()
+    delta = (q[0, 0, 1] * (k[0, 0, 1] - k[0, 0, 0])).sum()
+    p1 = float((out[0, 0, 1, 0].double() - v[0, 0, 0, 0]) / (v[0, 0, 1, 0] - v[0, 0, 0, 0]))
+    if not 0.0 < p1 < 1.0:
+        return None, example, out
+    return math.log(p1 / (1.0 - p1)) / float(delta), example, out
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-3 * max(abs(a), abs(b))
+
+
+def _scale(p: _Prober) -> bool:
+    """``scale``: ``1/sqrt(d)`` at d = 2 and 8, or one constant (one query against two keys, in the first layout
+    where that call gives a weighted mean). False when nothing further can be inferred."""
+    estimates: dict[int, tuple[float, Example]] = {}
+    failure: tuple[str, Example, Tensor | Exception] | None = None
+    for layout in ("bhtd", "bthd"):
+        p.conv = dataclasses.replace(p.conv, layout=layout)
+        estimates = {}
+        for d in (2, 8):
+            value, example, out = _estimate_scale(p, d, 1)
+            if value is None:
+                failure = failure or (layout, example, out)
+                break
+            estimates[d] = (value, example)
+        if len(estimates) == 2:
+            break
+    else:
+        assert failure is not None
+        layout, example, out = failure
+        p.conv = dataclasses.replace(p.conv, layout="bhtd")
+        p.find("scale", f"two queries against two keys (h=1, {layout}) {_describe(out)}"
+               + ("" if isinstance(out, Exception) else " (not a weighted mean of the two values)"), p.conv, example)
+        return False
+    (s2, _), (s8, e8) = estimates[2], estimates[8]
+    if _close(s2, 1 / math.sqrt(2)) and _close(s8, 1 / math.sqrt(8)):
+        p.decide("scale", None, f"logit scale {s2:.4g} at d=2 and {s8:.4g} at d=8: 1/sqrt(d)", p.conv, e8)
+    elif _close(s2, s8):
+        p.decide("scale", round(s8, 6), f"logit scale {s8:.6g} at d=2 and d=8: a constant, not 1/sqrt(d)", p.conv, e8)
+    else:
+        p.find("scale", f"logit scale {s2:.4g} at d=2 and {s8:.4g} at d=8: neither 1/sqrt(d) nor a constant",
+               p.conv, e8)
+        p.conv = dataclasses.replace(p.conv, scale=None)
+    return True
+
+
+def _any_reference(p: _Prober, conv: Conventions, example: Example, out: Tensor | Exception) -> bool:
+    """``out`` is the reference's, plain or always causal (either alignment: decided later)."""
+    trials = [conv] + [dataclasses.replace(conv, always_causal=True, causal_alignment=a)
+                       for a in ("bottom-right", "top-left")]
+    return any(p.matches(out, p.reference(trial, example)) for trial in trials)
+
+
+def _layout(p: _Prober) -> bool:
+    """``layout``: the output matches the reference in exactly one of bhtd/bthd (h=2, t=3, s=4)."""
+    example = p.example(t=3, s=4, h=2, d=4, dv=3)
+    outcomes = {}
+    for layout in ("bhtd", "bthd"):
+        conv = dataclasses.replace(p.conv, layout=layout)
+        outcomes[layout] = out = p.call(conv, example)
+        if _any_reference(p, conv, example, out):
+            p.decide("layout", layout, f"h=2, t=3, s=4 matches the reference in {layout}", conv, example)
+            return True
+    # one head matches, two do not: the head count changes the result (a scale that depends on it)
+    for layout in ("bhtd", "bthd"):
+        conv = dataclasses.replace(p.conv, layout=layout)  # type: ignore[arg-type]
+        single = p.example(t=3, s=4, h=1, d=4, dv=3)
+        if _any_reference(p, conv, single, p.call(conv, single)):
+            p.conv = conv
+            scale, _, _ = _estimate_scale(p, 4, 2)
+            p.decide("layout", layout, f"h=1, t=3, s=4 matches the reference in {layout}", conv, single)
+            expected = 1 / math.sqrt(4) if p.conv.scale is None else p.conv.scale
+            seen = f"{scale:.4g}" if scale is not None else "no weighted mean"
+            p.find("scale", f"the result depends on the head count: h=1 matches the reference, h=2 does not "
+                   f"(logit scale {expected:.4g} at h=1, {seen} at h=2, d=4)", conv, example)
+            return False
+    p.find("layout", f"h=2, t=3, s=4 matches the reference in neither bhtd ({_describe(outcomes['bhtd'])}) nor "
+           f"bthd ({_describe(outcomes['bthd'])})", p.conv, example)
+    return False
+
+
+def _gqa(p: _Prober) -> None:
+    """``supports_gqa`` and ``grouping``: h=4 query heads on g=2 key/value heads."""
+    example = p.example(t=2, s=3, h=4, g=2, d=3)
+    outs = {}
+    for grouping in ("g r", "r g"):
+        conv = dataclasses.replace(p.conv, supports_gqa=True, grouping=grouping)
+        outs[grouping] = out = p.call(conv, example)
+        if isinstance(out, Exception):
+            p.decide("supports_gqa", False, f"h=4, g=2 {_describe(out)}", conv, example)
+            return
+        if _any_reference(p, conv, example, out):
+            p.decide("supports_gqa", True, "h=4 query heads on g=2 key/value heads", conv, example)
+            p.decide("grouping", grouping, f"head i uses key/value head {'i // 2' if grouping == 'g r' else 'i % 2'}"
+                     f" (h=4, g=2)", conv, example)
+            return
+    p.decide("supports_gqa", False, "h=4, g=2 accepted but matches no grouping (see findings)")
+    p.find("grouping", "h=4 query heads on g=2 key/value heads are accepted but match neither grouping "
+           "('g r': head i uses i // 2; 'r g': i % 2)", p.conv, example)
+
+
+def _causal(p: _Prober) -> None:
+    """``always_causal``, what ``is_causal=True`` does at t = s, ``causal_alignment`` (t=2, s=4) and the decode
+    rule (t=1, s=3)."""
+    conv = p.conv
+    square = p.example(t=3, s=3, offset=1)
+    plain = p.call(conv, square)
+    causal_conv = dataclasses.replace(conv, always_causal=True)
+    if not p.matches(plain, p.reference(conv, square)) and p.matches(plain, p.reference(causal_conv, square)):
+        p.decide("always_causal", True, "t=s=3 without is_causal: query i sees keys j <= i only", causal_conv, square)
+        conv = p.conv
+    else:
+        p.decide("always_causal", False, "t=s=3 without is_causal: every query sees every key", conv, square)
+    if not conv.supports_causal and not conv.always_causal:
+        return
+    flagged = conv.supports_causal and not conv.always_causal
+    if flagged:
+        example = dataclasses.replace(square, is_causal=True)
+        out = p.call(conv, example)
+        if not p.matches(out, p.reference(conv, example)):
+            if p.matches(out, p.reference(conv, example, is_causal=False)):
+                p.find("supports_causal", "is_causal=True is accepted and ignored (t=s=3: every query sees every key)",
+                       conv, example)
+            else:
+                p.find("causal_alignment", f"is_causal=True at t=s=3 matches neither top-left nor bottom-right "
+                       f"(both: query i sees keys j <= i; {_describe(out)})", conv, example)
+            return
+    if p.tied:
+        p.decide("causal_alignment", conv.causal_alignment, "one input (t = s): the alignment is not observable, "
+                 "kept as declared")
+        return
+    wide = p.example(t=2, s=4, is_causal=flagged, offset=2)
+    out = p.call(conv, wide)
+    seen = "is_causal=True" if flagged else "always causal"
+    for alignment in ("bottom-right", "top-left"):
+        trial = dataclasses.replace(conv, causal_alignment=alignment, decode_sees_all=False)
+        if p.matches(out, p.reference(trial, wide)):
+            rule = "j <= i + s - t" if alignment == "bottom-right" else "j <= i"
+            p.decide("causal_alignment", alignment, f"{seen}, t=2, s=4: query i sees keys {rule}", trial, wide)
+            break
+    else:
+        p.find("causal_alignment", f"{seen} with t=2 < s=4 matches neither top-left (query i sees j <= i) nor "
+               f"bottom-right (j <= i + s - t) ({_describe(out)})", conv, wide)
+        return
+    conv = p.conv
+    one = p.example(t=1, s=3, is_causal=flagged, offset=3)
+    out = p.call(conv, one)
+    sees_all = dataclasses.replace(conv, decode_sees_all=True)
+    if p.matches(out, p.reference(conv, one)):
+        p.decide("decode_sees_all", False, f"{seen}, one query against 3 keys sees "
+                 + ("every key, as bottom-right says" if conv.causal_alignment == "bottom-right"
+                    else "key 0 only, as top-left says"), conv, one)
+    elif p.matches(out, p.reference(sees_all, one)):
+        p.decide("decode_sees_all", True, f"{seen}, one query against 3 keys sees every key (top-left otherwise)",
+                 sees_all, one)
+    else:
+        p.find("decode_sees_all", f"{seen}, one query against 3 keys sees neither every key nor key 0 only "
+               f"({_describe(out)})", conv, one)
+
+
+# a keep-mask whose complement also leaves every row a key (so polarities are told apart)
+_MASK = torch.tensor([[True, False, True, False], [False, True, True, False], [True, True, False, True],
+                      [False, True, False, True]])
+# a second head's keep-mask, different in every row; both leave every row a key under either causal alignment
+_MASK2 = torch.tensor([[True, True, False, True], [True, False, True, True], [False, True, True, False],
+                       [True, False, True, True]])
+
+
+def _mask(p: _Prober) -> bool:
+    """``mask_kind`` and ``mask_polarity`` (a (1, 1, t, s) mask, t=3, s=4), then per-head masks."""
+    conv = p.conv
+    t, s = (4, 4) if p.tied else (3, 4)
+    keep = _MASK[:t, :s][None, None]
+    example = p.example(t=t, s=s, keep=keep, offset=4)
+    trials: list[tuple[str, str]] = [("bool", "keep"), ("bool", "drop"), ("additive", "keep")]
+    if p.adapter.fixed is not None:  # a module's spec converts masks itself
+        trials = [(conv.mask_kind, conv.mask_polarity)]
+    outs = []
+    for kind, polarity in trials:
+        trial = dataclasses.replace(conv, mask_kind=kind, mask_polarity=polarity)  # type: ignore[arg-type]
+        out = p.call(trial, example)
+        outs.append(out)
+        if p.matches(out, p.reference(trial, example)):
+            if p.adapter.fixed is None:
+                what = "True = may attend" if polarity == "keep" else "True = masked out"
+                p.decide("mask_kind", kind, f"a {'boolean' if kind == 'bool' else '0/-inf float'} mask is applied",
+                         trial, example)
+                if kind == "bool":
+                    p.decide("mask_polarity", polarity, f"a boolean mask (1, 1, 3, 4) with {what}", trial, example)
+            break
+    else:
+        ignored = any(p.matches(out, p.reference(conv, example, keep=torch.ones_like(keep))) for out in outs)
+        if ignored:
+            p.find("supports_mask", "attn_mask is accepted and ignored (the output is the unmasked one, whatever "
+                   "the mask)", conv, example)
+        else:
+            p.find("mask_polarity", "attn_mask (1, 1, t, s) masks under no convention: neither boolean True = may "
+                   "attend, boolean True = masked out, nor additive 0/-inf (" + "; ".join(map(_describe, outs))
+                   + ")", conv, example)
+        return False
+    conv = p.conv
+    if p.adapter.fixed is not None and p.adapter.fixed["h"] < 2:
+        return True
+    per_head = torch.stack([_MASK[:t, :s], _MASK2[:t, :s]])[None]
+    heads = 2 if p.adapter.fixed is None else p.adapter.fixed["h"]
+    per_head = per_head.repeat(1, (heads + 1) // 2, 1, 1)[:, :heads]
+    example = p.example(t=t, s=s, h=heads, keep=per_head, offset=5)
+    out = p.call(conv, example)
+    if isinstance(out, Exception):
+        p.decide("per_head_masks", False, f"a per-head mask (1, {heads}, {t}, {s}) {_describe(out)}", conv, example)
+    elif p.matches(out, p.reference(conv, example)):
+        p.decide("per_head_masks", True, f"a per-head mask (1, {heads}, {t}, {s}) is applied head by head", conv,
+                 example)
+    else:
+        p.decide("per_head_masks", False, "see findings")
+        p.find("per_head_masks", f"a per-head mask (1, {heads}, {t}, {s}) is accepted but not applied head by head",
+               conv, example)
+    return True
+
+
+def _fully_masked(p: _Prober, masks: bool) -> None:
+    """``fully_masked``: a query row without any allowed key gives one of zeros, NaN or the mean of the values,
+    the same on a second call (else a finding); with dv = d and dv != d, in float64 and float32 (different
+    documented rows there: ``"any"``, with the witnesses)."""
+    conv = p.conv
+    examples = []
+    for offset, dv in ((6, 4), (7, 3)):  # dv = d and dv != d: kernels differ there
+        if masks:
+            t, s = (4, 4) if p.tied else (3, 4)
+            keep = _MASK[:t, :s][None, None].clone()
+            keep[..., 0, :] = False
+            examples.append(p.example(t=t, s=s, d=4, dv=dv, keep=keep, offset=offset))
+        elif (conv.causal_alignment == "bottom-right" and not p.tied and (conv.supports_causal or conv.always_causal)
+              and not any(f.field in ("supports_causal", "causal_alignment") for f in p.findings)):
+            examples.append(p.example(t=3, s=2, d=4, dv=dv, is_causal=conv.supports_causal and not conv.always_causal,
+                                      offset=offset))
+    if not examples:
+        p.decide("fully_masked", conv.fully_masked, "no input this candidate takes leaves a query row without keys")
+        return
+    # float64 and float32 too: a mask fill of finfo(float64).min becomes -inf in a float32 softmax (NaN rows)
+    examples += [dataclasses.replace(example, dtype="float32") for example in examples]
+    kinds = []
+    for example in examples:
+        out = p.call(conv, example)
+        again = p.call(conv, example)
+        if isinstance(out, Tensor) and isinstance(again, Tensor) and not torch.equal(out.isnan(), again.isnan()):
+            p.find("fully_masked", "a fully masked row gives NaN on one call and not on the next (same input)",
+                   conv, example)
+            return
+        for kind in ("zero", "nan", "uniform"):
+            trial = dataclasses.replace(conv, fully_masked=kind)
+            if p.matches(out, p.reference(trial, example)):
+                kinds.append(kind)
+                break
+        else:
+            p.find("fully_masked", f"a query row without any allowed key gives neither zeros, NaN nor the mean of the "
+                   f"values ({_describe(out) if isinstance(out, Exception) else 'row 0 = ' + _row(out)})", conv,
+                   example)
+            p.conv = dataclasses.replace(p.conv, fully_masked="zero")
+            return
+    how = "mask row 0 all False" if masks else "is_causal, t=3 > s=2 (bottom-right: row 0 sees no key)"
+    if len(set(kinds)) > 1:
+        seen = "; ".join(f"{_ROW_NAMES[kind]} with dv {'=' if e.dv == e.d else '!='} d in {e.dtype}"
+                         for kind, e in zip(kinds, examples, strict=True))
+        p.decide("fully_masked", "any", f"{how}: {seen} (not checked: 'any')",
+                 dataclasses.replace(conv, fully_masked="any"), examples[kinds.index(kinds[-1])])
+        return
+    trial = dataclasses.replace(conv, fully_masked=kinds[0])  # type: ignore[arg-type]
+    p.decide("fully_masked", kinds[0], f"{how}: {_ROW_NAMES[kinds[0]]} (dv = d and dv != d, float64 and float32)",
+             trial, examples[0])
+
+
+_ROW_NAMES = {"zero": "zeros", "nan": "NaN", "uniform": "the mean of the values"}
+
+
+def _row(out: Tensor) -> str:
+    values = out[0, ..., 0, :].flatten()[:3].tolist() if out.dim() == 4 else out[0, 0, :3].tolist()
+    return "[" + ", ".join(f"{x:.3g}" for x in values) + ", ...]"
+
+
+def _mask_with_causal(p: _Prober) -> None:
+    """``mask_with_causal``: False only when the candidate raises on ``attn_mask`` with ``is_causal=True``."""
+    conv = p.conv
+    if p.tied:
+        t, s = 4, 4
+    else:
+        t, s = 3, 4
+    keep = torch.ones(t, s, dtype=torch.bool)
+    keep[:, 0] = False
+    keep[0, :] = True  # row 0 keeps key 0 (its only causal key)
+    # dv != d and dv = d: some kernels (torch's) refuse the combination on one path only
+    for dv, offset in ((3, 8), (4, 9)):
+        example = p.example(t=t, s=s, d=4, dv=dv, keep=keep[None, None], is_causal=True, offset=offset)
+        out = p.call(conv, example)
+        if isinstance(out, Exception) or not p.matches(out, p.reference(conv, example)):
+            break
+    if isinstance(out, Exception):
+        p.decide("mask_with_causal", False, f"attn_mask with is_causal=True (d=4, dv={example.dv}) {_describe(out)}",
+                 conv, example)
+    elif p.matches(out, p.reference(conv, example)):
+        p.decide("mask_with_causal", True, "attn_mask with is_causal=True: both apply", conv, example)
+    else:
+        mask_only = p.matches(out, p.reference(conv, example, is_causal=False))
+        causal_only = p.matches(out, p.reference(conv, example, keep=torch.ones(1, 1, t, s, dtype=torch.bool)))
+        what = ("only the mask applies (is_causal ignored)" if mask_only else
+                "only the causal mask applies (attn_mask ignored)" if causal_only else "matches neither nor both")
+        p.find("mask_with_causal", f"attn_mask with is_causal=True: {what}", conv, example)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Entry points
+# ----------------------------------------------------------------------------------------------------
+
+
+def infer_adapter(adapter: Adapter, *, seed: int = 0, candidate: Any = None) -> Inference:
+    """Infer the conventions of ``adapter`` (a function's: every field; a module's: the behavioural ones, the spec
+    says the rest). ``candidate`` (functions) is read for its signature."""
+    import time
+
+    start = time.perf_counter()
+    original = adapter.conventions
+    p = _Prober(adapter, seed)
+    function = adapter.fixed is None
+    if function:
+        p.conv = dataclasses.replace(original, layout="bhtd", scale=None, supports_gqa=False, always_causal=False,
+                                     decode_sees_all=False, mask_with_causal=True, per_head_masks=True)
+        _signature(p, candidate)
+        go = _scale(p) and _layout(p)
+        if go:
+            _gqa(p)
+    else:
+        p.conv = dataclasses.replace(original, always_causal=False, decode_sees_all=False, mask_with_causal=True)
+        example = p.example(t=3, s=3)
+        out = p.call(p.conv, example)
+        go = isinstance(out, Tensor)
+        if not go:
+            p.find("reference", f"the plainest call (t=s=3, no mask) {_describe(out)}", p.conv, example)
+    if go:
+        _causal(p)
+        masks = p.conv.supports_mask and "supports_mask" not in {f.field for f in p.findings}
+        if masks:
+            masks = _mask(p)
+        _fully_masked(p, masks)
+        if masks and p.conv.supports_causal and not p.conv.always_causal and not any(
+                f.field in ("supports_causal", "causal_alignment") for f in p.findings):
+            _mask_with_causal(p)
+    adapter.conventions = original
+    return Inference(adapter.name, p.conv, p.evidence, p.findings, p.probes, time.perf_counter() - start)
+
+
+def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
+                      **options: Any) -> Inference:
+    """Infer what a functional candidate ``candidate(q, k, v, [attn_mask=...], [is_causal=...])`` does: its
+    layout, mask kind and polarity, causal alignment and decode rule, whether it is always causal, what a fully
+    masked row gives, grouped-query support and grouping, whether a mask may come with ``is_causal``, the logit
+    scale, and which arguments its signature takes.
+
+    Args:
+        candidate: the function to probe (about 25 calls on inputs of sizes <= 8, in float64).
+        seed: the probes' input seed.
+        name: how the result names the candidate.
+        options: :class:`Conventions` fields inference does not decide (``self_attention``, ``head_sizes``,
+            ``lengths``, ``equal_head_sizes``, ``even_head_size``, ``supports_autograd``).
+
+    Returns:
+        An :class:`Inference`: ``.conventions``, ``.evidence`` (field -> value, what decided it and a repro),
+        ``.findings`` (behaviours that match no documented convention).
+    """
+    from ._functions import FunctionAdapter, name_of
+
+    decided = {"layout", "mask_polarity", "causal_alignment", "scale", "fully_masked", "supports_mask",
+               "supports_causal", "supports_gqa", "grouping", "mask_kind", "per_head_masks", "mask_with_causal",
+               "decode_sees_all", "always_causal"}
+    clash = sorted(set(options) & decided)
+    if clash:
+        raise ValueError(f"infer_conventions: {', '.join(clash)} {'is' if len(clash) == 1 else 'are'} inferred, "
+                         f"not given")
+    adapter = FunctionAdapter(candidate, Conventions(**options), name or name_of(candidate))
+    return infer_adapter(adapter, seed=seed, candidate=candidate)
+
+
+# ----------------------------------------------------------------------------------------------------
+# In the report
+# ----------------------------------------------------------------------------------------------------
+
+
+def with_inference(report: AuditReport, inference: Inference) -> AuditReport:
+    """The report of an audit under inferred conventions: it opens with them and their evidence, and a
+    ``conventions`` row comes first: PASS, or one FAIL per finding (with its input and repro)."""
+    report.inferred = inference.lines()
+    rows = [CheckResult("conventions", "FAIL", message=str(f), examples=inference.probes,
+                        counterexample=None if f.example is None else dataclasses.asdict(f.example),
+                        repro=f.repro or None) for f in inference.findings]
+    if not rows:
+        rows = [CheckResult("conventions", "PASS", message=f"inferred from {inference.probes} probes",
+                            examples=inference.probes)]
+    report.results[:0] = rows
+    return report
+
+
+def contradictions(declared: Conventions, inference: Inference) -> list[str]:
+    """Where ``declared`` conventions contradict the behaviour: the field, the declared value, the behaviour
+    and the witness (what decided it, with its repro); then behaviours that match no convention at all."""
+    lines = []
+    for name, evidence in inference.evidence.items():
+        if not hasattr(declared, name) or evidence.example is None:
+            continue
+        said, seen = getattr(declared, name), evidence.value
+        if said == seen or _narrowing(declared, name, said, seen):
+            continue
+        lines.append(f"  declared {name}={said!r}; behaves as {seen!r}: {evidence.seen}")
+        lines += ["    " + line for line in evidence.repro.splitlines()]
+    for finding in inference.findings:
+        lines.append(f"  {finding.field}: matches no documented convention: {finding.message}")
+        lines += ["    " + line for line in finding.repro.splitlines()]
+    if not lines:
+        return []
+    return ["declared conventions contradicted by the behaviour (found by inference):", *lines]
+
+
+def _narrowing(declared: Conventions, name: str, said: Any, seen: Any) -> bool:
+    """A declaration that only narrows what is drawn (or is not used under the declaration) is no contradiction."""
+    if name in ("supports_mask", "supports_causal", "supports_gqa", "per_head_masks", "mask_with_causal"):
+        return said is False
+    narrowing = {"grouping": not declared.supports_gqa, "mask_kind": said == "additive",
+                 "mask_polarity": declared.mask_kind == "additive" or not declared.supports_mask,
+                 "fully_masked": said == "any",
+                 "causal_alignment": not declared.supports_causal and not declared.always_causal,
+                 "decode_sees_all": not declared.supports_causal and not declared.always_causal}
+    return bool(narrowing.get(name, False))

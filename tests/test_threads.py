@@ -1,0 +1,288 @@
+"""The intra-op thread count: the tuner's timing logic (with a fake clock), who decides, drift re-checks."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from typed_transformer import threads
+from typed_transformer.data import TextData
+from typed_transformer.gpt import GPT, GPTConfig
+from typed_transformer.threads import ThreadChoice, ThreadTuner, candidate_counts, resolve_threads, tune_threads
+from typed_transformer.training import TrainConfig, train
+
+
+class FakeMachine:
+    """A clock and a thread setting: a step at count ``c`` takes ``costs[c]`` fake seconds."""
+
+    def __init__(self, costs: dict[int, float]) -> None:
+        self.costs = dict(costs)
+        self.now = 0.0
+        self.count = 0
+        self.sets: list[int] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def set_threads(self, count: int) -> None:
+        self.count = count
+        self.sets.append(count)
+
+    def step(self, tuner: ThreadTuner, cost: float | None = None) -> None:
+        tuner.begin()
+        self.now += self.costs[self.count] if cost is None else cost
+        tuner.end()
+
+
+def tuning(tuner: ThreadTuner) -> bool:
+    """``tuner.tuning``, read through a call (mypy keeps an asserted property narrowed across the steps)."""
+    return tuner.tuning
+
+
+def tuner_on(machine: FakeMachine, candidates: list[int], log: list[str] | None = None,
+             **options: float | None) -> ThreadTuner:
+    return ThreadTuner(candidates, clock=machine.clock, set_threads=machine.set_threads,
+                       log=None if log is None else log.append, **options)  # type: ignore[arg-type]
+
+
+def test_the_fastest_count_wins_and_is_set() -> None:
+    machine = FakeMachine({1: 0.10, 2: 0.06, 3: 0.08})
+    tuner = tuner_on(machine, [1, 2, 3])
+    while tuning(tuner):
+        machine.step(tuner)
+    assert (tuner.count, machine.count) == (2, 2)
+    assert tuner.step_time == pytest.approx(0.06)
+    assert len(tuner.decisions) == 1
+    assert tuner.decisions[0][0] == 2
+    assert tuner.decisions[0][1] == pytest.approx({1: 0.10, 2: 0.06, 3: 0.08})
+    # warm-up 1 + trial 3 steps per count
+    assert machine.sets == [1, 2, 3, 2]
+
+
+def test_a_count_within_the_tie_margin_loses_to_fewer_threads() -> None:
+    machine = FakeMachine({1: 0.100, 2: 0.099})
+    tuner = tuner_on(machine, [1, 2], tie=0.03)
+    while tuning(tuner):
+        machine.step(tuner)
+    assert tuner.count == 1
+
+
+def test_the_warm_up_step_is_not_counted() -> None:
+    machine = FakeMachine({1: 0.10, 2: 0.20})
+    tuner = tuner_on(machine, [1, 2], abandon=10.0)
+    machine.step(tuner, cost=5.0)  # the first step of the run: allocation, compilation
+    while tuning(tuner):
+        machine.step(tuner)
+    assert tuner.decisions[0][1] == pytest.approx({1: 0.10, 2: 0.20})
+
+
+def test_a_count_much_slower_than_the_best_is_dropped_after_one_step() -> None:
+    # Another process holds a core: two threads wait for the descheduled one (10-20x slower).
+    machine = FakeMachine({1: 0.10, 2: 1.50})
+    log: list[str] = []
+    tuner = tuner_on(machine, [1, 2], log=log)
+    steps = 0
+    while tuning(tuner):
+        machine.step(tuner)
+        steps += 1
+    assert steps == 4 + 1  # one warm-up and three timed steps at 1, one step at 2
+    assert tuner.count == 1
+    assert log == ["threads: 1 (median step time 1: 100.0 ms, 2: dropped)"]
+
+
+def test_drift_starts_a_new_tuning_that_follows_the_load() -> None:
+    machine = FakeMachine({1: 0.10, 2: 0.05})
+    log: list[str] = []
+    tuner = tuner_on(machine, [1, 2], log=log, recheck_seconds=None, window=5, drift=1.5)
+    while tuning(tuner):
+        machine.step(tuner)
+    assert tuner.count == 2
+    for _ in range(20):  # steady: no re-check
+        machine.step(tuner)
+    assert not tuning(tuner)
+    assert len(tuner.decisions) == 1
+    machine.costs = {1: 0.11, 2: 1.00}  # another process takes a core
+    for _ in range(5):
+        machine.step(tuner)
+    assert tuning(tuner)
+    assert "drifted from 50.0 to 1000.0 ms" in log[-1]
+    while tuning(tuner):
+        machine.step(tuner)
+    assert (tuner.count, machine.count) == (1, 1)
+    assert len(tuner.decisions) == 2
+
+
+def test_a_drift_shorter_than_the_window_is_ignored() -> None:
+    machine = FakeMachine({1: 0.10, 2: 0.05})
+    tuner = tuner_on(machine, [1, 2], recheck_seconds=None, window=5)
+    while tuning(tuner):
+        machine.step(tuner)
+    for cost in (0.05, 0.5, 0.5, 0.05, 0.05, 0.05, 0.5, 0.05):  # median of every 5 stays 0.05
+        machine.step(tuner, cost=cost)
+    assert not tuning(tuner)
+
+
+def test_a_periodic_recheck_keeps_a_count_that_is_still_best() -> None:
+    machine = FakeMachine({1: 0.10, 2: 0.05})
+    log: list[str] = []
+    tuner = tuner_on(machine, [1, 2], log=log, recheck_seconds=1.0)
+    while tuning(tuner):
+        machine.step(tuner)
+    for _ in range(19):  # 0.95 fake seconds
+        machine.step(tuner)
+    assert not tuning(tuner)
+    machine.step(tuner)
+    assert tuning(tuner)
+    while tuning(tuner):
+        machine.step(tuner)
+    assert tuner.count == 2
+    assert log[-1].startswith("threads: 2 (kept)")
+
+
+def test_a_single_candidate_is_set_and_never_timed() -> None:
+    machine = FakeMachine({1: 0.1})
+    tuner = tuner_on(machine, [1])
+    assert not tuning(tuner)
+    assert tuner.count == 1
+    assert machine.sets == [1]
+    for _ in range(50):
+        machine.step(tuner, cost=10.0)
+    assert machine.sets == [1]
+
+
+@pytest.mark.parametrize("options", [{"candidates": []}, {"candidates": [0, 1]}, {"trial": 0}, {"drift": 1.0},
+                                     {"abandon": 0.5}, {"warmup": -1}])
+def test_bad_tuner_settings(options: dict[str, object]) -> None:
+    candidates = options.pop("candidates", [1, 2])
+    with pytest.raises(ValueError, match="ThreadTuner"):
+        ThreadTuner(candidates, set_threads=lambda count: None, **options)  # type: ignore[arg-type]
+
+
+def test_end_without_begin() -> None:
+    with pytest.raises(RuntimeError, match="without begin"):
+        ThreadTuner([1, 2], set_threads=lambda count: None).end()
+
+
+def test_tune_threads_runs_the_step_until_it_has_chosen() -> None:
+    machine = FakeMachine({1: 0.03, 2: 0.02})
+    calls: list[int] = []
+
+    def step() -> None:
+        calls.append(machine.count)
+        machine.now += machine.costs[machine.count]
+
+    chosen = tune_threads(step, [1, 2], clock=machine.clock, set_threads=machine.set_threads)
+    assert chosen == 2
+    assert machine.count == 2
+    assert calls == [1, 1, 1, 1, 2, 2, 2, 2]
+
+
+def test_candidates() -> None:
+    assert candidate_counts(1) == [1]
+    assert candidate_counts(2) == [1, 2]
+    assert candidate_counts(8) == list(range(1, 9))
+    assert candidate_counts(12) == [1, 2, 4, 8, 12]
+    assert candidate_counts(16) == [1, 2, 4, 8, 16]
+    assert 1 <= threads.usable_cores() <= (__import__("os").cpu_count() or 1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Who decides: an explicit --threads N, then the user's variables or torch.set_num_threads, then auto
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_user_setting(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No thread variable in the environment, torch at the count this module saw at import."""
+    before = torch.get_num_threads()
+    for name in threads.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(threads, "_THREADS_AT_IMPORT", before)
+    monkeypatch.setattr(threads, "_OURS", set())
+    yield
+    torch.set_num_threads(before)
+
+
+def test_nothing_said_means_auto(no_user_setting: None) -> None:
+    assert resolve_threads(None) == ThreadChoice(None, "auto")
+    assert resolve_threads("auto") == ThreadChoice(None, "auto")
+    assert resolve_threads("auto").describe().startswith("threads auto (the fastest of 1")
+
+
+def test_an_explicit_count_wins_over_everything(no_user_setting: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert resolve_threads(3) == ThreadChoice(3, "--threads")
+    assert resolve_threads(3).describe() == "threads 3 (--threads)"
+
+
+@pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "MKL_NUM_THREADS"])
+def test_the_users_variable_wins_over_auto(name: str, no_user_setting: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(name, "1")
+    assert resolve_threads("auto") == ThreadChoice(torch.get_num_threads(), name)
+
+
+def test_a_count_the_user_set_in_torch_wins_over_auto(no_user_setting: None) -> None:
+    other = 2 if torch.get_num_threads() != 2 else 1
+    torch.set_num_threads(other)
+    assert resolve_threads("auto") == ThreadChoice(other, "torch.set_num_threads")
+
+
+def test_a_count_the_tuner_set_is_not_taken_for_the_users(no_user_setting: None) -> None:
+    other = 2 if torch.get_num_threads() != 2 else 1
+    threads._set_threads(other)
+    assert resolve_threads("auto").count is None
+
+
+def test_apply_threads_sets_an_explicit_count(no_user_setting: None) -> None:
+    other = 2 if torch.get_num_threads() != 2 else 1
+    choice, tuner = threads.apply_threads(other)
+    assert (choice.count, tuner, torch.get_num_threads()) == (other, None, other)
+    choice, tuner = threads.apply_threads("auto")
+    assert choice.count is None
+    assert isinstance(tuner, ThreadTuner)
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, "four", 1.5])
+def test_bad_requests(bad: object) -> None:
+    with pytest.raises(ValueError, match="threads must be a positive integer or 'auto'"):
+        resolve_threads(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [0, True, "four"])
+def test_train_config_checks_threads(bad: object) -> None:
+    with pytest.raises(ValueError, match="threads must be 'auto' or a positive integer"):
+        TrainConfig(threads=bad)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------------
+# In the training loop
+# ---------------------------------------------------------------------------------------------------
+
+TEXT = "the quick brown fox jumps over the lazy dog.\n" * 12
+
+
+def _tiny_run(tmp_path: Path, threads_setting: int | str) -> tuple[list[float], int | None]:
+    data = TextData.from_text(TEXT, 8)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=data.tokenizer.vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    config = TrainConfig(max_iters=14, batch_size=4, eval_interval=100, eval_iters=1, checkpoint_interval=100,
+                         warmup_iters=2, sample_tokens=0, learning_rate=3e-3, min_lr=3e-4, threads=threads_setting)
+    result = train(model, data, config, tmp_path, progress=False)
+    assert result.losses is not None
+    return result.losses, result.threads
+
+
+def test_a_fixed_seed_and_thread_count_give_the_same_losses(tmp_path: Path, no_user_setting: None) -> None:
+    first, count = _tiny_run(tmp_path / "a", 1)
+    second, _ = _tiny_run(tmp_path / "b", 1)
+    assert count == 1
+    assert first == second
+
+
+def test_auto_in_training_tunes_on_the_steps_and_reports_the_count(
+        tmp_path: Path, no_user_setting: None, capsys: pytest.CaptureFixture[str]) -> None:
+    _, count = _tiny_run(tmp_path, "auto")
+    assert count in candidate_counts()
+    if len(candidate_counts()) > 1:
+        assert "threads: " in capsys.readouterr().err
