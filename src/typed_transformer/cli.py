@@ -227,7 +227,8 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                        help="audit an attention module class instead, e.g. "
                        "transformers.models.llama.modeling_llama:LlamaAttention (with --spec and --config)")
     audit.add_argument("--spec", default=None, help="the module's spec: torch_mha, typed_transformer, gpt2, bert, "
-                       "llama, torchtune, x_transformers")
+                       "llama, torchtune, x_transformers, or hf (a Hugging Face attention class of the common "
+                       "shape, built from a tiny config of its own; --config overrides fields)")
     audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
                        "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
     audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd",
@@ -787,9 +788,9 @@ def _audit(args: argparse.Namespace) -> int:
     if (args.candidate is None) == (args.module is None):
         return _fail("give either a candidate MODULE:ATTR or --module MODULE:CLASS (with --spec), not both"
                      if args.candidate else "give a candidate MODULE:ATTR or --module MODULE:CLASS --spec NAME")
-    if args.module is not None and args.spec not in SPECS:
+    if args.module is not None and args.spec not in SPECS and args.spec != "hf":
         return _fail(f"--spec: {'missing' if args.spec is None else f'unknown spec {args.spec!r}'} "
-                     f"(choose {', '.join(SPECS)})")
+                     f"(choose {', '.join(SPECS)}, or hf for a Hugging Face attention class of the common shape)")
     target = args.candidate or args.module
     function_only = {"layout": "bhtd", "mask_polarity": "keep", "mask_kind": "bool", "causal_alignment": "bottom-right",
                      "scale": None, "gqa": False, "grouping": "g r", "self_attention": False, "equal_head_sizes": False,
@@ -836,9 +837,17 @@ def _audit(args: argparse.Namespace) -> int:
                 return _fail(f"--config is not valid JSON: {err}")
             if not isinstance(config, dict):
                 return _fail("--config must be a JSON object of constructor arguments")
-            spec = SPECS[args.spec]
             try:
-                module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
+                if args.spec == "hf":  # zero lines of spec: a tiny config of the class's own, --config overrides
+                    from .audit import hf_build, hf_spec
+
+                    module = hf_build(candidate, config)
+                    spec = hf_spec(module)
+                else:
+                    spec = SPECS[args.spec]
+                    module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
+            except AuditUsageError:
+                raise
             except Exception as err:
                 first_line = str(err).splitlines()[0] if str(err) else ""
                 return _fail(f"cannot build {target} from --config: {type(err).__name__}: {first_line}")
