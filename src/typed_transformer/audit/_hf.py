@@ -124,6 +124,13 @@ def hf_limits(module: nn.Module) -> list[str]:
             limits.append(name)
     if getattr(module, "sinks", None) is not None:
         limits.append("attention sinks")
+    if isinstance(params, dict) and "rope_theta" not in params:
+        limits.append("rope parameters per layer type")
+    read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", "q_norm", "k_norm", "q_layernorm",
+            "k_layernorm"}
+    for name, child in module.named_children():
+        if name not in read and not isinstance(child, nn.Dropout | nn.Identity):
+            limits.append(f"submodule {name!r} ({type(child).__name__}) the spec does not read")
     return limits
 
 
@@ -180,10 +187,17 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
         mask = additive_mask(keep.expand(b, keep.shape[1], t, t), x.dtype)
         return call(m, x, mask, 0)
 
-    def decode(m: Any, x: Tensor) -> Tensor:
-        from transformers import DynamicCache
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        source = ""
 
-        cache = DynamicCache(config=m.config)
+    def decode(m: Any, x: Tensor) -> Tensor:
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        cache: Any = DynamicCache(config=m.config)
+        if "self_attention_cache" in source:  # a decoder's self-attention in an encoder-decoder model
+            cache = EncoderDecoderCache(cache, DynamicCache(config=m.config))
         return torch.cat([call(m, x[:, i:i + 1], None, i, cache) for i in range(x.shape[1])], dim=1)
 
     config = module.config
