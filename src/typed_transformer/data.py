@@ -105,7 +105,7 @@ class CharTokenizer:
             more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
             raise DataError(f"characters not in the vocabulary: {shown}{more}") from None
 
-    def decode(self, ids: list[int] | Tensor) -> str:
+    def decode(self, ids: list[int] | Int[Tensor, " t"]) -> str:
         values = ids.tolist() if isinstance(ids, Tensor) else ids
         if any(not 0 <= i < len(self.chars) for i in values):
             raise DataError(f"token ids outside the vocabulary 0..{len(self.chars) - 1}")
@@ -123,8 +123,8 @@ class TextData:
     """A tokenized text split 90/10 into training and validation ids (split on characters, as nanoGPT)."""
 
     tokenizer: CharTokenizer
-    train: Tensor
-    val: Tensor
+    train: Int[Tensor, " n"]
+    val: Int[Tensor, " m"]
 
     @classmethod
     def from_text(cls, text: str, block_size: int, *, tokenizer: CharTokenizer | None = None,

@@ -58,12 +58,12 @@ class KVCache:
         self._length = 0
 
     @property
-    def k(self) -> Tensor | None:
+    def k(self) -> Float[Tensor, "b g length d"] | None:
         """Cached keys, ``(b, g, length, d)``; ``None`` before the first append."""
         return None if self._k is None else self._k[:, :, : self._length]
 
     @property
-    def v(self) -> Tensor | None:
+    def v(self) -> Float[Tensor, "b g length dv"] | None:
         """Cached values, ``(b, g, length, dv)``; ``None`` before the first append."""
         return None if self._v is None else self._v[:, :, : self._length]
 

@@ -28,10 +28,10 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from .shapecheck import raise_shape_error, shape_checked
+from .shapecheck import raise_shape_error, shape_checked, typechecked
 
 __all__ = [
     "ALiBiPositionalBias",
@@ -43,7 +43,8 @@ __all__ = [
 ]
 
 
-def sinusoidal_table(positions: Tensor, d_model: int, *, dtype: torch.dtype = torch.float32) -> Tensor:
+def sinusoidal_table(positions: Int[Tensor, " t"] | Float[Tensor, " t"], d_model: int, *,
+                     dtype: torch.dtype = torch.float32) -> Float[Tensor, "t d_model"]:
     """``(len(positions), d_model)`` table of the paper's encodings; computed in float64, then cast."""
     pos = positions.to(torch.float64)[:, None]
     i2 = torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device)
@@ -52,6 +53,9 @@ def sinusoidal_table(positions: Tensor, d_model: int, *, dtype: torch.dtype = to
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
     return table.to(dtype)
+
+
+sinusoidal_table = typechecked(sinusoidal_table)
 
 
 @shape_checked
@@ -113,6 +117,8 @@ class RotaryEmbedding(nn.Module):
     ``theta_i = base^(-2i/d)``, pairing ``x[..., i]`` with ``x[..., i + d/2]``.
     """
 
+    __shape_checked__ = ("angles",)
+
     def __init__(self, head_dim: int, *, base: float = 10000.0) -> None:
         super().__init__()
         if head_dim <= 0 or head_dim % 2 != 0:
@@ -125,7 +131,8 @@ class RotaryEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, base={self.base}"
 
-    def angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def angles(self, positions: Int[Tensor, " t"] | Float[Tensor, " t"]
+               ) -> tuple[Float[Tensor, "t {self.head_dim}"], Float[Tensor, "t {self.head_dim}"]]:
         """``cos`` and ``sin`` of the rotation angles, ``(len(positions), head_dim)``, in float64."""
         half = self.head_dim // 2
         inv_freq = self.base ** (-torch.arange(half, dtype=torch.float64, device=positions.device) / half)

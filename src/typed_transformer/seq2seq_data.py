@@ -107,7 +107,7 @@ class PairVocab:
             raise DataError(f"characters not in the vocabulary: {''.join(unknown)!r} (it has {self.chars!r})")
         return [index[c] for c in text]
 
-    def decode(self, ids: list[int] | Tensor) -> str:
+    def decode(self, ids: list[int] | Int[Tensor, " t"]) -> str:
         """The characters of ``ids``, stopping at the first ``eos`` and skipping ``bos`` and padding."""
         out = []
         for i in (ids.tolist() if isinstance(ids, Tensor) else ids):

@@ -41,6 +41,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 import torch
 from hypothesis import register_random
 from hypothesis import strategies as st
+from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from .positions import RotaryEmbedding
@@ -100,7 +101,7 @@ def seeds() -> st.SearchStrategy[int]:
     return st.integers(0, MAX_SEED)
 
 
-def randn(shape: Sequence[int], seed: int, *, dtype: torch.dtype = torch.float64) -> Tensor:
+def randn(shape: Sequence[int], seed: int, *, dtype: torch.dtype = torch.float64) -> Float[Tensor, "*shape"]:
     """Standard-normal tensor of ``shape``, a pure function of ``seed`` (never touches the global RNG).
 
     Example: ``randn((2, 3), seed=7).equal(randn((2, 3), seed=7))`` is True."""
@@ -224,9 +225,9 @@ class AttentionInputs:
     """Queries ``(b, h, t, d)``, keys ``(b, g, s, d)`` and values ``(b, g, s, dv)`` of one shape."""
 
     shape: AttentionShape
-    q: Tensor
-    k: Tensor
-    v: Tensor
+    q: Float[Tensor, "b h t d"]
+    k: Float[Tensor, "b g s d"]
+    v: Float[Tensor, "b g s dv"]
     seed: int
 
 
@@ -277,7 +278,7 @@ def keep_masks(
     *,
     fully_masked_rows: bool = False,
     always_keep: int | None = None,
-) -> Tensor:
+) -> Bool[Tensor, "*shape"]:
     """Boolean keep-mask (True = may attend) of ``shape``; the last axis is the key axis.
 
     Args:
@@ -318,7 +319,7 @@ def additive_masks(
     neg_inf: bool = True,
     fully_masked_rows: bool = False,
     always_keep: int | None = None,
-) -> Tensor:
+) -> Float[Tensor, "*shape"]:
     """Float mask added to the logits: ``scale * N(0, 1)`` with ``scale`` in {0, 1, 4}, and (with
     ``neg_inf``) ``-inf`` where a :func:`keep_masks` draw (same ``fully_masked_rows`` and
     ``always_keep`` meaning) is False.
@@ -345,7 +346,7 @@ def attn_masks(
     dtype: torch.dtype = torch.float64,
     fully_masked_rows: bool = False,
     always_keep: int | None = None,
-) -> Tensor:
+) -> Bool[Tensor, "*shape"] | Float[Tensor, "*shape"]:
     """An ``attn_mask`` for ``scaled_dot_product_attention`` with ``shape``: boolean keep-mask or additive
     float mask (of ``dtype``) in one of ``layouts`` (``(t, s)`` or 4-D with broadcast ``b``/``h``).
 
@@ -373,7 +374,7 @@ def key_padding_masks(
     fully_padded_rows: bool = False,
     always_keep: int | None = None,
     styles: Sequence[Literal["right", "random"]] = ("right", "random"),
-) -> Tensor:
+) -> Bool[Tensor, "b s"]:
     """Key padding mask ``(b, s)``, True = real token.
 
     Either right padding (each row real up to a drawn length, the usual batch of sequences) or an

@@ -421,7 +421,7 @@ def _build_torchtune(cls: type, config: dict[str, Any]) -> nn.Module:
     bias = config.pop("bias", False)
     base = config.pop("rotary_base", None)
     if base is not None:
-        from torchtune.modules import RotaryPositionalEmbeddings  # type: ignore[import-untyped]
+        from torchtune.modules import RotaryPositionalEmbeddings
 
         config["pos_embeddings"] = RotaryPositionalEmbeddings(head_dim, base=base)
     module: nn.Module = cls(**config, q_proj=nn.Linear(embed, heads * head_dim, bias=bias),
