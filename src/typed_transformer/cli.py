@@ -249,7 +249,8 @@ def _audit_parser(commands: Any) -> None:
                        help="audit an attention module class instead, e.g. "
                        "transformers.models.llama.modeling_llama:LlamaAttention (with --spec and --config)")
     audit.add_argument("--spec", default=None, help="the module's spec: torch_mha, typed_transformer, gpt2, bert, "
-                       "llama, torchtune, x_transformers")
+                       "llama, torchtune, x_transformers, or hf (a Hugging Face attention class of the common "
+                       "shape, built from a tiny config of its own; --config overrides fields)")
     audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
                        "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
     audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd",
@@ -845,7 +846,7 @@ def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, optio
     under its ``--spec``; returns the report, or the error message."""
     import json
 
-    from .audit import SPECS, audit_module
+    from .audit import SPECS, AuditUsageError, audit_module
     from .strategies import randomize_parameters
 
     try:
@@ -854,9 +855,17 @@ def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, optio
         return f"--config is not valid JSON: {err}"
     if not isinstance(config, dict):
         return "--config must be a JSON object of constructor arguments"
-    spec = SPECS[args.spec]
     try:
-        module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
+        if args.spec == "hf":  # zero lines of spec: a tiny config of the class's own, --config overrides
+            from .audit import hf_build, hf_spec
+
+            module = hf_build(candidate, config)
+            spec = hf_spec(module)
+        else:
+            spec = SPECS[args.spec]
+            module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
+    except AuditUsageError:
+        raise
     except Exception as err:
         first_line = str(err).splitlines()[0] if str(err) else ""
         return f"cannot build {target} from --config: {type(err).__name__}: {first_line}"
@@ -883,9 +892,9 @@ def _audit(args: argparse.Namespace) -> int:
     if (args.candidate is None) == (args.module is None):
         return _fail("give either a candidate MODULE:ATTR or --module MODULE:CLASS (with --spec), not both"
                      if args.candidate else "give a candidate MODULE:ATTR or --module MODULE:CLASS --spec NAME")
-    if args.module is not None and args.spec not in SPECS:
+    if args.module is not None and args.spec not in SPECS and args.spec != "hf":
         return _fail(f"--spec: {'missing' if args.spec is None else f'unknown spec {args.spec!r}'} "
-                     f"(choose {', '.join(SPECS)})")
+                     f"(choose {', '.join(SPECS)}, or hf for a Hugging Face attention class of the common shape)")
     target = args.candidate or args.module
     function_only = {"layout": "bhtd", "mask_polarity": "keep", "mask_kind": "bool", "causal_alignment": "bottom-right",
                      "scale": None, "gqa": False, "grouping": "g r", "self_attention": False, "equal_head_sizes": False,

@@ -70,6 +70,7 @@ from ._functions import (
     candidate_call,
     parametrize_audit,
 )
+from ._hf import hf_build, hf_spec
 from ._infer import Evidence, Finding, Inference, infer_conventions
 from ._modules import (
     ModuleAdapter,
@@ -131,6 +132,8 @@ __all__ = [
     "audit_multihead",
     "candidate_call",
     "draw_example",
+    "hf_build",
+    "hf_spec",
     "infer_conventions",
     "parametrize_audit",
     "reference_attention",
