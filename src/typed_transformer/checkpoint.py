@@ -17,8 +17,9 @@ Guarantees (docs/reliability.md lists the faults they were tested against):
   iteration, history, training config, optimizer tensors, random-number states, finite weights); anything
   wrong is a :class:`CheckpointError` with a one-line message.
 * Exclusive: :func:`run_directory` takes an ``fcntl.flock`` lock on ``<dir>/.lock`` for a run's lifetime (a
-  second run into the same directory is refused), removes temporary files left by killed runs, and checks that
-  the directory is writable before the first step.
+  second run into the same directory is refused; the lock file is never opened through a link and is removed
+  when the run ends), removes temporary files left by killed runs, and checks that the directory is writable
+  before the first step.
 
 ``safetensors`` (the ``[train]`` extra) is imported only when a checkpoint is read or written.
 """
@@ -38,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._files import NotARegularFile, is_current, open_lock, release_lock, require_regular_file
 from ._paths import temporary_path
 from .config import TrainConfig
 from .data import CharTokenizer, DataError
@@ -155,14 +157,20 @@ def run_directory(directory: str | Path) -> Iterator[Path]:
 
     lock = directory / LOCK_NAME
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = open_lock(lock)  # never through a link, only a regular file
+    except NotARegularFile as err:
+        raise RunDirectoryError(str(err)) from None
     except OSError as err:
         raise RunDirectoryError(f"{directory}: not writable ({err.strerror})") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not is_current(lock, fd):  # locked the file of a run that has just ended and removed it
+                raise BlockingIOError
         except BlockingIOError:
             owner = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)  # not ours: the lock file stays
+            fd = -1
             raise RunDirectoryError(f"{directory}: another run is using this directory (pid {owner or '?'} "
                                     f"holds {lock}); wait for it to finish or choose another --out") from None
         try:
@@ -185,7 +193,8 @@ def run_directory(directory: str | Path) -> Iterator[Path]:
             with contextlib.suppress(OSError):
                 remove_temporaries(directory)
     finally:
-        os.close(fd)  # releases the lock
+        if fd >= 0:
+            release_lock(lock, fd)  # removes .lock (still locked) and closes it, which releases the lock
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -415,6 +424,14 @@ def _read_verified(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
 
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint")
+    try:
+        require_regular_file(path, "the checkpoint")  # a FIFO or a device would block or never end
+        with open(path, "rb"):  # the real cause of an unreadable file (safetensors reports another)
+            pass
+    except NotARegularFile as err:
+        raise CheckpointError(str(err)) from None
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot be read ({err.strerror})") from None
     try:
         tensors: dict[str, Tensor] = {}
         with safe_open(str(path), framework="pt", device="cpu") as handle:

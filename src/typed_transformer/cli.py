@@ -384,8 +384,12 @@ def _config_defaults(parser: argparse.ArgumentParser, path: Path) -> dict[str, A
     """
     import tomllib
 
+    from ._files import NotARegularFile, require_regular_file
+
     try:
-        table = tomllib.loads(path.read_text(encoding="utf-8"))
+        table = tomllib.loads(require_regular_file(path, "the config file").read_text(encoding="utf-8"))
+    except NotARegularFile as err:
+        raise ValueError(f"--config {err}") from None
     except FileNotFoundError:
         raise ValueError(f"--config {path}: no such file") from None
     except (OSError, UnicodeDecodeError) as err:
