@@ -13,10 +13,10 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "typed_transformer"
 
 #: Dependency order: each module may import (at module level) only modules listed before it.
-ORDER = ["_deprecation", "_signals", "_install", "_paths", "_activations", "shapecheck", "masks", "attention",
-         "positions", "multihead", "layers", "interop", "seq2seq", "gpt", "hf", "plot", "strategies", "audit", "config",
-         "data", "seq2seq_data", "checkpoint", "generation", "threads", "training", "seq2seq_training", "cli",
-         "__init__", "__main__"]
+ORDER = ["_deprecation", "_signals", "_install", "_files", "_paths", "_activations", "shapecheck", "masks",
+         "attention", "positions", "multihead", "layers", "interop", "seq2seq", "gpt", "hf", "plot", "strategies",
+         "audit", "config", "data", "seq2seq_data", "checkpoint", "generation", "threads", "training",
+         "seq2seq_training", "cli", "__init__", "__main__"]
 
 #: (importer, imported) pairs allowed inside a function body, where the import is the only way back.
 LATE_IMPORTS: set[tuple[str, str]] = set()
