@@ -68,9 +68,10 @@ from ._functions import (
     FunctionAdapter,
     audit_attention,
     candidate_call,
+    infer_conventions,
     parametrize_audit,
 )
-from ._infer import Evidence, Finding, Inference, infer_conventions
+from ._infer import Evidence, Finding, Inference
 from ._modules import (
     ModuleAdapter,
     ModuleSpec,

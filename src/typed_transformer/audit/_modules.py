@@ -26,6 +26,7 @@ from ._core import (
     rotate,
 )
 from ._functions import run_audit
+from ._infer import contradictions, infer_adapter, with_inference
 
 #: ``forward(module, x, key, value, keep, is_causal) -> (b, t, e)``: call the module on ``x (b, t, eq)`` (and
 #: ``key (b, s, ek)``, ``value (b, s, ev)``; both None for a self-attention spec) with the canonical keep-mask
@@ -83,6 +84,11 @@ def alibi_bias(h: int, t: int, s: int) -> Tensor:
     slopes = 2.0 ** (-8.0 * torch.arange(1, h + 1, dtype=torch.float64) / h)
     distance = torch.arange(s - t, s, dtype=torch.float64)[:, None] - torch.arange(s, dtype=torch.float64)[None]
     return -slopes[:, None, None] * distance.abs()
+
+
+#: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers
+#: the shipped ones here when the package loads (this module never imports it).
+SHIPPED_SPECS: dict[str, "ModuleSpec"] = {}
 
 
 @dataclass(frozen=True)
@@ -470,14 +476,10 @@ def audit_module(
         AuditUsageError: the module does not match the spec (the message names the missing attribute).
         KeyError: an unknown spec name.
     """
-    from .specs import SPECS
-
     if isinstance(spec, str):
-        if spec not in SPECS:
-            raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SPECS)}")
-        spec = SPECS[spec]
-    from ._infer import contradictions, infer_adapter, with_inference
-
+        if spec not in SHIPPED_SPECS:
+            raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SHIPPED_SPECS)}")
+        spec = SHIPPED_SPECS[spec]
     candidate = module if isinstance(module, nn.Module) else module()
     infer = conventions == "infer"
     conv = spec.conventions if conventions is None or conventions == "infer" else conventions
