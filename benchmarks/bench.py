@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from typed_transformer._install import install_hint
 from typed_transformer.interop import from_torch
 from typed_transformer.multihead import MultiHeadAttention
 from typed_transformer.shapecheck import shape_checks
@@ -656,13 +657,16 @@ def build_parser() -> argparse.ArgumentParser:
     attention = which.add_parser("attention", help="MultiHeadAttention against torch.nn.MultiheadAttention")
     attention.add_argument("--seconds", type=_positive(float), default=2.0,
                            help="rough time budget per size and mode (default 2)")
-    attention.add_argument("--size", choices=["small", "training", "both"], default="both")
+    attention.add_argument("--size", choices=["small", "training", "both"], default="both",
+                           help="small: one short batch; training: the baby run's batch; both (default)")
     gpt = which.add_parser("gpt", help="GPT training step against a nanoGPT-style baseline; KV-cache generation")
     gpt.add_argument("--presets", default="baby,seed", help="comma-separated presets to time (default baby,seed)")
-    gpt.add_argument("--batch-size", type=_positive(int), default=12)
+    gpt.add_argument("--batch-size", type=_positive(int), default=12,
+                     help="sequences per training step (default 12, the main job's)")
     gpt.add_argument("--steps", type=_positive(int), default=None,
                      help="measured training steps per variant (default: as many as fit in about 20 s per preset)")
-    gpt.add_argument("--skip-generation", action="store_true")
+    gpt.add_argument("--skip-generation", action="store_true",
+                     help="time the training steps only, not KV-cache generation")
     gpt.add_argument("--generation-rounds", type=_positive(int), default=3,
                      help="interleaved rounds of the seed-preset generation targets (default 3)")
     checks = which.add_parser("checks", help="what the shape checks cost: off, default and strict mode")
@@ -691,8 +695,8 @@ def _gpt(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         try:
             targets = bench_generation_targets(rounds=args.generation_rounds)
         except ImportError:
-            print("generation targets: skipped (the comparison with Hugging Face needs transformers: "
-                  "pip install -e '.[hf]')")
+            print(f"generation targets: skipped (the comparison with Hugging Face needs transformers: "
+                  f"{install_hint('hf')})")
         else:
             print()
             print(format_generation_targets(targets))

@@ -70,3 +70,17 @@ def test_other_shapes_are_refused_with_what_is_missing() -> None:
 def test_attention_classes_of_a_model_package() -> None:
     names = [cls.__name__ for cls in hf_attention_classes("llama")]
     assert names == ["LlamaAttention"]
+
+
+def test_infer_conventions_of_a_module_through_its_spec() -> None:
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    from typed_transformer.audit import infer_conventions
+
+    module = randomize_parameters(hf_build(LlamaAttention), 0)
+    inference = infer_conventions(module, spec=hf_spec(module))
+    assert inference.findings == []
+    # HF's fill finfo(float64).min becomes -inf in its float32 softmax: NaN rows in float64, the mean in float32
+    assert inference.conventions.fully_masked == "any"
+    assert "NaN with dv = d in float64" in inference.evidence["fully_masked"].seen
+    assert "the mean of the values with dv = d in float32" in inference.evidence["fully_masked"].seen

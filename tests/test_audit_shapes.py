@@ -331,3 +331,38 @@ def test_torch_mha_that_forgets_bias_kv_fails_reference() -> None:
 
     module.__class__ = Forgetful
     _fails(audit_module(module, "torch_mha", **QUICK), "reference")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fused qkv laid out per head
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_a_per_head_fused_qkv_read_as_blocks_gets_a_layout_hint() -> None:
+    blocks = dataclasses.replace(SPECS["gpt_neox"], qkv_layout="blocks")
+    report = audit_module(gpt_neox(), blocks, **QUICK)
+    _fails(report, "reference")
+    assert "declare qkv_layout='heads'" in report["reference"].message, report.table()
+
+
+def test_a_blocks_fused_qkv_read_per_head_gets_the_hint_the_other_way() -> None:
+    class Fused(nn.Module):  # [q; k; v] blocks, as our MultiHeadAttention's in_proj
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = MultiHeadAttention(8, 2)
+
+        def forward(self, x: Tensor, keep: Tensor | None, is_causal: bool) -> Tensor:
+            out: Tensor = self.attn(x, attn_mask=keep, is_causal=is_causal)[0]
+            return out
+
+    per_head = dataclasses.replace(ALIBI, name="fused", position_bias=None, qkv_layout="heads")
+    report = audit_module(randomize_parameters(Fused(), 0), per_head, **QUICK)
+    assert "declare qkv_layout='blocks'" in report["reference"].message, report.table()
+
+
+def test_a_correct_spec_gets_no_layout_hint_for_a_real_bug() -> None:
+    module: Any = gpt_neox()
+    module.dense.forward = lambda x: torch.nn.functional.linear(x, module.dense.weight)  # drops the output bias
+    report = audit_module(module, "gpt_neox", **QUICK)
+    _fails(report, "reference")
+    assert "hint" not in report["reference"].message

@@ -153,3 +153,17 @@ def test_audit_infer_from_the_command_line(capsys: pytest.CaptureFixture[str]) -
     # declaring and inferring at once is refused in one line
     assert main(["audit", "tests._audit_candidates:bthd_attention", "--infer", "--layout", "bthd"]) == 2
     assert capsys.readouterr().err.strip().endswith("(give one or the other)")
+
+
+def test_audit_a_hugging_face_class_with_zero_lines_of_spec(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+    code = main(["audit", "--module", "transformers.models.qwen2.modeling_qwen2:Qwen2Attention", "--spec", "hf",
+                 "--infer", "--checks", "reference,masking,rope", *QUICK, "--dtypes", "float32"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.splitlines()[0].startswith("audit of transformers.models.qwen2.modeling_qwen2:Qwen2Attention (spec hf")
+    assert "inferred conventions (" in out
+    code = main(["audit", "--module", "transformers.models.gpt_neox.modeling_gpt_neox:GPTNeoXAttention", "--spec",
+                 "hf", "--infer"])
+    assert code == 2
+    assert "not of the common shape" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from typed_transformer._install import install_hint
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.cli import main
 
@@ -332,8 +333,8 @@ def test_the_library_works_without_the_extra() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout == "torch.Size([1, 3])\n"
     assert result.returncode == 2
-    assert result.stderr.splitlines()[-1] == ("typed-transformer: error: generate needs the [train] extra: pip install "
-                                              "'typed-transformer[train]' (missing: safetensors)")
+    assert result.stderr.splitlines()[-1] == ("typed-transformer: error: generate needs the [train] extra: "
+                                              f"{install_hint('train')} (missing: safetensors)")
 
 
 @pytest.mark.parametrize(("command", "missing"), [("train", "tqdm"), ("generate", "safetensors")])
@@ -346,8 +347,8 @@ def test_train_and_generate_without_the_extra_name_it(command: str, missing: str
             else ["generate", "--checkpoint", str(out)])
     capsys.readouterr()
     assert main(argv) == 2
-    assert one_line(capsys.readouterr().err) == (f"typed-transformer: error: {command} needs the [train] extra: pip "
-                                                 f"install 'typed-transformer[train]' (missing: {missing})")
+    assert one_line(capsys.readouterr().err) == (f"typed-transformer: error: {command} needs the [train] extra: "
+                                                 f"{install_hint('train')} (missing: {missing})")
     assert not (tmp_path / "run").exists()
 
 

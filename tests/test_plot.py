@@ -1,5 +1,6 @@
 """Attention maps: plot_attention and `typed-transformer attention`, on tiny models."""
 
+import re
 import struct
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import torch
 
 import typed_transformer as tt
 from typed_transformer import GPT, GPTConfig, MultiHeadAttention, ShapeError, plot_attention
+from typed_transformer._install import install_hint
 from typed_transformer.checkpoint import save_checkpoint
 from typed_transformer.cli import main
 from typed_transformer.data import CharTokenizer
@@ -174,14 +176,14 @@ def test_cli_without_matplotlib_names_the_extra(run_dir: Path, tmp_path: Path, c
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError, as when it is not installed
     code = main(["attention", "--checkpoint", str(run_dir), "--text", "def", "--out", str(tmp_path / "a.png")])
     assert code == 2
-    assert capsys.readouterr().err == ("typed-transformer: error: attention needs the [train] extra: pip install "
-                                       "'typed-transformer[train]' (missing: matplotlib)\n")
+    assert capsys.readouterr().err == ("typed-transformer: error: attention needs the [train] extra: "
+                                       f"{install_hint('train')} (missing: matplotlib)\n")
     assert not (tmp_path / "a.png").exists()
 
 
 def test_plot_attention_without_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    with pytest.raises(ModuleNotFoundError, match=r"^plot_attention needs matplotlib: pip install "
-                                                  r"'typed-transformer\[train\]'$"):
+    hint = re.escape(install_hint("train"))
+    with pytest.raises(ModuleNotFoundError, match=f"^plot_attention needs matplotlib: {hint}$"):
         plot_attention(torch.full((1, 2, 2), 0.5), "ab")

@@ -1,5 +1,6 @@
 """The intra-op thread count: the tuner's timing logic (with a fake clock), who decides, drift re-checks."""
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -286,3 +287,25 @@ def test_auto_in_training_tunes_on_the_steps_and_reports_the_count(
     assert count in candidate_counts()
     if len(candidate_counts()) > 1:
         assert "threads: " in capsys.readouterr().err
+
+
+def test_a_recheck_that_keeps_the_count_waits_twice_as_long_for_the_next() -> None:
+    machine = FakeMachine({1: 0.10, 2: 0.05})
+    tuner = tuner_on(machine, [1, 2], recheck_seconds=1.0, drift=100.0)
+    starts: list[float] = []
+    for _ in range(400):
+        was = tuning(tuner)
+        machine.step(tuner)
+        if tuning(tuner) and not was:
+            starts.append(machine.now)
+    # Each tuning takes 0.6 fake seconds (4 steps at 1 thread, 4 at 2); the waits after it: 1, 2, 4, 8 s.
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(starts) >= 4
+    assert [round(g - 0.6, 1) for g in gaps[:3]] == [2.0, 4.0, 8.0]
+    machine.costs = {1: 0.05, 2: 0.10}  # the other count is faster now: the next re-check switches and resets
+    while not tuning(tuner):
+        machine.step(tuner)
+    while tuning(tuner):
+        machine.step(tuner)
+    assert tuner.count == 1
+    assert tuner._wait == 1.0

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ._install import install_hint
 from ._signals import exit_code, raise_terminated
 
 __all__ = ["main"]
@@ -51,7 +52,9 @@ MAX_WIDTH = 65536
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        # Under torchrun every rank parses the same arguments: rank 0 alone says what is wrong.
+        self.exit(2, f"{self.prog}: error: {message}\n" if _rank() == 0 else None)
+
 
 
 def _number(convert: Callable[[str], Any], accept: Callable[[Any], bool], wanted: str) -> Callable[[str], Any]:
@@ -103,7 +106,11 @@ _THREADS_HELP = ("intra-op threads: auto (default) times real steps at 1 .. usab
 
 def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     """The command line's parser; ``train_defaults`` (from ``--config``) replace the train flags' defaults."""
+    from . import __version__
+
     parser = _Parser(prog="typed-transformer", description="A reference Transformer with checked tensor shapes.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     train = commands.add_parser("train", help="train a character-level GPT on a text file")
@@ -116,7 +123,7 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                        help="baby (default): 4x4x128, block 64 (nanoGPT's CPU run); seed: the original tutorial's "
                             "model (6x6x384, block 256, dropout 0.2, ReLU, no q/k/v biases, untied head)")
     train.add_argument("--max-iters", type=_int_in(1, MAX_ITERS), default=None, help="optimizer steps (default 2000)")
-    train.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    train.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train (default cpu)")
     train.add_argument("--out", type=Path, default=Path("runs/gpt"), help="checkpoint directory (default runs/gpt)")
     start = train.add_mutually_exclusive_group()
     start.add_argument("--resume", action="store_true", help="continue the run saved in --out")
@@ -139,11 +146,12 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     train.add_argument("--seed", type=_seed, default=None, help="default 1337")
     train.add_argument("--sample-tokens", type=_int_in(0, MAX_TOKENS), default=None,
                        help="characters to sample at the end (default 300)")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--no-progress", action="store_true",
+                       help="no progress bar (it is drawn only when stderr is a terminal)")
     train.add_argument("--verbose", action="store_true",
                        help="also print the model's module tree (as the original tutorial's training log does)")
     size = train.add_argument_group("model size (on top of the preset)")
-    size.add_argument("--n-layer", type=_int_in(1, MAX_LAYERS), default=None)
+    size.add_argument("--n-layer", type=_int_in(1, MAX_LAYERS), default=None, help="transformer blocks")
     size.add_argument("--n-head", type=_int_in(1, MAX_WIDTH), default=None, help="must divide --n-embd")
     size.add_argument("--n-kv-heads", type=_int_in(1, MAX_WIDTH), default=None,
                       help="key/value heads (grouped-query attention; must divide --n-head)")
@@ -183,14 +191,20 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                                "one padded batch, each continuing exactly as it would alone")
     generate.add_argument("--prompts-file", type=Path, default=None,
                           help="a UTF-8 file with one prompt per line (after any --prompt)")
-    generate.add_argument("--max-new-tokens", type=_int_in(0, MAX_TOKENS), default=500)
+    generate.add_argument("--max-new-tokens", type=_int_in(0, MAX_TOKENS), default=500,
+                          help="characters to generate after the prompt (default 500)")
     generate.add_argument("--temperature", type=_temperature, default=0.8,
                           help=f"default 0.8; from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}")
-    generate.add_argument("--top-k", type=_positive_int, default=None)
-    generate.add_argument("--top-p", type=_fraction, default=None)
+    generate.add_argument("--top-k", type=_positive_int, default=None,
+                          help="sample only among the k most likely characters (default: all)")
+    generate.add_argument("--top-p", type=_fraction, default=None,
+                          help="sample only among the most likely characters whose probabilities reach p, in (0, 1]; "
+                               "the most likely one always stays (default: all)")
     generate.add_argument("--greedy", action="store_true", help="always take the most likely character")
-    generate.add_argument("--seed", type=_seed, default=1337)
-    generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    generate.add_argument("--seed", type=_seed, default=1337,
+                          help="random seed of the sampling (default 1337; the same seed gives the same text)")
+    generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                          help="where to run the model (default cpu)")
     generate.add_argument("--threads", type=_threads, default="auto", help=_THREADS_HELP)
     generate.add_argument("--compile", action="store_true",
                           help="torch.compile the forward pass with the weights frozen in (inductor, max-autotune): "
@@ -213,10 +227,13 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                        help="audit an attention module class instead, e.g. "
                        "transformers.models.llama.modeling_llama:LlamaAttention (with --spec and --config)")
     audit.add_argument("--spec", default=None, help="the module's spec: torch_mha, typed_transformer, gpt2, bert, "
-                       "llama, torchtune, x_transformers")
+                       "llama, torchtune, x_transformers, or hf (a Hugging Face attention class of the common "
+                       "shape, built from a tiny config of its own; --config overrides fields)")
     audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
                        "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
-    audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd")
+    audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd",
+                       help="axis order of the candidate's q, k, v: (batch, heads, time, dim) (default, SDPA's) "
+                            "or (batch, time, heads, dim)")
     audit.add_argument("--mask-polarity", choices=["keep", "drop"], default="keep",
                        help="keep: True = may attend (SDPA); drop: True = masked out (nn.MultiheadAttention)")
     audit.add_argument("--mask-kind", choices=["bool", "additive"], default="bool",
@@ -248,7 +265,8 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     audit.add_argument("--dtypes", default="float32,float64", help="comma-separated (default float32,float64)")
     audit.add_argument("--max-examples", type=_positive_int, default=20,
                        help="examples per check and dtype (default 20)")
-    audit.add_argument("--seed", type=_non_negative_int, default=0)
+    audit.add_argument("--seed", type=_non_negative_int, default=0,
+                       help="seed of the drawn examples (and of --module's redrawn parameters; default 0)")
     audit.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
     return parser
 
@@ -308,9 +326,9 @@ def _cuda_or_fail(device: str) -> None:
 
 
 #: What ``train``, ``generate`` and ``attention`` need beyond the core install: the ``[train]`` extra.
-TRAIN_EXTRA = {"train": ("safetensors", "tqdm", "matplotlib"), "generate": ("safetensors",),
-               "attention": ("safetensors", "matplotlib"), "train-seq2seq": ("safetensors", "tqdm"),
-               "translate": ("safetensors",)}
+TRAIN_EXTRA = {"train": ("safetensors", "numpy", "tqdm", "matplotlib"), "generate": ("safetensors", "numpy"),
+               "attention": ("safetensors", "numpy", "matplotlib"), "train-seq2seq": ("safetensors", "numpy", "tqdm"),
+               "translate": ("safetensors", "numpy")}
 
 
 def _require_train_extra(command: str) -> None:
@@ -323,7 +341,7 @@ def _require_train_extra(command: str) -> None:
         except ImportError:
             missing.append(name)
     if missing:
-        raise ValueError(f"{command} needs the [train] extra: pip install 'typed-transformer[train]' "
+        raise ValueError(f"{command} needs the [train] extra: {install_hint('train')} "
                          f"(missing: {', '.join(missing)})")
 
 
@@ -582,7 +600,8 @@ def _train_locked(args: argparse.Namespace) -> int:
             "preset": resume.info.get("preset") if resume is not None else preset,
             "config_file": str(args.config) if args.config is not None else None}
     result = train(model, data, config, args.out, resume=resume, overwrite=args.overwrite, device=args.device,
-                   progress=not args.no_progress and main, info={k: v for k, v in info.items() if v is not None},
+                   progress=not args.no_progress and main and sys.stderr.isatty(),
+                   info={k: v for k, v in info.items() if v is not None},
                    peak_flops=peak or None)
     if not main:
         return 0
@@ -711,6 +730,8 @@ def _run_training_command(args: argparse.Namespace) -> int:
                     else seq2seq_training.translate_command)(args)
         return {"train": _train, "generate": _generate, "attention": _attention}[args.command](args)
     except (DataError, CheckpointError, RunDirectoryError, ValueError) as err:
+        if _rank() != 0:  # under torchrun every rank checks the same input: rank 0 alone says what is wrong
+            return 2
         return _fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
     except OSError as err:
         return _fail(f"cannot write: {describe_os_error(err)} (the last checkpoint, if any, is intact)")
@@ -759,13 +780,13 @@ def _audit(args: argparse.Namespace) -> int:
             audit_module,
         )
     except ImportError as err:
-        return _fail(f"audit needs Hypothesis (pip install 'typed-transformer[audit]'): {err}")
+        return _fail(f"audit needs the [audit] extra: {install_hint('audit')} ({err})")
     if (args.candidate is None) == (args.module is None):
         return _fail("give either a candidate MODULE:ATTR or --module MODULE:CLASS (with --spec), not both"
                      if args.candidate else "give a candidate MODULE:ATTR or --module MODULE:CLASS --spec NAME")
-    if args.module is not None and args.spec not in SPECS:
+    if args.module is not None and args.spec not in SPECS and args.spec != "hf":
         return _fail(f"--spec: {'missing' if args.spec is None else f'unknown spec {args.spec!r}'} "
-                     f"(choose {', '.join(SPECS)})")
+                     f"(choose {', '.join(SPECS)}, or hf for a Hugging Face attention class of the common shape)")
     target = args.candidate or args.module
     function_only = {"layout": "bhtd", "mask_polarity": "keep", "mask_kind": "bool", "causal_alignment": "bottom-right",
                      "scale": None, "gqa": False, "grouping": "g r", "self_attention": False, "equal_head_sizes": False,
@@ -787,6 +808,8 @@ def _audit(args: argparse.Namespace) -> int:
     except Exception as err:  # any import-time error of the user's module: one line, exit 2
         first_line = str(err).splitlines()[0] if str(err) else ""
         return _fail(f"cannot import {target}: {type(err).__name__}: {first_line}")
+    except SystemExit as exit_:  # the module ends the interpreter while it is imported
+        return _fail(f"cannot import {target}: importing it called sys.exit({exit_.code!r})")
     if not callable(candidate):
         return _fail(f"{target} is not callable")
     names = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
@@ -810,9 +833,17 @@ def _audit(args: argparse.Namespace) -> int:
                 return _fail(f"--config is not valid JSON: {err}")
             if not isinstance(config, dict):
                 return _fail("--config must be a JSON object of constructor arguments")
-            spec = SPECS[args.spec]
             try:
-                module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
+                if args.spec == "hf":  # zero lines of spec: a tiny config of the class's own, --config overrides
+                    from .audit import hf_build, hf_spec
+
+                    module = hf_build(candidate, config)
+                    spec = hf_spec(module)
+                else:
+                    spec = SPECS[args.spec]
+                    module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
+            except AuditUsageError:
+                raise
             except Exception as err:
                 first_line = str(err).splitlines()[0] if str(err) else ""
                 return _fail(f"cannot build {target} from --config: {type(err).__name__}: {first_line}")
@@ -874,6 +905,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # bare `typed-transformer`: the usage, as a usage error
+        parser.print_help(sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if args.command == "train" and args.config is not None:
         try:

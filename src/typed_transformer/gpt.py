@@ -502,6 +502,7 @@ def sample(
         probs = sorted_logits.softmax(dim=-1)
         # Drop a token when the tokens ranked above it already reach top_p (the first always stays).
         drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+        drop_sorted[:, 0] = False  # also when top_p is below float32's resolution (1e-300 compares as 0)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=-1)

@@ -9,7 +9,7 @@ token below); every row sums to 1 (0 for a query row without keys). In a causal 
 diagonal (aligned bottom-right when ``t != s``) is 0. Colours run from 0 to 1 in every panel, so panels compare.
 
 matplotlib is imported when a picture is drawn, not when the package is imported: it belongs to the
-``[train]`` extra (``pip install 'typed-transformer[train]'``).
+``[train]`` extra (``pip install 'typed-transformer[train]'``, or ``pip install -e '.[train]'`` in a checkout).
 """
 
 import math
@@ -20,6 +20,7 @@ from typing import Any
 from jaxtyping import Float
 from torch import Tensor
 
+from ._install import install_hint
 from ._paths import temporary_path
 from .shapecheck import raise_shape_error, typechecked
 
@@ -93,7 +94,7 @@ def plot_attention(
     try:
         from matplotlib.figure import Figure
     except ModuleNotFoundError as err:
-        raise ModuleNotFoundError("plot_attention needs matplotlib: pip install 'typed-transformer[train]'",
+        raise ModuleNotFoundError(f"plot_attention needs matplotlib: {install_hint('train')}",
                                   name=err.name) from err
 
     data = grid.detach().float().cpu().numpy()

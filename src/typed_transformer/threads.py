@@ -7,7 +7,8 @@ moment, so it is measured, not guessed:
 
 * :class:`ThreadTuner` times the caller's own steps (a training step, a generation step) at each candidate
   count ``1 .. usable cores`` (``os.sched_getaffinity``), keeps the fastest, and tunes again when the step time
-  drifts away from what it measured (load comes and goes during a run) and every ``recheck_seconds``.
+  drifts away from what it measured (load comes and goes during a run) and ``recheck_seconds`` after the last
+  tuning (a periodic re-check that keeps the count doubles the wait before the next one, up to 8x).
   A candidate whose steps are already slower than ``abandon`` times the best one so far is dropped after one
   step, so that a trial under load costs little.
 * :func:`resolve_threads` decides who sets the count: an explicit ``threads=N`` (``--threads N``) wins, then
@@ -114,7 +115,9 @@ class ThreadTuner:
     switch are not counted, then ``trial`` steps are timed; the count with the lowest median wins (a count
     within ``tie`` of a smaller count's time loses to the smaller one: fewer threads suffer less from load).
     Once settled, the median of the last ``window`` steps is compared with the winner's time: outside
-    ``[1/drift, drift]`` times it, or ``recheck_seconds`` after the last tuning, the tuner tunes again.
+    ``[1/drift, drift]`` times it, or ``recheck_seconds`` after the last tuning, the tuner tunes again; a
+    periodic re-check that keeps the count doubles the wait before the next (up to 8x ``recheck_seconds``),
+    any change of count or a drift resets it.
 
     ``clock`` (seconds, monotonic) and ``set_threads`` are injectable for tests. ``log`` receives one line
     per decision.
@@ -143,6 +146,8 @@ class ThreadTuner:
         self._started: float | None = None
         self._recent: list[float] = []
         self._settled_at = 0.0
+        self._wait = recheck_seconds  # seconds from one settled tuning to the next periodic re-check
+        self._periodic = False  # the tuning under way was started by the periodic re-check
         self._queue: list[int] | None = None
         if len(self.candidates) == 1:  # nothing to choose from
             self.count = self.candidates[0]
@@ -175,6 +180,10 @@ class ThreadTuner:
         chosen = min(c for c, t in self._results.items() if t <= best * (1 + self.tie))
         self._queue = None
         changed = chosen != self.count
+        if self.recheck_seconds is not None:
+            self._wait = (min(2 * (self._wait or self.recheck_seconds), 8 * self.recheck_seconds)
+                          if self._periodic and not changed else self.recheck_seconds)
+        self._periodic = False
         self.count, self.step_time = chosen, self._results[chosen]
         self.decisions.append((chosen, dict(self._results)))
         self._set(chosen)
@@ -214,8 +223,9 @@ class ThreadTuner:
                              f"{1e3 * typical:.1f} ms; timing the thread counts again")
                 self._start_tuning()
                 return
-        if self.recheck_seconds is not None and self.clock() - self._settled_at >= self.recheck_seconds:
+        if self._wait is not None and self.clock() - self._settled_at >= self._wait:
             self._start_tuning()
+            self._periodic = True
 
     def _observe_trial(self, seconds: float) -> None:
         best = min(self._results.values(), default=float("inf"))

@@ -507,11 +507,12 @@ class Trainer:
             self.tuner.observe(self.last_step_seconds)
         if self.on_step is not None:
             self.on_step(iteration)
-        if self.bar is not None and self.step_seconds > 0:
-            speed = self.tokens_per_step * (iteration - self.start - 1) / self.step_seconds
-            mfu = (f"{100 * flops_per_token(self.model) * speed / (self.world * self.peak_flops):.1f}%"
-                   if self.peak_flops else "?")
-            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{speed:,.0f}", mfu=mfu)
+        if self.bar is not None:  # every step counts (the first too), so the bar ends at max_iters/max_iters
+            if self.step_seconds > 0:
+                speed = self.tokens_per_step * (iteration - self.start - 1) / self.step_seconds
+                mfu = (f"{100 * flops_per_token(self.model) * speed / (self.world * self.peak_flops):.1f}%"
+                       if self.peak_flops else "?")
+                self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{speed:,.0f}", mfu=mfu, refresh=False)
             self.bar.update(1)
 
     def say(self, message: str) -> None:

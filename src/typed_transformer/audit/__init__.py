@@ -68,9 +68,9 @@ from ._functions import (
     FunctionAdapter,
     audit_attention,
     candidate_call,
-    infer_conventions,
     parametrize_audit,
 )
+from ._hf import hf_build, hf_spec
 from ._infer import Evidence, Finding, Inference
 from ._modules import (
     ModuleAdapter,
@@ -80,6 +80,7 @@ from ._modules import (
     additive_mask,
     alibi_bias,
     audit_module,
+    infer_conventions,
     with_causal,
 )
 from .specs import SPECS
@@ -132,6 +133,8 @@ __all__ = [
     "audit_multihead",
     "candidate_call",
     "draw_example",
+    "hf_build",
+    "hf_spec",
     "infer_conventions",
     "parametrize_audit",
     "reference_attention",

@@ -223,7 +223,7 @@ def audit_attention(
     label = name or name_of(candidate)
     select(checks, "function")
     if conventions == "infer":
-        inference = infer_conventions(candidate, seed=seed, name=label)
+        inference = infer_function_conventions(candidate, seed=seed, name=label)
         adapter = FunctionAdapter(candidate, inference.conventions, label)
         report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
                            tolerance=tolerance, conventions=asdict(inference.conventions))
@@ -233,7 +233,8 @@ def audit_attention(
     report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
                        tolerance=tolerance, conventions=asdict(conventions))
     if not report.passed:
-        report.contradictions = contradictions(conventions, infer_conventions(candidate, seed=seed, name=label))
+        inferred = infer_function_conventions(candidate, seed=seed, name=label)
+        report.contradictions = contradictions(conventions, inferred)
     return report
 
 
@@ -291,24 +292,9 @@ def parametrize_audit(candidate: Candidate, *, conventions: Conventions = DEFAUL
     return pytest.mark.parametrize("audit_case", [pytest.param(case, id=case.check) for case in cases])
 
 
-def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
-                      **options: Any) -> Inference:
-    """Infer what a functional candidate ``candidate(q, k, v, [attn_mask=...], [is_causal=...])`` does: its
-    layout, mask kind and polarity, causal alignment and decode rule, whether it is always causal, what a fully
-    masked row gives, grouped-query support and grouping, whether a mask may come with ``is_causal``, the logit
-    scale, and which arguments its signature takes.
-
-    Args:
-        candidate: the function to probe (about 25 calls on inputs of sizes <= 8, in float64).
-        seed: the probes' input seed.
-        name: how the result names the candidate.
-        options: :class:`Conventions` fields inference does not decide (``self_attention``, ``head_sizes``,
-            ``lengths``, ``equal_head_sizes``, ``even_head_size``, ``supports_autograd``).
-
-    Returns:
-        An :class:`Inference`: ``.conventions``, ``.evidence`` (field -> value, what decided it and a repro),
-        ``.findings`` (behaviours that match no documented convention).
-    """
+def infer_function_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
+                               **options: Any) -> Inference:
+    """:func:`~typed_transformer.audit.infer_conventions` for a functional candidate."""
     decided = {"layout", "mask_polarity", "causal_alignment", "scale", "fully_masked", "supports_mask",
                "supports_causal", "supports_gqa", "grouping", "mask_kind", "per_head_masks", "mask_with_causal",
                "decode_sees_all", "always_causal"}

@@ -124,6 +124,13 @@ def hf_limits(module: nn.Module) -> list[str]:
             limits.append(name)
     if getattr(module, "sinks", None) is not None:
         limits.append("attention sinks")
+    if isinstance(params, dict) and "rope_theta" not in params:
+        limits.append("rope parameters per layer type")
+    read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", "q_norm", "k_norm", "q_layernorm",
+            "k_layernorm"}
+    for name, child in module.named_children():
+        if name not in read and not isinstance(child, nn.Dropout | nn.Identity):
+            limits.append(f"submodule {name!r} ({type(child).__name__}) the spec does not read")
     return limits
 
 

@@ -22,11 +22,12 @@ from ._core import (
     Inputs,
     candidate_code,
     effective_keep,
+    error,
     reference_attention,
     rotate,
 )
-from ._functions import run_audit
-from ._infer import contradictions, infer_adapter, with_inference
+from ._functions import infer_function_conventions, run_audit
+from ._infer import Inference, contradictions, infer_adapter, with_inference
 
 #: ``forward(module, x, key, value, keep, is_causal) -> (b, t, e)``: call the module on ``x (b, t, eq)`` (and
 #: ``key (b, s, ek)``, ``value (b, s, ev)``; both None for a self-attention spec) with the canonical keep-mask
@@ -446,6 +447,41 @@ class ModuleAdapter:
                 f"  # check {check}")
 
 
+def layout_hint(adapter: ModuleAdapter, report: AuditReport) -> None:
+    """A failing ``reference`` check of a fused-qkv spec: try the other fused layout on its counterexample and
+    say so in the message when it fits (``[q; k; v]`` blocks against GPT-NeoX's per-head ``(h [q k v] d)``);
+    when the error is huge and no layout could be tried, suspect one. Adds a line to the failing rows."""
+    spec = adapter.spec
+    failing = [r for r in report.results if r.name == "reference" and r.status == "FAIL"]
+    if spec.qkv is None or spec.weights is not None or not failing or failing[0].counterexample is None:
+        return
+    other: Literal["blocks", "heads"] = "heads" if spec.qkv_layout == "blocks" else "blocks"
+    fields = dict(failing[0].counterexample)
+    fields["widths"] = None if fields["widths"] is None else tuple(fields["widths"])
+    example = Example(**fields)
+    ins, keep = example.inputs(), example.mask()
+    hint = None
+    try:
+        alternative = ModuleAdapter(adapter.original, dataclasses.replace(spec, qkv_layout=other),
+                                    conventions=adapter.conventions)
+    except AuditUsageError:  # that layout cannot split these weights (grouped heads, unequal sizes)
+        alternative = None
+    if alternative is not None:
+        out = adapter.call(ins, keep, example.is_causal, example.torch_dtype)
+        ref = alternative.reference(ins, keep, example.is_causal, torch.float64)
+        scale = max(1.0, float(ref.abs().max()))
+        if error(out, ref) <= 1e-3 * scale < error(out, adapter.reference(ins, keep, example.is_causal,
+                                                                          torch.float64)):
+            layout = "per head, (h [q k v] d)" if other == "heads" else "in blocks, [q; k; v]"
+            hint = (f"hint: the module matches the reference with its fused {spec.qkv!r} weights split {layout}: "
+                    f"declare qkv_layout={other!r} in the spec")
+    elif (failing[0].ratio or 0.0) > 1e3:
+        hint = "hint: the weights may be split in another layout (per-head qkv?)"
+    if hint is not None:
+        for row in failing:
+            row.message = f"{row.message}; {hint}"
+
+
 def audit_module(
     module: nn.Module | Callable[[], nn.Module],
     spec: "ModuleSpec | str",
@@ -492,8 +528,35 @@ def audit_module(
     described = {"spec": spec.name, **dataclasses.asdict(adapter.conventions)}
     report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
                        tolerance=tolerance, conventions=described)
+    layout_hint(adapter, report)
     if inference is not None:
         return with_inference(report, inference)
     if not report.passed:
         report.contradictions = contradictions(adapter.conventions, infer_adapter(adapter, seed=seed))
     return report
+
+
+def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
+                      spec: Any = None, **options: Any) -> Inference:
+    """Infer what a functional candidate ``candidate(q, k, v, [attn_mask=...], [is_causal=...])`` does: its
+    layout, mask kind and polarity, causal alignment and decode rule, whether it is always causal, what a fully
+    masked row gives, grouped-query support and grouping, whether a mask may come with ``is_causal``, the logit
+    scale, and which arguments its signature takes.
+
+    Args:
+        candidate: the function to probe (about 25 calls on inputs of sizes <= 8, in float64 and float32), or
+            an attention module with ``spec`` (a :class:`ModuleSpec` or a shipped spec's name: it says where the
+            weights live; inference decides the behavioural fields, on a deep copy).
+        seed: the probes' input seed.
+        name: how the result names the candidate.
+        options: :class:`Conventions` fields inference does not decide (``self_attention``, ``head_sizes``,
+            ``lengths``, ``equal_head_sizes``, ``even_head_size``, ``supports_autograd``).
+
+    Returns:
+        An :class:`Inference`: ``.conventions``, ``.evidence`` (field -> value, what decided it and a repro),
+        ``.findings`` (behaviours that match no documented convention).
+    """
+    if spec is not None:
+        module_spec = SHIPPED_SPECS[spec] if isinstance(spec, str) else spec
+        return infer_adapter(ModuleAdapter(candidate, module_spec, name=name), seed=seed)  # type: ignore[arg-type]
+    return infer_function_conventions(candidate, seed=seed, name=name, **options)
