@@ -199,7 +199,8 @@ def test_run_directory_locks_cleans_and_is_reentrant(tmp_path: Path) -> None:
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(other)
-    held = os.open(out / LOCK_NAME, os.O_RDWR)  # now another process (here: another open file) holds it
+    assert not (out / LOCK_NAME).exists()  # removed when the run ended
+    held = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT)  # now another process (here: another open file) holds it
     try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(RunDirectoryError, match=re.escape(f"{out}: another run is using this directory (pid ")), \

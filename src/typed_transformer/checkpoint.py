@@ -17,8 +17,9 @@ Guarantees (docs/reliability.md lists the faults they were tested against):
   iteration, history, training config, optimizer tensors, random-number states, finite weights); anything
   wrong is a :class:`CheckpointError` with a one-line message.
 * Exclusive: :func:`run_directory` takes an ``fcntl.flock`` lock on ``<dir>/.lock`` for a run's lifetime (a
-  second run into the same directory is refused), removes temporary files left by killed runs, and checks that
-  the directory is writable before the first step.
+  second run into the same directory is refused; the lock file is never opened through a link and is removed
+  when the run ends), removes temporary files left by killed runs, and checks that the directory is writable
+  before the first step.
 
 ``safetensors`` (the ``[train]`` extra) is imported only when a checkpoint is read or written.
 """
@@ -38,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._files import NotARegularFile, is_current, open_lock, release_lock, require_regular_file
 from ._paths import temporary_path
 from .config import TrainConfig
 from .data import CharTokenizer, DataError
@@ -155,14 +157,20 @@ def run_directory(directory: str | Path) -> Iterator[Path]:
 
     lock = directory / LOCK_NAME
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = open_lock(lock)  # never through a link, only a regular file
+    except NotARegularFile as err:
+        raise RunDirectoryError(str(err)) from None
     except OSError as err:
         raise RunDirectoryError(f"{directory}: not writable ({err.strerror})") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not is_current(lock, fd):  # locked the file of a run that has just ended and removed it
+                raise BlockingIOError
         except BlockingIOError:
             owner = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)  # not ours: the lock file stays
+            fd = -1
             raise RunDirectoryError(f"{directory}: another run is using this directory (pid {owner or '?'} "
                                     f"holds {lock}); wait for it to finish or choose another --out") from None
         try:
@@ -185,7 +193,8 @@ def run_directory(directory: str | Path) -> Iterator[Path]:
             with contextlib.suppress(OSError):
                 remove_temporaries(directory)
     finally:
-        os.close(fd)  # releases the lock
+        if fd >= 0:
+            release_lock(lock, fd)  # removes .lock (still locked) and closes it, which releases the lock
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -409,20 +418,20 @@ def _validate_rng(rng: dict[str, Tensor]) -> dict[str, Tensor]:
     return rng
 
 
-def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Read and verify a checkpoint written by :func:`save_checkpoint`; ``path`` is the file or its directory.
-
-    Raises:
-        CheckpointError: missing, unreadable, not ours, failing the integrity check (modified or damaged),
-            or a field out of range (one line naming the path and the field).
-    """
+def _read_verified(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors and metadata of the checkpoint file ``path``, after the format and integrity checks."""
     from safetensors import SafetensorError, safe_open
 
-    path = Path(path)
-    if path.is_dir():
-        path = path / CHECKPOINT_NAME
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint")
+    try:
+        require_regular_file(path, "the checkpoint")  # a FIFO or a device would block or never end
+        with open(path, "rb"):  # the real cause of an unreadable file (safetensors reports another)
+            pass
+    except NotARegularFile as err:
+        raise CheckpointError(str(err)) from None
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot be read ({err.strerror})") from None
     try:
         tensors: dict[str, Tensor] = {}
         with safe_open(str(path), framework="pt", device="cpu") as handle:
@@ -438,6 +447,40 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
     if "sha256" in metadata and _digest(tensors, metadata) != metadata["sha256"]:
         raise CheckpointError(f"{path}: corrupt checkpoint (integrity check failed: the tensors or metadata were "
                               "modified or damaged after it was written)")
+    return tensors, metadata
+
+
+def _model_from(tensors: dict[str, Tensor], config: GPTConfig, path: Path) -> GPT:
+    """A :class:`GPT` of ``config`` holding the ``model.`` tensors, which must fit it exactly and be finite."""
+    model = GPT(config)
+    weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as err:  # a shape mismatch
+        message = " ".join(str(err).split())
+        raise CheckpointError(f"{path}: weights do not fit the model ({message[:200]})") from None
+    if config.tie_weights:
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: weights do not fit the model (missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]})")
+    for name, value in weights.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"weight {name} holds NaN or infinity")
+    return model
+
+
+def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Read and verify a checkpoint written by :func:`save_checkpoint`; ``path`` is the file or its directory.
+
+    Raises:
+        CheckpointError: missing, unreadable, not ours, failing the integrity check (modified or damaged),
+            or a field out of range (one line naming the path and the field).
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / CHECKPOINT_NAME
+    tensors, metadata = _read_verified(path)
     try:
         unknown = sorted(set(metadata) - {*_METADATA_KEYS, "sha256"})
         if unknown:
@@ -465,21 +508,7 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
         unexpected_prefix = sorted(k for k in tensors if k.split(".", 1)[0] not in ("model", "optim", "rng"))
         if unexpected_prefix:
             raise ValueError(f"unexpected tensor {unexpected_prefix[0]}")
-        model = GPT(config)
-        weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
-        try:
-            missing, unexpected = model.load_state_dict(weights, strict=False)
-        except RuntimeError as err:  # a shape mismatch
-            message = " ".join(str(err).split())
-            raise CheckpointError(f"{path}: weights do not fit the model ({message[:200]})") from None
-        if config.tie_weights:
-            missing = [k for k in missing if k != "lm_head.weight"]
-        if missing or unexpected:
-            raise CheckpointError(f"{path}: weights do not fit the model (missing {missing[:3]}, "
-                                  f"unexpected {unexpected[:3]})")
-        for name, value in weights.items():
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                raise ValueError(f"weight {name} holds NaN or infinity")
+        model = _model_from(tensors, config, path)
         optimizer_meta = _json(metadata, "optimizer")
         optimizer_state = None if optimizer_meta is None else _optimizer_state(tensors, optimizer_meta, model)
         if optimizer_meta is None and any(k.startswith("optim.") for k in tensors):

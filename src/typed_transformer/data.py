@@ -13,6 +13,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from ._files import NotARegularFile, require_regular_file
 from .shapecheck import typechecked
 
 __all__ = ["CharTokenizer", "DataError", "TextData", "default_corpus", "get_batch", "left_pad", "load_text",
@@ -30,7 +31,9 @@ def load_text(path: str | Path) -> str:
     """Read a UTF-8 text file, refusing missing, unreadable, binary, non-UTF-8 and empty files."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = require_regular_file(path, "the text").read_bytes()  # never a FIFO or a device (/dev/zero)
+    except NotARegularFile as err:
+        raise DataError(str(err)) from None
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except IsADirectoryError:

@@ -187,10 +187,17 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
         mask = additive_mask(keep.expand(b, keep.shape[1], t, t), x.dtype)
         return call(m, x, mask, 0)
 
-    def decode(m: Any, x: Tensor) -> Tensor:
-        from transformers import DynamicCache
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        source = ""
 
-        cache = DynamicCache(config=m.config)
+    def decode(m: Any, x: Tensor) -> Tensor:
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        cache: Any = DynamicCache(config=m.config)
+        if "self_attention_cache" in source:  # a decoder's self-attention in an encoder-decoder model
+            cache = EncoderDecoderCache(cache, DynamicCache(config=m.config))
         return torch.cat([call(m, x[:, i:i + 1], None, i, cache) for i in range(x.shape[1])], dim=1)
 
     config = module.config
