@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._install import install_hint
-from ._signals import exit_code, raise_terminated
+from ._signals import TERMINATING, exit_code, raise_terminated, signal_name
 
 if TYPE_CHECKING:  # the commands import these when they run: the parser stays light
     from .checkpoint import Checkpoint
@@ -670,7 +670,7 @@ def _report_training(args: argparse.Namespace, result: "TrainResult", config: "T
     """Rank 0's closing lines: how the run ended, throughput and MFU, the sample; the exit code."""
     last = result.history[-1] if result.history else {}
     if result.interrupted:
-        name = "SIGTERM" if result.signal == signal.SIGTERM else "Ctrl-C"
+        name = signal_name(result.signal or signal.SIGINT)
         print(f"interrupted ({name}) at iteration {result.iteration}; saved {result.checkpoint} "
               f"(continue with --resume)", file=sys.stderr)
         return int(128 + (result.signal or signal.SIGINT))
@@ -959,18 +959,20 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code. SIGINT and SIGTERM anywhere end with one line on stderr
     and exit code 130 or 143 (``train`` saves first; see :func:`~typed_transformer.training.train`)."""
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, *TERMINATING)}
     if in_main_thread:
-        signal.signal(signal.SIGTERM, raise_terminated)
+        for signum in TERMINATING:  # SIGHUP as SIGTERM, unless inherited as ignored (nohup)
+            if previous[signum] != signal.SIG_IGN or signum == signal.SIGTERM:
+                signal.signal(signum, raise_terminated)
     try:
         return _main(argv)
     except KeyboardInterrupt as interrupt:
         code = exit_code(interrupt)
         if in_main_thread:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second signal while we report the first
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print(f"typed-transformer: {'terminated (SIGTERM)' if code == 143 else 'interrupted (Ctrl-C)'}",
-              file=sys.stderr)
+            for signum in previous:  # a second signal while we report the first
+                signal.signal(signum, signal.SIG_IGN)
+        said = "interrupted (Ctrl-C)" if code == 130 else f"terminated ({signal_name(code - 128)})"
+        print(f"typed-transformer: {said}", file=sys.stderr)
         return code
     finally:
         if in_main_thread:
