@@ -31,6 +31,7 @@ from ._core import (
     repro_comparison,
     run_check,
 )
+from ._infer import Inference, contradictions, infer_adapter, with_inference
 
 Candidate = Callable[..., Any]
 
@@ -232,12 +233,10 @@ def audit_attention(
             (checked before any example runs).
         ValueError: an unknown check name, a non-positive ``tolerance`` or ``max_examples``.
     """
-    from ._infer import contradictions, infer_conventions, with_inference
-
     label = name or name_of(candidate)
     select(checks, "function")
     if conventions == "infer":
-        inference = infer_conventions(candidate, seed=seed, name=label)
+        inference = infer_function_conventions(candidate, seed=seed, name=label)
         adapter = FunctionAdapter(candidate, inference.conventions, label)
         report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
                            tolerance=tolerance, conventions=asdict(inference.conventions))
@@ -247,7 +246,8 @@ def audit_attention(
     report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
                        tolerance=tolerance, conventions=asdict(conventions))
     if not report.passed:
-        report.contradictions = contradictions(conventions, infer_conventions(candidate, seed=seed, name=label))
+        inferred = infer_function_conventions(candidate, seed=seed, name=label)
+        report.contradictions = contradictions(conventions, inferred)
     return report
 
 
@@ -303,3 +303,17 @@ def parametrize_audit(candidate: Candidate, *, conventions: Conventions = DEFAUL
     cases = [AuditCase(candidate, check, conventions, tuple(sorted(options.items())))
              for check in select(checks, "function")]
     return pytest.mark.parametrize("audit_case", [pytest.param(case, id=case.check) for case in cases])
+
+
+def infer_function_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
+                               **options: Any) -> Inference:
+    """:func:`~typed_transformer.audit.infer_conventions` for a functional candidate."""
+    decided = {"layout", "mask_polarity", "causal_alignment", "scale", "fully_masked", "supports_mask",
+               "supports_causal", "supports_gqa", "grouping", "mask_kind", "per_head_masks", "mask_with_causal",
+               "decode_sees_all", "always_causal"}
+    clash = sorted(set(options) & decided)
+    if clash:
+        raise ValueError(f"infer_conventions: {', '.join(clash)} {'is' if len(clash) == 1 else 'are'} inferred, "
+                         f"not given")
+    adapter = FunctionAdapter(candidate, Conventions(**options), name or name_of(candidate))
+    return infer_adapter(adapter, seed=seed, candidate=candidate)

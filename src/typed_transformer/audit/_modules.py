@@ -28,7 +28,8 @@ from ._core import (
     repro_comparison,
     rotate,
 )
-from ._functions import run_audit
+from ._functions import infer_function_conventions, run_audit
+from ._infer import Inference, contradictions, infer_adapter, with_inference
 
 #: ``forward(module, x, key, value, keep, is_causal) -> (b, t, e)``: call the module on ``x (b, t, eq)`` (and
 #: ``key (b, s, ek)``, ``value (b, s, ev)``; both None for a self-attention spec) with the canonical keep-mask
@@ -86,6 +87,11 @@ def alibi_bias(h: int, t: int, s: int) -> Tensor:
     slopes = 2.0 ** (-8.0 * torch.arange(1, h + 1, dtype=torch.float64) / h)
     distance = torch.arange(s - t, s, dtype=torch.float64)[:, None] - torch.arange(s, dtype=torch.float64)[None]
     return -slopes[:, None, None] * distance.abs()
+
+
+#: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers
+#: the shipped ones here when the package loads (this module never imports it).
+SHIPPED_SPECS: dict[str, "ModuleSpec"] = {}
 
 
 @dataclass(frozen=True)
@@ -539,14 +545,10 @@ def audit_module(
         AuditUsageError: the module does not match the spec (the message names the missing attribute).
         KeyError: an unknown spec name.
     """
-    from .specs import SPECS
-
     if isinstance(spec, str):
-        if spec not in SPECS:
-            raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SPECS)}")
-        spec = SPECS[spec]
-    from ._infer import contradictions, infer_adapter, with_inference
-
+        if spec not in SHIPPED_SPECS:
+            raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SHIPPED_SPECS)}")
+        spec = SHIPPED_SPECS[spec]
     candidate = module if isinstance(module, nn.Module) else module()
     infer = conventions == "infer"
     conv = spec.conventions if conventions is None or conventions == "infer" else conventions
@@ -566,3 +568,29 @@ def audit_module(
     if not report.passed:
         report.contradictions = contradictions(adapter.conventions, infer_adapter(adapter, seed=seed))
     return report
+
+
+def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
+                      spec: Any = None, **options: Any) -> Inference:
+    """Infer what a functional candidate ``candidate(q, k, v, [attn_mask=...], [is_causal=...])`` does: its
+    layout, mask kind and polarity, causal alignment and decode rule, whether it is always causal, what a fully
+    masked row gives, grouped-query support and grouping, whether a mask may come with ``is_causal``, the logit
+    scale, and which arguments its signature takes.
+
+    Args:
+        candidate: the function to probe (about 25 calls on inputs of sizes <= 8, in float64 and float32), or
+            an attention module with ``spec`` (a :class:`ModuleSpec` or a shipped spec's name: it says where the
+            weights live; inference decides the behavioural fields, on a deep copy).
+        seed: the probes' input seed.
+        name: how the result names the candidate.
+        options: :class:`Conventions` fields inference does not decide (``self_attention``, ``head_sizes``,
+            ``lengths``, ``equal_head_sizes``, ``even_head_size``, ``supports_autograd``).
+
+    Returns:
+        An :class:`Inference`: ``.conventions``, ``.evidence`` (field -> value, what decided it and a repro),
+        ``.findings`` (behaviours that match no documented convention).
+    """
+    if spec is not None:
+        module_spec = SHIPPED_SPECS[spec] if isinstance(spec, str) else spec
+        return infer_adapter(ModuleAdapter(candidate, module_spec, name=name), seed=seed)  # type: ignore[arg-type]
+    return infer_function_conventions(candidate, seed=seed, name=name, **options)
