@@ -26,7 +26,9 @@ from ._core import (
     Inputs,
     candidate_code,
     environment,
+    import_line,
     reference_attention,
+    repro_comparison,
     run_check,
 )
 from ._infer import Inference, contradictions, infer_adapter, with_inference
@@ -141,11 +143,22 @@ class FunctionAdapter:
         return None
 
     def repro(self, example: Example, check: str) -> str:
+        """A snippet that runs as printed in a fresh interpreter when the candidate can be imported (from its
+        module, or from ``name`` when that is ``pkg.mod:attr``, as the CLI names it)."""
         fields = ", ".join(f"{key}={value!r}" for key, value in asdict(example).items())
-        return (f"from typed_transformer.audit import Conventions, Example, candidate_call\n"
+        line = import_line(self.candidate, "candidate")
+        if line is None and ":" in self.name and " " not in self.name:
+            module_name, _, attr = self.name.partition(":")
+            line = f"import importlib\ncandidate = importlib.import_module({module_name!r}).{attr}"
+        if line is None:
+            line = f"candidate = ...  # {self.name}: define or import it here (it cannot be imported by name)"
+        return (f"import torch\n"
+                f"from typed_transformer.audit import Conventions, Example, FunctionAdapter, candidate_call\n"
+                f"{line}\n"
                 f"example = Example({fields})\n"
-                f"args, kwargs = candidate_call(example, {self.conventions!r})\n"
-                f"out = candidate(*args, **kwargs)  # candidate = {self.name}, check {check}")
+                f"args, kwargs = candidate_call(example, {self.conventions!r})  # the call the audit made\n"
+                f"adapter = FunctionAdapter(candidate, {self.conventions!r}, {self.name!r})\n"
+                + repro_comparison(check))
 
 
 def select(checks: Sequence[str] | None, kind: str) -> list[str]:

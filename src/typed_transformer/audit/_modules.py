@@ -23,7 +23,9 @@ from ._core import (
     candidate_code,
     effective_keep,
     error,
+    import_line,
     reference_attention,
+    repro_comparison,
     rotate,
 )
 from ._functions import infer_function_conventions, run_audit
@@ -322,6 +324,8 @@ class ModuleAdapter:
                                                   ("a sliding window", self.window is not None)) if present]
         self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
+        #: lines defining ``module`` and ``spec`` for :meth:`repro`
+        self.setup = module_setup(module, spec)
 
     def module(self, dtype: torch.dtype) -> nn.Module:
         """The module copy in ``dtype`` (made once)."""
@@ -438,13 +442,39 @@ class ModuleAdapter:
             return self.spec.fast_path(module, x.to(dtype), padding)
 
     def repro(self, example: Example, check: str) -> str:
+        """A snippet that runs as printed in a fresh interpreter: :attr:`setup` defines ``module`` and
+        ``spec`` (the CLI rebuilds its module with the same seeded weights), then the failing call and the
+        reference."""
         fields = ", ".join(f"{key}={value!r}" for key, value in dataclasses.asdict(example).items())
-        return (f"from typed_transformer.audit import Example, ModuleAdapter, SPECS\n"
+        return (f"import torch\n"
+                f"from typed_transformer.audit import Conventions, Example, ModuleAdapter\n"
+                f"{self.setup}\n"
                 f"example = Example({fields})\n"
-                f"adapter = ModuleAdapter(module, SPECS[{self.spec.name!r}])  # module = {self.name}\n"
-                f"out = adapter.call(example.inputs(), example.mask(), example.is_causal, example.torch_dtype)\n"
-                f"ref = adapter.reference(example.inputs(), example.mask(), example.is_causal, torch.float64)"
-                f"  # check {check}")
+                f"adapter = ModuleAdapter(module, spec, conventions={self.conventions!r})\n"
+                + repro_comparison(check))
+
+
+def module_setup(module: Any, spec: ModuleSpec) -> str:
+    """Lines that define ``spec`` and ``module`` in a fresh interpreter: a shipped spec by name, a user's spec
+    by the module-level name it has where its forward is defined; a module by the factory that built it when
+    the factory can be imported. What cannot be imported is left for the reader, with a comment that says so."""
+    from .specs import SPECS
+
+    if SPECS.get(spec.name) is spec:
+        spec_line = f"from typed_transformer.audit import SPECS\nspec = SPECS[{spec.name!r}]"
+    else:
+        search = tuple(dict.fromkeys(getattr(f, "__module__", "") for f in (spec.forward, spec.weights, spec.build)
+                                     if f is not None))
+        spec_line = import_line(spec, "spec", search=search) or (
+            f"spec = ...  # the ModuleSpec {spec.name!r} you passed: define or import it here (it has no importable "
+            f"name)")
+    if not isinstance(module, nn.Module):  # a factory
+        line = import_line(module, "factory")
+        if line is not None:
+            return f"{spec_line}\n{line}\nmodule = factory()"
+        module = None
+    name = "a module" if module is None else f"the {type(module).__qualname__} you audited"
+    return f"{spec_line}\nmodule = ...  # {name}: build it here (pass a factory to get this line filled in)"
 
 
 def layout_hint(adapter: ModuleAdapter, report: AuditReport) -> None:
@@ -494,6 +524,7 @@ def audit_module(
     seed: int = 0,
     tolerance: float = 2.0,
     name: str | None = None,
+    setup: str | None = None,
 ) -> AuditReport:
     """Audit an attention module with its own weights against the reference (every check that applies to
     modules, once per dtype). The module (or the one a factory builds) is deep-copied first: the caller's
@@ -507,6 +538,8 @@ def audit_module(
             inference decides the behavioural fields (causal alignment and decode rule, always causal, fully
             masked rows, masks with ``is_causal``) and the report opens with them.
         fully_masked: override only what a query row without allowed keys gives.
+        setup: Python lines that define ``module`` and ``spec`` in a fresh interpreter, at the top of every
+            repro snippet (default: the shipped spec by name, or your spec and factory by their import paths).
 
     Raises:
         AuditUsageError: the module does not match the spec (the message names the missing attribute).
@@ -522,6 +555,7 @@ def audit_module(
     if fully_masked is not None:
         conv = dataclasses.replace(conv, fully_masked=fully_masked)
     adapter = ModuleAdapter(candidate, spec, conventions=conv, name=name)
+    adapter.setup = setup or module_setup(module, spec)
     inference = infer_adapter(adapter, seed=seed) if infer else None
     if inference is not None:
         adapter.conventions = inference.conventions
