@@ -36,8 +36,8 @@ def _threads_of(run: Run) -> str:
     chosen = run.last("threads: ")
     if chosen is not None:
         return chosen.removeprefix("threads: ").split(" (")[0] + " (auto)"
-    batch = run.last("batch: ") or ""
-    return batch.rsplit("; ", 1)[-1]
+    setting = (run.last("batch: ") or "").rsplit("; ", 1)[-1].removeprefix("threads ")
+    return "auto, still timing the counts" if setting.startswith("auto") else setting
 
 
 def main() -> int:

@@ -1,6 +1,7 @@
 """Properties of the encoder-decoder's decoding: beam search of width 1 is greedy decoding; a beam's score is
 the log-probability the full model (run again from scratch, no cached encoder output) gives its sequence;
-outputs are ``bos``, tokens, at most one ``eos``, then padding, never longer than asked; a beam as wide as the
+outputs are ``bos``, tokens, at most one ``eos``, then padding, never longer than asked; the hypotheses kept
+are distinct and sorted by score; a beam as wide as the
 choices finds the most likely sequence exactly (checked by enumerating them), so it scores at least greedy's.
 
 Models are small random float64 encoder-decoders over every positional encoding, pre- and post-LN, with
@@ -120,3 +121,23 @@ def test_a_beam_as_wide_as_the_choices_finds_the_most_likely_sequence(case: Case
             best = max(best, float(full_model_score(case.model, src, tokens)[0]))
         assert abs(float(score[row]) - best) <= 1e-9 * max(1.0, abs(best))
         assert float(score[row]) >= float(full_model_score(case.model, src, greedy[row:row + 1])[0]) - 1e-9
+
+
+@given(case=cases(), beam_size=st.integers(1, 3))
+def test_beam_hypotheses_are_sorted_by_their_full_model_scores(case: Case, beam_size: int) -> None:
+    kwargs = {"bos_idx": BOS, "eos_idx": EOS, "max_new_tokens": case.max_new_tokens}
+    tokens, scores = case.model.beam_hypotheses(case.src, beam_size=beam_size, **kwargs)
+    best, best_score = case.model.beam_search(case.src, beam_size=beam_size, **kwargs)
+    assert tokens.shape[:2] == scores.shape == (case.src.shape[0], beam_size)
+    assert torch.equal(tokens[:, 0], best)
+    assert torch.equal(scores[:, 0], best_score)
+    assert bool((scores[:, :-1] >= scores[:, 1:]).all()), f"not sorted: {scores}"
+    for slot in range(beam_size):
+        check_layout(tokens[:, slot], case.max_new_tokens)
+        finite = scores[:, slot].isfinite()
+        rescored = full_model_score(case.model, case.src, tokens[:, slot])
+        assert_close(scores[finite, slot], rescored[finite], CLOSE)
+    # Distinct hypotheses: no sequence is kept twice (ignoring slots no hypothesis filled).
+    for row in range(case.src.shape[0]):
+        kept = [tuple(t) for t, sc in zip(tokens[row].tolist(), scores[row].tolist(), strict=True) if sc > -1e300]
+        assert len(kept) == len(set(kept))

@@ -216,7 +216,8 @@ def _raise(exception: BaseException) -> Any:
 
 
 @pytest.mark.parametrize(("signum", "code", "line"), [(signal.SIGINT, 130, "typed-transformer: interrupted (Ctrl-C)"),
-                                                      (signal.SIGTERM, 143, "typed-transformer: terminated (SIGTERM)")])
+                                                      (signal.SIGTERM, 143, "typed-transformer: terminated (SIGTERM)"),
+                                                      (signal.SIGHUP, 129, "typed-transformer: terminated (SIGHUP)")])
 @pytest.mark.parametrize("where", ["before the loop", "in the end-of-run sample", "in generate", "loading"])
 @pytest.mark.usefixtures("sigint_as_in_a_terminal")
 def test_a_signal_anywhere_is_one_line(where: str, signum: int, code: int, line: str, trained: tuple[Path, Path],

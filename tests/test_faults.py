@@ -314,7 +314,9 @@ def test_a_full_disk_fails_with_one_line_and_keeps_the_checkpoint(text: Path, tm
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_sigterm_saves_like_ctrl_c_and_exits_143(forkserver: ForkServerContext, text: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "code"), [("SIGTERM", 143), ("SIGHUP", 129)])  # a closed terminal as SIGTERM
+def test_sigterm_saves_like_ctrl_c_and_exits_143(name: str, code: int, forkserver: ForkServerContext, text: Path,
+                                                 tmp_path: Path) -> None:
     import signal
 
     out = tmp_path / "run"
@@ -325,11 +327,11 @@ def test_sigterm_saves_like_ctrl_c_and_exits_143(forkserver: ForkServerContext, 
         assert run.process.is_alive()
         time.sleep(0.02)
     assert run.process.pid is not None
-    os.kill(run.process.pid, signal.SIGTERM)
-    assert run.wait() == 143
+    os.kill(run.process.pid, getattr(signal, name))
+    assert run.wait() == code
     last = run.stderr.splitlines()[-1]
     assert "Traceback" not in run.stderr
     saved = load_checkpoint(out)
-    assert last == (f"interrupted (SIGTERM) at iteration {saved.iteration}; saved {out / CHECKPOINT_NAME} "
+    assert last == (f"interrupted ({name}) at iteration {saved.iteration}; saved {out / CHECKPOINT_NAME} "
                     "(continue with --resume)")
     assert saved.iteration >= 4

@@ -1,6 +1,7 @@
 """Checkpoints (round trip, atomic writes, refusals, no pickle) and training (schedule, AdamW groups, a
 tiny run, Ctrl-C, and resumption that reproduces the uninterrupted run exactly)."""
 
+import io
 import itertools
 import json
 import math
@@ -437,3 +438,30 @@ def test_presets_bring_their_own_training_settings() -> None:
         TrainConfig(max_iters=7, learning_rate=2e-3, min_lr=2e-4)
     with pytest.raises(ValueError, match=r"^unknown preset 'huge'; choose one of baby, seed$"):
         TrainConfig.for_preset("huge")
+
+
+def test_trainer_extension_points(data: TextData, tmp_path: Path) -> None:
+    """A subclass sees every step through after_step (iteration and loss, as TrainResult.losses records them)
+    and can change what a step trains on through next_batch: here one fixed batch, whose loss must fall."""
+    from typed_transformer.training import Trainer
+
+    seen: list[tuple[int, float]] = []
+    drawn: list[tuple[Tensor, Tensor]] = []
+    fixed = data.train[:9]
+    batch = (torch.stack([fixed[:8]] * 4), torch.stack([fixed[1:9]] * 4))
+
+    class Recording(Trainer):
+        def after_step(self, iteration: int, loss: float) -> None:
+            seen.append((iteration, loss))
+            super().after_step(iteration, loss)
+
+        def next_batch(self) -> tuple[Tensor, Tensor]:
+            drawn.append(batch)
+            return batch
+
+    config = tiny_train(max_iters=30, batch_size=4, learning_rate=1e-2, min_lr=1e-2, warmup_iters=0)
+    result = Recording(tiny_model(data), data, config, tmp_path, progress=False, log=io.StringIO()).run()
+    assert [i for i, _ in seen] == list(range(1, 31))
+    assert [loss for _, loss in seen] == result.losses
+    assert drawn == [batch] * 30  # one global batch per step, from the override
+    assert result.losses[-1] < result.losses[0] / 2

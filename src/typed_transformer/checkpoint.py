@@ -418,18 +418,10 @@ def _validate_rng(rng: dict[str, Tensor]) -> dict[str, Tensor]:
     return rng
 
 
-def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Read and verify a checkpoint written by :func:`save_checkpoint`; ``path`` is the file or its directory.
-
-    Raises:
-        CheckpointError: missing, unreadable, not ours, failing the integrity check (modified or damaged),
-            or a field out of range (one line naming the path and the field).
-    """
+def _read_verified(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors and metadata of the checkpoint file ``path``, after the format and integrity checks."""
     from safetensors import SafetensorError, safe_open
 
-    path = Path(path)
-    if path.is_dir():
-        path = path / CHECKPOINT_NAME
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint")
     try:
@@ -455,6 +447,40 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
     if "sha256" in metadata and _digest(tensors, metadata) != metadata["sha256"]:
         raise CheckpointError(f"{path}: corrupt checkpoint (integrity check failed: the tensors or metadata were "
                               "modified or damaged after it was written)")
+    return tensors, metadata
+
+
+def _model_from(tensors: dict[str, Tensor], config: GPTConfig, path: Path) -> GPT:
+    """A :class:`GPT` of ``config`` holding the ``model.`` tensors, which must fit it exactly and be finite."""
+    model = GPT(config)
+    weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as err:  # a shape mismatch
+        message = " ".join(str(err).split())
+        raise CheckpointError(f"{path}: weights do not fit the model ({message[:200]})") from None
+    if config.tie_weights:
+        missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: weights do not fit the model (missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]})")
+    for name, value in weights.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"weight {name} holds NaN or infinity")
+    return model
+
+
+def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Read and verify a checkpoint written by :func:`save_checkpoint`; ``path`` is the file or its directory.
+
+    Raises:
+        CheckpointError: missing, unreadable, not ours, failing the integrity check (modified or damaged),
+            or a field out of range (one line naming the path and the field).
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / CHECKPOINT_NAME
+    tensors, metadata = _read_verified(path)
     try:
         unknown = sorted(set(metadata) - {*_METADATA_KEYS, "sha256"})
         if unknown:
@@ -482,21 +508,7 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
         unexpected_prefix = sorted(k for k in tensors if k.split(".", 1)[0] not in ("model", "optim", "rng"))
         if unexpected_prefix:
             raise ValueError(f"unexpected tensor {unexpected_prefix[0]}")
-        model = GPT(config)
-        weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
-        try:
-            missing, unexpected = model.load_state_dict(weights, strict=False)
-        except RuntimeError as err:  # a shape mismatch
-            message = " ".join(str(err).split())
-            raise CheckpointError(f"{path}: weights do not fit the model ({message[:200]})") from None
-        if config.tie_weights:
-            missing = [k for k in missing if k != "lm_head.weight"]
-        if missing or unexpected:
-            raise CheckpointError(f"{path}: weights do not fit the model (missing {missing[:3]}, "
-                                  f"unexpected {unexpected[:3]})")
-        for name, value in weights.items():
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                raise ValueError(f"weight {name} holds NaN or infinity")
+        model = _model_from(tensors, config, path)
         optimizer_meta = _json(metadata, "optimizer")
         optimizer_state = None if optimizer_meta is None else _optimizer_state(tensors, optimizer_meta, model)
         if optimizer_meta is None and any(k.startswith("optim.") for k in tensors):

@@ -26,10 +26,17 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._install import install_hint
-from ._signals import exit_code, raise_terminated
+from ._signals import TERMINATING, exit_code, raise_terminated, signal_name
+
+if TYPE_CHECKING:  # the commands import these when they run: the parser stays light
+    from .checkpoint import Checkpoint
+    from .config import TrainConfig
+    from .data import TextData
+    from .gpt import GPT
+    from .training import TrainResult
 
 __all__ = ["main"]
 
@@ -113,6 +120,16 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                         help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
+    _train_parser(commands, train_defaults)
+    _generate_parser(commands)
+    _seq2seq_parsers(commands)
+    _attention_parser(commands)
+    _audit_parser(commands)
+    return parser
+
+
+def _train_parser(commands: Any, train_defaults: dict[str, Any] | None) -> None:
+    """``train``'s flags; ``train_defaults`` (from ``--config``) replace their defaults."""
     train = commands.add_parser("train", help="train a character-level GPT on a text file")
     train.add_argument("--config", type=Path, default=None, metavar="FILE.toml",
                        help="TOML file of train options (keys: the flags' names with _ for -, e.g. n_layer = 8); "
@@ -184,6 +201,8 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     if train_defaults:
         train.set_defaults(**train_defaults)
 
+
+def _generate_parser(commands: Any) -> None:
     generate = commands.add_parser("generate", help="sample text from a checkpoint")
     generate.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
     generate.add_argument("--prompt", action="append", default=None,
@@ -211,14 +230,17 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                                "the first call compiles for a minute or more on a CPU, then each cached step runs "
                                "2.5-3x faster (python benchmarks/bench.py gpt)")
 
-    _seq2seq_parsers(commands)
 
+def _attention_parser(commands: Any) -> None:
     maps = commands.add_parser("attention", help="draw a checkpoint's attention maps over a text (PNG)")
     maps.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
     maps.add_argument("--text", required=True, help="the characters to attend over (at most block_size of them)")
     maps.add_argument("--out", type=Path, default=Path("attention.png"), help="image to write (default attention.png)")
     maps.add_argument("--panel-size", type=_positive_float, default=2.5, help="inches per heatmap (default 2.5)")
     maps.add_argument("--dpi", type=_positive_int, default=100, help="default 100")
+
+
+def _audit_parser(commands: Any) -> None:
     audit = commands.add_parser("audit", help="audit a third-party attention function or module against the "
                                 "reference")
     audit.add_argument("candidate", metavar="MODULE:ATTR", nargs="?", default=None,
@@ -226,9 +248,10 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     audit.add_argument("--module", default=None, metavar="MODULE:CLASS",
                        help="audit an attention module class instead, e.g. "
                        "transformers.models.llama.modeling_llama:LlamaAttention (with --spec and --config)")
-    audit.add_argument("--spec", default=None, help="the module's spec: torch_mha, typed_transformer, gpt2, bert, "
-                       "llama, torchtune, x_transformers, or hf (a Hugging Face attention class of the common "
-                       "shape, built from a tiny config of its own; --config overrides fields)")
+    audit.add_argument("--spec", default=None, metavar="NAME|MODULE:ATTR",
+                       help="the module's spec: a shipped one (typed_transformer.audit.SPECS: torch_mha, gpt2, llama, "
+                       "t5, mistral, ...), your own ModuleSpec as pkg.mod:NAME, or hf (a Hugging Face attention class "
+                       "of the common shape, built from a tiny config of its own; --config overrides fields)")
     audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
                        "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
     audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd",
@@ -268,7 +291,6 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
     audit.add_argument("--seed", type=_non_negative_int, default=0,
                        help="seed of the drawn examples (and of --module's redrawn parameters; default 0)")
     audit.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
-    return parser
 
 
 def _seq2seq_parsers(commands: Any) -> None:
@@ -476,16 +498,23 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
+#: The ``train`` flags that set a :class:`~typed_transformer.gpt.GPTConfig` field (the same name) and those that set
+#: a :class:`~typed_transformer.config.TrainConfig` field (flag name -> field).
+MODEL_FLAGS = ("block_size", "dropout", "positional", "n_layer", "n_head", "n_kv_heads", "n_embd", "bias", "qkv_bias",
+               "lm_head_bias", "tie_weights", "activation")
+TRAIN_FLAGS = {"max_iters": "max_iters", "batch_size": "batch_size", "lr": "learning_rate",
+               "eval_interval": "eval_interval", "eval_iters": "eval_iters", "seed": "seed",
+               "sample_tokens": "sample_tokens", "checkpoint_interval": "checkpoint_interval",
+               "grad_accum": "grad_accum", "dtype": "dtype", "compile": "compile", "threads": "threads"}
+
+
 def _train_locked(args: argparse.Namespace) -> int:
     import hashlib
     import os
 
-    import torch
-
     from .checkpoint import CHECKPOINT_NAME, load_checkpoint
-    from .data import CharTokenizer, TextData, default_corpus, load_text
-    from .gpt import GPT, GPTConfig
-    from .training import DTYPES, TrainConfig, learning_rate, train
+    from .data import default_corpus, load_text
+    from .training import train
 
     _cuda_or_fail(args.device)
     if args.data is None:
@@ -493,84 +522,123 @@ def _train_locked(args: argparse.Namespace) -> int:
     else:
         text, source = load_text(args.data), str(args.data)
     text_sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    overrides: dict[str, Any] = {}
-    train_overrides: dict[str, Any] = {}
-    for key in ("block_size", "dropout", "positional", "n_layer", "n_head", "n_kv_heads", "n_embd", "bias",
-                "qkv_bias", "lm_head_bias", "tie_weights", "activation"):
-        if getattr(args, key) is not None:
-            overrides[key] = getattr(args, key)
-    for flag, key in (("max_iters", "max_iters"), ("batch_size", "batch_size"), ("lr", "learning_rate"),
-                      ("eval_interval", "eval_interval"), ("eval_iters", "eval_iters"), ("seed", "seed"),
-                      ("sample_tokens", "sample_tokens"), ("checkpoint_interval", "checkpoint_interval"),
-                      ("grad_accum", "grad_accum"), ("dtype", "dtype"), ("compile", "compile"),
-                      ("threads", "threads")):
-        if getattr(args, flag) is not None:
-            train_overrides[key] = getattr(args, flag)
+    overrides = {key: getattr(args, key) for key in MODEL_FLAGS if getattr(args, key) is not None}
+    train_overrides = {key: getattr(args, flag) for flag, key in TRAIN_FLAGS.items() if getattr(args, flag) is not None}
     if args.dtype == "float16" and not args.device.startswith("cuda"):
         raise ValueError("--dtype float16 needs --device cuda (autocast with a gradient scaler); on CPU use "
                          "float32 or bfloat16")
     main = _rank() == 0
     err = sys.stderr if main else open(os.devnull, "w")  # noqa: SIM115 (closed with the process)
-
-    resume = None
-    preset = args.preset or "baby"
-    if args.resume:
-        resume = load_checkpoint(args.out / CHECKPOINT_NAME)
-        model = resume.model
-        saved_preset = resume.info.get("preset")
-        if args.preset is not None:
-            # The preset's architecture with this command's size flags (--n-layer, --n-head, --n-embd); block
-            # size, dropout and positions are flags of their own, checked below.
-            sizes = {key: overrides[key] for key in ("n_layer", "n_head", "n_embd") if key in overrides}
-            expected = GPTConfig.preset(args.preset, model.config.vocab_size, **sizes)
-            same = all(getattr(expected, key) == getattr(model.config, key) for key in ("n_layer", "n_head", "n_embd"))
-            if (saved_preset is not None and saved_preset != args.preset) or not same:
-                raise ValueError(f"--preset {args.preset} differs from the checkpoint's model "
-                                 f"({saved_preset or 'custom'}: n_layer={model.config.n_layer}, "
-                                 f"n_head={model.config.n_head}, n_embd={model.config.n_embd}); "
-                                 "a resumed run keeps its model")
-        preset = saved_preset or "checkpoint's"
-        for key, value in overrides.items():
-            if getattr(model.config, key) != value:
-                raise ValueError(f"--{key.replace('_', '-')} {value} differs from the checkpoint's "
-                                 f"{getattr(model.config, key)}; a resumed run keeps its model")
-        saved_seed = resume.train_config.get("seed", TrainConfig.seed)
-        if train_overrides.get("seed", saved_seed) != saved_seed:
-            raise ValueError(f"--seed {train_overrides['seed']} differs from the checkpoint's {saved_seed}; a "
-                             "resumed run continues the saved random state")
-        config = TrainConfig.overridden(resume.train_config, **train_overrides)
-        tokenizer = resume.tokenizer
-        saved_hash, saved_chars = resume.info.get("text_sha256"), resume.info.get("text_chars")
-        if saved_hash not in (None, text_sha256) or saved_chars not in (None, len(text)):
-            what = "length" if saved_chars not in (None, len(text)) else "sha256"
-            raise ValueError(f"{source} is not the text the checkpoint was trained on (its {what} differs from "
-                             f"that of {resume.info.get('source', 'the saved text')})")
-        if CharTokenizer.from_text(text) != tokenizer:
-            raise ValueError(f"{source}: its vocabulary ({len(set(text))} characters) differs from the "
-                             f"checkpoint's ({tokenizer.vocab_size})")
-        _check_sizes(config.batch_size, model.config.block_size, config.eval_iters)
-        data = TextData.from_text(text, model.config.block_size, tokenizer=tokenizer, source=source)
-        if resume.iteration >= config.max_iters:
-            raise ValueError(f"the checkpoint is already at iteration {resume.iteration}; "
-                             "pass a larger --max-iters")
-        print(f"resuming {args.out / CHECKPOINT_NAME} at iteration {resume.iteration}", file=err)
-        old = TrainConfig.overridden(resume.train_config)
-        if config.lr_decay_iters is None and old.max_iters != config.max_iters:
-            it = resume.iteration
-            print(f"note: the learning rate now decays over {config.max_iters} iterations instead of "
-                  f"{old.max_iters}: {learning_rate(config, it):.3g} at iteration {it} (the shorter schedule "
-                  f"had {learning_rate(old, it):.3g}); see docs/reliability.md", file=err)
+    resume = load_checkpoint(args.out / CHECKPOINT_NAME) if args.resume else None
+    if resume is not None:
+        model, config, data, preset = _resumed(args, resume, overrides, train_overrides, text, text_sha256, source,
+                                              err)
     else:
-        config = TrainConfig.for_preset(preset, **train_overrides)
-        model_config = GPTConfig.preset(preset, 1, **overrides)  # the sizes are checked before reading the text
-        _check_sizes(config.batch_size, model_config.block_size, config.eval_iters)
-        data = TextData.from_text(text, model_config.block_size, source=source)
-        torch.manual_seed(config.seed)
-        model = GPT(GPTConfig.preset(preset, data.tokenizer.vocab_size, **overrides))
+        model, config, data, preset = _fresh(args.preset or "baby", overrides, train_overrides, text, source)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if config.batch_size % (world * config.grad_accum) != 0:
         raise ValueError(f"--batch-size {config.batch_size} is not divisible by {world} process(es) x "
                          f"--grad-accum {config.grad_accum}: the global batch is split into equal micro-batches")
+    peak = _describe_run(args, model, config, data, preset, text, source, world, main, err)
+    info = {"source": source, "text_chars": len(text), "text_sha256": text_sha256,
+            "preset": resume.info.get("preset") if resume is not None else preset,
+            "config_file": str(args.config) if args.config is not None else None}
+    result = train(model, data, config, args.out, resume=resume, overwrite=args.overwrite, device=args.device,
+                   progress=not args.no_progress and main and sys.stderr.isatty(),
+                   info={k: v for k, v in info.items() if v is not None}, peak_flops=peak or None)
+    return _report_training(args, result, config, world) if main else 0
+
+
+def _resumed(args: argparse.Namespace, resume: "Checkpoint", overrides: dict[str, Any],
+             train_overrides: dict[str, Any], text: str, text_sha256: str, source: str,
+             err: Any) -> tuple["GPT", "TrainConfig", "TextData", str]:
+    """``train --resume``: the checkpoint's model, its settings with this command's overrides and the data, after
+    checking that the flags, the seed and the text are the saved run's. Returns (model, config, data, preset)."""
+    from .checkpoint import CHECKPOINT_NAME
+    from .data import CharTokenizer, TextData
+    from .training import TrainConfig, learning_rate
+
+    model = resume.model
+    preset = _resumed_preset(args.preset, resume, overrides)
+    for key, value in overrides.items():
+        if getattr(model.config, key) != value:
+            raise ValueError(f"--{key.replace('_', '-')} {value} differs from the checkpoint's "
+                             f"{getattr(model.config, key)}; a resumed run keeps its model")
+    saved_seed = resume.train_config.get("seed", TrainConfig.seed)
+    if train_overrides.get("seed", saved_seed) != saved_seed:
+        raise ValueError(f"--seed {train_overrides['seed']} differs from the checkpoint's {saved_seed}; a "
+                         "resumed run continues the saved random state")
+    config = TrainConfig.overridden(resume.train_config, **train_overrides)
+    tokenizer = resume.tokenizer
+    saved_hash, saved_chars = resume.info.get("text_sha256"), resume.info.get("text_chars")
+    if saved_hash not in (None, text_sha256) or saved_chars not in (None, len(text)):
+        what = "length" if saved_chars not in (None, len(text)) else "sha256"
+        raise ValueError(f"{source} is not the text the checkpoint was trained on (its {what} differs from "
+                         f"that of {resume.info.get('source', 'the saved text')})")
+    if CharTokenizer.from_text(text) != tokenizer:
+        raise ValueError(f"{source}: its vocabulary ({len(set(text))} characters) differs from the "
+                         f"checkpoint's ({tokenizer.vocab_size})")
+    _check_sizes(config.batch_size, model.config.block_size, config.eval_iters)
+    data = TextData.from_text(text, model.config.block_size, tokenizer=tokenizer, source=source)
+    if resume.iteration >= config.max_iters:
+        raise ValueError(f"the checkpoint is already at iteration {resume.iteration}; "
+                         "pass a larger --max-iters")
+    print(f"resuming {args.out / CHECKPOINT_NAME} at iteration {resume.iteration}", file=err)
+    old = TrainConfig.overridden(resume.train_config)
+    if config.lr_decay_iters is None and old.max_iters != config.max_iters:
+        it = resume.iteration
+        print(f"note: the learning rate now decays over {config.max_iters} iterations instead of "
+              f"{old.max_iters}: {learning_rate(config, it):.3g} at iteration {it} (the shorter schedule "
+              f"had {learning_rate(old, it):.3g}); see docs/reliability.md", file=err)
+    return model, config, data, preset
+
+
+def _resumed_preset(requested: str | None, resume: "Checkpoint", overrides: dict[str, Any]) -> str:
+    """The preset a resumed run reports; refuses a ``--preset`` whose sizes are not the checkpoint's model's."""
+    from .gpt import GPTConfig
+
+    model, saved_preset = resume.model, resume.info.get("preset")
+    if requested is not None:
+        # The preset's architecture with this command's size flags (--n-layer, --n-head, --n-embd); block
+        # size, dropout and positions are flags of their own, checked by the caller.
+        sizes = {key: overrides[key] for key in ("n_layer", "n_head", "n_embd") if key in overrides}
+        expected = GPTConfig.preset(requested, model.config.vocab_size, **sizes)
+        same = all(getattr(expected, key) == getattr(model.config, key) for key in ("n_layer", "n_head", "n_embd"))
+        if (saved_preset is not None and saved_preset != requested) or not same:
+            raise ValueError(f"--preset {requested} differs from the checkpoint's model "
+                             f"({saved_preset or 'custom'}: n_layer={model.config.n_layer}, "
+                             f"n_head={model.config.n_head}, n_embd={model.config.n_embd}); "
+                             "a resumed run keeps its model")
+    return str(saved_preset or "checkpoint's")
+
+
+def _fresh(preset: str, overrides: dict[str, Any], train_overrides: dict[str, Any], text: str,
+           source: str) -> tuple["GPT", "TrainConfig", "TextData", str]:
+    """A new run: the preset's settings with the flags, the data, and the model drawn from the seed."""
+    import torch
+
+    from .data import TextData
+    from .gpt import GPT, GPTConfig
+    from .training import TrainConfig
+
+    config = TrainConfig.for_preset(preset, **train_overrides)
+    model_config = GPTConfig.preset(preset, 1, **overrides)  # the sizes are checked before reading the text
+    _check_sizes(config.batch_size, model_config.block_size, config.eval_iters)
+    data = TextData.from_text(text, model_config.block_size, source=source)
+    torch.manual_seed(config.seed)
+    model = GPT(GPTConfig.preset(preset, data.tokenizer.vocab_size, **overrides))
+    return model, config, data, preset
+
+
+def _describe_run(args: argparse.Namespace, model: "GPT", config: "TrainConfig", data: "TextData", preset: str,
+                  text: str, source: str, world: int, main: bool, err: Any) -> float | None:
+    """Print the data, model, settings, batch split and thread count; returns the peak FLOP/s for MFU
+    (``--peak-flops``, else measured on rank 0)."""
+    import torch
+
+    from .threads import resolve_threads
+    from .training import DTYPES, measure_matmul_flops
+
     print(f"data: {source}: {len(text):,} characters, vocabulary {data.tokenizer.vocab_size}, "
           f"train {len(data.train):,} / val {len(data.val):,} tokens", file=err)
     print(f"model: {preset} preset, {model.num_parameters():,} parameters (without positions), "
@@ -579,8 +647,6 @@ def _train_locked(args: argparse.Namespace) -> int:
         print(model, file=err)  # the module tree, as the original tutorial's log prints its model
     print(f"train: {config}", file=err)
     rows = config.batch_size // world
-    from .threads import resolve_threads
-
     threads = resolve_threads(config.threads)
     print(f"batch: {config.batch_size} sequences per step = {world} process(es) x {config.grad_accum} "
           f"micro-batch(es) x {rows // config.grad_accum}"
@@ -590,31 +656,25 @@ def _train_locked(args: argparse.Namespace) -> int:
         slow = _slow_bfloat16()
         if slow is not None:
             print(f"note: {slow}", file=err)
-    peak = args.peak_flops
+    peak: float | None = args.peak_flops
     if peak is None and main:
-        from .training import measure_matmul_flops
-
         kind = torch.float32 if not args.device.startswith("cuda") else DTYPES[config.dtype]
         if threads.count is not None and threads.source == "--threads":
             torch.set_num_threads(threads.count)
         peak = measure_matmul_flops(args.device, kind)
         print(f"peak: {peak / 1e9:,.1f} GFLOP/s per process ({str(kind).removeprefix('torch.')} matmul at "
               f"{torch.get_num_threads()} threads, measured; MFU is against this, or --peak-flops)", file=err)
-    info = {"source": source, "text_chars": len(text), "text_sha256": text_sha256,
-            "preset": resume.info.get("preset") if resume is not None else preset,
-            "config_file": str(args.config) if args.config is not None else None}
-    result = train(model, data, config, args.out, resume=resume, overwrite=args.overwrite, device=args.device,
-                   progress=not args.no_progress and main and sys.stderr.isatty(),
-                   info={k: v for k, v in info.items() if v is not None},
-                   peak_flops=peak or None)
-    if not main:
-        return 0
+    return peak
+
+
+def _report_training(args: argparse.Namespace, result: "TrainResult", config: "TrainConfig", world: int) -> int:
+    """Rank 0's closing lines: how the run ended, throughput and MFU, the sample; the exit code."""
     last = result.history[-1] if result.history else {}
     if result.interrupted:
-        name = "SIGTERM" if result.signal == signal.SIGTERM else "Ctrl-C"
+        name = signal_name(result.signal or signal.SIGINT)
         print(f"interrupted ({name}) at iteration {result.iteration}; saved {result.checkpoint} "
               f"(continue with --resume)", file=sys.stderr)
-        return 128 + (result.signal or signal.SIGINT)
+        return int(128 + (result.signal or signal.SIGINT))
     print(f"done: iteration {result.iteration}, train loss {last.get('train', float('nan')):.4f}, "
           f"val loss {last.get('val', float('nan')):.4f}; checkpoint {result.checkpoint}, "
           f"loss curve {args.out / 'loss.png'}")
@@ -768,29 +828,121 @@ def _import(spec: str) -> Any:
     return found
 
 
-def _audit(args: argparse.Namespace) -> int:
-    import json
+def _audit_spec(args: argparse.Namespace) -> Any:
+    """``--spec``: a shipped spec by name, the user's ``ModuleSpec`` as ``pkg.mod:NAME``, or None for ``hf``
+    (built with the module); a string is the error message."""
+    from .audit import SPECS, ModuleSpec
 
+    choices = f"a shipped spec ({', '.join(SPECS)}), hf for a Hugging Face attention class of the common shape, " \
+              f"or your own ModuleSpec as pkg.mod:NAME"
+    if args.spec is None:
+        return f"--spec: missing (give {choices})"
+    if args.spec == "hf":
+        return None
+    if ":" not in args.spec:
+        return SPECS.get(args.spec, f"--spec: unknown spec {args.spec!r} (give {choices})")
+    try:
+        spec = _import(args.spec)
+    except Exception as err:  # the user's module: one line, exit 2
+        first_line = str(err).splitlines()[0] if str(err) else ""
+        return f"--spec: cannot import {args.spec}: {type(err).__name__}: {first_line}"
+    if not isinstance(spec, ModuleSpec):
+        return f"--spec: {args.spec} is a {type(spec).__name__}, not a typed_transformer.audit.ModuleSpec"
+    return spec
+
+
+def _module_setup(args: argparse.Namespace, config: dict[str, Any]) -> str:
+    """The lines that rebuild the audited module (same class, configuration and seeded weights) and its spec in
+    a fresh interpreter: the top of every repro the report prints."""
+    module_name, _, cls = args.module.partition(":")
+    build = "module = spec.build(cls, config) if spec.build is not None else cls(**config)"
+    if args.spec == "hf":
+        spec_line, build = "from typed_transformer.audit import hf_build, hf_spec", \
+            "module = hf_build(cls, config)\nspec = hf_spec(module)"
+    elif ":" in args.spec:
+        spec_module, _, spec_name = args.spec.partition(":")
+        spec_line = f"spec = importlib.import_module({spec_module!r}).{spec_name}"
+    else:
+        spec_line = f"from typed_transformer.audit import SPECS\nspec = SPECS[{args.spec!r}]"
+    return (f"import importlib\n"
+            f"from typed_transformer.strategies import randomize_parameters\n"
+            f"{spec_line}\n"
+            f"cls, config = importlib.import_module({module_name!r}).{cls}, {config!r}\n"
+            f"{build}\n"
+            f"module = randomize_parameters(module, {args.seed})  # the weights the audit drew (--seed)")
+
+
+def _audit_options(args: argparse.Namespace, known: Any) -> dict[str, Any] | str:
+    """The audit's ``checks``, ``dtypes``, ``max_examples`` and ``seed`` from the flags, or the error message."""
     import torch
 
+    names = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+             "bfloat16": torch.bfloat16}
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    bad = [d for d in dtypes if d not in names]
+    if bad or not dtypes:
+        return f"--dtypes: unknown dtype {bad[0] if bad else ''!r} (choose {', '.join(names)})"
+    checks = None if args.checks is None else [c.strip() for c in args.checks.split(",") if c.strip()]
+    if checks is not None and (not checks or any(c not in known for c in checks)):
+        unknown = next((c for c in checks if c not in known), "")
+        return f"--checks: unknown check {unknown!r} (choose {', '.join(known)})"
+    return {"checks": checks, "dtypes": [names[d] for d in dtypes], "max_examples": args.max_examples,
+            "seed": args.seed}
+
+
+def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, options: dict[str, Any]) -> Any:
+    """``audit --module``: build the class from ``--config``, redraw its parameters from ``--seed`` and audit it
+    under its ``--spec``; returns the report, or the error message."""
+    import json
+
+    from .audit import AuditUsageError, audit_module
+    from .strategies import randomize_parameters
+
+    try:
+        config = json.loads(args.config)
+    except json.JSONDecodeError as err:
+        return f"--config is not valid JSON: {err}"
+    if not isinstance(config, dict):
+        return "--config must be a JSON object of constructor arguments"
+    try:
+        if args.spec == "hf":  # zero lines of spec: a tiny config of the class's own, --config overrides
+            from .audit import hf_build, hf_spec
+
+            module = hf_build(candidate, config)
+            spec = hf_spec(module)
+        else:
+            spec = _audit_spec(args)
+            module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
+    except AuditUsageError:
+        raise
+    except Exception as err:
+        first_line = str(err).splitlines()[0] if str(err) else ""
+        return f"cannot build {target} from --config: {type(err).__name__}: {first_line}"
+    # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
+    module = randomize_parameters(module, args.seed)
+    options = {**options, "setup": _module_setup(args, config)}
+    name = f"{target} (spec {spec.name})"
+    if args.infer:
+        return audit_module(module, spec, conventions="infer", name=name, **options)
+    return audit_module(module, spec, fully_masked=args.fully_masked, name=name, **options)
+
+
+def _audit(args: argparse.Namespace) -> int:
     try:
         from .audit import (
             FUNCTION_CHECKS,
             MODULE_CHECKS,
-            SPECS,
             AuditUsageError,
             Conventions,
             audit_attention,
-            audit_module,
         )
     except ImportError as err:
         return _fail(f"audit needs the [audit] extra: {install_hint('audit')} ({err})")
     if (args.candidate is None) == (args.module is None):
         return _fail("give either a candidate MODULE:ATTR or --module MODULE:CLASS (with --spec), not both"
                      if args.candidate else "give a candidate MODULE:ATTR or --module MODULE:CLASS --spec NAME")
-    if args.module is not None and args.spec not in SPECS and args.spec != "hf":
-        return _fail(f"--spec: {'missing' if args.spec is None else f'unknown spec {args.spec!r}'} "
-                     f"(choose {', '.join(SPECS)}, or hf for a Hugging Face attention class of the common shape)")
+    if args.module is not None and isinstance(problem := _audit_spec(args), str):
+        return _fail(problem)
     target = args.candidate or args.module
     function_only = {"layout": "bhtd", "mask_polarity": "keep", "mask_kind": "bool", "causal_alignment": "bottom-right",
                      "scale": None, "gqa": False, "grouping": "g r", "self_attention": False, "equal_head_sizes": False,
@@ -816,51 +968,14 @@ def _audit(args: argparse.Namespace) -> int:
         return _fail(f"cannot import {target}: importing it called sys.exit({exit_.code!r})")
     if not callable(candidate):
         return _fail(f"{target} is not callable")
-    names = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-             "bfloat16": torch.bfloat16}
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    bad = [d for d in dtypes if d not in names]
-    if bad or not dtypes:
-        return _fail(f"--dtypes: unknown dtype {bad[0] if bad else ''!r} (choose {', '.join(names)})")
-    known = MODULE_CHECKS if args.module is not None else FUNCTION_CHECKS
-    checks = None if args.checks is None else [c.strip() for c in args.checks.split(",") if c.strip()]
-    if checks is not None and (not checks or any(c not in known for c in checks)):
-        unknown = next((c for c in checks if c not in known), "")
-        return _fail(f"--checks: unknown check {unknown!r} (choose {', '.join(known)})")
-    options: dict[str, Any] = {"checks": checks, "dtypes": [names[d] for d in dtypes],
-                               "max_examples": args.max_examples, "seed": args.seed}
+    options = _audit_options(args, MODULE_CHECKS if args.module is not None else FUNCTION_CHECKS)
+    if isinstance(options, str):
+        return _fail(options)
     try:
         if args.module is not None:
-            try:
-                config = json.loads(args.config)
-            except json.JSONDecodeError as err:
-                return _fail(f"--config is not valid JSON: {err}")
-            if not isinstance(config, dict):
-                return _fail("--config must be a JSON object of constructor arguments")
-            try:
-                if args.spec == "hf":  # zero lines of spec: a tiny config of the class's own, --config overrides
-                    from .audit import hf_build, hf_spec
-
-                    module = hf_build(candidate, config)
-                    spec = hf_spec(module)
-                else:
-                    spec = SPECS[args.spec]
-                    module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
-            except AuditUsageError:
-                raise
-            except Exception as err:
-                first_line = str(err).splitlines()[0] if str(err) else ""
-                return _fail(f"cannot build {target} from --config: {type(err).__name__}: {first_line}")
-            from .strategies import randomize_parameters
-
-            # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
-            module = randomize_parameters(module, args.seed)
-            if args.infer:
-                report = audit_module(module, spec, conventions="infer", name=f"{target} (spec {spec.name})",
-                                      **options)
-            else:
-                report = audit_module(module, spec, fully_masked=args.fully_masked,
-                                      name=f"{target} (spec {spec.name})", **options)
+            report = _audit_a_module(args, candidate, target, options)
+            if isinstance(report, str):
+                return _fail(report)
         elif args.infer:
             report = audit_attention(candidate, conventions="infer", name=target, **options)
         else:
@@ -888,18 +1003,20 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code. SIGINT and SIGTERM anywhere end with one line on stderr
     and exit code 130 or 143 (``train`` saves first; see :func:`~typed_transformer.training.train`)."""
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, *TERMINATING)}
     if in_main_thread:
-        signal.signal(signal.SIGTERM, raise_terminated)
+        for signum in TERMINATING:  # SIGHUP as SIGTERM, unless inherited as ignored (nohup)
+            if previous[signum] != signal.SIG_IGN or signum == signal.SIGTERM:
+                signal.signal(signum, raise_terminated)
     try:
         return _main(argv)
     except KeyboardInterrupt as interrupt:
         code = exit_code(interrupt)
         if in_main_thread:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second signal while we report the first
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print(f"typed-transformer: {'terminated (SIGTERM)' if code == 143 else 'interrupted (Ctrl-C)'}",
-              file=sys.stderr)
+            for signum in previous:  # a second signal while we report the first
+                signal.signal(signum, signal.SIG_IGN)
+        said = "interrupted (Ctrl-C)" if code == 130 else f"terminated ({signal_name(code - 128)})"
+        print(f"typed-transformer: {said}", file=sys.stderr)
         return code
     finally:
         if in_main_thread:

@@ -54,7 +54,8 @@ class Seq2SeqTransformer(nn.Module):
             post-LN already ends in one).
     """
 
-    __shape_checked__ = ("encode", "decode", "greedy_decode", "beam_search", "source_mask", "target_mask")
+    __shape_checked__ = ("encode", "decode", "greedy_decode", "beam_search", "beam_hypotheses",
+                         "source_mask", "target_mask")
 
     def __init__(
         self,
@@ -246,8 +247,18 @@ class Seq2SeqTransformer(nn.Module):
 
         A finished hypothesis (it produced ``eos_idx``) keeps its score and its place, continuing with
         padding at no cost. Returns the best sequence per source ``(b, 1 + steps)`` and its total
-        log-probability ``(b,)``. ``beam_size=1`` is greedy decoding.
+        log-probability ``(b,)``. ``beam_size=1`` is greedy decoding. :meth:`beam_hypotheses` returns all
+        ``beam_size`` of them.
         """
+        tokens, scores = self.beam_hypotheses(src, bos_idx=bos_idx, eos_idx=eos_idx, max_new_tokens=max_new_tokens,
+                                              beam_size=beam_size)
+        return tokens[:, 0], scores[:, 0]
+
+    def beam_hypotheses(self, src: Int[Tensor, "b s"], *, bos_idx: int, eos_idx: int, max_new_tokens: int,
+                        beam_size: int = 4) -> tuple[Int[Tensor, "b {beam_size} n"], Float[Tensor, "b {beam_size}"]]:
+        """The ``beam_size`` hypotheses of :meth:`beam_search` at its last step, best first: sequences
+        ``(b, beam_size, 1 + steps)`` and their total log-probabilities ``(b, beam_size)``, sorted in
+        descending order (``-inf`` for a slot no hypothesis could fill, e.g. with ``max_new_tokens=0``)."""
         self._check_decoding(bos_idx, eos_idx, max_new_tokens, "beam_search")
         if not 1 <= beam_size < self.tgt_vocab_size:
             raise ValueError(f"beam_search: beam_size must be in [1, tgt_vocab_size - 1 = {self.tgt_vocab_size - 1}]"
@@ -276,8 +287,8 @@ class Seq2SeqTransformer(nn.Module):
                 tokens = torch.cat([tokens[rows], rearrange(next_token, "bk -> bk 1")], dim=1)
                 done = done[rows] | (next_token == eos_idx)
                 scores = rearrange(best, "b k -> (b k)")
-            winner = rearrange(scores, "(b k) -> b k", k=k).argmax(dim=-1) + offsets[:, 0]
-        return tokens[winner], scores[winner]
+            ranked, order = rearrange(scores, "(b k) -> b k", k=k).sort(dim=-1, descending=True, stable=True)
+        return tokens[order + offsets], ranked
 
 
 def _load_old_names(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:

@@ -413,7 +413,7 @@ def train_command(args: Any) -> int:
     result = train_seq2seq(config, out, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty(),
                            log=sys.stdout)
     if result.signal is not None:
-        name = "SIGTERM" if result.signal == signal.SIGTERM else "Ctrl-C"
+        name = "Ctrl-C" if result.signal == signal.SIGINT else signal.Signals(result.signal).name
         print(f"interrupted ({name}) at iteration {result.iteration}; saved {result.checkpoint} "
               "(continue with --resume)", file=sys.stderr)
         return 128 + result.signal

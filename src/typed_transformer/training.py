@@ -179,7 +179,7 @@ class _Interrupt:
     """Turn the first Ctrl-C or SIGTERM into a flag checked between steps (a second one stops at once:
     KeyboardInterrupt, or :class:`Terminated` for SIGTERM)."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP (a closed terminal) as SIGTERM
 
     def __init__(self) -> None:
         self.requested: int | None = None
@@ -188,12 +188,14 @@ class _Interrupt:
     def __enter__(self) -> "_Interrupt":
         if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
             for signum in self.SIGNALS:
+                if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
+                    continue  # started under nohup: a hang-up is meant not to stop the run
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested is not None:
-            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+            raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
         self.requested = signum
 
     def __exit__(self, *exc: object) -> None:
