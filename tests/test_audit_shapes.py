@@ -366,3 +366,15 @@ def test_a_correct_spec_gets_no_layout_hint_for_a_real_bug() -> None:
     report = audit_module(module, "gpt_neox", **QUICK)
     _fails(report, "reference")
     assert "hint" not in report["reference"].message
+
+
+def test_a_class_of_the_same_shape_is_refused_with_the_one_line_that_reuses_the_spec() -> None:
+    from typed_transformer.audit import AuditUsageError
+
+    module = mistral()  # Llama-shaped: the llama spec describes it once its class check is lifted
+    with pytest.raises(AuditUsageError, match=r"dataclasses\.replace\(SPECS\['llama'\], module_type=''\)"):
+        audit_module(module, "llama", **QUICK)
+    llama_shaped = dataclasses.replace(SPECS["llama"], module_type="")
+    # the module itself never windows (its model builds the window into the mask): as Llama, it passes
+    report = audit_module(module, llama_shaped, checks=["reference", "masking", "incremental_decoding"], **QUICK)
+    assert report.status("reference") == "PASS", report.table()

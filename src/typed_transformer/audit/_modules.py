@@ -287,7 +287,8 @@ class ModuleAdapter:
         if spec.module_type and not any(spec.module_type == f"{c.__module__}.{c.__qualname__}"
                                         for c in type(module).__mro__):
             raise AuditUsageError(f"{type(module).__module__}.{type(module).__qualname__} does not match spec "
-                                  f"{spec.name!r}: expected a {spec.module_type}")
+                                  f"{spec.name!r}: expected a {spec.module_type} (a class of the same shape: reuse "
+                                  f"the spec as dataclasses.replace(SPECS[{spec.name!r}], module_type=''))")
         self.spec = spec
         self.original = copy.deepcopy(module).eval()
         self.weights = spec_weights(self.original, spec)
