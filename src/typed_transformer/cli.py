@@ -248,9 +248,10 @@ def _audit_parser(commands: Any) -> None:
     audit.add_argument("--module", default=None, metavar="MODULE:CLASS",
                        help="audit an attention module class instead, e.g. "
                        "transformers.models.llama.modeling_llama:LlamaAttention (with --spec and --config)")
-    audit.add_argument("--spec", default=None, help="the module's spec: torch_mha, typed_transformer, gpt2, bert, "
-                       "llama, torchtune, x_transformers, or hf (a Hugging Face attention class of the common "
-                       "shape, built from a tiny config of its own; --config overrides fields)")
+    audit.add_argument("--spec", default=None, metavar="NAME|MODULE:ATTR",
+                       help="the module's spec: a shipped one (typed_transformer.audit.SPECS: torch_mha, gpt2, llama, "
+                       "t5, mistral, ...), your own ModuleSpec as pkg.mod:NAME, or hf (a Hugging Face attention class "
+                       "of the common shape, built from a tiny config of its own; --config overrides fields)")
     audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
                        "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
     audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd",
@@ -827,6 +828,50 @@ def _import(spec: str) -> Any:
     return found
 
 
+def _audit_spec(args: argparse.Namespace) -> Any:
+    """``--spec``: a shipped spec by name, the user's ``ModuleSpec`` as ``pkg.mod:NAME``, or None for ``hf``
+    (built with the module); a string is the error message."""
+    from .audit import SPECS, ModuleSpec
+
+    choices = f"a shipped spec ({', '.join(SPECS)}), hf for a Hugging Face attention class of the common shape, " \
+              f"or your own ModuleSpec as pkg.mod:NAME"
+    if args.spec is None:
+        return f"--spec: missing (give {choices})"
+    if args.spec == "hf":
+        return None
+    if ":" not in args.spec:
+        return SPECS.get(args.spec, f"--spec: unknown spec {args.spec!r} (give {choices})")
+    try:
+        spec = _import(args.spec)
+    except Exception as err:  # the user's module: one line, exit 2
+        first_line = str(err).splitlines()[0] if str(err) else ""
+        return f"--spec: cannot import {args.spec}: {type(err).__name__}: {first_line}"
+    if not isinstance(spec, ModuleSpec):
+        return f"--spec: {args.spec} is a {type(spec).__name__}, not a typed_transformer.audit.ModuleSpec"
+    return spec
+
+
+def _module_setup(args: argparse.Namespace, config: dict[str, Any]) -> str:
+    """The lines that rebuild the audited module (same class, configuration and seeded weights) and its spec in
+    a fresh interpreter: the top of every repro the report prints."""
+    module_name, _, cls = args.module.partition(":")
+    build = "module = spec.build(cls, config) if spec.build is not None else cls(**config)"
+    if args.spec == "hf":
+        spec_line, build = "from typed_transformer.audit import hf_build, hf_spec", \
+            "module = hf_build(cls, config)\nspec = hf_spec(module)"
+    elif ":" in args.spec:
+        spec_module, _, spec_name = args.spec.partition(":")
+        spec_line = f"spec = importlib.import_module({spec_module!r}).{spec_name}"
+    else:
+        spec_line = f"from typed_transformer.audit import SPECS\nspec = SPECS[{args.spec!r}]"
+    return (f"import importlib\n"
+            f"from typed_transformer.strategies import randomize_parameters\n"
+            f"{spec_line}\n"
+            f"cls, config = importlib.import_module({module_name!r}).{cls}, {config!r}\n"
+            f"{build}\n"
+            f"module = randomize_parameters(module, {args.seed})  # the weights the audit drew (--seed)")
+
+
 def _audit_options(args: argparse.Namespace, known: Any) -> dict[str, Any] | str:
     """The audit's ``checks``, ``dtypes``, ``max_examples`` and ``seed`` from the flags, or the error message."""
     import torch
@@ -850,7 +895,7 @@ def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, optio
     under its ``--spec``; returns the report, or the error message."""
     import json
 
-    from .audit import SPECS, AuditUsageError, audit_module
+    from .audit import AuditUsageError, audit_module
     from .strategies import randomize_parameters
 
     try:
@@ -866,7 +911,7 @@ def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, optio
             module = hf_build(candidate, config)
             spec = hf_spec(module)
         else:
-            spec = SPECS[args.spec]
+            spec = _audit_spec(args)
             module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
     except AuditUsageError:
         raise
@@ -875,6 +920,7 @@ def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, optio
         return f"cannot build {target} from --config: {type(err).__name__}: {first_line}"
     # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
     module = randomize_parameters(module, args.seed)
+    options = {**options, "setup": _module_setup(args, config)}
     name = f"{target} (spec {spec.name})"
     if args.infer:
         return audit_module(module, spec, conventions="infer", name=name, **options)
@@ -886,7 +932,6 @@ def _audit(args: argparse.Namespace) -> int:
         from .audit import (
             FUNCTION_CHECKS,
             MODULE_CHECKS,
-            SPECS,
             AuditUsageError,
             Conventions,
             audit_attention,
@@ -896,9 +941,8 @@ def _audit(args: argparse.Namespace) -> int:
     if (args.candidate is None) == (args.module is None):
         return _fail("give either a candidate MODULE:ATTR or --module MODULE:CLASS (with --spec), not both"
                      if args.candidate else "give a candidate MODULE:ATTR or --module MODULE:CLASS --spec NAME")
-    if args.module is not None and args.spec not in SPECS and args.spec != "hf":
-        return _fail(f"--spec: {'missing' if args.spec is None else f'unknown spec {args.spec!r}'} "
-                     f"(choose {', '.join(SPECS)}, or hf for a Hugging Face attention class of the common shape)")
+    if args.module is not None and isinstance(problem := _audit_spec(args), str):
+        return _fail(problem)
     target = args.candidate or args.module
     function_only = {"layout": "bhtd", "mask_polarity": "keep", "mask_kind": "bool", "causal_alignment": "bottom-right",
                      "scale": None, "gqa": False, "grouping": "g r", "self_attention": False, "equal_head_sizes": False,

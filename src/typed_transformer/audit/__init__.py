@@ -71,7 +71,7 @@ from ._functions import (
     parametrize_audit,
 )
 from ._hf import hf_build, hf_spec
-from ._infer import Evidence, Finding, Inference, infer_conventions
+from ._infer import Evidence, Finding, Inference
 from ._modules import (
     ModuleAdapter,
     ModuleSpec,
@@ -80,6 +80,7 @@ from ._modules import (
     additive_mask,
     alibi_bias,
     audit_module,
+    infer_conventions,
     with_causal,
 )
 from .specs import SPECS

@@ -231,6 +231,43 @@ def rotate(x: Tensor, base: float, style: Literal["half", "interleaved"], offset
 
 
 # ----------------------------------------------------------------------------------------------------
+# Repro snippets
+# ----------------------------------------------------------------------------------------------------
+
+
+def import_line(obj: Any, as_name: str, *, search: tuple[str, ...] = ()) -> str | None:
+    """A line that binds ``obj`` to ``as_name`` in a fresh interpreter (``from pkg.mod import NAME as as_name``),
+    or None when it cannot be imported: defined in ``__main__``, inside a function, or not found under its name.
+    A function or class is found by its qualified name; any other object (a spec) by a module-level name, in
+    the modules ``search`` first."""
+    import sys
+
+    module_name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if isinstance(module_name, str) and isinstance(qualname, str) and "<" not in qualname:
+        found: Any = sys.modules.get(module_name)
+        for part in qualname.split("."):
+            found = getattr(found, part, None)
+        if found is obj and module_name != "__main__":
+            top, _, rest = qualname.partition(".")
+            return f"from {module_name} import {top}\n{as_name} = {qualname}" if rest else \
+                f"from {module_name} import {top} as {as_name}"
+    # the modules named first, then every imported module (in import order: the defining one comes first)
+    for name in (*search, *list(sys.modules)):
+        namespace = getattr(sys.modules.get(name), "__dict__", None) if name != "__main__" else None
+        for attr, value in list((namespace or {}).items()):
+            if value is obj and not attr.startswith("__"):
+                return f"from {name} import {attr} as {as_name}"
+    return None
+
+
+def repro_comparison(check: str) -> str:
+    """The repro's last lines: the candidate's output against the float64 reference."""
+    return (f"out = adapter.call(example.inputs(), example.mask(), example.is_causal, example.torch_dtype)\n"
+            f"ref = adapter.reference(example.inputs(), example.mask(), example.is_causal, torch.float64)\n"
+            f"print('max error', float((out.double() - ref).abs().max()))  # check {check}")
+
+
+# ----------------------------------------------------------------------------------------------------
 # Examples
 # ----------------------------------------------------------------------------------------------------
 

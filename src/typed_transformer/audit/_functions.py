@@ -26,9 +26,12 @@ from ._core import (
     Inputs,
     candidate_code,
     environment,
+    import_line,
     reference_attention,
+    repro_comparison,
     run_check,
 )
+from ._infer import Inference, contradictions, infer_adapter, with_inference
 
 Candidate = Callable[..., Any]
 
@@ -140,11 +143,22 @@ class FunctionAdapter:
         return None
 
     def repro(self, example: Example, check: str) -> str:
+        """A snippet that runs as printed in a fresh interpreter when the candidate can be imported (from its
+        module, or from ``name`` when that is ``pkg.mod:attr``, as the CLI names it)."""
         fields = ", ".join(f"{key}={value!r}" for key, value in asdict(example).items())
-        return (f"from typed_transformer.audit import Conventions, Example, candidate_call\n"
+        line = import_line(self.candidate, "candidate")
+        if line is None and ":" in self.name and " " not in self.name:
+            module_name, _, attr = self.name.partition(":")
+            line = f"import importlib\ncandidate = importlib.import_module({module_name!r}).{attr}"
+        if line is None:
+            line = f"candidate = ...  # {self.name}: define or import it here (it cannot be imported by name)"
+        return (f"import torch\n"
+                f"from typed_transformer.audit import Conventions, Example, FunctionAdapter, candidate_call\n"
+                f"{line}\n"
                 f"example = Example({fields})\n"
-                f"args, kwargs = candidate_call(example, {self.conventions!r})\n"
-                f"out = candidate(*args, **kwargs)  # candidate = {self.name}, check {check}")
+                f"args, kwargs = candidate_call(example, {self.conventions!r})  # the call the audit made\n"
+                f"adapter = FunctionAdapter(candidate, {self.conventions!r}, {self.name!r})\n"
+                + repro_comparison(check))
 
 
 def select(checks: Sequence[str] | None, kind: str) -> list[str]:
@@ -219,12 +233,10 @@ def audit_attention(
             (checked before any example runs).
         ValueError: an unknown check name, a non-positive ``tolerance`` or ``max_examples``.
     """
-    from ._infer import contradictions, infer_conventions, with_inference
-
     label = name or name_of(candidate)
     select(checks, "function")
     if conventions == "infer":
-        inference = infer_conventions(candidate, seed=seed, name=label)
+        inference = infer_function_conventions(candidate, seed=seed, name=label)
         adapter = FunctionAdapter(candidate, inference.conventions, label)
         report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
                            tolerance=tolerance, conventions=asdict(inference.conventions))
@@ -234,7 +246,8 @@ def audit_attention(
     report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
                        tolerance=tolerance, conventions=asdict(conventions))
     if not report.passed:
-        report.contradictions = contradictions(conventions, infer_conventions(candidate, seed=seed, name=label))
+        inferred = infer_function_conventions(candidate, seed=seed, name=label)
+        report.contradictions = contradictions(conventions, inferred)
     return report
 
 
@@ -290,3 +303,17 @@ def parametrize_audit(candidate: Candidate, *, conventions: Conventions = DEFAUL
     cases = [AuditCase(candidate, check, conventions, tuple(sorted(options.items())))
              for check in select(checks, "function")]
     return pytest.mark.parametrize("audit_case", [pytest.param(case, id=case.check) for case in cases])
+
+
+def infer_function_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
+                               **options: Any) -> Inference:
+    """:func:`~typed_transformer.audit.infer_conventions` for a functional candidate."""
+    decided = {"layout", "mask_polarity", "causal_alignment", "scale", "fully_masked", "supports_mask",
+               "supports_causal", "supports_gqa", "grouping", "mask_kind", "per_head_masks", "mask_with_causal",
+               "decode_sees_all", "always_causal"}
+    clash = sorted(set(options) & decided)
+    if clash:
+        raise ValueError(f"infer_conventions: {', '.join(clash)} {'is' if len(clash) == 1 else 'are'} inferred, "
+                         f"not given")
+    adapter = FunctionAdapter(candidate, Conventions(**options), name or name_of(candidate))
+    return infer_adapter(adapter, seed=seed, candidate=candidate)

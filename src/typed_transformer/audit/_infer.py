@@ -11,7 +11,6 @@ smallest input that decided it, printable as a runnable repro.
 import dataclasses
 import inspect
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -559,46 +558,6 @@ def infer_adapter(adapter: Adapter, *, seed: int = 0, candidate: Any = None) -> 
             _mask_with_causal(p)
     adapter.conventions = original
     return Inference(adapter.name, p.conv, p.evidence, p.findings, p.probes, time.perf_counter() - start)
-
-
-def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
-                      spec: Any = None, **options: Any) -> Inference:
-    """Infer what a functional candidate ``candidate(q, k, v, [attn_mask=...], [is_causal=...])`` does: its
-    layout, mask kind and polarity, causal alignment and decode rule, whether it is always causal, what a fully
-    masked row gives, grouped-query support and grouping, whether a mask may come with ``is_causal``, the logit
-    scale, and which arguments its signature takes.
-
-    Args:
-        candidate: the function to probe (about 25 calls on inputs of sizes <= 8, in float64 and float32), or
-            an attention module with ``spec`` (a :class:`ModuleSpec` or a shipped spec's name: it says where the
-            weights live; inference decides the behavioural fields, on a deep copy).
-        seed: the probes' input seed.
-        name: how the result names the candidate.
-        options: :class:`Conventions` fields inference does not decide (``self_attention``, ``head_sizes``,
-            ``lengths``, ``equal_head_sizes``, ``even_head_size``, ``supports_autograd``).
-
-    Returns:
-        An :class:`Inference`: ``.conventions``, ``.evidence`` (field -> value, what decided it and a repro),
-        ``.findings`` (behaviours that match no documented convention).
-    """
-    from ._functions import FunctionAdapter, name_of
-
-    if spec is not None:
-        from ._modules import ModuleAdapter
-        from .specs import SPECS
-
-        module_spec = SPECS[spec] if isinstance(spec, str) else spec
-        return infer_adapter(ModuleAdapter(candidate, module_spec, name=name), seed=seed)  # type: ignore[arg-type]
-
-    decided = {"layout", "mask_polarity", "causal_alignment", "scale", "fully_masked", "supports_mask",
-               "supports_causal", "supports_gqa", "grouping", "mask_kind", "per_head_masks", "mask_with_causal",
-               "decode_sees_all", "always_causal"}
-    clash = sorted(set(options) & decided)
-    if clash:
-        raise ValueError(f"infer_conventions: {', '.join(clash)} {'is' if len(clash) == 1 else 'are'} inferred, "
-                         f"not given")
-    adapter = FunctionAdapter(candidate, Conventions(**options), name or name_of(candidate))
-    return infer_adapter(adapter, seed=seed, candidate=candidate)
 
 
 # ----------------------------------------------------------------------------------------------------

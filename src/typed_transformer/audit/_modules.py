@@ -23,10 +23,13 @@ from ._core import (
     candidate_code,
     effective_keep,
     error,
+    import_line,
     reference_attention,
+    repro_comparison,
     rotate,
 )
-from ._functions import run_audit
+from ._functions import infer_function_conventions, run_audit
+from ._infer import Inference, contradictions, infer_adapter, with_inference
 
 #: ``forward(module, x, key, value, keep, is_causal) -> (b, t, e)``: call the module on ``x (b, t, eq)`` (and
 #: ``key (b, s, ek)``, ``value (b, s, ev)``; both None for a self-attention spec) with the canonical keep-mask
@@ -84,6 +87,11 @@ def alibi_bias(h: int, t: int, s: int) -> Tensor:
     slopes = 2.0 ** (-8.0 * torch.arange(1, h + 1, dtype=torch.float64) / h)
     distance = torch.arange(s - t, s, dtype=torch.float64)[:, None] - torch.arange(s, dtype=torch.float64)[None]
     return -slopes[:, None, None] * distance.abs()
+
+
+#: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers
+#: the shipped ones here when the package loads (this module never imports it).
+SHIPPED_SPECS: dict[str, "ModuleSpec"] = {}
 
 
 @dataclass(frozen=True)
@@ -316,6 +324,8 @@ class ModuleAdapter:
                                                   ("a sliding window", self.window is not None)) if present]
         self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
+        #: lines defining ``module`` and ``spec`` for :meth:`repro`
+        self.setup = module_setup(module, spec)
 
     def module(self, dtype: torch.dtype) -> nn.Module:
         """The module copy in ``dtype`` (made once)."""
@@ -432,13 +442,39 @@ class ModuleAdapter:
             return self.spec.fast_path(module, x.to(dtype), padding)
 
     def repro(self, example: Example, check: str) -> str:
+        """A snippet that runs as printed in a fresh interpreter: :attr:`setup` defines ``module`` and
+        ``spec`` (the CLI rebuilds its module with the same seeded weights), then the failing call and the
+        reference."""
         fields = ", ".join(f"{key}={value!r}" for key, value in dataclasses.asdict(example).items())
-        return (f"from typed_transformer.audit import Example, ModuleAdapter, SPECS\n"
+        return (f"import torch\n"
+                f"from typed_transformer.audit import Conventions, Example, ModuleAdapter\n"
+                f"{self.setup}\n"
                 f"example = Example({fields})\n"
-                f"adapter = ModuleAdapter(module, SPECS[{self.spec.name!r}])  # module = {self.name}\n"
-                f"out = adapter.call(example.inputs(), example.mask(), example.is_causal, example.torch_dtype)\n"
-                f"ref = adapter.reference(example.inputs(), example.mask(), example.is_causal, torch.float64)"
-                f"  # check {check}")
+                f"adapter = ModuleAdapter(module, spec, conventions={self.conventions!r})\n"
+                + repro_comparison(check))
+
+
+def module_setup(module: Any, spec: ModuleSpec) -> str:
+    """Lines that define ``spec`` and ``module`` in a fresh interpreter: a shipped spec by name, a user's spec
+    by the module-level name it has where its forward is defined; a module by the factory that built it when
+    the factory can be imported. What cannot be imported is left for the reader, with a comment that says so."""
+    from .specs import SPECS
+
+    if SPECS.get(spec.name) is spec:
+        spec_line = f"from typed_transformer.audit import SPECS\nspec = SPECS[{spec.name!r}]"
+    else:
+        search = tuple(dict.fromkeys(getattr(f, "__module__", "") for f in (spec.forward, spec.weights, spec.build)
+                                     if f is not None))
+        spec_line = import_line(spec, "spec", search=search) or (
+            f"spec = ...  # the ModuleSpec {spec.name!r} you passed: define or import it here (it has no importable "
+            f"name)")
+    if not isinstance(module, nn.Module):  # a factory
+        line = import_line(module, "factory")
+        if line is not None:
+            return f"{spec_line}\n{line}\nmodule = factory()"
+        module = None
+    name = "a module" if module is None else f"the {type(module).__qualname__} you audited"
+    return f"{spec_line}\nmodule = ...  # {name}: build it here (pass a factory to get this line filled in)"
 
 
 def layout_hint(adapter: ModuleAdapter, report: AuditReport) -> None:
@@ -488,6 +524,7 @@ def audit_module(
     seed: int = 0,
     tolerance: float = 2.0,
     name: str | None = None,
+    setup: str | None = None,
 ) -> AuditReport:
     """Audit an attention module with its own weights against the reference (every check that applies to
     modules, once per dtype). The module (or the one a factory builds) is deep-copied first: the caller's
@@ -501,25 +538,24 @@ def audit_module(
             inference decides the behavioural fields (causal alignment and decode rule, always causal, fully
             masked rows, masks with ``is_causal``) and the report opens with them.
         fully_masked: override only what a query row without allowed keys gives.
+        setup: Python lines that define ``module`` and ``spec`` in a fresh interpreter, at the top of every
+            repro snippet (default: the shipped spec by name, or your spec and factory by their import paths).
 
     Raises:
         AuditUsageError: the module does not match the spec (the message names the missing attribute).
         KeyError: an unknown spec name.
     """
-    from .specs import SPECS
-
     if isinstance(spec, str):
-        if spec not in SPECS:
-            raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SPECS)}")
-        spec = SPECS[spec]
-    from ._infer import contradictions, infer_adapter, with_inference
-
+        if spec not in SHIPPED_SPECS:
+            raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SHIPPED_SPECS)}")
+        spec = SHIPPED_SPECS[spec]
     candidate = module if isinstance(module, nn.Module) else module()
     infer = conventions == "infer"
     conv = spec.conventions if conventions is None or conventions == "infer" else conventions
     if fully_masked is not None:
         conv = dataclasses.replace(conv, fully_masked=fully_masked)
     adapter = ModuleAdapter(candidate, spec, conventions=conv, name=name)
+    adapter.setup = setup or module_setup(module, spec)
     inference = infer_adapter(adapter, seed=seed) if infer else None
     if inference is not None:
         adapter.conventions = inference.conventions
@@ -532,3 +568,29 @@ def audit_module(
     if not report.passed:
         report.contradictions = contradictions(adapter.conventions, infer_adapter(adapter, seed=seed))
     return report
+
+
+def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
+                      spec: Any = None, **options: Any) -> Inference:
+    """Infer what a functional candidate ``candidate(q, k, v, [attn_mask=...], [is_causal=...])`` does: its
+    layout, mask kind and polarity, causal alignment and decode rule, whether it is always causal, what a fully
+    masked row gives, grouped-query support and grouping, whether a mask may come with ``is_causal``, the logit
+    scale, and which arguments its signature takes.
+
+    Args:
+        candidate: the function to probe (about 25 calls on inputs of sizes <= 8, in float64 and float32), or
+            an attention module with ``spec`` (a :class:`ModuleSpec` or a shipped spec's name: it says where the
+            weights live; inference decides the behavioural fields, on a deep copy).
+        seed: the probes' input seed.
+        name: how the result names the candidate.
+        options: :class:`Conventions` fields inference does not decide (``self_attention``, ``head_sizes``,
+            ``lengths``, ``equal_head_sizes``, ``even_head_size``, ``supports_autograd``).
+
+    Returns:
+        An :class:`Inference`: ``.conventions``, ``.evidence`` (field -> value, what decided it and a repro),
+        ``.findings`` (behaviours that match no documented convention).
+    """
+    if spec is not None:
+        module_spec = SHIPPED_SPECS[spec] if isinstance(spec, str) else spec
+        return infer_adapter(ModuleAdapter(candidate, module_spec, name=name), seed=seed)  # type: ignore[arg-type]
+    return infer_function_conventions(candidate, seed=seed, name=name, **options)

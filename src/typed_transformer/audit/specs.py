@@ -23,7 +23,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from ._core import AuditUsageError, Conventions
-from ._modules import ModuleSpec, Rotary, Weights, additive_mask, resolve, with_causal
+from ._modules import SHIPPED_SPECS, ModuleSpec, Rotary, Weights, additive_mask, resolve, with_causal
 
 # ----------------------------------------------------------------------------------------------------
 # nn.MultiheadAttention
@@ -458,6 +458,7 @@ X_TRANSFORMERS = ModuleSpec(
 SPECS: dict[str, ModuleSpec] = {spec.name: spec for spec in (
     TORCH_MHA, TYPED_TRANSFORMER, GPT2, GPT2_CROSS, BERT, BART, WHISPER, T5, LLAMA, GPT_NEOX, PHI, MISTRAL, QWEN2,
     QWEN3, TORCHTUNE, X_TRANSFORMERS)}
+SHIPPED_SPECS.update(SPECS)  # audit_module(..., spec="name") finds them there (_modules never imports this module)
 
 __all__ = ["BART", "BERT", "GPT2", "GPT2_CROSS", "GPT_NEOX", "LLAMA", "MISTRAL", "PHI", "QWEN2", "QWEN3", "SPECS", "T5",
            "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER", "WHISPER", "X_TRANSFORMERS"]
