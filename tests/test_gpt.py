@@ -569,6 +569,13 @@ def test_a_single_token_is_checked_too(bad: int) -> None:
         GPT(tiny())(torch.full((1, 1), bad))
 
 
+@pytest.mark.parametrize("bad", [11, -1])
+def test_attention_weights_checks_ids_with_the_same_rule(bad: int) -> None:
+    with pytest.raises(ValueError, match=exactly(
+            f"GPT.attention_weights: idx holds token id {bad}, outside the vocabulary 0..10")):
+        GPT(tiny()).attention_weights(torch.tensor([[0, bad, 1]]))
+
+
 def test_bad_target_ids_name_the_ignore_index() -> None:
     targets = torch.full((1, 1), 11)
     with pytest.raises(ValueError, match=exactly("GPT.forward: targets holds token id 11, outside the vocabulary "

@@ -250,9 +250,9 @@ class GPT(nn.Module):
                               actual=offset + t, expected=limit)
         if not torch.compiler.is_compiling():
             # Out-of-range ids would otherwise surface as an index error deep inside embedding or loss.
-            _check_ids("idx", idx, 0, self.vocab_size)
+            _check_ids("GPT.forward", "idx", idx, 0, self.vocab_size)
             if targets is not None:
-                _check_ids("targets", targets, -1, self.vocab_size)  # -1 = ignored position
+                _check_ids("GPT.forward", "targets", targets, -1, self.vocab_size)  # -1 = ignored position
         x = self._embed(idx, offset)
         bias = self._attn_bias(t, offset + t, x.dtype)
         for i, block in enumerate(self.blocks):
@@ -295,10 +295,7 @@ class GPT(nn.Module):
         if idx.shape[1] > self.config.block_size:
             raise_shape_error(name, "idx", f"axis t is {idx.shape[1]}, more than block_size={self.config.block_size}",
                               axis="t", actual=idx.shape[1], expected=self.config.block_size)
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.vocab_size):
-            bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
-            raise ValueError(f"GPT.attention_weights: idx holds token id {bad}, outside the vocabulary "
-                             f"0..{self.vocab_size - 1}")
+        _check_ids("GPT.attention_weights", "idx", idx, 0, self.vocab_size)
         maps = []
         with torch.no_grad():
             x = self._embed(idx, 0)
@@ -457,14 +454,15 @@ class GPT(nn.Module):
         return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _check_ids(name: str, ids: Tensor, low: int, vocab_size: int) -> None:
+def _check_ids(owner: str, name: str, ids: Tensor, low: int, vocab_size: int) -> None:
+    """The GPT's one token-id range rule: ids in ``[0, vocab_size)`` (``low=-1``: also -1, an ignored target)."""
     if ids.numel() == 0:
         return
     smallest, largest = int(ids.min()), int(ids.max())
     if smallest < low or largest >= vocab_size:
         bad = smallest if smallest < low else largest
         ignored = " (or -1, ignored)" if low == -1 else ""
-        raise ValueError(f"GPT.forward: {name} holds token id {bad}, outside the vocabulary 0..{vocab_size - 1}"
+        raise ValueError(f"{owner}: {name} holds token id {bad}, outside the vocabulary 0..{vocab_size - 1}"
                          + ignored)
 
 

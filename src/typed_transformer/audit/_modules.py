@@ -458,9 +458,7 @@ def module_setup(module: Any, spec: ModuleSpec) -> str:
     """Lines that define ``spec`` and ``module`` in a fresh interpreter: a shipped spec by name, a user's spec
     by the module-level name it has where its forward is defined; a module by the factory that built it when
     the factory can be imported. What cannot be imported is left for the reader, with a comment that says so."""
-    from .specs import SPECS
-
-    if SPECS.get(spec.name) is spec:
+    if SHIPPED_SPECS.get(spec.name) is spec:
         spec_line = f"from typed_transformer.audit import SPECS\nspec = SPECS[{spec.name!r}]"
     else:
         search = tuple(dict.fromkeys(getattr(f, "__module__", "") for f in (spec.forward, spec.weights, spec.build)
