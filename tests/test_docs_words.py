@@ -13,7 +13,7 @@ DATA_PATH = re.compile(r"\.\./shared/data")
 def test_no_internal_words_in_docs_source_or_benchmarks() -> None:
     read = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
             *sorted((ROOT / "src" / "typed_transformer").rglob("*.py"))]
-    files = [(path, (INTERNAL, DATA_PATH)) for path in read]
+    files: list[tuple[Path, tuple[re.Pattern[str], ...]]] = [(path, (INTERNAL, DATA_PATH)) for path in read]
     files += [(path, (INTERNAL,)) for path in sorted((ROOT / "benchmarks").rglob("*.py"))]
     found = [f"{path.relative_to(ROOT)}:{number}: {match.group(0)}" for path, patterns in files
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
