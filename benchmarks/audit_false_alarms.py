@@ -1,4 +1,4 @@
-"""False-alarm sweep of the audit's tolerance rule (issue 10): correct candidates, float64 inputs, many seeds.
+"""False-alarm sweep of the audit's tolerance rule: correct candidates, float64 inputs, many seeds.
 
     python benchmarks/audit_false_alarms.py --seeds 100
 

@@ -1,4 +1,4 @@
-"""Text data for the character-level GPT: a character tokenizer (seed 004), a default corpus, the 90/10
+"""Text data for the character-level GPT: a character tokenizer (the original tutorial's), a default corpus, the 90/10
 train/validation split and random ``(b, t)`` batches from a seeded generator.
 
 Every problem with the input raises :class:`DataError` with a one-line message naming the file and what

@@ -1,4 +1,4 @@
-"""A decoder-only, character-level GPT (seeds 003 and 004; nanoGPT's ``model.py`` as the style anchor).
+"""A decoder-only, character-level GPT (the original tutorial's; nanoGPT's ``model.py`` as the style anchor).
 
     x_0 = E[idx] + P              token embedding plus positions (learned, sinusoidal; or none here and
                                   RoPE or ALiBi's bias inside attention)

@@ -5,7 +5,8 @@
     logits = Decoder(x_tgt, memory, causal + target padding mask, source padding mask) W_out + b_out
 
 Shapes: ``src (b, s)`` and ``tgt (b, t)`` integer token ids, ``logits (b, t, tgt_vocab_size)``. Padding masks
-come from ``src_pad_idx``/``tgt_pad_idx`` (seed 000's model); the target side is always causal. Positions
+come from ``src_pad_idx``/``tgt_pad_idx`` (the from-scratch translation tutorial's model); the target side
+is always causal. Positions
 are the paper's sinusoids (default), learned (``max_length`` of them), rotary (inside every self-attention)
 or none. Dropout is applied to the embedded inputs, as in the paper.
 
@@ -37,7 +38,8 @@ Positions = Literal["sinusoidal", "learned", "rope", "none"]
 
 @shape_checked
 class Seq2SeqTransformer(nn.Module):
-    """Encoder-decoder Transformer over token ids (seed 000's model, ``nn.Transformer`` inside).
+    """Encoder-decoder Transformer over token ids (the from-scratch translation tutorial's model,
+    ``nn.Transformer`` inside).
 
     The other arguments are :class:`~typed_transformer.layers.Transformer`'s.
 

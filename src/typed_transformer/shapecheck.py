@@ -32,7 +32,7 @@ The one switch: ``jaxtyping.config`` (``JAXTYPING_DISABLE=1`` in the environment
 :func:`set_shape_checks` and :func:`shape_checks` read and write that same setting, so the two can never
 disagree.
 
-Design decisions (measured in the project notes, ``shared/notes/shape-checking.md``):
+Design decisions (measured when the checks were designed):
 
 * Checks are applied by re-binding (functions) or by a class decorator (modules), never by a decorator
   on the function itself, because mutmut does not mutate decorated functions.
