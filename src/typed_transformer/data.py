@@ -33,6 +33,8 @@ def load_text(path: str | Path) -> str:
     try:
         raw = require_regular_file(path, "the text").read_bytes()  # never a FIFO or a device (/dev/zero)
     except NotARegularFile as err:
+        if path.is_dir():  # the message docs/reliability.md shows
+            raise DataError(f"{path}: is a directory, not a text file") from None
         raise DataError(str(err)) from None
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None

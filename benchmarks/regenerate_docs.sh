@@ -1,0 +1,14 @@
+#!/bin/bash
+# Every generated block of README.md and docs/, rewritten from a fresh run of the script that owns it, one after
+# the other (the wall times and speeds are part of the figures: run it on an idle machine; about 25 minutes).
+#   bash benchmarks/regenerate_docs.sh path/to/tinyshakespeare.txt
+# tests/test_docs_generated.py and `benchmarks/audit_infer_docs.py --check` say when a block is out of date.
+set -euo pipefail
+data=${1:?usage: bash benchmarks/regenerate_docs.sh TINYSHAKESPEARE.txt}
+cd "$(dirname "$0")/.."
+py=.venv/bin/python
+$py benchmarks/readme_main_job.py --write             # README.md and docs/training.md: the main job
+$py benchmarks/seq2seq_runs.py --write                # docs/training.md: train-seq2seq and translate
+$py benchmarks/audit_infer_docs.py                    # docs/audit.md: the --infer example and its timing
+$py benchmarks/time_to_quality.py --data "$data" --write docs/lab/time-to-quality.md
+$py benchmarks/audit_hf_sweep.py --jobs 2             # docs/audit-hf-sweep.md
