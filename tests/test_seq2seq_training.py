@@ -2,6 +2,7 @@
 one-line errors) and ``translate``."""
 
 import io
+import json
 import os
 import signal
 from pathlib import Path
@@ -104,6 +105,9 @@ def test_train_translate_and_resume_from_the_command_line(tmp_path: Path, capsys
     out = tmp_path / "run"
     assert run(["train-seq2seq", *TINY, "--max-iters", "20", "--eval-interval", "10", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
+    assert printed.splitlines()[0].startswith("config: Seq2SeqConfig(")
+    assert "max_iters=20" in printed.splitlines()[0]
+    assert json.loads((out / "config.json").read_text(encoding="utf-8"))["max_iters"] == 20
     assert "iter    10:" in printed
     assert "done: iteration 20" in printed
     straight = load_seq2seq(out)

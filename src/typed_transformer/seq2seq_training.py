@@ -319,6 +319,7 @@ def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = Fals
         start = previous.iteration if previous is not None else 0
         history = list(previous.history) if previous is not None else []
         (out / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n", encoding="utf-8")
+        print(f"config: {config} (saved in {out / 'config.json'})", file=stream, flush=True)
         print(f"seq2seq: {sum(p.numel() for p in model.parameters()):,} parameters, vocabulary {vocab.size} "
               f"({vocab.chars!r} + pad, bos, eos), {len(held)} held-out pairs"
               + (f", resuming at iteration {start}" if start else ""), file=stream, flush=True)
