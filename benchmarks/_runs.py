@@ -93,3 +93,11 @@ def main_job(data: Path, out: Path, *extra: str) -> list[str]:
 def reference(data: Path, *extra: str) -> list[str]:
     """nanoGPT's CPU baby run as a plain PyTorch loop (``nanogpt_reference.py``)."""
     return [sys.executable, str(REPO / "benchmarks" / "nanogpt_reference.py"), "--data", str(data), *extra]
+
+
+def write_between(page: Path, begin: str, end: str, block: str) -> None:
+    """Replace what stands between the markers ``begin`` and ``end`` of ``page`` with ``block``."""
+    text = page.read_text(encoding="utf-8")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    page.write_text(f"{head}{begin}\n{block}\n{end}{tail}", encoding="utf-8")

@@ -18,6 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
+from benchmarks._runs import write_between
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "docs" / "training.md"]
 BEGIN, END = "<!-- main-job:begin -->", "<!-- main-job:end -->"
@@ -53,10 +56,7 @@ def _torch_version() -> str:
 
 def write(block: str) -> None:
     for page in PAGES:
-        text = page.read_text(encoding="utf-8")
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        page.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}", encoding="utf-8")
+        write_between(page, BEGIN, END, block)
 
 
 if __name__ == "__main__":

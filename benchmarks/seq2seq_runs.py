@@ -17,6 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
+from benchmarks._runs import write_between
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "training.md"
 BEGIN, END = "<!-- seq2seq-runs:begin -->", "<!-- seq2seq-runs:end -->"
@@ -53,10 +56,7 @@ def main() -> None:
     block = run_all()
     print(block)
     if args.write:
-        text = DOC.read_text(encoding="utf-8")
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        DOC.write_text(f"{head}{BEGIN}\n{block}\n{END}{tail}", encoding="utf-8")
+        write_between(DOC, BEGIN, END, block)
 
 
 if __name__ == "__main__":
