@@ -376,5 +376,6 @@ def test_generate_from_exploded_but_finite_weights_is_one_line(trained: tuple[Pa
     capsys.readouterr()
     assert main(["generate", "--checkpoint", str(bad), "--max-new-tokens", "3"]) == 2
     assert one_line(capsys.readouterr().err) == (
-        "typed-transformer: error: the model's output is not finite (its weights are finite but exploded: the run "
-        "that wrote this checkpoint diverged)")
+        "typed-transformer: error: GPT.generate: the model's logits hold NaN or infinity, so no token can be drawn: "
+        "its weights are finite but so large that the activations overflow (weights that exploded in a training run "
+        "that diverged)")
