@@ -32,10 +32,12 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture
 def sigint_as_in_a_terminal() -> Iterator[None]:
-    """Ctrl-C raising KeyboardInterrupt, as in a terminal, whatever disposition the suite was started with
-    (``nohup ... &`` starts it with SIGINT ignored, which the program rightly keeps)."""
+    """Ctrl-C raising KeyboardInterrupt and a hang-up terminating, as in a terminal, whatever dispositions the suite
+    was started with (``nohup ... &`` starts it with SIGINT and SIGHUP ignored, which the program rightly keeps)."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_hup = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     yield
+    signal.signal(signal.SIGHUP, previous_hup)
     signal.signal(signal.SIGINT, previous)
 
 
