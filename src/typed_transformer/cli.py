@@ -225,7 +225,9 @@ def _audit_parser(commands: Any) -> None:
                        help="declared output of query rows without keys (default zero, as in the API; a module: "
                        "its spec's)")
     audit.add_argument("--scale", type=_positive_float, default=None, help="logit scale (default 1/sqrt(d))")
-    audit.add_argument("--gqa", action="store_true", help="the candidate takes fewer key/value heads")
+    audit.add_argument("--gqa", action="store_true",
+                       help="the candidate takes fewer key/value heads (enable_gqa=True is passed with them when it "
+                            "takes that keyword, as torch's scaled_dot_product_attention does)")
     audit.add_argument("--grouping", choices=["g r", "r g"], default="g r",
                        help="query head i uses kv head i // r ('g r', torch's) or i %% g ('r g')")
     audit.add_argument("--self-attention", action="store_true", help="the candidate needs t = s")
@@ -800,6 +802,7 @@ def _audit(args: argparse.Namespace) -> int:
             AuditUsageError,
             Conventions,
             audit_attention,
+            takes_enable_gqa,
         )
     except ImportError as err:
         return _fail(f"audit needs the [audit] extra: {install_hint('audit')} ({err})")
@@ -848,6 +851,7 @@ def _audit(args: argparse.Namespace) -> int:
                 layout=args.layout, mask_polarity=args.mask_polarity, causal_alignment=args.causal_alignment,
                 scale=args.scale, fully_masked=args.fully_masked or Conventions().fully_masked,
                 supports_mask=not args.no_mask, supports_causal=not args.no_causal, supports_gqa=args.gqa,
+                enable_gqa=args.gqa and takes_enable_gqa(candidate),
                 supports_autograd=not args.no_autograd, self_attention=args.self_attention,
                 equal_head_sizes=args.equal_head_sizes, even_head_size=args.even_head_size, grouping=args.grouping,
                 mask_kind=args.mask_kind, mask_with_causal=not args.no_mask_with_causal,

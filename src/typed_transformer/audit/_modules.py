@@ -294,7 +294,7 @@ class ModuleAdapter:
         self.weights = spec_weights(self.original, spec)
         w = self.weights
         self.conventions = dataclasses.replace(conventions or spec.conventions, scale=w.scale,
-                                               supports_gqa=w.g != w.h)
+                                               supports_gqa=w.g != w.h, enable_gqa=False)
         self.name = name or f"{type(module).__module__}.{type(module).__qualname__} (spec {spec.name})"
         tied = self.conventions.self_attention
         self.fixed: dict[str, int] | None = {
