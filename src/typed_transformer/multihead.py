@@ -28,6 +28,7 @@ from .attention import Backend, scaled_dot_product_attention, scaled_dot_product
 from .masks import merge_causal, merge_masks
 from .positions import RotaryEmbedding
 from .shapecheck import raise_shape_error, shape_checked
+from .validation import check_positive_int
 
 __all__ = ["KVCache", "MultiHeadAttention"]
 
@@ -47,8 +48,7 @@ class KVCache:
         """``capacity``: the most positions it will hold; given, the first append allocates buffers of that
         length and later appends copy into them (no ``torch.cat`` of the whole cache per step). ``k`` and
         ``v`` are always the cached positions, ``(b, g, length, d)``."""
-        if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
-            raise ValueError(f"KVCache: capacity must be None or a positive int, got {capacity!r}")
+        check_positive_int("KVCache", "capacity", capacity, optional=True)
         self.capacity = capacity
         # The storage: the first `_length` positions along axis 2 are cached, the rest is room to append in
         # place. One tensor per side and an int, never a view of another attribute, so that a compiled forward
@@ -181,8 +181,8 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         for name, size in (("d_model", d_model), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
                            ("input_dim", input_dim), ("kdim", kdim), ("vdim", vdim)):
-            if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
-                raise ValueError(f"MultiHeadAttention: {name} must be a positive int, got {size!r}")
+            if size is not None:  # None: input_dim, kdim or vdim as d_model
+                check_positive_int("MultiHeadAttention", name, size)
         if d_model % num_heads != 0:
             raise ValueError(f"MultiHeadAttention: d_model={d_model} is not divisible by num_heads={num_heads}")
         if num_heads % num_kv_heads != 0:
