@@ -16,7 +16,7 @@ may attend), zero output for fully masked rows, and shape checks naming the argu
 """
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, overload
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,15 @@ from .shapecheck import raise_shape_error, shape_checked
 from .validation import check_positive_int
 
 __all__ = ["KVCache", "MultiHeadAttention"]
+
+# MultiHeadAttention.forward's masks and weights (``{self.num_heads}`` is resolved per call, as in its signature).
+_AttnMask: TypeAlias = (
+    Bool[Tensor, "t s"] | Float[Tensor, "t s"] | Bool[Tensor, "b t s"] | Float[Tensor, "b t s"]
+    | Bool[Tensor, "#b #{self.num_heads} #t s"] | Float[Tensor, "#b #{self.num_heads} #t s"]
+)
+_AttnBias: TypeAlias = Float[Tensor, "#b #{self.num_heads} #t s"] | Float[Tensor, "t s"]
+#: The weights: averaged over heads ``(b, t, s')`` or per head ``(b, h, t, s')`` (``s'``: keys plus appended ones).
+_Weights: TypeAlias = Float[Tensor, "b t _"] | Float[Tensor, "b {self.num_heads} t _"]
 
 
 @shape_checked
@@ -255,24 +264,67 @@ class MultiHeadAttention(nn.Module):
             parts.append(f"dropout={self.dropout}")
         return ", ".join([*parts, f"backend={self.backend!r}"])
 
+    # need_weights changes the return type: the overloads make it exact for type checkers (False or left out:
+    # (output, None); True: (output, weights)).
+    @overload
     def forward(
         self,
         query: Float[Tensor, "b t {self.input_dim}"],
         key: Float[Tensor, "b s {self.kdim}"] | None = None,
         value: Float[Tensor, "b s {self.vdim}"] | None = None,
         *,
-        attn_mask: Bool[Tensor, "t s"] | Float[Tensor, "t s"] | Bool[Tensor, "b t s"] | Float[Tensor, "b t s"]
-        | Bool[Tensor, "#b #{self.num_heads} #t s"] | Float[Tensor, "#b #{self.num_heads} #t s"] | None = None,
+        attn_mask: _AttnMask | None = None,
         key_padding_mask: Bool[Tensor, "b s"] | None = None,
-        attn_bias: Float[Tensor, "#b #{self.num_heads} #t s"] | Float[Tensor, "t s"] | None = None,
+        attn_bias: _AttnBias | None = None,
+        is_causal: bool = False,
+        need_weights: Literal[False] = False,
+        average_attn_weights: bool = True,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[Float[Tensor, "b t {self.d_model}"], None]: ...
+    @overload
+    def forward(
+        self,
+        query: Float[Tensor, "b t {self.input_dim}"],
+        key: Float[Tensor, "b s {self.kdim}"] | None = None,
+        value: Float[Tensor, "b s {self.vdim}"] | None = None,
+        *,
+        attn_mask: _AttnMask | None = None,
+        key_padding_mask: Bool[Tensor, "b s"] | None = None,
+        attn_bias: _AttnBias | None = None,
+        is_causal: bool = False,
+        need_weights: Literal[True],
+        average_attn_weights: bool = True,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[Float[Tensor, "b t {self.d_model}"], _Weights]: ...
+    @overload
+    def forward(
+        self,
+        query: Float[Tensor, "b t {self.input_dim}"],
+        key: Float[Tensor, "b s {self.kdim}"] | None = None,
+        value: Float[Tensor, "b s {self.vdim}"] | None = None,
+        *,
+        attn_mask: _AttnMask | None = None,
+        key_padding_mask: Bool[Tensor, "b s"] | None = None,
+        attn_bias: _AttnBias | None = None,
+        is_causal: bool = False,
+        need_weights: bool,
+        average_attn_weights: bool = True,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[Float[Tensor, "b t {self.d_model}"], _Weights | None]: ...
+    def forward(
+        self,
+        query: Float[Tensor, "b t {self.input_dim}"],
+        key: Float[Tensor, "b s {self.kdim}"] | None = None,
+        value: Float[Tensor, "b s {self.vdim}"] | None = None,
+        *,
+        attn_mask: _AttnMask | None = None,
+        key_padding_mask: Bool[Tensor, "b s"] | None = None,
+        attn_bias: _AttnBias | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
         average_attn_weights: bool = True,
         kv_cache: KVCache | None = None,
-    ) -> tuple[
-        Float[Tensor, "b t {self.d_model}"],
-        Float[Tensor, "b t _"] | Float[Tensor, "b {self.num_heads} t _"] | None,
-    ]:
+    ) -> tuple[Float[Tensor, "b t {self.d_model}"], _Weights | None]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when both are None).
 
         Args:
