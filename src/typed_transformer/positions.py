@@ -36,7 +36,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from .shapecheck import raise_shape_error, shape_checked, typechecked
+from .shapecheck import check_parameter_dtype, raise_shape_error, shape_checked, typechecked
 from .validation import check_positive_int
 
 __all__ = [
@@ -102,6 +102,7 @@ class LearnedPositionalEmbedding(nn.Module):
         super().__init__()
         check_positive_int("LearnedPositionalEmbedding", "max_length", max_length)
         check_positive_int("LearnedPositionalEmbedding", "d_model", d_model)
+        check_parameter_dtype("LearnedPositionalEmbedding", dtype)
         self.max_length = max_length
         self.d_model = d_model
         self.weight = nn.Parameter(torch.empty(max_length, d_model, device=device, dtype=dtype))

@@ -29,7 +29,7 @@ from ._deprecation import deprecated_alias, renamed_keywords, warn_deprecated
 from .attention import Backend
 from .layers import Activation, Transformer
 from .positions import SharedPositions, check_positional, position_modules
-from .shapecheck import raise_shape_error, shape_checked
+from .shapecheck import check_parameter_dtype, raise_shape_error, shape_checked
 from .validation import check_positive_int, check_token_ids
 
 __all__ = ["Positions", "Seq2SeqTransformer"]
@@ -100,6 +100,7 @@ class Seq2SeqTransformer(nn.Module):
                             num_heads=nhead, max_length=max_length, device=device, dtype=dtype)
         check_positional("Seq2SeqTransformer", positional, Positions, d_model=d_model, num_heads=nhead,
                          max_length=max_length)
+        check_parameter_dtype("Seq2SeqTransformer", dtype)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.src_vocab_size = src_vocab_size
         self.tgt_vocab_size = tgt_vocab_size
