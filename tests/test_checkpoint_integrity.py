@@ -125,7 +125,7 @@ CORRUPTIONS: list[tuple[str, Callable[[dict[str, Tensor], dict[str, str]], objec
     ("history future", _set("history", [{"iter": 9}]), "iterations must increase and not pass 3"),
     ("train_config key", _set("train_config", {"max_iters": 3, "speed": "fast"}),
      "train_config has unknown key 'speed'"),
-    ("train_config type", _set("train_config", {"max_iters": "3"}), "max_iters must be a positive integer, got '3'"),
+    ("train_config type", _set("train_config", {"max_iters": "3"}), "max_iters must be a positive int, got '3'"),
     ("train_config lr", _set("train_config", {"learning_rate": float("inf")}), "learning_rate must be a finite"),
     ("train_config not a dict", _set("train_config", [1]), "train_config must be a dict, got list"),
     ("model_config bias", lambda t, m: m.update(model_config=json.dumps({**json.loads(m["model_config"]),
