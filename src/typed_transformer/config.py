@@ -12,6 +12,7 @@ from typing import Any, Literal
 import torch
 
 from ._options import THREADS_HELP, parse_threads
+from .validation import check_positive_int
 
 __all__ = ["DEFAULT_PRESET", "DTYPES", "MAX_ITERS", "MAX_SEED", "MAX_TOKENS", "PRESET_TRAINING", "TrainConfig",
            "describe_presets"]
@@ -113,9 +114,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         positive = ("max_iters", "batch_size", "eval_interval", "eval_iters", "checkpoint_interval", "grad_accum")
         for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_positive_int(None, name, getattr(self, name))
         for name in ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
@@ -124,9 +123,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-        if self.lr_decay_iters is not None and (not isinstance(self.lr_decay_iters, int)
-                                                or isinstance(self.lr_decay_iters, bool) or self.lr_decay_iters <= 0):
-            raise ValueError(f"lr_decay_iters must be None or a positive integer, got {self.lr_decay_iters!r}")
+        check_positive_int(None, "lr_decay_iters", self.lr_decay_iters, optional=True)
         if not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
             raise ValueError(f"beta1 and beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
         if not (self.learning_rate > 0 and self.min_lr >= 0 and self.min_lr <= self.learning_rate):

@@ -42,6 +42,7 @@ from .seq2seq_data import (
 from .shapecheck import shape_checks
 from .threads import ThreadTuner, apply_threads
 from .training import TrainingDiverged, _Interrupt
+from .validation import check_positive_int
 
 __all__ = ["Seq2SeqCheckpoint", "Seq2SeqConfig", "Seq2SeqResult", "evaluate_pairs", "load_seq2seq",
            "train_seq2seq", "translate"]
@@ -96,8 +97,7 @@ class Seq2SeqConfig:
         positive = ("vocab", "eval_pairs", "d_model", "nhead", "layers", "dim_feedforward", "batch_size",
                     "eval_interval")
         for name in positive:
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+            check_positive_int(None, f"--{name.replace('_', '-')}", getattr(self, name))
         if self.max_iters < 0 or self.warmup_iters < 0:
             raise ValueError("--max-iters and --warmup-iters must be non-negative")
         if not 0 <= self.dropout < 1 or not 0 < self.held_out < 1:

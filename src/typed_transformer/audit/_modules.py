@@ -14,6 +14,7 @@ import torch
 from einops import einsum, rearrange
 from torch import Tensor, nn
 
+from ..masks import merge_causal
 from ._core import (
     DEFAULT_CONVENTIONS,
     AuditReport,
@@ -280,13 +281,11 @@ def additive_mask(keep: Tensor | None, dtype: torch.dtype, fill: float | None = 
 
 
 def with_causal(keep: Tensor | None, is_causal: bool, t: int, s: int) -> Tensor | None:
-    """``keep`` ANDed with our bottom-right causal mask (for modules whose causality is a mask argument)."""
+    """``keep`` ANDed with our bottom-right causal mask (for modules whose causality is a mask argument):
+    :func:`~typed_transformer.merge_causal`, always 4-D ``(#b, #h, t, s)``."""
     if not is_causal:
         return keep
-    from ..masks import causal_mask
-
-    causal = causal_mask(t, s)[None, None]
-    return causal if keep is None else keep & causal
+    return merge_causal(torch.ones(1, 1, t, s, dtype=torch.bool) if keep is None else keep, t, s)
 
 
 class ModuleAdapter:
