@@ -245,8 +245,9 @@ def train(
     in ``config.dtype`` on CUDA). ``compile_backend`` is ``torch.compile``'s backend when ``config.compile``.
 
     Raises:
-        RunDirectoryError: ``out_dir`` is unusable (a file, not writable, locked by another run), or it holds
-            a checkpoint and neither ``resume`` nor ``overwrite`` was given.
+        RunDirectoryError: ``out_dir`` is unusable (a file, not writable, locked by another run, too little free
+            space for two checkpoints: :func:`~typed_transformer.checkpoint.require_free_space`), or it holds a
+            checkpoint and neither ``resume`` nor ``overwrite`` was given.
         TrainingDiverged: the loss, the gradient norm or the weights became non-finite; the last checkpoint
             (finite) is kept and nothing was saved after it.
         ValueError: ``batch_size`` is not divisible by ``world_size * grad_accum``, or float16 on a CPU.
@@ -264,6 +265,11 @@ def train(
         if resume is None and not overwrite and (out / CHECKPOINT_NAME).exists():
             raise RunDirectoryError(f"{out / CHECKPOINT_NAME} exists: continue that run with --resume or "
                                     "replace it with --overwrite")
+        if rank == 0:  # a full disk found now, not at the first save
+            from .checkpoint import require_free_space
+
+            evaluations = len(resume.history) if resume is not None else 0
+            require_free_space(out, model, evaluations=evaluations + config.max_iters // config.eval_interval + 2)
         return Trainer(model, data, config, out, resume=resume, device=device, progress=progress, log=log,
                        info=info, on_step=on_step, peak_flops=peak_flops, compile_backend=compile_backend).run()
 
