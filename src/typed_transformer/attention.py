@@ -41,7 +41,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ._deprecation import warn_deprecated as _warn_deprecated
-from .masks import AttnMask, causal_mask, merge_causal
+from .masks import AttnMask, merge_causal
 from .shapecheck import raise_shape_error, typechecked
 
 __all__ = ["AttnBias", "Backend", "scaled_dot_product_attention", "scaled_dot_product_attention_with_weights"]
@@ -112,7 +112,7 @@ def scaled_dot_product_attention(
 
     Raises:
         ShapeError: a tensor of the wrong shape or dtype (named in the message), ``g`` not dividing ``h``,
-            or ``k``/``v`` of another dtype than ``q``.
+            a head size ``d`` or a head count ``g`` of 0, or ``k``/``v`` of another dtype than ``q``.
         ValueError: ``dropout_p`` outside ``[0, 1)``, an unknown backend, or ``return_weights`` with
             ``backend="sdpa"``.
     """
@@ -163,6 +163,8 @@ def _prepare(function: Callable[..., object], q: Tensor, k: Tensor, v: Tensor, s
              is_causal: bool, dropout_p: float) -> tuple[float, bool]:
     """What annotations cannot say about the arguments; the scale and causal flag to compute with."""
     h, g = q.shape[1], k.shape[1]
+    if q.shape[-1] == 0:  # also the default scale 1 / sqrt(d)
+        raise_shape_error(function, "q", "axis d is 0: the head size must be at least 1", axis="d", actual=0)
     if g == 0:
         raise_shape_error(function, "k", "axis g is 0: need at least one key/value head", axis="g", actual=0)
     if h % g != 0:
@@ -187,13 +189,9 @@ def _reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, attn_b
                is_causal: bool, scale: float, dropout_p: float) -> tuple[Tensor, Tensor]:
     """The paper's equation with our conventions: ``(output, weights)``."""
     t, s, g = q.shape[2], k.shape[2], k.shape[1]
-    keep: Tensor | None = causal_mask(t, s, device=q.device) if is_causal else None
-    bias: Tensor | None = None
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            keep = attn_mask if keep is None else keep & attn_mask
-        else:
-            bias = attn_mask
+    mask = merge_causal(attn_mask, t, s, device=q.device) if is_causal else attn_mask
+    keep = mask if mask is not None and mask.dtype == torch.bool else None
+    bias = mask if mask is not None and mask.dtype != torch.bool else None
 
     # Half-precision inputs: logits and softmax in float32 (exp overflows and sums lose digits in fp16).
     compute = torch.promote_types(q.dtype, torch.float32)
