@@ -65,6 +65,7 @@ class Profile:
     def __init__(self) -> None:
         self.phases: dict[str, Phase] = {}
         self._stack: list[tuple[str, float, float]] = []  # (phase, wall, cpu) at entry or last resume
+        self._wrapped: list[tuple[Any, str, Any]] = []  # (owner, name, what it held before) for restore()
 
     @contextlib.contextmanager
     def phase(self, key: str) -> Iterator[None]:
@@ -101,7 +102,18 @@ class Profile:
             with self.phase(key):
                 return raw(*args, **kwargs)
 
+        inherited = isinstance(owner, type) and name not in vars(owner)
+        self._wrapped.append((owner, name, None if inherited else vars(owner)[name]))
         setattr(owner, name, timed if kind is None else kind(timed))
+
+    def restore(self) -> None:
+        """Put back every function :meth:`wrap` replaced (last wrapped first)."""
+        for owner, name, original in reversed(self._wrapped):
+            if original is None:  # a class's inherited method: drop the override
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        self._wrapped.clear()
 
 
 def instrument(profile: Profile) -> None:
@@ -160,15 +172,18 @@ def optimizer_steps() -> tuple[float, float]:
 def run(data: Path, extra: list[str], max_iters: int) -> tuple[Profile, float, float, str]:
     """The main job in this process: (phases, wall seconds, CPU seconds, its output)."""
     profile = Profile()
-    instrument(profile)
     output = io.StringIO()
     with tempfile.TemporaryDirectory() as out:
         argv = ["train", "--data", str(data), "--out", str(Path(out) / "run"), "--no-progress",
                 "--max-iters", str(max_iters), *extra]
-        start_wall, start_cpu = time.perf_counter(), time.process_time()
-        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
-            code = typed_transformer.cli.main(argv)
-        wall, cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
+        instrument(profile)
+        try:
+            start_wall, start_cpu = time.perf_counter(), time.process_time()
+            with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+                code = typed_transformer.cli.main(argv)
+            wall, cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
+        finally:
+            profile.restore()
     if code != 0:
         raise SystemExit(f"typed-transformer {' '.join(argv)} exited {code}:\n{output.getvalue()[-2000:]}")
     return profile, wall, cpu, output.getvalue()
