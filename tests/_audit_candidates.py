@@ -302,3 +302,22 @@ def fully_masked_first_value(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tens
         return out
     dead = ~attn_mask.any(dim=-1, keepdim=True)
     return torch.where(dead, v[..., :1, :].expand_as(out) if v.shape[1] == out.shape[1] else out, out)
+
+
+def sdpa_gqa_tiled(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False,
+                   enable_gqa: bool = False) -> Tensor:
+    """Bug: torch's SDPA with its own ``enable_gqa``, written with ``repeat`` (tiles the key/value heads: query
+    head ``i`` uses kv head ``i % g``) where ``repeat_interleave`` (``i // r``) is meant."""
+    if enable_gqa and q.shape[1] != k.shape[1]:
+        r = q.shape[1] // k.shape[1]
+        k, v = k.repeat(1, r, 1, 1), v.repeat(1, r, 1, 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def sdpa_gqa_right(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False,
+                   enable_gqa: bool = False) -> Tensor:
+    """Correct: ``enable_gqa`` as torch's SDPA documents it (``repeat_interleave``)."""
+    if enable_gqa and q.shape[1] != k.shape[1]:
+        r = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)

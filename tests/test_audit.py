@@ -1,5 +1,6 @@
 """The audit toolkit: planted bugs fail the right check, correct candidates in every convention pass."""
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from typed_transformer.audit import (
     audit_attention,
     candidate_call,
     parametrize_audit,
+    takes_enable_gqa,
 )
 
 SDPA = Conventions.torch_sdpa()
@@ -228,3 +230,79 @@ def test_pytest_integration(audit_case: AuditCase) -> None:
 def test_parametrize_audit_gives_one_item_per_check() -> None:
     mark = parametrize_audit(F.scaled_dot_product_attention, conventions=SDPA)
     assert [p.id for p in mark.args[1]] == list(FUNCTION_CHECKS)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Grouped-query attention told with enable_gqa=True (torch's SDPA)
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_enable_gqa_is_passed_on_grouped_calls_only() -> None:
+    seen: list[tuple[int, int, Any]] = []
+
+    def recording(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:  # torch's SDPA, recording the call
+        seen.append((q.shape[1], k.shape[1], kwargs.get("enable_gqa")))
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    report = audit_attention(recording, conventions=Conventions.torch_sdpa(gqa=True), checks=["reference"],
+                             max_examples=20, dtypes=(torch.float64,))
+    assert report.passed, report.table()
+    assert {flag for h, g, flag in seen if h != g} == {True}  # every grouped call was told
+    assert {flag for h, g, flag in seen if h == g} == {None}  # and no other call
+    assert any(h != g for h, g, _ in seen)
+    args, kwargs = candidate_call(Example(b=1, h=4, g=2, t=2, s=3, d=2, dv=2, seed=0, dtype="float32"),
+                                  Conventions.torch_sdpa(gqa=True))
+    assert kwargs == {"enable_gqa": True}
+    q, k, v = args
+    assert torch.equal(F.scaled_dot_product_attention(q, k, v, **kwargs),
+                       F.scaled_dot_product_attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)))
+
+
+def test_torch_sdpa_with_enable_gqa_passes_every_check() -> None:
+    report = audit_attention(F.scaled_dot_product_attention, conventions=Conventions.torch_sdpa(gqa=True),
+                             max_examples=8)
+    assert report.passed, report.table()
+    assert not any("grouped-query" in note for note in report.untested)
+
+
+def test_grouped_heads_without_enable_gqa_fail_and_the_report_names_the_field() -> None:
+    declared = Conventions(causal_alignment="top-left", fully_masked="any", mask_with_causal=False, supports_gqa=True)
+    report = audit_attention(F.scaled_dot_product_attention, conventions=declared, checks=["reference"],
+                             max_examples=10, dtypes=(torch.float64,))
+    assert report.failed == ["reference"]
+    assert report["reference"].message.startswith("candidate raised RuntimeError: The size of tensor a")
+    assert any(line.startswith("  declared enable_gqa=False; behaves as True: h=4, g=2 raised RuntimeError: The size "
+                               "of tensor a (4) must match the size of tensor b (2)") for line in report.contradictions)
+
+
+def test_a_grouping_bug_behind_enable_gqa_fails_reference() -> None:
+    conventions = dataclasses.replace(Conventions.torch_sdpa(gqa=True), fully_masked="zero")
+    bad = audit_attention(cands.sdpa_gqa_tiled, conventions=conventions, checks=["reference", "masking"],
+                          max_examples=20)
+    assert bad.failed == ["reference", "masking"], bad.table()
+    shape = bad["reference"].counterexample
+    assert shape is not None
+    assert shape["g"] < shape["h"]
+    # the tiling is the other documented grouping: declared as such, it passes (the bug is the grouping)
+    assert audit_attention(cands.sdpa_gqa_tiled, conventions=dataclasses.replace(conventions, grouping="r g"),
+                           checks=["reference", "masking"], max_examples=20).passed
+    assert audit_attention(cands.sdpa_gqa_right, conventions=conventions, checks=["reference", "masking"],
+                           max_examples=20).passed
+
+
+def test_enable_gqa_declarations_are_checked_before_any_example() -> None:
+    with pytest.raises(ValueError, match=r"^Conventions: enable_gqa=True passes enable_gqa=True to calls with fewer "
+                       r"key/value heads than query heads; declare supports_gqa=True too \(or "
+                       r"Conventions.torch_sdpa\(gqa=True\)\)$"):
+        Conventions(enable_gqa=True)
+    with pytest.raises(AuditUsageError, match=r"cannot be called as candidate\(q, k, v, attn_mask=\.\.\., "
+                       r"is_causal=\.\.\., enable_gqa=\.\.\.\): got an unexpected keyword argument 'enable_gqa' "
+                       r"\(enable_gqa=True is passed because enable_gqa is declared\)$"):
+        audit_attention(cands.naive_attention, conventions=Conventions(supports_gqa=True, enable_gqa=True))
+
+
+def test_takes_enable_gqa() -> None:
+    assert takes_enable_gqa(F.scaled_dot_product_attention)  # a builtin: one call with the keyword
+    assert takes_enable_gqa(cands.sdpa_gqa_right)  # its signature
+    assert not takes_enable_gqa(cands.naive_attention)
+    assert not takes_enable_gqa(torch.nn.functional.softmax)

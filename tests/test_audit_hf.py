@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from typed_transformer.audit import AuditUsageError, audit_module
-from typed_transformer.audit._hf import hf_attention_classes, hf_build, hf_limits, hf_spec
+from typed_transformer.audit._hf import hf_attention_classes, hf_build, hf_limits, hf_notes, hf_spec
 from typed_transformer.strategies import randomize_parameters
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
@@ -84,3 +84,167 @@ def test_infer_conventions_of_a_module_through_its_spec() -> None:
     assert inference.conventions.fully_masked == "any"
     assert "NaN with dv = d in float64" in inference.evidence["fully_masked"].seen
     assert "the mean of the values with dv = d in float32" in inference.evidence["fully_masked"].seen
+
+
+# Shapes the generic spec describes: each on the real class from a tiny config, and with a planted bug.
+
+
+def _audit(module: Any, **kwargs: Any) -> Any:
+    return audit_module(module, hf_spec(module), conventions="infer", **{**QUICK, **kwargs})
+
+
+def test_m_rope_with_text_positions_is_1d_rotary() -> None:
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLAttention
+
+    module: Any = randomize_parameters(hf_build(Qwen2VLAttention), 0)
+    assert sum(module.config.rope_parameters["mrope_section"]) == module.head_dim // 2  # scaled to the tiny head
+    assert _audit(module, checks=["reference", "rope", "incremental_decoding"]).passed
+
+    class TurnsBackwards(Qwen2VLAttention):
+        """Bug: a sign error in the sine table (every pair turned the other way)."""
+
+        def forward(self, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
+                    cache: Any = None, position_embeddings: Any = None, **kwargs: Any) -> Any:
+            cos, sin = position_embeddings
+            return super().forward(hidden_states, attention_mask, position_ids, cache, (cos, -sin), **kwargs)
+
+    bugged = randomize_parameters(hf_build(TurnsBackwards), 0)
+    assert _audit(bugged, checks=["reference", "rope"]).status("rope") == "FAIL"
+
+
+def test_hybrid_model_attention_decodes_with_the_attention_cache() -> None:
+    from transformers.models.jamba.modeling_jamba import JambaAttention
+
+    module: Any = randomize_parameters(hf_build(JambaAttention), 0)
+    assert module.config.layer_types[0] != "full_attention"  # the tiny config puts a recurrent layer first
+    assert _audit(module, checks=["incremental_decoding"]).status("incremental_decoding") == "PASS"
+
+    class ForgetsTheCache(JambaAttention):
+        """Bug: each step attends to itself only (the cache is dropped)."""
+
+        def forward(self, hidden_states: torch.Tensor, attention_mask: Any = None, cache: Any = None,
+                    **kwargs: Any) -> Any:
+            return super().forward(hidden_states, attention_mask, None, **kwargs)
+
+    bugged = randomize_parameters(hf_build(ForgetsTheCache), 0)
+    assert _audit(bugged, checks=["incremental_decoding"]).status("incremental_decoding") == "FAIL"
+
+
+def test_forward_taking_layer_idx_and_a_wide_input() -> None:
+    from transformers.models.zamba.modeling_zamba import ZambaAttention
+
+    module: Any = randomize_parameters(hf_build(ZambaAttention), 0)
+    assert module.q_proj.in_features == module.config.attention_hidden_size == 2 * module.config.hidden_size
+    assert _audit(module, checks=["reference", "masking", "incremental_decoding"]).passed
+
+    class IgnoresTheMask(ZambaAttention):
+        def forward(self, hidden_states: torch.Tensor, layer_idx: int, attention_mask: Any = None,
+                    **kwargs: Any) -> Any:
+            return super().forward(hidden_states, layer_idx, None, **kwargs)
+
+    bugged = randomize_parameters(hf_build(IgnoresTheMask), 0)
+    assert _audit(bugged, checks=["masking"]).status("masking") == "FAIL"
+
+
+def test_query_key_value_class_is_audited_on_separate_inputs() -> None:
+    from transformers.models.sam3.modeling_sam3 import Sam3Attention
+
+    module: Any = randomize_parameters(hf_build(Sam3Attention), 0)
+    spec = hf_spec(module)
+    assert not spec.conventions.self_attention
+    assert not spec.memory
+    report = _audit(module, checks=["reference", "masking"])
+    assert report.passed, report.table()
+
+    class SwapsKeyAndValue(Sam3Attention):
+        def forward(  # type: ignore[override]
+                self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs: Any) -> Any:
+            return super().forward(query, value, key, **kwargs)
+
+    bugged = randomize_parameters(hf_build(SwapsKeyAndValue), 0)
+    assert _audit(bugged, checks=["reference"]).status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize(("model", "name"), [("cohere_asr", "CohereAsrCrossAttention"),
+                                             ("mllama", "MllamaTextCrossAttention")])
+def test_cross_attention_classes_are_audited_over_their_memory(model: str, name: str) -> None:
+    import importlib
+
+    cls = getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name)
+    module: Any = randomize_parameters(hf_build(cls), 0)
+    spec = hf_spec(module)
+    assert spec.memory
+    assert not spec.conventions.self_attention
+    report = _audit(module, checks=["reference", "masking", "padding"])
+    assert report.passed, report.table()
+
+
+def test_cross_attention_with_a_planted_bug_fails() -> None:
+    from transformers.models.cohere_asr.modeling_cohere_asr import CohereAsrCrossAttention
+
+    class AttendsToItself(CohereAsrCrossAttention):
+        """Bug: keys and values from the decoder's own states instead of the memory (when t = s, shapes fit)."""
+
+        def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: Any = None, **kwargs: Any) -> Any:
+            if encoder_hidden_states is not None and encoder_hidden_states.shape == hidden_states.shape:
+                encoder_hidden_states = hidden_states
+            return super().forward(hidden_states, encoder_hidden_states, **kwargs)
+
+    bugged = randomize_parameters(hf_build(AttendsToItself), 0)
+    assert _audit(bugged, checks=["reference"]).status("reference") == "FAIL"
+
+
+def test_head_indexed_rotary_is_position_free_a_true_behaviour() -> None:
+    from transformers.models.neucodec.modeling_neucodec import NeuCodecAttention, NeuCodecRotaryEmbedding
+
+    module: Any = randomize_parameters(hf_build(NeuCodecAttention), 0).double().eval()
+    spec = hf_spec(module)
+    assert spec.rotary is None
+    assert any("position-free" in note for note in hf_notes(module))
+    # the repro of the note on the real class: the model's tables (head index as position) change nothing
+    x = torch.randn(2, 5, module.config.hidden_size, dtype=torch.float64)
+    tables = NeuCodecRotaryEmbedding(config=module.config)(x, torch.arange(module.config.num_attention_heads)[None])
+    identity = (torch.ones_like(tables[0]), torch.zeros_like(tables[1]))
+    with torch.no_grad():
+        turned, plain = (module(x, position_embeddings=t)[0] for t in (tables, identity))
+    assert not torch.equal(tables[1], identity[1])
+    torch.testing.assert_close(turned, plain, rtol=0, atol=1e-5)  # the tables are float32
+    assert _audit(module.float(), checks=["reference", "permutation"]).passed
+
+
+@pytest.mark.parametrize(("model", "name"), [("olmo2", "Olmo2Attention"), ("gemma3", "Gemma3Attention"),
+                                             ("stablelm", "StableLmAttention"), ("glm4v", "Glm4vTextAttention")])
+def test_norms_partial_rotary_and_pairings_are_described(model: str, name: str) -> None:
+    """OLMo-2's q/k norm over every head, Gemma 3's (1 + weight) norm and rope per layer type, StableLM's quarter
+    rotary (heads widened to turn one pair), GLM-4V's interleaved half-rotary M-RoPE."""
+    import importlib
+
+    cls = getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name)
+    module: Any = randomize_parameters(hf_build(cls), 0)
+    assert hf_limits(module) == []
+    report = _audit(module, checks=["reference", "rope"])
+    assert report.passed, report.table()
+
+
+def test_a_skipped_key_norm_fails() -> None:
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
+
+    module: Any = randomize_parameters(hf_build(Qwen3Attention), 0)
+    module.k_norm.forward = lambda x: x  # bug: the key norm is skipped
+    assert _audit(module, checks=["reference"]).status("reference") == "FAIL"
+
+
+def test_classes_the_generic_call_cannot_describe_are_refused_with_the_reason() -> None:
+    from transformers.models.efficientloftr.modeling_efficientloftr import EfficientLoFTRAttention
+    from transformers.models.llama4.modeling_llama4 import Llama4VisionAttention
+
+    with pytest.raises(AuditUsageError, match=r"takes no positions .* image-grid rotary"):
+        hf_spec(EfficientLoFTRAttention)
+    with pytest.raises(AuditUsageError, match="forward needs freqs_ci"):
+        hf_spec(Llama4VisionAttention)
+
+
+def test_what_the_reference_does_not_model_is_listed() -> None:
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention
+
+    assert hf_limits(hf_build(Gemma2Attention)) == ["attn_logit_softcapping"]

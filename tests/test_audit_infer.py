@@ -30,7 +30,10 @@ OURS = dict(layout="bhtd", mask_polarity="keep", mask_kind="bool", causal_alignm
     (cands.interleaved_groups, {"supports_gqa": True, "grouping": "r g"}),
     (cands.decode_sees_all, {"causal_alignment": "top-left", "decode_sees_all": True}),
     (cands.always_causal, {"always_causal": True, "supports_causal": False, "causal_alignment": "top-left"}),
-    (F.scaled_dot_product_attention, {"causal_alignment": "top-left", "layout": "bhtd", "mask_polarity": "keep"}),
+    (F.scaled_dot_product_attention, {"causal_alignment": "top-left", "layout": "bhtd", "mask_polarity": "keep",
+                                      "supports_gqa": True, "enable_gqa": True, "grouping": "g r"}),
+    (cands.sdpa_gqa_right, {"supports_gqa": True, "enable_gqa": True, "grouping": "g r"}),
+    (cands.sdpa_gqa_tiled, {"supports_gqa": True, "enable_gqa": True, "grouping": "r g"}),
 ], ids=lambda x: getattr(x, "__name__", "") if callable(x) else "")
 def test_inference_on_correct_candidates(candidate: Callable[..., Tensor], expected: dict[str, Any]) -> None:
     inference = infer_conventions(candidate)
@@ -38,6 +41,14 @@ def test_inference_on_correct_candidates(candidate: Callable[..., Tensor], expec
     for name, value in expected.items():
         assert getattr(inference.conventions, name) == value, name
     assert audit_attention(candidate, conventions="infer", max_examples=8).passed
+
+
+def test_enable_gqa_is_inferred_with_its_evidence() -> None:
+    inference = infer_conventions(F.scaled_dot_product_attention)
+    assert inference.evidence["enable_gqa"].seen == (
+        "h=4, g=2 raised RuntimeError: The size of tensor a (4) must match the size of tensor b (2) at non-singleton "
+        "dimension 1 without enable_gqa=True, and matches the reference with it")
+    assert "enable_gqa" not in infer_conventions(scaled_dot_product_attention).evidence  # takes g < h as it is
 
 
 def test_fully_masked_nan_and_uniform() -> None:

@@ -167,3 +167,21 @@ def test_audit_a_hugging_face_class_with_zero_lines_of_spec(capsys: pytest.Captu
                  "hf", "--infer"])
     assert code == 2
     assert "not of the common shape" in capsys.readouterr().err
+
+
+def test_audit_gqa_passes_enable_gqa_to_torch_sdpa(capsys: pytest.CaptureFixture[str]) -> None:
+    sdpa = ["audit", "torch.nn.functional:scaled_dot_product_attention", "--causal-alignment", "top-left",
+            "--fully-masked", "any", "--no-mask-with-causal", *QUICK]
+    assert main([*sdpa, "--gqa", "--checks", "reference,masking,gradients"]) == 0
+    out = capsys.readouterr().out
+    assert "grouped-query" not in out
+    assert out.rstrip().endswith("3 passed, 0 failed, 0 skipped")
+
+
+def test_audit_gqa_catches_a_grouping_bug_behind_enable_gqa(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["audit", "tests._audit_candidates:sdpa_gqa_tiled", "--causal-alignment", "top-left", "--gqa",
+                 "--checks", "reference", "--dtypes", "float64", "--max-examples", "10"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert out.splitlines()[3].split()[:3] == ["reference", "float64", "FAIL"]
+    assert "enable_gqa=True" in out  # the repro's conventions pass it

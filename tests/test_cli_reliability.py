@@ -32,10 +32,12 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture
 def sigint_as_in_a_terminal() -> Iterator[None]:
-    """Ctrl-C raising KeyboardInterrupt, as in a terminal, whatever disposition the suite was started with
-    (``nohup ... &`` starts it with SIGINT ignored, which the program rightly keeps)."""
+    """Ctrl-C raising KeyboardInterrupt and a hang-up terminating, as in a terminal, whatever dispositions the suite
+    was started with (``nohup ... &`` starts it with SIGINT and SIGHUP ignored, which the program rightly keeps)."""
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_hup = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     yield
+    signal.signal(signal.SIGHUP, previous_hup)
     signal.signal(signal.SIGINT, previous)
 
 
@@ -376,5 +378,6 @@ def test_generate_from_exploded_but_finite_weights_is_one_line(trained: tuple[Pa
     capsys.readouterr()
     assert main(["generate", "--checkpoint", str(bad), "--max-new-tokens", "3"]) == 2
     assert one_line(capsys.readouterr().err) == (
-        "typed-transformer: error: the model's output is not finite (its weights are finite but exploded: the run "
-        "that wrote this checkpoint diverged)")
+        "typed-transformer: error: GPT.generate: the model's logits hold NaN or infinity, so no token can be drawn: "
+        "its weights are finite but so large that the activations overflow (weights that exploded in a training run "
+        "that diverged)")

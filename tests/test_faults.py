@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import random
 import resource
+import signal
 import sys
 import tempfile
 import time
@@ -44,8 +45,11 @@ def temporaries(out: Path) -> list[str]:
 
 
 def _child(argv: list[str], log: str, marker: str, mode: str) -> None:
-    """Run ``main(argv)`` with stderr in ``log``; ``mode`` injects a fault first."""
+    """Run ``main(argv)`` with stderr in ``log``; ``mode`` injects a fault first. SIGHUP starts with the disposition
+    of a terminal session (default), or ignored for ``mode="nohup"``, whatever the suite itself was started with
+    (``nohup pytest`` hands every child an ignored SIGHUP, which the program rightly keeps)."""
     torch.set_num_threads(1)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN if mode == "nohup" else signal.SIG_DFL)
     if mode == "hang-in-save":  # write the temporary file completely, then stop before the rename
         import safetensors.torch
 
@@ -314,18 +318,20 @@ def test_a_full_disk_fails_with_one_line_and_keeps_the_checkpoint(text: Path, tm
 # ---------------------------------------------------------------------------------------------------
 
 
+def _wait_for(run: "Run", text: str) -> None:
+    deadline = time.monotonic() + 60
+    while text not in (run.stderr if run.log.exists() else ""):
+        assert time.monotonic() < deadline, f"never printed {text!r}"
+        assert run.process.is_alive(), run.stderr
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize(("name", "code"), [("SIGTERM", 143), ("SIGHUP", 129)])  # a closed terminal as SIGTERM
 def test_sigterm_saves_like_ctrl_c_and_exits_143(name: str, code: int, forkserver: ForkServerContext, text: Path,
                                                  tmp_path: Path) -> None:
-    import signal
-
     out = tmp_path / "run"
     run = Run(forkserver, tmp_path, argv(text, out, "--max-iters", "100000", "--checkpoint-interval", "1000"))
-    deadline = time.monotonic() + 60
-    while "iter     4:" not in (run.stderr if run.log.exists() else ""):
-        assert time.monotonic() < deadline
-        assert run.process.is_alive()
-        time.sleep(0.02)
+    _wait_for(run, "iter     4:")
     assert run.process.pid is not None
     os.kill(run.process.pid, getattr(signal, name))
     assert run.wait() == code
@@ -335,3 +341,21 @@ def test_sigterm_saves_like_ctrl_c_and_exits_143(name: str, code: int, forkserve
     assert last == (f"interrupted ({name}) at iteration {saved.iteration}; saved {out / CHECKPOINT_NAME} "
                     "(continue with --resume)")
     assert saved.iteration >= 4
+
+
+def test_under_nohup_a_hangup_does_not_stop_the_run(forkserver: ForkServerContext, text: Path,
+                                                    tmp_path: Path) -> None:
+    """Started with SIGHUP ignored (``nohup``), the run keeps it ignored: a closed terminal does not stop training;
+    SIGTERM still saves and exits 143."""
+    out = tmp_path / "run"
+    run = Run(forkserver, tmp_path, argv(text, out, "--max-iters", "100000", "--checkpoint-interval", "1000"),
+              mode="nohup")
+    _wait_for(run, "iter     4:")
+    assert run.process.pid is not None
+    os.kill(run.process.pid, signal.SIGHUP)
+    _wait_for(run, "iter    12:")  # two evaluations later, still training
+    os.kill(run.process.pid, signal.SIGTERM)
+    assert run.wait() == 143
+    assert "SIGHUP" not in run.stderr
+    assert run.stderr.splitlines()[-1].startswith("interrupted (SIGTERM) at iteration ")
+    assert load_checkpoint(out).iteration >= 12

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "typed_transformer"
-APP = ("config", "data", "seq2seq_data", "checkpoint", "training", "seq2seq_training", "generation", "cli", "plot")
+APP = ("_options", "config", "data", "seq2seq_data", "checkpoint", "training", "seq2seq_training", "generation", "cli",
+       "plot")
 LIMIT = 80
 
 def _lengths(module: str) -> dict[str, int]:

@@ -112,7 +112,7 @@ def scaled_dot_product_attention(
 
     Raises:
         ShapeError: a tensor of the wrong shape or dtype (named in the message), ``g`` not dividing ``h``,
-            or ``k``/``v`` of another dtype than ``q``.
+            a head size ``d`` or a head count ``g`` of 0, or ``k``/``v`` of another dtype than ``q``.
         ValueError: ``dropout_p`` outside ``[0, 1)``, an unknown backend, or ``return_weights`` with
             ``backend="sdpa"``.
     """
@@ -163,6 +163,8 @@ def _prepare(function: Callable[..., object], q: Tensor, k: Tensor, v: Tensor, s
              is_causal: bool, dropout_p: float) -> tuple[float, bool]:
     """What annotations cannot say about the arguments; the scale and causal flag to compute with."""
     h, g = q.shape[1], k.shape[1]
+    if q.shape[-1] == 0:  # also the default scale 1 / sqrt(d)
+        raise_shape_error(function, "q", "axis d is 0: the head size must be at least 1", axis="d", actual=0)
     if g == 0:
         raise_shape_error(function, "k", "axis g is 0: need at least one key/value head", axis="g", actual=0)
     if h % g != 0:

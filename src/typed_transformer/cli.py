@@ -25,10 +25,12 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from ._install import install_hint
+from ._options import THREADS_HELP, Flag, add_flags, int_in, number, parse_threads, read_config, values_of
 from ._signals import TERMINATING, exit_code, raise_terminated, signal_name
 
 if TYPE_CHECKING:  # the commands import these when they run: the parser stays light
@@ -40,21 +42,14 @@ if TYPE_CHECKING:  # the commands import these when they run: the parser stays l
 
 __all__ = ["main"]
 
-#: Ranges of the numeric flags (docs/reliability.md). Sizes are bounded so that a typo cannot ask for an
-#: allocation that takes the machine down or an evaluation that never ends.
-MAX_BATCH_SIZE = 4096
-MAX_BLOCK_SIZE = 8192
-MAX_EVAL_ITERS = 1000
-MAX_ITERS = 10**9
+#: Ranges of the flags that are not a config field's (those are in their dataclasses' metadata), and of the
+#: combinations of flags (docs/reliability.md).
 MAX_TOKENS = 1_000_000
-MAX_LEARNING_RATE = 1.0
 MIN_TEMPERATURE = 0.01  # below this, logits / temperature overflow float32 and sampling is greedy anyway
 MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**32 - 1
 MAX_TOKENS_PER_STEP = 2**18  # batch size x block size (the baby run has 768, the seed run 3,072)
 MAX_EVAL_TOKENS = 2**24  # eval iters x batch size x block size, held in memory for the whole run
-MAX_LAYERS = 1024
-MAX_WIDTH = 65536
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,55 +59,80 @@ class _Parser(argparse.ArgumentParser):
 
 
 
-def _number(convert: Callable[[str], Any], accept: Callable[[Any], bool], wanted: str) -> Callable[[str], Any]:
-    """An argparse type: ``convert`` the text, then refuse values ``accept`` rejects, naming what was wanted."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = convert(text)
-        except ValueError:
-            kind = "an integer" if convert is int else "a number"
-            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
-        if not accept(value):
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
-        return value
-
-    return parse
+_positive_float = number(float, lambda v: v > 0 and math.isfinite(v), "a positive finite number")
+_positive_int = number(int, lambda v: v > 0, "a positive integer")
+_non_negative_int = number(int, lambda v: v >= 0, "a non-negative integer")
+_temperature = number(float, lambda v: MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
+                      f"a temperature from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}")
+_seed = int_in(0, MAX_SEED)
+_fraction = number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
-_positive_float = _number(float, lambda v: v > 0 and math.isfinite(v), "a positive finite number")
-_positive_int = _number(int, lambda v: v > 0, "a positive integer")
-_non_negative_int = _number(int, lambda v: v >= 0, "a non-negative integer")
+@dataclass(frozen=True)
+class TrainCommand:
+    """``train``'s own options (the run's settings are :class:`~typed_transformer.gpt.GPTConfig`'s and
+    :class:`~typed_transformer.config.TrainConfig`'s flags): the metadata make the flags (:mod:`._options`)."""
+
+    config: Path | None = field(default=None, metadata={
+        "help": "TOML file of the options (keys: the flags' names with _ for -, e.g. n_layer = 8); command-line "
+                "flags override it", "in_file": False, "metavar": "FILE.toml"})
+    data: Path | None = field(default=None, metadata={
+        "help": "UTF-8 text file (default: ~1 MB of this Python's standard-library source)"})
+    preset: str | None = field(default=None, metadata={"help": "the model presets"})  # its choices: gpt.PRESETS
+    device: Literal["cpu", "cuda"] = field(default="cpu", metadata={"help": "where to train (default cpu)"})
+    out: Path = field(default=Path("runs/gpt"), metadata={"help": "checkpoint directory (default runs/gpt)"})
+    resume: bool = field(default=False, metadata={
+        "help": "continue the run saved in --out", "store": True, "exclusive": "start", "in_file": False})
+    overwrite: bool = field(default=False, metadata={
+        "help": "start a fresh run even though --out holds a checkpoint (replaced at the first save)", "store": True,
+        "exclusive": "start", "in_file": False})
+    no_progress: bool = field(default=False, metadata={
+        "help": "no progress bar (it is drawn only when stderr is a terminal)", "store": True})
+    verbose: bool = field(default=False, metadata={
+        "help": "also print the model's module tree (as the original tutorial's training log does)", "store": True})
+    backend: Literal["gloo", "nccl"] | None = field(default=None, metadata={
+        "help": "torch.distributed backend under torchrun (default: nccl on CUDA, gloo on CPU)",
+        "group": "scale and speed"})
+    peak_flops: float | None = field(default=None, metadata={
+        "help": "one process's peak FLOP/s for the MFU figure (default: a float32 matmul measured at start)",
+        "interval": "(0, inf)", "noun": "a positive finite number", "group": "scale and speed"})
 
 
-def _int_in(low: int, high: int) -> Callable[[str], Any]:
-    return _number(int, lambda v: low <= v <= high, f"an integer from {low} to {high}")
+@dataclass(frozen=True)
+class Seq2SeqCommand:
+    """``train-seq2seq``'s own options (the run's settings are
+    :class:`~typed_transformer.seq2seq_training.Seq2SeqConfig`'s flags)."""
+
+    config: Path | None = field(default=None, metadata=TrainCommand.__dataclass_fields__["config"].metadata)
+    threads: int | str = field(default="auto", metadata={"help": THREADS_HELP, "parse": parse_threads})
+    out: Path = field(default=Path("out-seq2seq"), metadata={"help": "run directory (out-seq2seq)"})
+    resume: bool = field(default=False, metadata={"help": "continue the run in --out", "store": True,
+                                                  "in_file": False})
+    overwrite: bool = field(default=False, metadata={"help": "replace the checkpoint in --out", "store": True,
+                                                     "in_file": False})
+    no_progress: bool = field(default=False, metadata={"help": "no progress bar", "store": True})
 
 
-_learning_rate = _number(float, lambda v: 0 < v <= MAX_LEARNING_RATE and math.isfinite(v),
-                         f"a learning rate in (0, {MAX_LEARNING_RATE:g}]")
-_temperature = _number(float, lambda v: MIN_TEMPERATURE <= v <= MAX_TEMPERATURE,
-                       f"a temperature from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}")
-_seed = _int_in(0, MAX_SEED)
-_fraction = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
-_dropout = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+def _command_flags(command: str) -> list[Flag]:
+    """Every flag of ``train`` or ``train-seq2seq``: the command's own, then its configs', from the dataclasses."""
+    import dataclasses
+
+    from ._options import flags_of
+    from .config import TrainConfig, describe_presets
+    from .gpt import PRESETS, GPTConfig
+    from .seq2seq_training import Seq2SeqConfig
+
+    if command == "train-seq2seq":
+        return [*flags_of(Seq2SeqConfig), *flags_of(Seq2SeqCommand, own_defaults=True)]
+    own = flags_of(TrainCommand, own_defaults=True)
+    own = [dataclasses.replace(flag, kind="choice", choices=tuple(PRESETS), help=describe_presets())
+           if flag.dest == "preset" else flag for flag in own]
+    return [*own, *flags_of(TrainConfig), *flags_of(GPTConfig)]
 
 
-def _threads(text: str) -> int | str:
-    """``--threads``: ``auto`` or a positive integer."""
-    if text.strip().lower() == "auto":
-        return "auto"
-    value: int = _number(int, lambda v: v > 0, "a positive integer or auto")(text)
-    return value
-
-
-_THREADS_HELP = ("intra-op threads: auto (default) times real steps at 1 .. usable cores and keeps the fastest, "
-                 "re-checked when the step time drifts; a number fixes it (as do OMP_NUM_THREADS or the "
-                 "caller's torch.set_num_threads)")
-
-
-def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
-    """The command line's parser; ``train_defaults`` (from ``--config``) replace the train flags' defaults."""
+def build_parser(file_defaults: dict[str, dict[str, Any]] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; ``file_defaults`` (a command's ``--config`` file: ``{command: {dest: value}}``)
+    replace that command's defaults, so that its flags override them."""
     from . import __version__
 
     parser = _Parser(prog="typed-transformer", description="A reference Transformer with checked tensor shapes.")
@@ -120,84 +140,22 @@ def build_parser(train_defaults: dict[str, Any] | None = None) -> argparse.Argum
                         help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    _train_parser(commands, train_defaults)
+    defaults = file_defaults or {}
+    _train_parser(commands, defaults.get("train"))
     _generate_parser(commands)
-    _seq2seq_parsers(commands)
+    _seq2seq_parsers(commands, defaults.get("train-seq2seq"))
     _attention_parser(commands)
     _audit_parser(commands)
     return parser
 
 
 def _train_parser(commands: Any, train_defaults: dict[str, Any] | None) -> None:
-    """``train``'s flags; ``train_defaults`` (from ``--config``) replace their defaults."""
+    """``train``'s flags, generated from the config dataclasses; ``train_defaults`` (from ``--config``) replace
+    their defaults."""
+    from ._options import add_flags
+
     train = commands.add_parser("train", help="train a character-level GPT on a text file")
-    train.add_argument("--config", type=Path, default=None, metavar="FILE.toml",
-                       help="TOML file of train options (keys: the flags' names with _ for -, e.g. n_layer = 8); "
-                            "command-line flags override it")
-    train.add_argument("--data", type=Path, default=None,
-                       help="UTF-8 text file (default: ~1 MB of this Python's standard-library source)")
-    train.add_argument("--preset", choices=["baby", "seed"], default=None,
-                       help="baby (default): 4x4x128, block 64 (nanoGPT's CPU run); seed: the original tutorial's "
-                            "model (6x6x384, block 256, dropout 0.2, ReLU, no q/k/v biases, untied head)")
-    train.add_argument("--max-iters", type=_int_in(1, MAX_ITERS), default=None, help="optimizer steps (default 2000)")
-    train.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train (default cpu)")
-    train.add_argument("--out", type=Path, default=Path("runs/gpt"), help="checkpoint directory (default runs/gpt)")
-    start = train.add_mutually_exclusive_group()
-    start.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    start.add_argument("--overwrite", action="store_true",
-                       help="start a fresh run even though --out holds a checkpoint (replaced at the first save)")
-    train.add_argument("--batch-size", type=_int_in(1, MAX_BATCH_SIZE), default=None, help="default 12")
-    train.add_argument("--block-size", type=_int_in(1, MAX_BLOCK_SIZE), default=None,
-                       help="context length (default: preset's)")
-    train.add_argument("--lr", type=_learning_rate, default=None,
-                       help="peak learning rate, decaying to a tenth (default: 3e-3 for baby, 1e-3 for seed)")
-    train.add_argument("--eval-interval", type=_int_in(1, MAX_ITERS), default=None,
-                       help="iterations between evaluations (default 250; checkpoints: --checkpoint-interval)")
-    train.add_argument("--checkpoint-interval", type=_int_in(1, MAX_ITERS), default=None,
-                       help="iterations between checkpoints (default 250; one is also written at the end)")
-    train.add_argument("--eval-iters", type=_int_in(1, MAX_EVAL_ITERS), default=None,
-                       help="batches per evaluation (default 20)")
-    train.add_argument("--dropout", type=_dropout, default=None, help="default: preset's")
-    train.add_argument("--positional", choices=["learned", "sinusoidal", "rope"], default=None,
-                       help="position encoding (default learned)")
-    train.add_argument("--seed", type=_seed, default=None, help="default 1337")
-    train.add_argument("--sample-tokens", type=_int_in(0, MAX_TOKENS), default=None,
-                       help="characters to sample at the end (default 300)")
-    train.add_argument("--no-progress", action="store_true",
-                       help="no progress bar (it is drawn only when stderr is a terminal)")
-    train.add_argument("--verbose", action="store_true",
-                       help="also print the model's module tree (as the original tutorial's training log does)")
-    size = train.add_argument_group("model size (on top of the preset)")
-    size.add_argument("--n-layer", type=_int_in(1, MAX_LAYERS), default=None, help="transformer blocks")
-    size.add_argument("--n-head", type=_int_in(1, MAX_WIDTH), default=None, help="must divide --n-embd")
-    size.add_argument("--n-kv-heads", type=_int_in(1, MAX_WIDTH), default=None,
-                      help="key/value heads (grouped-query attention; must divide --n-head)")
-    size.add_argument("--n-embd", type=_int_in(1, MAX_WIDTH), default=None, help="model width")
-    size.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
-                      help="biases in the layer norms, attention output projections and feed-forward layers "
-                           "(default: preset's; baby: no)")
-    size.add_argument("--qkv-bias", action=argparse.BooleanOptionalAction, default=None,
-                      help="biases in the query/key/value projections (default: as --bias; seed preset: no)")
-    size.add_argument("--lm-head-bias", action=argparse.BooleanOptionalAction, default=None,
-                      help="a bias in the output head (default: preset's; baby: no, seed: yes)")
-    size.add_argument("--tie-weights", action=argparse.BooleanOptionalAction, default=None,
-                      help="share the output head's weight with the token embedding (default: preset's; baby: "
-                           "yes, seed: no)")
-    size.add_argument("--activation", choices=["gelu", "gelu_tanh", "relu"], default=None,
-                      help="feed-forward activation (default: preset's; baby: gelu, seed: relu)")
-    scale = train.add_argument_group("scale and speed")
-    scale.add_argument("--grad-accum", type=_int_in(1, MAX_BATCH_SIZE), default=None,
-                       help="micro-batches per optimizer step; --batch-size is the global batch (default 1)")
-    scale.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                       help="autocast dtype (default float32; float16 needs CUDA)")
-    scale.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                       help="torch.compile the training steps (default: no)")
-    scale.add_argument("--backend", choices=["gloo", "nccl"], default=None,
-                       help="torch.distributed backend under torchrun (default: nccl on CUDA, gloo on CPU)")
-    scale.add_argument("--threads", type=_threads, default=None, help=_THREADS_HELP)
-    scale.add_argument("--peak-flops", type=_positive_float, default=None,
-                       help="one process's peak FLOP/s for the MFU figure (default: a float32 matmul measured "
-                            "at start)")
+    add_flags(train, _command_flags("train"))
     if train_defaults:
         train.set_defaults(**train_defaults)
 
@@ -210,7 +168,7 @@ def _generate_parser(commands: Any) -> None:
                                "one padded batch, each continuing exactly as it would alone")
     generate.add_argument("--prompts-file", type=Path, default=None,
                           help="a UTF-8 file with one prompt per line (after any --prompt)")
-    generate.add_argument("--max-new-tokens", type=_int_in(0, MAX_TOKENS), default=500,
+    generate.add_argument("--max-new-tokens", type=int_in(0, MAX_TOKENS), default=500,
                           help="characters to generate after the prompt (default 500)")
     generate.add_argument("--temperature", type=_temperature, default=0.8,
                           help=f"default 0.8; from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}")
@@ -224,7 +182,7 @@ def _generate_parser(commands: Any) -> None:
                           help="random seed of the sampling (default 1337; the same seed gives the same text)")
     generate.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                           help="where to run the model (default cpu)")
-    generate.add_argument("--threads", type=_threads, default="auto", help=_THREADS_HELP)
+    generate.add_argument("--threads", type=parse_threads, default="auto", help=THREADS_HELP)
     generate.add_argument("--compile", action="store_true",
                           help="torch.compile the forward pass with the weights frozen in (inductor, max-autotune): "
                                "the first call compiles for a minute or more on a CPU, then each cached step runs "
@@ -267,7 +225,9 @@ def _audit_parser(commands: Any) -> None:
                        help="declared output of query rows without keys (default zero, as in the API; a module: "
                        "its spec's)")
     audit.add_argument("--scale", type=_positive_float, default=None, help="logit scale (default 1/sqrt(d))")
-    audit.add_argument("--gqa", action="store_true", help="the candidate takes fewer key/value heads")
+    audit.add_argument("--gqa", action="store_true",
+                       help="the candidate takes fewer key/value heads (enable_gqa=True is passed with them when it "
+                            "takes that keyword, as torch's scaled_dot_product_attention does)")
     audit.add_argument("--grouping", choices=["g r", "r g"], default="g r",
                        help="query head i uses kv head i // r ('g r', torch's) or i %% g ('r g')")
     audit.add_argument("--self-attention", action="store_true", help="the candidate needs t = s")
@@ -293,45 +253,19 @@ def _audit_parser(commands: Any) -> None:
     audit.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
 
 
-def _seq2seq_parsers(commands: Any) -> None:
+def _seq2seq_parsers(commands: Any, seq2seq_defaults: dict[str, Any] | None) -> None:
     """``train-seq2seq`` (flags named as :class:`~typed_transformer.seq2seq_training.Seq2SeqConfig`'s fields) and
     ``translate``."""
     s2s = commands.add_parser("train-seq2seq", help="train the encoder-decoder on a synthetic task or TSV pairs")
-    s2s.add_argument("--task", choices=["copy", "reverse", "sort", "add"], default="reverse",
-                     help="synthetic task generated on the fly (default reverse); ignored with --data")
-    s2s.add_argument("--data", default=None, help="a UTF-8 file of source<TAB>target lines (character level)")
-    s2s.add_argument("--vocab", type=_int_in(2, 36), default=10, help="task symbols: the first N of 0-9a-z (10)")
-    s2s.add_argument("--min-len", type=_int_in(1, 512), default=1, help="shortest task sequence (1; add: digits)")
-    s2s.add_argument("--max-len", type=_int_in(1, 512), default=10, help="longest task sequence (10; add: digits)")
-    s2s.add_argument("--held-out", type=_fraction, default=0.1, help="fraction of --data held out (0.1)")
-    s2s.add_argument("--eval-pairs", type=_int_in(1, 100_000), default=500, help="held-out task pairs (500)")
-    s2s.add_argument("--d-model", type=_int_in(1, MAX_WIDTH), default=64, help="model width (64)")
-    s2s.add_argument("--nhead", type=_int_in(1, 1024), default=4, help="attention heads (4)")
-    s2s.add_argument("--layers", type=_int_in(1, MAX_LAYERS), default=2, help="encoder and decoder layers each (2)")
-    s2s.add_argument("--dim-feedforward", type=_int_in(1, MAX_WIDTH), default=256, help="feed-forward width (256)")
-    s2s.add_argument("--dropout", type=_number(float, lambda v: 0 <= v < 1, "a number in [0, 1)"), default=0.0,
-                     help="dropout (0)")
-    s2s.add_argument("--post-norm", dest="norm_first", action="store_false",
-                     help="the paper's post-LN layers (default: pre-LN, which trains faster at this size)")
-    s2s.add_argument("--batch-size", type=_int_in(1, MAX_BATCH_SIZE), default=64, help="pairs per step (64)")
-    s2s.add_argument("--max-iters", type=_int_in(0, MAX_ITERS), default=1500, help="training steps (1500)")
-    s2s.add_argument("--learning-rate", type=_number(float, lambda v: 0 < v <= MAX_LEARNING_RATE, "in (0, 1]"),
-                     default=2e-3, help="Adam's peak learning rate (2e-3)")
-    s2s.add_argument("--warmup-iters", type=_int_in(0, MAX_ITERS), default=100, help="linear warmup steps (100)")
-    s2s.add_argument("--eval-interval", type=_int_in(1, MAX_ITERS), default=250,
-                     help="evaluate and save every N steps (250)")
-    s2s.add_argument("--seed", type=_seed, default=1337, help="data, initialisation and dropout seed (1337)")
-    s2s.add_argument("--threads", type=_int_in(1, 1024), default=None, help="torch intra-op threads")
-    s2s.add_argument("--out", type=Path, default=Path("out-seq2seq"), help="run directory (out-seq2seq)")
-    s2s.add_argument("--resume", action="store_true", help="continue the run in --out")
-    s2s.add_argument("--overwrite", action="store_true", help="replace the checkpoint in --out")
-    s2s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_flags(s2s, _command_flags("train-seq2seq"))
+    if seq2seq_defaults:
+        s2s.set_defaults(**seq2seq_defaults)
     tr = commands.add_parser("translate", help="decode sources with a train-seq2seq checkpoint")
     tr.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
     tr.add_argument("--text", action="append", default=None,
                     help="a source to decode (repeat it for several; default: each line of stdin)")
-    tr.add_argument("--beam", type=_int_in(1, 1024), default=1, help="beam width (1: greedy)")
-    tr.add_argument("--max-new-tokens", type=_int_in(1, MAX_TOKENS), default=None,
+    tr.add_argument("--beam", type=int_in(1, 1024), default=1, help="beam width (1: greedy)")
+    tr.add_argument("--max-new-tokens", type=int_in(1, MAX_TOKENS), default=None,
                     help="longest output (default: twice the source plus 10)")
 
 
@@ -371,64 +305,6 @@ def _require_train_extra(command: str) -> None:
 CHANGEABLE_ON_RESUME = ("--max-iters", "--lr", "--batch-size", "--eval-interval", "--eval-iters",
                         "--checkpoint-interval", "--sample-tokens", "--device", "--no-progress", "--grad-accum",
                         "--dtype", "--compile", "--backend", "--peak-flops", "--config", "--verbose", "--threads")
-
-#: Train options a ``--config`` file may not hold: they are about one invocation, not the run.
-NOT_IN_CONFIG = ("config", "resume", "overwrite", "command")
-
-
-def _config_defaults(parser: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
-    """The train options in the TOML file ``path``, checked like the flags they stand for.
-
-    Raises:
-        ValueError: the file is missing or not TOML, or holds an unknown key or a value of the wrong type or
-            out of the flag's range (one line naming the file and the key).
-    """
-    import tomllib
-
-    from ._files import NotARegularFile, require_regular_file
-
-    try:
-        table = tomllib.loads(require_regular_file(path, "the config file").read_text(encoding="utf-8"))
-    except NotARegularFile as err:
-        raise ValueError(f"--config {err}") from None
-    except FileNotFoundError:
-        raise ValueError(f"--config {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"--config {path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"--config {path}: not valid TOML ({str(err).splitlines()[0]})") from None
-    train = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
-    actions = {a.dest: a for a in train._actions if a.dest not in (*NOT_IN_CONFIG, "help")}
-    values: dict[str, Any] = {}
-    for key, value in table.items():
-        dest = key.replace("-", "_")
-        action = actions.get(dest)
-        if action is None:
-            raise ValueError(f"--config {path}: unknown key {key!r} (known: {', '.join(sorted(actions))})")
-        where = f"--config {path}: {key}"
-        if action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction):  # a switch
-            if not isinstance(value, bool):
-                raise ValueError(f"{where}: expected true or false, got {value!r}")
-            if action.nargs == 0 and not value and action.default is False:
-                value = False
-        elif action.choices is not None:
-            if not isinstance(value, str) or value not in action.choices:
-                raise ValueError(f"{where}: expected one of {', '.join(map(str, action.choices))}, got {value!r}")
-        elif action.type is Path:
-            if not isinstance(value, str):
-                raise ValueError(f"{where}: expected a path (a string), got {value!r}")
-            value = Path(value)
-        else:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{where}: expected a number, got {value!r}")
-            assert callable(action.type)
-            try:
-                value = action.type(repr(value))
-            except argparse.ArgumentTypeError as err:
-                raise ValueError(f"{where}: {err}") from None
-        values[dest] = value
-    return values
-
 
 def _rank() -> int:
     """This process's rank under torchrun (0 when not launched by it)."""
@@ -498,22 +374,14 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-#: The ``train`` flags that set a :class:`~typed_transformer.gpt.GPTConfig` field (the same name) and those that set
-#: a :class:`~typed_transformer.config.TrainConfig` field (flag name -> field).
-MODEL_FLAGS = ("block_size", "dropout", "positional", "n_layer", "n_head", "n_kv_heads", "n_embd", "bias", "qkv_bias",
-               "lm_head_bias", "tie_weights", "activation")
-TRAIN_FLAGS = {"max_iters": "max_iters", "batch_size": "batch_size", "lr": "learning_rate",
-               "eval_interval": "eval_interval", "eval_iters": "eval_iters", "seed": "seed",
-               "sample_tokens": "sample_tokens", "checkpoint_interval": "checkpoint_interval",
-               "grad_accum": "grad_accum", "dtype": "dtype", "compile": "compile", "threads": "threads"}
-
-
 def _train_locked(args: argparse.Namespace) -> int:
     import hashlib
     import os
 
     from .checkpoint import CHECKPOINT_NAME, load_checkpoint
+    from .config import DEFAULT_PRESET, TrainConfig
     from .data import default_corpus, load_text
+    from .gpt import GPTConfig
     from .training import train
 
     _cuda_or_fail(args.device)
@@ -522,8 +390,7 @@ def _train_locked(args: argparse.Namespace) -> int:
     else:
         text, source = load_text(args.data), str(args.data)
     text_sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    overrides = {key: getattr(args, key) for key in MODEL_FLAGS if getattr(args, key) is not None}
-    train_overrides = {key: getattr(args, flag) for flag, key in TRAIN_FLAGS.items() if getattr(args, flag) is not None}
+    overrides, train_overrides = values_of(args, GPTConfig), values_of(args, TrainConfig)
     if args.dtype == "float16" and not args.device.startswith("cuda"):
         raise ValueError("--dtype float16 needs --device cuda (autocast with a gradient scaler); on CPU use "
                          "float32 or bfloat16")
@@ -534,7 +401,7 @@ def _train_locked(args: argparse.Namespace) -> int:
         model, config, data, preset = _resumed(args, resume, overrides, train_overrides, text, text_sha256, source,
                                               err)
     else:
-        model, config, data, preset = _fresh(args.preset or "baby", overrides, train_overrides, text, source)
+        model, config, data, preset = _fresh(args.preset or DEFAULT_PRESET, overrides, train_overrides, text, source)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if config.batch_size % (world * config.grad_accum) != 0:
         raise ValueError(f"--batch-size {config.batch_size} is not divisible by {world} process(es) x "
@@ -935,6 +802,7 @@ def _audit(args: argparse.Namespace) -> int:
             AuditUsageError,
             Conventions,
             audit_attention,
+            takes_enable_gqa,
         )
     except ImportError as err:
         return _fail(f"audit needs the [audit] extra: {install_hint('audit')} ({err})")
@@ -983,6 +851,7 @@ def _audit(args: argparse.Namespace) -> int:
                 layout=args.layout, mask_polarity=args.mask_polarity, causal_alignment=args.causal_alignment,
                 scale=args.scale, fully_masked=args.fully_masked or Conventions().fully_masked,
                 supports_mask=not args.no_mask, supports_causal=not args.no_causal, supports_gqa=args.gqa,
+                enable_gqa=args.gqa and takes_enable_gqa(candidate),
                 supports_autograd=not args.no_autograd, self_attention=args.self_attention,
                 equal_head_sizes=args.equal_head_sizes, even_head_size=args.even_head_size, grouping=args.grouping,
                 mask_kind=args.mask_kind, mask_with_causal=not args.no_mask_with_causal,
@@ -1030,12 +899,13 @@ def _main(argv: list[str] | None) -> int:
         parser.print_help(sys.stderr)
         return 2
     args = parser.parse_args(argv)
-    if args.command == "train" and args.config is not None:
+    if args.command in ("train", "train-seq2seq") and args.config is not None:
         try:
-            defaults = _config_defaults(parser, args.config)
+            defaults = read_config(args.config, _command_flags(args.command))
         except ValueError as err:
             return _fail(str(err))
-        args = build_parser(defaults).parse_args(argv)  # the file's values as defaults: flags override them
+        # the file's values as the defaults: the flags override them
+        args = build_parser({args.command: defaults}).parse_args(argv)
     if args.command in ("train", "generate", "attention", "train-seq2seq", "translate"):
         return _run_training_command(args)
     if args.command == "audit":

@@ -6,12 +6,21 @@ validates the run settings it stores against :class:`TrainConfig` without import
 """
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 
-__all__ = ["DTYPES", "PRESET_TRAINING", "TrainConfig"]
+from ._options import THREADS_HELP, parse_threads
+
+__all__ = ["DEFAULT_PRESET", "DTYPES", "MAX_ITERS", "MAX_SEED", "MAX_TOKENS", "PRESET_TRAINING", "TrainConfig",
+           "describe_presets"]
+
+#: Bounds of the command line's counts (docs/reliability.md).
+MAX_ITERS = 10**9
+MAX_TOKENS = 1_000_000
+MAX_SEED = 2**32 - 1
+_SCALE = "scale and speed"  # the --help section of the flags about speed and scale
 
 #: The ``dtype`` choices: the forward passes' autocast dtype (float32: no autocast).
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -24,6 +33,20 @@ PRESET_TRAINING: dict[str, dict[str, Any]] = {
     "baby": {"learning_rate": 3e-3, "min_lr": 3e-4},
     "seed": {},
 }
+#: The preset a run gets when it names none.
+DEFAULT_PRESET = "baby"
+
+def describe_presets() -> str:
+    """The model presets in a line (``--preset``'s help), from :data:`~typed_transformer.gpt.PRESETS`."""
+    from .gpt import PRESETS
+
+    def one(name: str) -> str:
+        sizes = PRESETS[name]
+        rest = [f"{key} {value}" for key, value in sizes.items() if key not in ("n_layer", "n_head", "n_embd")]
+        default = " (default)" if name == DEFAULT_PRESET else ""
+        return f"{name}{default}: {sizes['n_layer']}x{sizes['n_head']}x{sizes['n_embd']}, {', '.join(rest)}"
+
+    return "; ".join(one(name) for name in PRESETS)
 
 
 @dataclass(frozen=True)
@@ -31,9 +54,13 @@ class TrainConfig:
     """Optimisation settings; the defaults are nanoGPT's CPU "baby GPT" run (:meth:`for_preset` adds a
     model preset's own settings: the command line's ``train`` starts from those)."""
 
-    max_iters: int = 2000
-    batch_size: int = 12
-    learning_rate: float = 1e-3
+    # Fields with "help" are the train command's flags (typed_transformer._options); the ranges keep a typo from
+    # asking for an allocation that takes the machine down or an evaluation that never ends.
+    max_iters: int = field(default=2000, metadata={"help": "optimizer steps (default 2000)", "range": (1, MAX_ITERS)})
+    batch_size: int = field(default=12, metadata={"help": "default 12", "range": (1, 4096)})
+    learning_rate: float = field(default=1e-3, metadata={
+        "flag": "lr", "help": "peak learning rate, decaying to a tenth (default: 3e-3 for baby, 1e-3 for seed)",
+        "interval": "(0, 1]", "noun": "a learning rate"})
     min_lr: float = 1e-4
     warmup_iters: int = 100
     lr_decay_iters: int | None = None  # default: max_iters
@@ -41,17 +68,29 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0
-    eval_interval: int = 250
-    eval_iters: int = 20
-    checkpoint_interval: int = 250
-    seed: int = 1337
-    sample_tokens: int = 300
-    grad_accum: int = 1  # micro-batches per optimizer step in each process; batch_size is the global batch
-    dtype: str = "float32"  # autocast dtype of the forward passes (DTYPES)
-    compile: bool = False  # torch.compile the training steps
+    eval_interval: int = field(default=250, metadata={
+        "help": "iterations between evaluations (default 250; checkpoints: --checkpoint-interval)",
+        "range": (1, MAX_ITERS)})
+    eval_iters: int = field(default=20, metadata={"help": "batches per evaluation (default 20)", "range": (1, 1000)})
+    checkpoint_interval: int = field(default=250, metadata={
+        "help": "iterations between checkpoints (default 250; one is also written at the end)",
+        "range": (1, MAX_ITERS)})
+    seed: int = field(default=1337, metadata={"help": "default 1337", "range": (0, MAX_SEED)})
+    sample_tokens: int = field(default=300, metadata={
+        "help": "characters to sample at the end (default 300)", "range": (0, MAX_TOKENS)})
+    #: Micro-batches per optimizer step in each process; batch_size is the global batch.
+    grad_accum: int = field(default=1, metadata={
+        "help": "micro-batches per optimizer step; --batch-size is the global batch (default 1)", "range": (1, 4096),
+        "group": _SCALE})
+    #: Autocast dtype of the forward passes (DTYPES).
+    dtype: Literal["float32", "bfloat16", "float16"] = field(default="float32", metadata={
+        "help": "autocast dtype (default float32; float16 needs CUDA)", "group": _SCALE})
+    compile: bool = field(default=False, metadata={"help": "torch.compile the training steps (default: no)",
+                                                   "group": _SCALE})
     #: Intra-op threads: "auto" (timed on the first steps, re-checked on drift; typed_transformer.threads) or a
     #: count. "auto" leaves a count the user set (OMP_NUM_THREADS, torch.set_num_threads) alone.
-    threads: int | str = "auto"
+    threads: int | str = field(default="auto", metadata={"help": THREADS_HELP, "parse": parse_threads,
+                                                          "group": _SCALE})
 
     @classmethod
     def for_preset(cls, preset: str, **overrides: Any) -> "TrainConfig":

@@ -13,7 +13,7 @@ model has grouped-query heads (``n_kv_heads``), a KV cache, RoPE and ALiBi with 
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -31,6 +31,7 @@ __all__ = ["GPT", "PRESETS", "GPTConfig"]
 
 Positional = Literal["learned", "sinusoidal", "rope", "alibi"]
 Activation = Literal["gelu", "gelu_tanh", "relu"]
+_SIZE = "model size (on top of the preset)"  # the --help section of the size flags
 
 
 @dataclass(frozen=True)
@@ -51,19 +52,30 @@ class GPTConfig:
             finite, an unknown ``positional`` or ``activation``, or sizes that do not divide.
     """
 
+    # The metadata are the command line's flags (typed_transformer._options): help text and the ranges that keep a
+    # typo from asking for an allocation that takes the machine down.
     vocab_size: int
-    block_size: int = 64
-    n_layer: int = 4
-    n_head: int = 4
-    n_kv_heads: int | None = None
-    n_embd: int = 128
-    dropout: float = 0.0
-    bias: bool = False
-    qkv_bias: bool | None = None  # None: as bias
-    lm_head_bias: bool = False
-    positional: Positional = "learned"
-    activation: Activation = "gelu"
-    tie_weights: bool = True
+    block_size: int = field(default=64, metadata={"help": "context length (default: preset's)", "range": (1, 8192)})
+    n_layer: int = field(default=4, metadata={"help": "transformer blocks", "range": (1, 1024), "group": _SIZE})
+    n_head: int = field(default=4, metadata={"help": "must divide --n-embd", "range": (1, 65536), "group": _SIZE})
+    n_kv_heads: int | None = field(default=None, metadata={
+        "help": "key/value heads (grouped-query attention; must divide --n-head)", "range": (1, 65536),
+        "group": _SIZE})
+    n_embd: int = field(default=128, metadata={"help": "model width", "range": (1, 65536), "group": _SIZE})
+    dropout: float = field(default=0.0, metadata={"help": "default: preset's", "interval": "[0, 1)"})
+    bias: bool = field(default=False, metadata={
+        "help": "biases in the layer norms, attention output projections and feed-forward layers (default: "
+                "preset's; baby: no)", "group": _SIZE})
+    qkv_bias: bool | None = field(default=None, metadata={  # None: as bias
+        "help": "biases in the query/key/value projections (default: as --bias; seed preset: no)", "group": _SIZE})
+    lm_head_bias: bool = field(default=False, metadata={
+        "help": "a bias in the output head (default: preset's; baby: no, seed: yes)", "group": _SIZE})
+    positional: Positional = field(default="learned", metadata={"help": "position encoding (default learned)"})
+    activation: Activation = field(default="gelu", metadata={
+        "help": "feed-forward activation (default: preset's; baby: gelu, seed: relu)", "group": _SIZE})
+    tie_weights: bool = field(default=True, metadata={
+        "help": "share the output head's weight with the token embedding (default: preset's; baby: yes, seed: no)",
+        "group": _SIZE})
     layer_norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
@@ -238,7 +250,15 @@ class GPT(nn.Module):
         all_positions: bool = False,
     ) -> tuple[Float[Tensor, "b _ {self.vocab_size}"], Float[Tensor, ""] | None]:
         """Logits (and the loss with ``targets``); with ``kv_caches`` (one per layer) ``idx`` holds only the new
-        positions, placed after the cached ones."""
+        positions, placed after the cached ones.
+
+        The loss is the mean cross-entropy over the positions whose target is not -1 (ignored).
+
+        Raises:
+            ShapeError: ``idx`` longer than ``block_size`` (after the cached positions), or ``targets`` with no
+                position (batch or length 0), where torch's mean would silently be NaN.
+            ValueError: ids outside the vocabulary, or ``targets`` all -1 (no position to average over).
+        """
         t = idx.shape[1]
         offset = 0 if not kv_caches else kv_caches[0].length
         if kv_caches is not None and len(kv_caches) != len(self.blocks):
@@ -253,6 +273,7 @@ class GPT(nn.Module):
             _check_ids("GPT.forward", "idx", idx, 0, self.vocab_size)
             if targets is not None:
                 _check_ids("GPT.forward", "targets", targets, -1, self.vocab_size)  # -1 = ignored position
+                _check_loss_targets(targets)
         x = self._embed(idx, offset)
         bias = self._attn_bias(t, offset + t, x.dtype)
         for i, block in enumerate(self.blocks):
@@ -358,20 +379,31 @@ class GPT(nn.Module):
         Raises:
             ShapeError: ``idx`` of the wrong shape, or with no positions (an empty prompt).
             ValueError: nonsensical sampling settings (see :func:`check_sampling`), token ids outside the
-                vocabulary.
+                vocabulary, or logits that hold NaN or infinity (the message says whether a weight does).
         """
         check_sampling(max_new_tokens, temperature, top_k, top_p, greedy)
         if idx.shape[1] == 0:
             raise_shape_error("typed_transformer.gpt.GPT.generate", "idx",
                               "axis t is 0: generation needs a prompt of at least one token", axis="t", actual=0)
-        if lengths is not None or (generator is not None and not isinstance(generator, torch.Generator)):
-            return self._generate_rows(idx, lengths, max_new_tokens, temperature=temperature, top_k=top_k,
-                                       top_p=top_p, greedy=greedy, generator=generator, use_cache=use_cache)
-        block = self.config.block_size
-        caches = self.new_caches() if use_cache else None
-        logits, _ = self(idx[:, -block:], kv_caches=caches)
-        return self._decode(idx, logits, caches, max_new_tokens, temperature=temperature, top_k=top_k,
-                            top_p=top_p, greedy=greedy, generator=generator, use_cache=use_cache)
+        settings: dict[str, Any] = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "greedy": greedy,
+                                    "generator": generator, "use_cache": use_cache}
+        try:
+            if lengths is not None or (generator is not None and not isinstance(generator, torch.Generator)):
+                return self._generate_rows(idx, lengths, max_new_tokens, **settings)
+            caches = self.new_caches() if use_cache else None
+            logits, _ = self(idx[:, -self.config.block_size:], kv_caches=caches)
+            return self._decode(idx, logits, caches, max_new_tokens, **settings)
+        except _NonFiniteLogits:
+            raise ValueError(f"GPT.generate: the model's logits hold NaN or infinity, so no token can be drawn: "
+                             f"{self._why_not_finite()}") from None
+
+    def _why_not_finite(self) -> str:
+        """Why this model's output is not finite: a named weight, or overflow with finite weights."""
+        for name, value in (*self.named_parameters(), *self.named_buffers()):
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                return f"its weight {name} holds NaN or infinity"
+        return ("its weights are finite but so large that the activations overflow (weights that exploded in a "
+                "training run that diverged)")
 
     def _decode(self, idx: Tensor, logits: Tensor, caches: list[KVCache] | None, max_new_tokens: int, *,
                 temperature: float, top_k: int | None, top_p: float | None, greedy: bool,
@@ -466,6 +498,36 @@ def _check_ids(owner: str, name: str, ids: Tensor, low: int, vocab_size: int) ->
                          + ignored)
 
 
+def _check_loss_targets(targets: Tensor) -> None:
+    """The mean cross-entropy is defined only over at least one position whose target is not -1 (ignored);
+    torch returns NaN for none, silently."""
+    b, t = targets.shape
+    if b == 0 or t == 0:
+        axis = "b" if b == 0 else "t"
+        raise_shape_error("typed_transformer.gpt.GPT.forward", "targets",
+                          f"axis {axis} is 0: the loss needs at least one position", axis=axis, actual=0)
+    if not bool((targets != -1).any()):
+        raise ValueError("GPT.forward: targets are all -1 (ignored): the mean loss over no position is undefined; "
+                         "give at least one target id")
+
+
+class _NonFiniteLogits(ValueError):
+    """Logits with NaN or infinity given to :func:`sample` (:meth:`GPT.generate` says why in its own words)."""
+
+
+def _drawable(logits: Tensor) -> Tensor:
+    """Per row: no NaN, no +inf, and some entry above -inf (-inf alone is a token that cannot be drawn)."""
+    return (logits < math.inf).all(dim=-1) & (logits.amax(dim=-1) > -math.inf)
+
+
+def _check_finite_logits(logits: Tensor) -> None:
+    drawable = _drawable(logits)
+    if not bool(drawable.all()):
+        row = int((~drawable).nonzero()[0, 0])
+        raise _NonFiniteLogits(f"sample: logits row {row} holds NaN or +inf, or only -inf: no token can be drawn "
+                               f"from it")
+
+
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
                    greedy: bool) -> None:
     """Raise ValueError for sampling settings that make no sense."""
@@ -488,10 +550,28 @@ def sample(
     greedy: bool = False,
     generator: torch.Generator | None = None,
 ) -> Int[Tensor, "b 1"]:
-    """Draw one token per row from ``softmax(logits / temperature)`` restricted by top-k and top-p."""
+    """Draw one token per row from ``softmax(logits / temperature)`` restricted by top-k and top-p.
+
+    Any positive temperature works: when ``logits / temperature`` overflows (temperatures far below the
+    logits' spread, 1e-300 say), the logits are shifted by their maximum first, which leaves the softmax
+    unchanged and gives its limit, the argmax (tied maxima share the draw).
+
+    Raises:
+        ValueError: a row of ``logits`` holds NaN or +inf, or only -inf (nothing can be drawn from it; torch's
+            ``multinomial`` would fail without saying why, and the argmax of a NaN row is an arbitrary token).
+            -inf beside finite logits is a token that is never drawn.
+    """
     if greedy:
+        _check_finite_logits(logits)
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    scaled = logits / temperature
+    if not bool(_drawable(scaled).all()):  # one check; the logits themselves only on this rare path
+        _check_finite_logits(logits)
+        # In float64, where any positive Python float is non-zero: 0 at the maximum, -inf or below elsewhere.
+        shifted = (logits - logits.amax(dim=-1, keepdim=True)).double() / temperature
+        scaled = shifted.softmax(dim=-1).float().log()  # the same distribution, finite at the maximum
+    logits = scaled
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

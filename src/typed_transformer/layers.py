@@ -45,7 +45,7 @@ from ._activations import Activation, activation_fn, activation_name
 from .attention import Backend
 from .multihead import MultiHeadAttention
 from .positions import RotaryEmbedding
-from .shapecheck import shape_checked
+from .shapecheck import check_parameter_dtype, shape_checked
 
 __all__ = [
     "Activation",
@@ -73,7 +73,8 @@ MemoryMask: TypeAlias = (
 
 
 def _check_sizes(owner: str, d_model: int, nhead: int, dim_feedforward: int, dropout: float,
-                 layer_norm_eps: float) -> None:
+                 layer_norm_eps: float, dtype: torch.dtype | None = None) -> None:
+    check_parameter_dtype(owner, dtype)
     for name, size in (("d_model", d_model), ("nhead", nhead), ("dim_feedforward", dim_feedforward)):
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise ValueError(f"{owner}: {name} must be a positive int, got {size!r}")
@@ -100,7 +101,7 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, dim_feedforward: int, *, dropout: float = 0.0, activation: Activation = "relu",
                  bias: bool = True, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        _check_sizes("FeedForward", d_model, 1, dim_feedforward, dropout, 1.0)
+        _check_sizes("FeedForward", d_model, 1, dim_feedforward, dropout, 1.0, dtype)
         self.d_model = d_model
         self.dim_feedforward = dim_feedforward
         self.linear1 = nn.Linear(d_model, dim_feedforward, bias=bias, device=device, dtype=dtype)
@@ -137,7 +138,7 @@ class TransformerEncoderLayer(nn.Module):
                  bias: bool = True, rotary: RotaryEmbedding | None = None, backend: Backend = "sdpa",
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        _check_sizes("TransformerEncoderLayer", d_model, nhead, dim_feedforward, dropout, layer_norm_eps)
+        _check_sizes("TransformerEncoderLayer", d_model, nhead, dim_feedforward, dropout, layer_norm_eps, dtype)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.d_model = d_model
         self.nhead = nhead
@@ -195,7 +196,7 @@ class TransformerDecoderLayer(nn.Module):
                  bias: bool = True, rotary: RotaryEmbedding | None = None, backend: Backend = "sdpa",
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        _check_sizes("TransformerDecoderLayer", d_model, nhead, dim_feedforward, dropout, layer_norm_eps)
+        _check_sizes("TransformerDecoderLayer", d_model, nhead, dim_feedforward, dropout, layer_norm_eps, dtype)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.d_model = d_model
         self.nhead = nhead
@@ -391,7 +392,7 @@ class Transformer(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        _check_sizes("Transformer", d_model, nhead, dim_feedforward, dropout, layer_norm_eps)
+        _check_sizes("Transformer", d_model, nhead, dim_feedforward, dropout, layer_norm_eps, dtype)
         self.d_model = d_model
         self.nhead = nhead
         factory: dict[str, Any] = {"device": device, "dtype": dtype}

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from .attention import Backend, scaled_dot_product_attention, scaled_dot_product_attention_with_weights
 from .masks import merge_causal, merge_masks
 from .positions import RotaryEmbedding
-from .shapecheck import raise_shape_error, shape_checked
+from .shapecheck import check_parameter_dtype, raise_shape_error, shape_checked
 
 __all__ = ["KVCache", "MultiHeadAttention"]
 
@@ -195,6 +195,7 @@ class MultiHeadAttention(nn.Module):
         if rotary is not None and rotary.head_dim != d_model // num_heads:
             raise ValueError(f"MultiHeadAttention: rotary.head_dim={rotary.head_dim} does not match the head size "
                              f"d_model/num_heads={d_model // num_heads}")
+        check_parameter_dtype("MultiHeadAttention", dtype)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
 
         self.d_model = d_model

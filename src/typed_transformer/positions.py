@@ -31,7 +31,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from .shapecheck import raise_shape_error, shape_checked, typechecked
+from .shapecheck import check_parameter_dtype, raise_shape_error, shape_checked, typechecked
 
 __all__ = [
     "ALiBiPositionalBias",
@@ -88,6 +88,7 @@ class LearnedPositionalEmbedding(nn.Module):
         super().__init__()
         if max_length <= 0 or d_model <= 0:
             raise ValueError(f"LearnedPositionalEmbedding: sizes must be positive, got {max_length}, {d_model}")
+        check_parameter_dtype("LearnedPositionalEmbedding", dtype)
         self.max_length = max_length
         self.d_model = d_model
         self.weight = nn.Parameter(torch.empty(max_length, d_model, device=device, dtype=dtype))

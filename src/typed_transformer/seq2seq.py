@@ -28,7 +28,7 @@ from ._deprecation import deprecated_alias, renamed_keywords, warn_deprecated
 from .attention import Backend
 from .layers import Activation, Transformer
 from .positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
-from .shapecheck import raise_shape_error, shape_checked
+from .shapecheck import check_parameter_dtype, raise_shape_error, shape_checked
 
 __all__ = ["Positions", "Seq2SeqTransformer"]
 
@@ -100,6 +100,7 @@ class Seq2SeqTransformer(nn.Module):
                              f"got {positional!r}")
         if positional == "learned" and max_length is None:
             raise ValueError("Seq2SeqTransformer: positional='learned' needs max_length (the size of the table)")
+        check_parameter_dtype("Seq2SeqTransformer", dtype)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.src_vocab_size = src_vocab_size
         self.tgt_vocab_size = tgt_vocab_size

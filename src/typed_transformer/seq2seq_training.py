@@ -40,6 +40,7 @@ from .seq2seq_data import (
     split_pairs,
 )
 from .shapecheck import shape_checks
+from .threads import ThreadTuner, apply_threads
 from .training import TrainingDiverged, _Interrupt
 
 __all__ = ["Seq2SeqCheckpoint", "Seq2SeqConfig", "Seq2SeqResult", "evaluate_pairs", "load_seq2seq",
@@ -54,25 +55,33 @@ class Seq2SeqConfig:
     """A seq2seq run. ``task`` (synthetic) or ``data`` (a pairs file) gives the data; the defaults reverse
     sequences of 1-10 digits."""
 
-    task: str | None = "reverse"
-    data: str | None = None
-    vocab: int = 10
-    min_len: int = 1
-    max_len: int = 10
-    held_out: float = 0.1
-    eval_pairs: int = 500
-    d_model: int = 64
-    nhead: int = 4
-    layers: int = 2
-    dim_feedforward: int = 256
-    dropout: float = 0.0
-    norm_first: bool = True
-    batch_size: int = 64
-    max_iters: int = 1500
-    learning_rate: float = 2e-3
-    warmup_iters: int = 100
-    eval_interval: int = 250
-    seed: int = 1337
+    # Fields with "help" are train-seq2seq's flags (typed_transformer._options), with their ranges.
+    task: str | None = field(default="reverse", metadata={
+        "help": "synthetic task generated on the fly (default reverse); ignored with --data", "choices": TASKS})
+    data: str | None = field(default=None, metadata={
+        "help": "a UTF-8 file of source<TAB>target lines (character level)"})
+    vocab: int = field(default=10, metadata={"help": "task symbols: the first N of 0-9a-z (10)", "range": (2, 36)})
+    min_len: int = field(default=1, metadata={"help": "shortest task sequence (1; add: digits)", "range": (1, 512)})
+    max_len: int = field(default=10, metadata={"help": "longest task sequence (10; add: digits)", "range": (1, 512)})
+    held_out: float = field(default=0.1, metadata={"help": "fraction of --data held out (0.1)", "interval": "(0, 1]"})
+    eval_pairs: int = field(default=500, metadata={"help": "held-out task pairs (500)", "range": (1, 100_000)})
+    d_model: int = field(default=64, metadata={"help": "model width (64)", "range": (1, 65536)})
+    nhead: int = field(default=4, metadata={"help": "attention heads (4)", "range": (1, 1024)})
+    layers: int = field(default=2, metadata={"help": "encoder and decoder layers each (2)", "range": (1, 1024)})
+    dim_feedforward: int = field(default=256, metadata={"help": "feed-forward width (256)", "range": (1, 65536)})
+    dropout: float = field(default=0.0, metadata={"help": "dropout (0)", "interval": "[0, 1)"})
+    norm_first: bool = field(default=True, metadata={
+        "flag": "post_norm", "store": False,
+        "help": "the paper's post-LN layers (default: pre-LN, which trains faster at this size)"})
+    batch_size: int = field(default=64, metadata={"help": "pairs per step (64)", "range": (1, 4096)})
+    max_iters: int = field(default=1500, metadata={"help": "training steps (1500)", "range": (0, 10**9)})
+    learning_rate: float = field(default=2e-3, metadata={
+        "help": "Adam's peak learning rate (2e-3)", "interval": "(0, 1]", "noun": "a learning rate"})
+    warmup_iters: int = field(default=100, metadata={"help": "linear warmup steps (100)", "range": (0, 10**9)})
+    eval_interval: int = field(default=250, metadata={
+        "help": "evaluate and save every N steps (250)", "range": (1, 10**9)})
+    seed: int = field(default=1337, metadata={
+        "help": "data, initialisation and dropout seed (1337)", "range": (0, 2**32 - 1)})
 
     def __post_init__(self) -> None:
         if (self.task is None) == (self.data is None):
@@ -293,9 +302,12 @@ def _resumed(config: Seq2SeqConfig, out: Path) -> Seq2SeqCheckpoint:
 
 
 def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = False, log: TextIO | None = None,
-                  progress: bool = False, on_step: Callable[[int], None] | None = None) -> Seq2SeqResult:
+                  progress: bool = False, on_step: Callable[[int], None] | None = None,
+                  threads: int | str | None = None) -> Seq2SeqResult:
     """Train per ``config`` into ``out`` (``out/checkpoint.safetensors``, ``out/config.json``), evaluating
     every ``eval_interval`` iterations and at the end; with ``resume``, go on from ``out``'s checkpoint.
+    ``threads``: a count, or ``"auto"`` (timed on the steps, :mod:`~typed_transformer.threads`); None leaves
+    torch's count alone.
 
     Raises:
         DataError, ValueError: unusable data or settings. CheckpointError: a bad checkpoint to resume.
@@ -323,7 +335,27 @@ def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = Fals
         print(f"seq2seq: {sum(p.numel() for p in model.parameters()):,} parameters, vocabulary {vocab.size} "
               f"({vocab.chars!r} + pad, bos, eos), {len(held)} held-out pairs"
               + (f", resuming at iteration {start}" if start else ""), file=stream, flush=True)
+        if threads is not None:
+            _, tuner = apply_threads(threads, log=lambda line: print(line, file=stream, flush=True))
+            if tuner is not None:
+                on_step = _timed(tuner, on_step)
         return _loop(config, model, optimizer, vocab, train, held, out, start, history, stream, progress, on_step)
+
+
+def _timed(tuner: ThreadTuner, on_step: Callable[[int], None] | None) -> Callable[[int], None]:
+    """``on_step`` that also gives ``tuner`` the time of each step (from one call to the next: the step and,
+    every ``eval_interval``, an evaluation, which the tuner's drift check tolerates as one slow step)."""
+    last: list[float] = []
+
+    def step(iteration: int) -> None:
+        now = time.perf_counter()
+        if last:
+            tuner.observe(now - last[0])
+        last[:] = [now]
+        if on_step is not None:
+            on_step(iteration)
+
+    return step
 
 
 def _loop(config: Seq2SeqConfig, model: Seq2SeqTransformer, optimizer: torch.optim.Optimizer, vocab: PairVocab,
@@ -403,16 +435,18 @@ def train_command(args: Any) -> int:
     import signal
     import sys
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    task = None if args.data is not None else args.task
-    config = Seq2SeqConfig(**{f.name: getattr(args, f.name) for f in fields(Seq2SeqConfig)} | {"task": task})
+    from ._options import values_of
+
+    settings = values_of(args, Seq2SeqConfig)
+    if "data" in settings:  # --task is ignored with --data
+        settings["task"] = None
+    config = Seq2SeqConfig(**settings)
     out = Path(args.out)
     if not args.resume and not args.overwrite and (out / CHECKPOINT_NAME).exists():
         raise ValueError(f"{out / CHECKPOINT_NAME} exists: continue that run with --resume or replace it with "
                          "--overwrite")
     result = train_seq2seq(config, out, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty(),
-                           log=sys.stdout)
+                           log=sys.stdout, threads=args.threads)
     if result.signal is not None:
         name = "Ctrl-C" if result.signal == signal.SIGINT else signal.Signals(result.signal).name
         print(f"interrupted ({name}) at iteration {result.iteration}; saved {result.checkpoint} "

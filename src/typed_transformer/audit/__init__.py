@@ -69,6 +69,7 @@ from ._functions import (
     audit_attention,
     candidate_call,
     parametrize_audit,
+    takes_enable_gqa,
 )
 from ._hf import hf_build, hf_spec
 from ._infer import Evidence, Finding, Inference
@@ -139,5 +140,6 @@ __all__ = [
     "parametrize_audit",
     "reference_attention",
     "rotate",
+    "takes_enable_gqa",
     "with_causal",
 ]

@@ -55,7 +55,9 @@ class Conventions:
     (head ``i`` uses kv head ``i // r``, torch's) or ``"r g"`` (``i % g``). ``decode_sees_all``: with
     ``is_causal`` a single query (t = 1) sees every key, whatever ``causal_alignment`` says. ``always_causal``:
     the candidate applies its causal mask whatever it is told (nanoGPT's attention): it is audited on causal
-    examples only, every reference is causal.
+    examples only, every reference is causal. ``enable_gqa``: the candidate takes fewer key/value heads only when
+    told so with ``enable_gqa=True`` (torch's ``F.scaled_dot_product_attention``); the audit passes it on every
+    call with ``g < h`` (needs ``supports_gqa=True``; ``Conventions.torch_sdpa(gqa=True)`` sets both).
     """
 
     layout: Literal["bhtd", "bthd"] = "bhtd"
@@ -78,6 +80,7 @@ class Conventions:
     mask_with_causal: bool = True
     decode_sees_all: bool = False
     always_causal: bool = False
+    enable_gqa: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in (("layout", ("bhtd", "bthd")), ("mask_polarity", ("keep", "drop")),
@@ -91,6 +94,9 @@ class Conventions:
             low, high = getattr(self, name)
             if not 1 <= low <= high:
                 raise ValueError(f"Conventions: {name} must be (low, high) with 1 <= low <= high; got {(low, high)}")
+        if self.enable_gqa and not self.supports_gqa:
+            raise ValueError("Conventions: enable_gqa=True passes enable_gqa=True to calls with fewer key/value heads "
+                             "than query heads; declare supports_gqa=True too (or Conventions.torch_sdpa(gqa=True))")
         if self.even_head_size and self.head_sizes[1] < 2:
             raise ValueError("Conventions: even_head_size needs head_sizes up to at least 2")
 
@@ -100,10 +106,12 @@ class Conventions:
         return cls(supports_gqa=True)
 
     @classmethod
-    def torch_sdpa(cls) -> "Conventions":
+    def torch_sdpa(cls, *, gqa: bool = False) -> "Conventions":
         """``torch.nn.functional.scaled_dot_product_attention``: top-left causal, refuses ``attn_mask`` with
-        ``is_causal=True``, and fully masked rows give NaN or 0 depending on the kernel (not checked)."""
-        return cls(causal_alignment="top-left", fully_masked="any", mask_with_causal=False)
+        ``is_causal=True``, and fully masked rows give NaN or 0 depending on the kernel (not checked). ``gqa``:
+        audit grouped-query attention too, passing ``enable_gqa=True`` when ``g < h``."""
+        return cls(causal_alignment="top-left", fully_masked="any", mask_with_causal=False, supports_gqa=gqa,
+                   enable_gqa=gqa)
 
     def untested(self) -> list[str]:
         """What the audit does not draw because of a declaration (listed in the report)."""

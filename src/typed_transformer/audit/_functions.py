@@ -41,6 +41,7 @@ def to_candidate(ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch
     """Canonical inputs (``bhtd``, ``h = (g r)``, keep-mask) in the candidate's conventions and ``dtype``."""
     q, k, v = (x.to(dtype) for x in ins)
     g = k.shape[1]
+    grouped = q.shape[1] != g
     if conventions.grouping == "r g" and q.shape[1] != g:
         q = rearrange(q, "b (g r) t d -> b (r g) t d", g=g)
         if keep is not None and keep.shape[1] > 1:
@@ -55,6 +56,8 @@ def to_candidate(ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch
             kwargs["attn_mask"] = keep if conventions.mask_polarity == "keep" else ~keep
     if is_causal and conventions.supports_causal:  # an always-causal candidate without the flag: not passed
         kwargs["is_causal"] = True
+    if conventions.enable_gqa and grouped:
+        kwargs["enable_gqa"] = True  # torch's SDPA refuses g < h without it
     return (q, k, v), kwargs
 
 
@@ -84,12 +87,31 @@ def check_signature(candidate: Candidate, conventions: Conventions, name: str) -
         kwargs["attn_mask"] = None
     if conventions.supports_causal:
         kwargs["is_causal"] = False
+    if conventions.enable_gqa:
+        kwargs["enable_gqa"] = True
     try:
         signature.bind(None, None, None, **kwargs)
     except TypeError as err:
         flags = " (or declare supports_mask=False / supports_causal=False)" if kwargs else ""
+        if conventions.enable_gqa and "enable_gqa" in str(err):
+            flags = " (enable_gqa=True is passed because enable_gqa is declared)"
         raise AuditUsageError(f"{name}{signature} cannot be called as candidate(q, k, v"
                               f"{''.join(f', {k}=...' for k in kwargs)}): {err}{flags}") from None
+
+
+def takes_enable_gqa(candidate: Candidate) -> bool:
+    """Whether ``candidate`` takes an ``enable_gqa`` keyword (torch's SDPA): a parameter of that name in its
+    signature, or, for a builtin without a readable signature, one call on two query heads over one key/value
+    head with ``enable_gqa=True`` that returns a tensor (the CLI's ``--gqa`` passes the flag then)."""
+    try:
+        return "enable_gqa" in inspect.signature(candidate).parameters
+    except (TypeError, ValueError):  # a builtin: try it
+        pass
+    q, k = torch.randn(1, 2, 2, 2, dtype=torch.float64), torch.randn(1, 1, 2, 2, dtype=torch.float64)
+    try:
+        return isinstance(candidate(q, k, k, enable_gqa=True), Tensor)
+    except Exception:
+        return False
 
 
 @dataclass
@@ -309,8 +331,8 @@ def infer_function_conventions(candidate: Callable[..., Any], *, seed: int = 0, 
                                **options: Any) -> Inference:
     """:func:`~typed_transformer.audit.infer_conventions` for a functional candidate."""
     decided = {"layout", "mask_polarity", "causal_alignment", "scale", "fully_masked", "supports_mask",
-               "supports_causal", "supports_gqa", "grouping", "mask_kind", "per_head_masks", "mask_with_causal",
-               "decode_sees_all", "always_causal"}
+               "supports_causal", "supports_gqa", "enable_gqa", "grouping", "mask_kind", "per_head_masks",
+               "mask_with_causal", "decode_sees_all", "always_causal"}
     clash = sorted(set(options) & decided)
     if clash:
         raise ValueError(f"infer_conventions: {', '.join(clash)} {'is' if len(clash) == 1 else 'are'} inferred, "

@@ -3,8 +3,12 @@
 the class alone, :func:`hf_build` makes a tiny instance from its own config class and :func:`hf_spec` describes it
 (projections, head counts, scale, the rotary class and its base, the KV cache); inference decides the rest."""
 
+import copy
 import importlib
 import inspect
+import math
+import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -14,15 +18,23 @@ from ._core import AuditUsageError, Conventions
 from ._modules import ModuleSpec, Rotary, additive_mask, with_causal
 
 #: the sizes of the tiny config (set where the config has the field): 4 query heads on 2 key/value heads of 4
+#: (Zamba's attention reads ``attention_hidden_size``, twice the hidden size: its input is two states side by side)
 TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4,
                         "intermediate_size": 32, "num_hidden_layers": 1, "vocab_size": 64,
-                        "max_position_embeddings": 64, "attention_dropout": 0.0, "attention_bias": False}
+                        "max_position_embeddings": 64, "attention_dropout": 0.0, "attention_bias": False,
+                        "attention_hidden_size": 32}
 
 _HF = Conventions(self_attention=True, fully_masked="uniform")
+_HF_CROSS = Conventions(fully_masked="uniform")
+
+
+def _transformers_class(cls: type) -> type:
+    """``cls``, or its first base class defined in ``transformers`` (a user's subclass of a Hugging Face class)."""
+    return next((c for c in cls.__mro__ if c.__module__.startswith("transformers.")), cls)
 
 
 def _modeling(cls: type) -> Any:
-    return importlib.import_module(cls.__module__)
+    return importlib.import_module(_transformers_class(cls).__module__)
 
 
 def hf_config_class(cls: type) -> type:
@@ -35,7 +47,8 @@ def hf_config_class(cls: type) -> type:
     from transformers import PreTrainedModel
 
     for obj in vars(_modeling(cls)).values():
-        if (isinstance(obj, type) and issubclass(obj, PreTrainedModel) and obj.__module__ == cls.__module__
+        if (isinstance(obj, type) and issubclass(obj, PreTrainedModel)
+                and obj.__module__ == _transformers_class(cls).__module__
                 and isinstance(getattr(obj, "config_class", None), type)):
             config_class: type = obj.config_class  # type: ignore[assignment]
             return config_class
@@ -51,14 +64,50 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None) -> nn.Module:
         text = config.get_text_config()
         if type(text).__name__ != type(config).__name__ and _accepts(cls, text):
             config = text
-    for key, value in {**TINY, **(overrides or {})}.items():
+    tiny = {**TINY, "num_key_value_heads": TINY["num_attention_heads"]} if _heads_as_positions(cls) else TINY
+    for key, value in {**tiny, **(overrides or {})}.items():
         if hasattr(config, key) or key in ("head_dim",):
             setattr(config, key, value)
+    _tiny_partial_rotary(config)
     config._attn_implementation = "eager"
     params = inspect.signature(cls).parameters
     kwargs = {"layer_idx": 0} if "layer_idx" in params else {}
     module: nn.Module = cls(config, **kwargs)
+    _tiny_mrope(module)
     return module
+
+
+def _tiny_partial_rotary(config: Any) -> None:
+    """A partial rotary factor that turns fewer than 2 features of the tiny head (StableLM's 0.25 of 4) gets heads
+    wide enough to turn one pair: ``head_dim = 2 / factor`` (hidden size 4 heads of it)."""
+    params = getattr(config, "rope_parameters", None)
+    factor = getattr(config, "partial_rotary_factor", None)
+    if isinstance(params, dict):
+        factor = params.get("partial_rotary_factor", factor)
+    if factor is None or not float(factor) > 0 or int(TINY["head_dim"] * float(factor)) >= 2:
+        return
+    head = math.ceil(2 / float(factor))
+    head += head % 2
+    config.head_dim, config.hidden_size = head, TINY["num_attention_heads"] * head
+
+
+def _tiny_mrope(module: nn.Module) -> None:
+    """M-RoPE (Qwen2-VL, GLM-4V): ``mrope_section`` splits the rotary frequencies into temporal, height and width
+    sections sized for the real head size; at the tiny head size they are scaled down to sum to ``head_dim / 2``
+    (as evenly as they go). With text positions (the three rows equal, as the audit passes them) M-RoPE is 1-D
+    rotary, whatever the sections."""
+    rotary = _rotary_class(module)
+    config: Any = getattr(module, "config", None)
+    params = getattr(config, "rope_parameters", None)
+    try:
+        uses_sections = rotary is not None and "mrope_section" in inspect.getsource(rotary)
+    except (OSError, TypeError):
+        uses_sections = False
+    if not uses_sections or not isinstance(params, dict):
+        return
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    half, n = int(head_dim * _rotary_fraction(module)) // 2, len(params.get("mrope_section", (0, 0, 0)))
+    params["mrope_section"] = [half // n + (1 if i < half % n else 0) for i in range(n)]
 
 
 def _accepts(cls: type, config: Any) -> bool:
@@ -83,51 +132,135 @@ def _rotary_class(module: nn.Module) -> type | None:
 
 
 def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
-    """``"interleaved"`` when the modeling module's ``rotate_half`` pairs even and odd features (Cohere's)."""
-    rotate_half = getattr(importlib.import_module(type(module).__module__), "rotate_half", None)
+    """``"interleaved"`` when the rotate function the modeling module's ``apply_rotary_pos_emb`` calls pairs even
+    and odd features (Cohere's ``rotate_half``, GLM's ``rotate_half_llm``)."""
+    modeling = importlib.import_module(type(module).__module__)
     try:
-        source = inspect.getsource(rotate_half) if rotate_half is not None else ""
-    except (OSError, TypeError):
+        apply = inspect.getsource(modeling.apply_rotary_pos_emb)
+    except (AttributeError, OSError, TypeError):
+        apply = "rotate_half("
+    names = re.findall(r"\b(rotate_half\w*)\(", apply) or ["rotate_half"]
+    try:
+        source = inspect.getsource(getattr(modeling, names[0]))
+    except (AttributeError, OSError, TypeError):
         source = ""
     return "interleaved" if "::2]" in source else "half"
 
 
+def _rotary_fraction(module: nn.Module) -> float:
+    """The fraction of each head the rotary embedding turns (``partial_rotary_factor``, 1.0 when absent)."""
+    factor = _rope_params(module).get("partial_rotary_factor",
+                                      getattr(getattr(module, "config", None), "partial_rotary_factor", None))
+    return 1.0 if factor is None else float(factor)
+
+
+def _layer_type(module: nn.Module) -> str | None:
+    types = getattr(getattr(module, "config", None), "layer_types", None)
+    layer = getattr(module, "layer_idx", 0) or 0
+    return types[layer] if isinstance(types, list | tuple) and layer < len(types) else None
+
+
+def _rope_params(module: nn.Module) -> dict[str, Any]:
+    """The module's rope parameters: the config's ``rope_parameters``, or its entry for this layer's type (Gemma 3
+    keeps one per layer type)."""
+    params = getattr(getattr(module, "config", None), "rope_parameters", None)
+    if not isinstance(params, dict):
+        return {}
+    nested = _layer_type(module)
+    if "rope_theta" not in params and nested is not None and isinstance(params.get(nested), dict):
+        return dict(params[nested])
+    return params
+
+
 def _rope_theta(module: nn.Module) -> float | None:
-    config = getattr(module, "config", None)
-    params = getattr(config, "rope_parameters", None)
-    if isinstance(params, dict) and "rope_theta" in params:
+    params = _rope_params(module)
+    if "rope_theta" in params:
         return float(params["rope_theta"])
-    theta = getattr(config, "rope_theta", None)
+    theta = getattr(getattr(module, "config", None), "rope_theta", None)
     return None if theta is None else float(theta)
 
 
+#: the second argument that makes a class cross-attention over one memory tensor (keys and values from it)
+_MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_states")
+#: the arguments the generic call provides (or leaves at their defaults)
+_PROVIDED = {"hidden_states", "query", "key", "value", "attention_mask", "position_embeddings", "position_ids",
+             "layer_idx", "cache", "past_key_values", "past_key_value", "kwargs", *_MEMORY_ARGS}
+#: q/k norm attributes, as pairs
+_NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
+
+
+def _norm_paths(module: nn.Module) -> tuple[str | None, str | None]:
+    for q, k in _NORMS:
+        if isinstance(getattr(module, q, None), nn.Module) and isinstance(getattr(module, k, None), nn.Module):
+            return q, k
+    return None, None
+
+
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def _heads_as_positions(cls: type) -> bool:
+    """NeuCodec's and X-Codec2's rotary: the model passes ``position_ids = arange(num_heads)`` and the class
+    broadcasts cos/sin over the sequence (``unsqueeze_dim=2``): each head is turned by its own angle, the same at
+    every position, so the turn cancels in ``q . k`` and the attention carries no position at all."""
+    forward: Any = getattr(cls, "forward", None)
+    return "unsqueeze_dim=2" in _source(forward) and "position_ids" not in inspect.signature(forward).parameters
+
+
+def _ignores_rotary(module: nn.Module, call: Callable[..., Tensor]) -> bool:
+    """Whether the class gives the same output with its rotary tables and with the identity turn (cos 1, sin 0)
+    on three random tokens: a class whose config switches rotary off (Zamba2's ``use_mem_rope=False``)."""
+    m: Any = copy.deepcopy(module).double().eval()
+    linear: Any = getattr(m, "q_proj", None) or m.qkv_proj
+    x = torch.randn(1, 3, int(linear.in_features), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    keep = additive_mask(torch.ones(1, 1, 3, 3, dtype=torch.bool), torch.float64)
+    with torch.no_grad():
+        turned = call(m, x, keep, 5)
+        original = m.forward
+
+        def identity(*args: Any, **kwargs: Any) -> Any:
+            cos, sin = kwargs["position_embeddings"]
+            kwargs["position_embeddings"] = (torch.ones_like(cos), torch.zeros_like(sin))
+            return original(*args, **kwargs)
+
+        m.forward = identity
+        plain = call(m, x, keep, 5)
+    return bool(torch.allclose(turned, plain, rtol=0, atol=1e-12))
+
+
+def hf_notes(module: nn.Module) -> list[str]:
+    """True behaviours of the class, as its model calls it, that pass the audit but a user should know."""
+    notes = []
+    if ("position_embeddings" in inspect.signature(type(module).forward).parameters
+            and hf_spec(module).rotary is None and not _heads_as_positions(type(module))):
+        notes.append("forward takes position_embeddings and ignores them with this config (audited without "
+                     "positions)")
+    if _heads_as_positions(type(module)):
+        notes.append("its model passes the head index as the rotary position (position_ids = arange(num_heads), "
+                     "cos/sin unsqueezed at dim 2): each head is turned by one angle at every position, the turn "
+                     "cancels in q.k, and the attention is position-free")
+    return notes
+
+
 def hf_limits(module: nn.Module) -> list[str]:
-    """What this class computes that the reference does not model (a FAIL of the checks it touches is then a
-    limit of the audit, not a finding)."""
+    """What this class computes that the reference does not model (the sweep reports such a class as recognised but
+    not audited: its FAILs would be about the reference, not the class)."""
     config = getattr(module, "config", None)
     limits = []
-    for name in ("q_norm", "k_norm", "q_layernorm", "k_layernorm"):
-        if getattr(module, name, None) is not None:
-            limits.append(f"{name} (a norm on queries or keys)")
-    factor = getattr(config, "partial_rotary_factor", None)
-    params = getattr(config, "rope_parameters", None)
-    if isinstance(params, dict):
-        factor = params.get("partial_rotary_factor", factor)
-        if params.get("rope_type", "default") not in ("default", None):
-            limits.append(f"rope_type {params['rope_type']!r}")
-    if factor is not None and float(factor) < 1.0:
-        limits.append(f"partial rotary (factor {factor})")
-    if getattr(module, "sliding_window", None) or getattr(config, "sliding_window", None):
-        limits.append("sliding window")
-    for name in ("attn_logit_softcapping", "logit_softcapping", "query_pre_attn_scalar"):
+    params = _rope_params(module)
+    uses_rotary = "position_embeddings" in inspect.signature(type(module).forward).parameters
+    if uses_rotary and params.get("rope_type", "default") not in ("default", None):
+        limits.append(f"rope_type {params['rope_type']!r} (frequencies the 1-D reference rotary does not compute)")
+    for name in ("attn_logit_softcapping", "logit_softcapping"):
         if getattr(config, name, None):
             limits.append(name)
     if getattr(module, "sinks", None) is not None:
         limits.append("attention sinks")
-    if isinstance(params, dict) and "rope_theta" not in params:
-        limits.append("rope parameters per layer type")
-    read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", "q_norm", "k_norm", "q_layernorm",
-            "k_layernorm"}
+    read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module)}
     for name, child in module.named_children():
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity):
             limits.append(f"submodule {name!r} ({type(child).__name__}) the spec does not read")
@@ -136,9 +269,13 @@ def hf_limits(module: nn.Module) -> list[str]:
 
 def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
     """A :class:`ModuleSpec` for a Hugging Face attention class of the common shape, read from a built instance:
-    ``q_proj/k_proj/v_proj/o_proj``, heads from the config, ``head_dim`` and ``scaling`` from the module, the
-    rotary class of its modeling module (half pairs, the config's base) and, where ``forward`` takes a cache,
-    token-by-token decoding.
+    ``q_proj/k_proj/v_proj/o_proj`` (or a fused ``qkv_proj``), heads from the config, ``head_dim`` and ``scaling``
+    from the module, q/k norms, the rotary class of its modeling module (its pairing, partial rotary factor and the
+    config's base; M-RoPE with text positions), the sliding window (folded into the mask, as the model's mask
+    builder does) and, where ``forward`` takes a cache, token-by-token decoding. A class whose forward takes
+    ``(query, key, value)`` is audited as attention over separate key and value inputs; one that takes
+    ``encoder_hidden_states`` / ``cross_attention_states`` / ``key_value_states`` as cross-attention over one
+    memory tensor.
 
     Raises:
         AuditUsageError: the class is not of that shape (the message says what is missing).
@@ -150,67 +287,118 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
     missing = [name for name in needed if not isinstance(getattr(module, name, None), nn.Linear)]
     if missing:
         raise AuditUsageError(f"{cls.__qualname__}: not of the common shape (no {', '.join(missing)} linear layer)")
-    params = inspect.signature(cls.forward).parameters
-    takes_rotary = "position_embeddings" in params
+    signature = inspect.signature(cls.forward).parameters
+    params = list(signature)[1:]
+    separate = params[:3] == ["query", "key", "value"]
+    memory_arg = next((n for n in _MEMORY_ARGS if n in signature), None)
+    unknown = [n for n, p in signature.items() if n != "self" and n not in _PROVIDED
+               and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    if unknown:
+        raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
+                              f"not provide")
+    takes_rotary = "position_embeddings" in signature
     rotary_class = _rotary_class(module) if takes_rotary else None
     if takes_rotary and rotary_class is None:
         raise AuditUsageError(f"{cls.__qualname__}: forward takes position_embeddings but its module has no rotary "
                               f"embedding class")
-    cache_arg = next((n for n in ("cache", "past_key_values", "past_key_value") if n in params), None)
+    rotary_forward: Any = getattr(rotary_class, "forward", None)
+    if rotary_class is not None and len(inspect.signature(rotary_forward).parameters) < 3:
+        raise AuditUsageError(f"{cls.__qualname__}: its rotary class {rotary_class.__name__} takes no positions "
+                              f"(forward(x): an image-grid rotary), which the audit's 1-D positions do not describe")
+    heads = _heads_as_positions(cls)
+    cache_arg = next((n for n in ("cache", "past_key_values", "past_key_value") if n in signature), None)
     theta = _rope_theta(module)
+    source = _source(cls.forward)
 
     def rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
         assert rotary_class is not None
         embedding = rotary_class(config=m.config)
-        positions = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
-        cos, sin = embedding(x, positions)
+        n = m.config.num_attention_heads if heads else x.shape[1]
+        positions = torch.arange(0 if heads else offset, (0 if heads else offset) + n)[None].expand(x.shape[0], -1)
+        extra = ({"layer_type": _layer_type(m)} if "layer_type" in inspect.signature(embedding.forward).parameters
+                 else {})
+        cos, sin = embedding(x, positions, **extra)
         return cos.to(x.dtype), sin.to(x.dtype)
 
     def call(m: Any, x: Tensor, mask: Tensor | None, offset: int, cache: Any = None) -> Tensor:
         kwargs: dict[str, Any] = {"attention_mask": mask}
         if takes_rotary:
             kwargs["position_embeddings"] = rotary(m, x, offset)
-        if "position_ids" in params:
+        if "position_ids" in signature:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
+        if "layer_idx" in signature:
+            kwargs["layer_idx"] = getattr(m, "layer_idx", 0)
         if cache is not None and cache_arg is not None:
             kwargs[cache_arg] = cache
         out = m(x, **kwargs)
         result: Tensor = out[0] if isinstance(out, tuple) else out
         return result
 
+    def window_keep(m: Any, keep: Tensor, t: int, s: int) -> Tensor:
+        window = getattr(m, "sliding_window", None)
+        if window is None:
+            return keep
+        positions = torch.arange(s - t, s)[:, None]
+        return keep & (torch.arange(s)[None] > positions - int(window))
+
+    def mask_for(m: Any, x: Tensor, s: int, keep: Tensor | None, is_causal: bool) -> Tensor:
+        b, t = x.shape[0], x.shape[1]
+        keep = with_causal(keep, is_causal, t, s)
+        if keep is None:  # an explicit mask always: without one, some kernels decide causality themselves
+            keep = torch.ones(1, 1, t, s, dtype=torch.bool)
+        mask = additive_mask(window_keep(m, keep, t, s).expand(b, keep.shape[1], t, s), x.dtype)
+        assert mask is not None
+        return mask
+
     def forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
                 is_causal: bool) -> Tensor:
-        b, t = x.shape[0], x.shape[1]
-        keep = with_causal(keep, is_causal, t, t)
-        if keep is None:  # an explicit mask always: without one, some kernels decide causality themselves
-            keep = torch.ones(1, 1, t, t, dtype=torch.bool)
-        mask = additive_mask(keep.expand(b, keep.shape[1], t, t), x.dtype)
-        return call(m, x, mask, 0)
-
-    try:
-        source = inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        source = ""
+        if separate:
+            assert key is not None
+            assert value is not None
+            out = m(x, key, value, attention_mask=mask_for(m, x, key.shape[1], keep, is_causal))
+            return out[0] if isinstance(out, tuple) else out  # type: ignore[no-any-return]
+        if memory_arg is not None:
+            assert key is not None
+            out = m(x, **{memory_arg: key, "attention_mask": mask_for(m, x, key.shape[1], keep, is_causal)})
+            return out[0] if isinstance(out, tuple) else out  # type: ignore[no-any-return]
+        return call(m, x, mask_for(m, x, x.shape[1], keep, is_causal), 0)
 
     def decode(m: Any, x: Tensor) -> Tensor:
         from transformers import DynamicCache, EncoderDecoderCache
 
         cache: Any = DynamicCache(config=m.config)
+        layer = getattr(m, "layer_idx", 0) or 0
+        if layer >= len(cache.layers) or not hasattr(cache.layers[layer], "update"):
+            # a hybrid model's config puts a recurrent (mamba) layer first: the attention layer's own cache is the
+            # plain one the model gives its attention layers
+            cache = DynamicCache()
         if "self_attention_cache" in source:  # a decoder's self-attention in an encoder-decoder model
             cache = EncoderDecoderCache(cache, DynamicCache(config=m.config))
         return torch.cat([call(m, x[:, i:i + 1], None, i, cache) for i in range(x.shape[1])], dim=1)
 
+    try:
+        ignored = takes_rotary and not heads and _ignores_rotary(module, call)
+    except Exception as err:
+        raise AuditUsageError(f"{cls.__qualname__}: not of the common shape (a call on (b, t, e) tokens with 1-D "
+                              f"rotary tables raised {type(err).__name__}: {str(err).splitlines()[0][:100]})") from err
+    if ignored:
+        takes_rotary = False  # the config switches it off (Zamba2's use_mem_rope): audited without positions
     config = module.config
+    self_attention = not separate and memory_arg is None
+    q_norm, k_norm = _norm_paths(module)
+    window = getattr(module, "sliding_window", None)
     return ModuleSpec(
-        f"hf:{cls.__name__}", forward, _HF, num_heads="config.num_attention_heads",
+        f"hf:{cls.__name__}", forward, _HF if self_attention else _HF_CROSS, num_heads="config.num_attention_heads",
         **({"qkv": "qkv_proj", "q": None, "k": None, "v": None} if fused else {}),  # type: ignore[arg-type]
         num_kv_heads="config.num_key_value_heads" if getattr(config, "num_key_value_heads", None) else None,
         head_dim="head_dim" if hasattr(module, "head_dim") else None,
         scale="scaling" if hasattr(module, "scaling") else None,
-        rotary=Rotary(theta, _rotary_style(module)) if takes_rotary and theta is not None else None,
-        decode=decode if cache_arg is not None else None,
+        rotary=(Rotary(theta, _rotary_style(module), fraction=_rotary_fraction(module))
+                if takes_rotary and theta is not None and not heads else None),
+        decode=decode if cache_arg is not None and self_attention else None,
         build=lambda c, overrides: hf_build(c, overrides),
-        module_type=f"{cls.__module__}.{cls.__qualname__}")
+        module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
+        q_norm=q_norm, k_norm=k_norm, window=None if window is None else int(window))
 
 
 def hf_attention_classes(model: str) -> list[type]:

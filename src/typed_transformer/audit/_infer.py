@@ -86,6 +86,8 @@ class _Prober:
         self.evidence: dict[str, Evidence] = {}
         self.findings: list[Finding] = []
         self.probes = 0
+        #: whether the candidate may take ``enable_gqa`` (False: its signature has no such keyword)
+        self.gqa_keyword = True
 
     # -- examples --------------------------------------------------------------------------------------
 
@@ -185,6 +187,7 @@ def _signature(p: _Prober, candidate: Any) -> None:
         p.decide("supports_causal", True, "no signature to read: assumed to take is_causal")
         return
     var_kw = any(x.kind is inspect.Parameter.VAR_KEYWORD for x in params.values())
+    p.gqa_keyword = "enable_gqa" in params or var_kw
     for name, arg in (("supports_mask", "attn_mask"), ("supports_causal", "is_causal")):
         has = arg in params or var_kw
         changes: dict[str, Any] = {name: has}
@@ -290,20 +293,32 @@ def _layout(p: _Prober) -> bool:
 
 
 def _gqa(p: _Prober) -> None:
-    """``supports_gqa`` and ``grouping``: h=4 query heads on g=2 key/value heads."""
+    """``supports_gqa``, ``grouping`` and ``enable_gqa``: h=4 query heads on g=2 key/value heads, told so with
+    ``enable_gqa=True`` only when the plain call raises (torch's SDPA)."""
     example = p.example(t=2, s=3, h=4, g=2, d=3)
-    outs = {}
-    for grouping in ("g r", "r g"):
-        conv = dataclasses.replace(p.conv, supports_gqa=True, grouping=grouping)
-        outs[grouping] = out = p.call(conv, example)
-        if isinstance(out, Exception):
-            p.decide("supports_gqa", False, f"h=4, g=2 {_describe(out)}", conv, example)
-            return
-        if _any_reference(p, conv, example, out):
-            p.decide("supports_gqa", True, "h=4 query heads on g=2 key/value heads", conv, example)
-            p.decide("grouping", grouping, f"head i uses key/value head {'i // 2' if grouping == 'g r' else 'i % 2'}"
-                     f" (h=4, g=2)", conv, example)
-            return
+    refused: Exception | None = None
+    for flag in (False, True):
+        for grouping in ("g r", "r g"):
+            conv = dataclasses.replace(p.conv, supports_gqa=True, grouping=grouping, enable_gqa=flag)
+            out = p.call(conv, example)
+            if isinstance(out, Exception):
+                if flag or not p.gqa_keyword:  # (enable_gqa=True does not help either) the first refusal decides
+                    p.decide("supports_gqa", False, f"h=4, g=2 {_describe(refused or out)}", p.conv, example)
+                    return
+                refused = out
+                break
+            if _any_reference(p, conv, example, out):
+                said = "" if refused is None else _describe(refused)
+                how = f" with enable_gqa=True (without it: {said})" if flag else ""
+                p.decide("supports_gqa", True, f"h=4 query heads on g=2 key/value heads{how}", conv, example)
+                if flag:
+                    p.decide("enable_gqa", True, f"h=4, g=2 {said} without enable_gqa=True, and "
+                             f"matches the reference with it", conv, example)
+                which = "i // 2" if grouping == "g r" else "i % 2"
+                p.decide("grouping", grouping, f"head i uses key/value head {which} (h=4, g=2)", conv, example)
+                return
+        if refused is None:
+            break
     p.decide("supports_gqa", False, "h=4, g=2 accepted but matches no grouping (see findings)")
     p.find("grouping", "h=4 query heads on g=2 key/value heads are accepted but match neither grouping "
            "('g r': head i uses i // 2; 'r g': i % 2)", p.conv, example)
@@ -532,7 +547,8 @@ def infer_adapter(adapter: Adapter, *, seed: int = 0, candidate: Any = None) -> 
     p = _Prober(adapter, seed)
     function = adapter.fixed is None
     if function:
-        p.conv = dataclasses.replace(original, layout="bhtd", scale=None, supports_gqa=False, always_causal=False,
+        p.conv = dataclasses.replace(original, layout="bhtd", scale=None, supports_gqa=False, enable_gqa=False,
+                                     always_causal=False,
                                      decode_sees_all=False, mask_with_causal=True, per_head_masks=True)
         _signature(p, candidate)
         go = _scale(p) and _layout(p)
@@ -603,7 +619,8 @@ def _narrowing(declared: Conventions, name: str, said: Any, seen: Any) -> bool:
     """A declaration that only narrows what is drawn (or is not used under the declaration) is no contradiction."""
     if name in ("supports_mask", "supports_causal", "supports_gqa", "per_head_masks", "mask_with_causal"):
         return said is False
-    narrowing = {"grouping": not declared.supports_gqa, "mask_kind": said == "additive",
+    narrowing = {"grouping": not declared.supports_gqa, "enable_gqa": not declared.supports_gqa,
+                 "mask_kind": said == "additive",
                  "mask_polarity": declared.mask_kind == "additive" or not declared.supports_mask,
                  "fully_masked": said == "any",
                  "causal_alignment": not declared.supports_causal and not declared.always_causal,

@@ -4,6 +4,7 @@ weights into the reference and runs every check on a deep copy of the module."""
 
 import copy
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -114,8 +115,10 @@ class ModuleSpec:
     window of that many keys (a number or attribute path; query position ``p`` sees keys ``j > p - window``,
     in the reference and in token-by-token decoding); ``q_norm``/``k_norm``: modules normalising each head's
     queries/keys before the rotary embedding (the reference recomputes LayerNorm, or RMSNorm when the module has
-    no bias, from their weights and ``eps``/``variance_epsilon``); ``qkv_layout``: how a fused projection's
-    outputs are ordered, ``"blocks"`` (``[q; k; v]``) or ``"heads"`` (GPT-NeoX's ``(h [q k v] d)``)."""
+    no bias, from their weights and ``eps``/``variance_epsilon``; over each head, or over every head at once when
+    the weight is ``h * d`` wide, as OLMo-2's; Gemma's ``(1 + weight)`` scaling is read from its source);
+    ``qkv_layout``: how a fused projection's outputs are ordered, ``"blocks"`` (``[q; k; v]``) or ``"heads"``
+    (GPT-NeoX's ``(h [q k v] d)``)."""
 
     name: str
     forward: Forward
@@ -242,9 +245,17 @@ def _norm(module: Any, path: str, spec: ModuleSpec) -> Callable[[Tensor], Tensor
     layer_norm = isinstance(layer, nn.LayerNorm) or isinstance(bias, Tensor)
     w = None if weight is None else weight.detach().double()
     b = None if bias is None else bias.detach().double()
+    try:  # Gemma's RMSNorm scales by (1 + weight), its weight initialised at zero
+        if w is not None and "1.0 + self.weight" in inspect.getsource(type(layer).forward):
+            w = 1.0 + w
+    except (OSError, TypeError):
+        pass
 
     def norm(x: Tensor) -> Tensor:
         y = x.double()
+        whole = w is not None and w.shape[-1] != y.shape[-1]  # OLMo-2: one norm over every head, (h d) wide
+        if whole:
+            y = rearrange(y, "b h t d -> b t (h d)")
         if layer_norm:
             y = y - y.mean(dim=-1, keepdim=True)
         y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + float(eps))
@@ -252,6 +263,8 @@ def _norm(module: Any, path: str, spec: ModuleSpec) -> Callable[[Tensor], Tensor
             y = y * w
         if b is not None:
             y = y + b
+        if whole:
+            y = rearrange(y, "b t (h d) -> b h t d", h=x.shape[1])
         return y.to(x.dtype)
 
     return norm
@@ -294,7 +307,7 @@ class ModuleAdapter:
         self.weights = spec_weights(self.original, spec)
         w = self.weights
         self.conventions = dataclasses.replace(conventions or spec.conventions, scale=w.scale,
-                                               supports_gqa=w.g != w.h)
+                                               supports_gqa=w.g != w.h, enable_gqa=False)
         self.name = name or f"{type(module).__module__}.{type(module).__qualname__} (spec {spec.name})"
         tied = self.conventions.self_attention
         self.fixed: dict[str, int] | None = {
