@@ -15,14 +15,17 @@ import functools
 import math
 import random
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
 from benchmarks.baseline import BaselineGPT
 from typed_transformer._install import install_hint
 from typed_transformer.interop import from_torch
@@ -672,6 +675,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())
