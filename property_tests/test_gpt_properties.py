@@ -17,7 +17,7 @@ from jaxtyping import TypeCheckError
 from torch import Tensor
 
 from property_tests.helpers import EXACTISH, assert_close
-from typed_transformer import ShapeError
+from typed_transformer import ShapeError, TokenIdError
 from typed_transformer.gpt import GPT, GPTConfig, sample
 from typed_transformer.positions import ALiBiPositionalBias, alibi_slopes
 from typed_transformer.strategies import randomize_parameters, seeds
@@ -319,7 +319,7 @@ def test_token_ids_outside_the_vocabulary_are_value_errors(config: GPTConfig, da
     idx[data.draw(st.integers(0, 1), label="row"), data.draw(st.integers(0, t - 1), label="col")] = bad
     with pytest.raises(ValueError, match="outside the vocabulary") as info:
         model(idx)
-    assert info.type is ValueError
+    assert info.type is TokenIdError
     assert str(info.value) == (f"GPT.forward: idx holds token id {bad}, "
                                f"outside the vocabulary 0..{config.vocab_size - 1}")
 

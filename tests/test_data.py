@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from typed_transformer import ShapeError
+from typed_transformer import ShapeError, TokenIdError
 from typed_transformer.data import CharTokenizer, DataError, TextData, default_corpus, get_batch, load_text
 
 # ---------------------------------------------------------------------------------------------------
@@ -51,9 +51,10 @@ def test_many_unknown_characters_are_summarised() -> None:
 
 def test_decode_refuses_ids_outside_the_vocabulary() -> None:
     tok = CharTokenizer.from_text("abc")
-    for bad in ([3], [-1], [0, 1, 7]):
-        with pytest.raises(DataError, match=r"token ids outside the vocabulary 0\.\.2"):
+    for bad, named in (([3], 3), ([-1], -1), ([0, 1, 7], 7), (torch.tensor([2, 5]), 5)):
+        with pytest.raises(TokenIdError) as info:
             tok.decode(bad)
+        assert str(info.value) == f"CharTokenizer.decode: ids holds token id {named}, outside the vocabulary 0..2"
 
 
 def test_tokenizer_refuses_empty_or_repeated_vocabularies() -> None:

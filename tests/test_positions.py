@@ -1,7 +1,9 @@
 """Positional encodings and the KV-cache path of MultiHeadAttention."""
 
 import math
+import typing
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -14,8 +16,11 @@ from typed_transformer.positions import (
     ALiBiPositionalBias,
     LearnedPositionalEmbedding,
     RotaryEmbedding,
+    SharedPositions,
     SinusoidalPositionalEncoding,
     alibi_slopes,
+    check_positional,
+    position_modules,
 )
 
 
@@ -105,10 +110,12 @@ def test_kv_cache_errors() -> None:
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: SinusoidalPositionalEncoding(0), "SinusoidalPositionalEncoding: d_model must be positive, got 0"),
-        (lambda: LearnedPositionalEmbedding(0, 4), "LearnedPositionalEmbedding: sizes must be positive, got 0, 4"),
-        (lambda: LearnedPositionalEmbedding(4, 0), "LearnedPositionalEmbedding: sizes must be positive, got 4, 0"),
-        (lambda: RotaryEmbedding(0), "RotaryEmbedding: head_dim must be a positive even number, got 0"),
+        (lambda: SinusoidalPositionalEncoding(0),
+         "SinusoidalPositionalEncoding: d_model must be a positive int, got 0"),
+        (lambda: LearnedPositionalEmbedding(0, 4),
+         "LearnedPositionalEmbedding: max_length must be a positive int, got 0"),
+        (lambda: LearnedPositionalEmbedding(4, 0), "LearnedPositionalEmbedding: d_model must be a positive int, got 0"),
+        (lambda: RotaryEmbedding(0), "RotaryEmbedding: head_dim must be a positive int, got 0"),
         (lambda: RotaryEmbedding(3), "RotaryEmbedding: head_dim must be a positive even number, got 3"),
         (lambda: RotaryEmbedding(4, base=1.0), "RotaryEmbedding: base must be a finite number > 1, got 1.0"),
         (lambda: RotaryEmbedding(4, base=0.5), "RotaryEmbedding: base must be a finite number > 1, got 0.5"),
@@ -194,3 +201,50 @@ def test_alibi_bias_values_and_bottom_right_alignment() -> None:
     assert alibi.state_dict() == {}  # no parameters, nothing persistent
     with pytest.raises(ValueError, match="non-negative"):
         alibi(-1)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The kinds, by name
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_each_model_names_its_kinds_from_the_shared_vocabulary() -> None:
+    from typed_transformer.gpt import Positional
+    from typed_transformer.seq2seq import Positions
+
+    assert typing.get_args(SharedPositions) == ("learned", "sinusoidal", "rope")
+    assert typing.get_args(Positional) == ("learned", "sinusoidal", "rope", "alibi")
+    assert typing.get_args(Positions) == ("learned", "sinusoidal", "rope", "none")
+
+
+@pytest.mark.parametrize(
+    ("kind", "built"),
+    [("learned", LearnedPositionalEmbedding), ("sinusoidal", SinusoidalPositionalEncoding), ("rope", RotaryEmbedding),
+     ("alibi", ALiBiPositionalBias), ("none", type(None))],
+)
+def test_position_modules_builds_one_module_per_kind(kind: str, built: type) -> None:
+    kinds = typing.Literal[SharedPositions, "alibi", "none"]
+    modules = position_modules("Owner", kind, kinds, d_model=8, num_heads=2, max_length=6)
+    present = [m for m in (modules.embedding, modules.rotary, modules.alibi) if m is not None]
+    assert [type(m) for m in present] == ([] if built is type(None) else [built])
+    if kind == "learned":
+        assert modules.embedding is not None
+        assert modules.embedding.weight.shape == (6, 8)
+    if kind == "rope":
+        assert modules.rotary is not None
+        assert modules.rotary.head_dim == 4
+
+
+@pytest.mark.parametrize(
+    ("kind", "sizes", "message"),
+    [("xpos", {}, "Owner: positional must be learned, sinusoidal, rope or alibi, got 'xpos'"),
+     ("none", {}, "Owner: positional must be learned, sinusoidal, rope or alibi, got 'none'"),
+     ("learned", {"max_length": None}, "Owner: positional='learned' needs max_length (the size of the table)"),
+     ("rope", {"d_model": 6, "num_heads": 2}, "Owner: rope needs an even head size, got 3")],
+)
+def test_check_positional_names_the_kind_or_the_size_that_does_not_fit(kind: str, sizes: dict[str, Any],
+                                                                       message: str) -> None:
+    kinds = typing.Literal[SharedPositions, "alibi"]
+    arguments: dict[str, Any] = {"d_model": 8, "num_heads": 2, "max_length": 6, **sizes}
+    with pytest.raises(ValueError, match=exactly(message)):
+        check_positional("Owner", kind, kinds, **arguments)

@@ -19,7 +19,7 @@ import torch
 #: Public modules whose signatures are all annotated. The testing toolkit (``audit``) and the training
 #: application (``checkpoint``, ``training``) still have bare tensors in some public signatures and are not
 #: walked yet.
-MODULES = ["attention", "masks", "positions", "multihead", "layers", "interop", "seq2seq", "gpt", "hf",
+MODULES = ["validation", "attention", "masks", "positions", "multihead", "layers", "interop", "seq2seq", "gpt", "hf",
            "shapecheck", "strategies", "data", "seq2seq_data", "plot", "threads"]
 
 

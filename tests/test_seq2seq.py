@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from typed_transformer import ShapeError, shape_checks, to_torch
+from typed_transformer import ShapeError, TokenIdError, shape_checks, to_torch
 from typed_transformer.seq2seq import Positions, Seq2SeqTransformer
 
 PAD, BOS, EOS = 0, 1, 2
@@ -142,14 +142,14 @@ def test_beam_search_with_one_beam_is_greedy_and_scores_are_log_probabilities() 
 
 def test_token_ids_out_of_range_raise_a_clear_error_not_an_index_crash() -> None:
     model = small_model()
-    with pytest.raises(ShapeError) as info:
+    with pytest.raises(TokenIdError) as info:
         model(torch.tensor([[3, 9]]), TRG[:1])
-    assert info.value.argument == "src"
-    assert (info.value.actual, info.value.expected) == (9, 9)
-    assert "token id 9 is out of range [0, 9) (src_vocab_size=9)" in str(info.value)
-    with pytest.raises(ShapeError) as info:
+    assert (info.value.argument, info.value.token_id, info.value.vocab_size) == ("src", 9, 9)
+    assert str(info.value) == ("Seq2SeqTransformer.encode: src holds token id 9, outside the vocabulary 0..8 "
+                               "(src_vocab_size=9)")
+    with pytest.raises(TokenIdError) as info:
         model(SRC, torch.tensor([[BOS, -1, 3, 3], [BOS, 3, 3, 3]]))
-    assert (info.value.argument, info.value.actual) == ("tgt", -1)
+    assert (info.value.argument, info.value.token_id) == ("tgt", -1)
 
 
 def test_lengths_beyond_max_length_and_wrong_widths_raise_shape_errors() -> None:
@@ -178,7 +178,7 @@ def test_lengths_beyond_max_length_and_wrong_widths_raise_shape_errors() -> None
     ("kwargs", "message"),
     [
         ({"positional": "learned"}, "positional='learned' needs max_length"),
-        ({"positional": "alibi"}, "positional must be 'sinusoidal', 'learned', 'rope' or 'none', got 'alibi'"),
+        ({"positional": "alibi"}, "positional must be learned, sinusoidal, rope or none, got 'alibi'"),
         ({"src_pad_idx": 9}, r"src_pad_idx must be in \[0, 9\), got 9"),
         ({"tgt_vocab_size": 0}, "tgt_vocab_size must be a positive int, got 0"),
         ({"d_model": 10, "nhead": 4}, "d_model=10 is not divisible by nhead=4"),

@@ -47,6 +47,7 @@ from .shapecheck import (
     strict_checks,
     strict_checks_enabled,
 )
+from .validation import TokenIdError
 
 __version__ = "0.1.0"
 
@@ -61,6 +62,7 @@ __all__ = [
     "Seq2SeqTransformer",
     "ShapeError",
     "SinusoidalPositionalEncoding",
+    "TokenIdError",
     "Transformer",
     "TransformerDecoder",
     "TransformerDecoderLayer",

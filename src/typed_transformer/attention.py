@@ -41,7 +41,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ._deprecation import warn_deprecated as _warn_deprecated
-from .masks import AttnMask, causal_mask, merge_causal
+from .masks import AttnMask, merge_causal
 from .shapecheck import raise_shape_error, typechecked
 
 __all__ = ["AttnBias", "Backend", "scaled_dot_product_attention", "scaled_dot_product_attention_with_weights"]
@@ -189,13 +189,9 @@ def _reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, attn_b
                is_causal: bool, scale: float, dropout_p: float) -> tuple[Tensor, Tensor]:
     """The paper's equation with our conventions: ``(output, weights)``."""
     t, s, g = q.shape[2], k.shape[2], k.shape[1]
-    keep: Tensor | None = causal_mask(t, s, device=q.device) if is_causal else None
-    bias: Tensor | None = None
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            keep = attn_mask if keep is None else keep & attn_mask
-        else:
-            bias = attn_mask
+    mask = merge_causal(attn_mask, t, s, device=q.device) if is_causal else attn_mask
+    keep = mask if mask is not None and mask.dtype == torch.bool else None
+    bias = mask if mask is not None and mask.dtype != torch.bool else None
 
     # Half-precision inputs: logits and softmax in float32 (exp overflows and sums lose digits in fp16).
     compute = torch.promote_types(q.dtype, torch.float32)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import torch
 
 from ._options import THREADS_HELP, parse_threads
+from .validation import check_positive_int
 
 __all__ = ["DEFAULT_PRESET", "DTYPES", "MAX_ITERS", "MAX_SEED", "MAX_TOKENS", "PRESET_TRAINING", "TrainConfig",
            "describe_presets"]
@@ -37,16 +38,18 @@ PRESET_TRAINING: dict[str, dict[str, Any]] = {
 DEFAULT_PRESET = "baby"
 
 def describe_presets() -> str:
-    """The model presets in a line (``--preset``'s help), from :data:`~typed_transformer.gpt.PRESETS`."""
+    """The presets in a line (``--preset``'s help): each one's model sizes (:data:`~typed_transformer.gpt.PRESETS`)
+    and training settings (:data:`PRESET_TRAINING`); what a preset does not set is the flag's default."""
     from .gpt import PRESETS
 
     def one(name: str) -> str:
-        sizes = PRESETS[name]
-        rest = [f"{key} {value}" for key, value in sizes.items() if key not in ("n_layer", "n_head", "n_embd")]
+        settings = {**PRESETS[name], **PRESET_TRAINING.get(name, {})}
         default = " (default)" if name == DEFAULT_PRESET else ""
-        return f"{name}{default}: {sizes['n_layer']}x{sizes['n_head']}x{sizes['n_embd']}, {', '.join(rest)}"
+        return f"{name}{default}: " + ", ".join(f"{key} {value:g}" if isinstance(value, float) and not
+                                                 isinstance(value, bool) else f"{key} {value}"
+                                                 for key, value in settings.items())
 
-    return "; ".join(one(name) for name in PRESETS)
+    return "; ".join(one(name) for name in PRESETS) + "; other settings: the flags' defaults"
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ class TrainConfig:
     max_iters: int = field(default=2000, metadata={"help": "optimizer steps (default 2000)", "range": (1, MAX_ITERS)})
     batch_size: int = field(default=12, metadata={"help": "default 12", "range": (1, 4096)})
     learning_rate: float = field(default=1e-3, metadata={
-        "flag": "lr", "help": "peak learning rate, decaying to a tenth (default: 3e-3 for baby, 1e-3 for seed)",
+        "flag": "lr", "help": "peak learning rate, decaying to a tenth (default 1e-3, or the preset's)",
         "interval": "(0, 1]", "noun": "a learning rate"})
     min_lr: float = 1e-4
     warmup_iters: int = 100
@@ -113,9 +116,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         positive = ("max_iters", "batch_size", "eval_interval", "eval_iters", "checkpoint_interval", "grad_accum")
         for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_positive_int(None, name, getattr(self, name))
         for name in ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
@@ -124,9 +125,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
-        if self.lr_decay_iters is not None and (not isinstance(self.lr_decay_iters, int)
-                                                or isinstance(self.lr_decay_iters, bool) or self.lr_decay_iters <= 0):
-            raise ValueError(f"lr_decay_iters must be None or a positive integer, got {self.lr_decay_iters!r}")
+        check_positive_int(None, "lr_decay_iters", self.lr_decay_iters, optional=True)
         if not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
             raise ValueError(f"beta1 and beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
         if not (self.learning_rate > 0 and self.min_lr >= 0 and self.min_lr <= self.learning_rate):

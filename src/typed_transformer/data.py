@@ -15,6 +15,7 @@ from torch import Tensor
 
 from ._files import NotARegularFile, require_regular_file
 from .shapecheck import typechecked
+from .validation import check_token_ids
 
 __all__ = ["CharTokenizer", "DataError", "TextData", "default_corpus", "get_batch", "left_pad", "load_text",
            "read_prompts"]
@@ -111,9 +112,9 @@ class CharTokenizer:
             raise DataError(f"characters not in the vocabulary: {shown}{more}") from None
 
     def decode(self, ids: list[int] | Int[Tensor, " t"]) -> str:
+        """The text of ``ids``; :class:`~typed_transformer.TokenIdError` for an id outside the vocabulary."""
         values = ids.tolist() if isinstance(ids, Tensor) else ids
-        if any(not 0 <= i < len(self.chars) for i in values):
-            raise DataError(f"token ids outside the vocabulary 0..{len(self.chars) - 1}")
+        check_token_ids("CharTokenizer.decode", "ids", values, len(self.chars))
         return "".join(self.chars[i] for i in values)
 
     def __eq__(self, other: object) -> bool:

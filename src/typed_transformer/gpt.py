@@ -24,12 +24,20 @@ from torch import Tensor, nn
 
 from .layers import FeedForward
 from .multihead import KVCache, MultiHeadAttention
-from .positions import ALiBiPositionalBias, LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .positions import (
+    ALiBiPositionalBias,
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SharedPositions,
+    check_positional,
+    position_modules,
+)
 from .shapecheck import raise_shape_error, shape_checked, typechecked
+from .validation import check_positive_int, check_token_ids
 
 __all__ = ["GPT", "PRESETS", "GPTConfig"]
 
-Positional = Literal["learned", "sinusoidal", "rope", "alibi"]
+Positional = Literal[SharedPositions, "alibi"]
 Activation = Literal["gelu", "gelu_tanh", "relu"]
 _SIZE = "model size (on top of the preset)"  # the --help section of the size flags
 
@@ -55,41 +63,37 @@ class GPTConfig:
     # The metadata are the command line's flags (typed_transformer._options): help text and the ranges that keep a
     # typo from asking for an allocation that takes the machine down.
     vocab_size: int
-    block_size: int = field(default=64, metadata={"help": "context length (default: preset's)", "range": (1, 8192)})
+    block_size: int = field(default=64, metadata={"help": "context length (default: the preset's)", "range": (1, 8192)})
     n_layer: int = field(default=4, metadata={"help": "transformer blocks", "range": (1, 1024), "group": _SIZE})
     n_head: int = field(default=4, metadata={"help": "must divide --n-embd", "range": (1, 65536), "group": _SIZE})
     n_kv_heads: int | None = field(default=None, metadata={
         "help": "key/value heads (grouped-query attention; must divide --n-head)", "range": (1, 65536),
         "group": _SIZE})
     n_embd: int = field(default=128, metadata={"help": "model width", "range": (1, 65536), "group": _SIZE})
-    dropout: float = field(default=0.0, metadata={"help": "default: preset's", "interval": "[0, 1)"})
+    dropout: float = field(default=0.0, metadata={"help": "default: the preset's", "interval": "[0, 1)"})
     bias: bool = field(default=False, metadata={
-        "help": "biases in the layer norms, attention output projections and feed-forward layers (default: "
-                "preset's; baby: no)", "group": _SIZE})
+        "help": "biases in the layer norms, attention output projections and feed-forward layers (default: no, "
+                "or the preset's)", "group": _SIZE})
     qkv_bias: bool | None = field(default=None, metadata={  # None: as bias
-        "help": "biases in the query/key/value projections (default: as --bias; seed preset: no)", "group": _SIZE})
+        "help": "biases in the query/key/value projections (default: as --bias, or the preset's)", "group": _SIZE})
     lm_head_bias: bool = field(default=False, metadata={
-        "help": "a bias in the output head (default: preset's; baby: no, seed: yes)", "group": _SIZE})
+        "help": "a bias in the output head (default: no, or the preset's)", "group": _SIZE})
     positional: Positional = field(default="learned", metadata={"help": "position encoding (default learned)"})
     activation: Activation = field(default="gelu", metadata={
-        "help": "feed-forward activation (default: preset's; baby: gelu, seed: relu)", "group": _SIZE})
+        "help": "feed-forward activation (default gelu, or the preset's)", "group": _SIZE})
     tie_weights: bool = field(default=True, metadata={
-        "help": "share the output head's weight with the token embedding (default: preset's; baby: yes, seed: no)",
+        "help": "share the output head's weight with the token embedding (default: yes, or the preset's)",
         "group": _SIZE})
     layer_norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"GPTConfig: {name} must be a positive int, got {value!r}")
+            check_positive_int("GPTConfig", name, getattr(self, name))
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"GPTConfig: n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        kv = self.kv_heads
-        if kv <= 0 or self.n_head % kv != 0:
+        check_positive_int("GPTConfig", "n_kv_heads", self.n_kv_heads, optional=True)
+        if self.n_head % self.kv_heads != 0:
             raise ValueError(f"GPTConfig: n_kv_heads={self.n_kv_heads} must divide n_head={self.n_head}")
-        if self.n_kv_heads is not None and (not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool)):
-            raise ValueError(f"GPTConfig: n_kv_heads must be None or a positive int, got {self.n_kv_heads!r}")
         if self.qkv_bias is not None and not isinstance(self.qkv_bias, bool):
             raise ValueError(f"GPTConfig: qkv_bias must be None, True or False, got {self.qkv_bias!r}")
         for name in ("bias", "lm_head_bias", "tie_weights"):
@@ -101,13 +105,10 @@ class GPTConfig:
         eps = self.layer_norm_eps
         if not isinstance(eps, int | float) or isinstance(eps, bool) or not (eps > 0 and math.isfinite(eps)):
             raise ValueError(f"GPTConfig: layer_norm_eps must be a positive finite number, got {eps!r}")
-        if self.positional not in ("learned", "sinusoidal", "rope", "alibi"):
-            raise ValueError("GPTConfig: positional must be learned, sinusoidal, rope or alibi, "
-                             f"got {self.positional!r}")
         if self.activation not in ("gelu", "gelu_tanh", "relu"):
             raise ValueError(f"GPTConfig: activation must be gelu, gelu_tanh or relu, got {self.activation!r}")
-        if self.positional == "rope" and (self.n_embd // self.n_head) % 2 != 0:
-            raise ValueError(f"GPTConfig: rope needs an even head size, got {self.n_embd // self.n_head}")
+        check_positional("GPTConfig", self.positional, Positional, d_model=self.n_embd, num_heads=self.n_head,
+                         max_length=self.block_size)
 
     @property
     def kv_heads(self) -> int:
@@ -199,17 +200,11 @@ class GPT(nn.Module):
         self.config = config
         self.vocab_size = config.vocab_size
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
-        self.pos: nn.Module | None = None
-        self.alibi: ALiBiPositionalBias | None = None
-        rotary = None
-        if config.positional == "learned":
-            self.pos = LearnedPositionalEmbedding(config.block_size, config.n_embd)
-        elif config.positional == "sinusoidal":
-            self.pos = SinusoidalPositionalEncoding(config.n_embd)
-        elif config.positional == "alibi":
-            self.alibi = ALiBiPositionalBias(config.n_head)
-        else:
-            rotary = RotaryEmbedding(config.n_embd // config.n_head)
+        positions = position_modules("GPTConfig", config.positional, Positional, d_model=config.n_embd,
+                                     num_heads=config.n_head, max_length=config.block_size)
+        self.pos: nn.Module | None = positions.embedding
+        self.alibi: ALiBiPositionalBias | None = positions.alibi
+        rotary = positions.rotary
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, rotary) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
@@ -268,11 +263,11 @@ class GPT(nn.Module):
             limit = self.config.block_size
             raise_shape_error(GPT.forward, "idx", f"axis t is {t}{cached}, more than block_size={limit}", axis="t",
                               actual=offset + t, expected=limit)
-        if not torch.compiler.is_compiling():
-            # Out-of-range ids would otherwise surface as an index error deep inside embedding or loss.
-            _check_ids("GPT.forward", "idx", idx, 0, self.vocab_size)
-            if targets is not None:
-                _check_ids("GPT.forward", "targets", targets, -1, self.vocab_size)  # -1 = ignored position
+        # Out-of-range ids would otherwise surface as an index error deep inside embedding or loss.
+        check_token_ids("GPT.forward", "idx", idx, self.vocab_size)
+        if targets is not None:
+            check_token_ids("GPT.forward", "targets", targets, self.vocab_size, ignore_index=True)
+            if not torch.compiler.is_compiling():
                 _check_loss_targets(targets)
         x = self._embed(idx, offset)
         bias = self._attn_bias(t, offset + t, x.dtype)
@@ -316,7 +311,7 @@ class GPT(nn.Module):
         if idx.shape[1] > self.config.block_size:
             raise_shape_error(name, "idx", f"axis t is {idx.shape[1]}, more than block_size={self.config.block_size}",
                               axis="t", actual=idx.shape[1], expected=self.config.block_size)
-        _check_ids("GPT.attention_weights", "idx", idx, 0, self.vocab_size)
+        check_token_ids("GPT.attention_weights", "idx", idx, self.vocab_size)
         maps = []
         with torch.no_grad():
             x = self._embed(idx, 0)
@@ -484,18 +479,6 @@ class GPT(nn.Module):
         decay = [p for p in params.values() if p.dim() >= 2]
         no_decay = [p for p in params.values() if p.dim() < 2]
         return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def _check_ids(owner: str, name: str, ids: Tensor, low: int, vocab_size: int) -> None:
-    """The GPT's one token-id range rule: ids in ``[0, vocab_size)`` (``low=-1``: also -1, an ignored target)."""
-    if ids.numel() == 0:
-        return
-    smallest, largest = int(ids.min()), int(ids.max())
-    if smallest < low or largest >= vocab_size:
-        bad = smallest if smallest < low else largest
-        ignored = " (or -1, ignored)" if low == -1 else ""
-        raise ValueError(f"{owner}: {name} holds token id {bad}, outside the vocabulary 0..{vocab_size - 1}"
-                         + ignored)
 
 
 def _check_loss_targets(targets: Tensor) -> None:

@@ -46,6 +46,7 @@ from .attention import Backend
 from .multihead import MultiHeadAttention
 from .positions import RotaryEmbedding
 from .shapecheck import check_parameter_dtype, shape_checked
+from .validation import check_positive_int
 
 __all__ = [
     "Activation",
@@ -76,8 +77,7 @@ def _check_sizes(owner: str, d_model: int, nhead: int, dim_feedforward: int, dro
                  layer_norm_eps: float, dtype: torch.dtype | None = None) -> None:
     check_parameter_dtype(owner, dtype)
     for name, size in (("d_model", d_model), ("nhead", nhead), ("dim_feedforward", dim_feedforward)):
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise ValueError(f"{owner}: {name} must be a positive int, got {size!r}")
+        check_positive_int(owner, name, size)
     if d_model % nhead != 0:
         raise ValueError(f"{owner}: d_model={d_model} is not divisible by nhead={nhead}")
     if not 0.0 <= dropout < 1.0:
@@ -278,8 +278,7 @@ class _Stack(nn.Module):
         if not isinstance(layer, self._layer_type):
             raise TypeError(f"{owner}: {self._layer_argument} must be a typed_transformer {self._layer_type.__name__}, "
                             f"got {type(layer).__name__} (convert torch's with from_torch)")
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers <= 0:
-            raise ValueError(f"{owner}: num_layers must be a positive int, got {num_layers!r}")
+        check_positive_int(owner, "num_layers", num_layers)
         self.d_model = layer.d_model
         self.nhead = layer.nhead
         self.num_layers = num_layers

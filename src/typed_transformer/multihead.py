@@ -16,7 +16,7 @@ may attend), zero output for fully masked rows, and shape checks naming the argu
 """
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, overload
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +28,18 @@ from .attention import Backend, scaled_dot_product_attention, scaled_dot_product
 from .masks import merge_causal, merge_masks
 from .positions import RotaryEmbedding
 from .shapecheck import check_parameter_dtype, raise_shape_error, shape_checked
+from .validation import check_positive_int
 
 __all__ = ["KVCache", "MultiHeadAttention"]
+
+# MultiHeadAttention.forward's masks and weights (``{self.num_heads}`` is resolved per call, as in its signature).
+_AttnMask: TypeAlias = (
+    Bool[Tensor, "t s"] | Float[Tensor, "t s"] | Bool[Tensor, "b t s"] | Float[Tensor, "b t s"]
+    | Bool[Tensor, "#b #{self.num_heads} #t s"] | Float[Tensor, "#b #{self.num_heads} #t s"]
+)
+_AttnBias: TypeAlias = Float[Tensor, "#b #{self.num_heads} #t s"] | Float[Tensor, "t s"]
+#: The weights: averaged over heads ``(b, t, s')`` or per head ``(b, h, t, s')`` (``s'``: keys plus appended ones).
+_Weights: TypeAlias = Float[Tensor, "b t _"] | Float[Tensor, "b {self.num_heads} t _"]
 
 
 @shape_checked
@@ -47,8 +57,7 @@ class KVCache:
         """``capacity``: the most positions it will hold; given, the first append allocates buffers of that
         length and later appends copy into them (no ``torch.cat`` of the whole cache per step). ``k`` and
         ``v`` are always the cached positions, ``(b, g, length, d)``."""
-        if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1):
-            raise ValueError(f"KVCache: capacity must be None or a positive int, got {capacity!r}")
+        check_positive_int("KVCache", "capacity", capacity, optional=True)
         self.capacity = capacity
         # The storage: the first `_length` positions along axis 2 are cached, the rest is room to append in
         # place. One tensor per side and an int, never a view of another attribute, so that a compiled forward
@@ -181,8 +190,8 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         for name, size in (("d_model", d_model), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
                            ("input_dim", input_dim), ("kdim", kdim), ("vdim", vdim)):
-            if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size <= 0):
-                raise ValueError(f"MultiHeadAttention: {name} must be a positive int, got {size!r}")
+            if size is not None:  # None: input_dim, kdim or vdim as d_model
+                check_positive_int("MultiHeadAttention", name, size)
         if d_model % num_heads != 0:
             raise ValueError(f"MultiHeadAttention: d_model={d_model} is not divisible by num_heads={num_heads}")
         if num_heads % num_kv_heads != 0:
@@ -256,24 +265,67 @@ class MultiHeadAttention(nn.Module):
             parts.append(f"dropout={self.dropout}")
         return ", ".join([*parts, f"backend={self.backend!r}"])
 
+    # need_weights changes the return type: the overloads make it exact for type checkers (False or left out:
+    # (output, None); True: (output, weights)).
+    @overload
     def forward(
         self,
         query: Float[Tensor, "b t {self.input_dim}"],
         key: Float[Tensor, "b s {self.kdim}"] | None = None,
         value: Float[Tensor, "b s {self.vdim}"] | None = None,
         *,
-        attn_mask: Bool[Tensor, "t s"] | Float[Tensor, "t s"] | Bool[Tensor, "b t s"] | Float[Tensor, "b t s"]
-        | Bool[Tensor, "#b #{self.num_heads} #t s"] | Float[Tensor, "#b #{self.num_heads} #t s"] | None = None,
+        attn_mask: _AttnMask | None = None,
         key_padding_mask: Bool[Tensor, "b s"] | None = None,
-        attn_bias: Float[Tensor, "#b #{self.num_heads} #t s"] | Float[Tensor, "t s"] | None = None,
+        attn_bias: _AttnBias | None = None,
+        is_causal: bool = False,
+        need_weights: Literal[False] = False,
+        average_attn_weights: bool = True,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[Float[Tensor, "b t {self.d_model}"], None]: ...
+    @overload
+    def forward(
+        self,
+        query: Float[Tensor, "b t {self.input_dim}"],
+        key: Float[Tensor, "b s {self.kdim}"] | None = None,
+        value: Float[Tensor, "b s {self.vdim}"] | None = None,
+        *,
+        attn_mask: _AttnMask | None = None,
+        key_padding_mask: Bool[Tensor, "b s"] | None = None,
+        attn_bias: _AttnBias | None = None,
+        is_causal: bool = False,
+        need_weights: Literal[True],
+        average_attn_weights: bool = True,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[Float[Tensor, "b t {self.d_model}"], _Weights]: ...
+    @overload
+    def forward(
+        self,
+        query: Float[Tensor, "b t {self.input_dim}"],
+        key: Float[Tensor, "b s {self.kdim}"] | None = None,
+        value: Float[Tensor, "b s {self.vdim}"] | None = None,
+        *,
+        attn_mask: _AttnMask | None = None,
+        key_padding_mask: Bool[Tensor, "b s"] | None = None,
+        attn_bias: _AttnBias | None = None,
+        is_causal: bool = False,
+        need_weights: bool,
+        average_attn_weights: bool = True,
+        kv_cache: KVCache | None = None,
+    ) -> tuple[Float[Tensor, "b t {self.d_model}"], _Weights | None]: ...
+    def forward(
+        self,
+        query: Float[Tensor, "b t {self.input_dim}"],
+        key: Float[Tensor, "b s {self.kdim}"] | None = None,
+        value: Float[Tensor, "b s {self.vdim}"] | None = None,
+        *,
+        attn_mask: _AttnMask | None = None,
+        key_padding_mask: Bool[Tensor, "b s"] | None = None,
+        attn_bias: _AttnBias | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
         average_attn_weights: bool = True,
         kv_cache: KVCache | None = None,
-    ) -> tuple[
-        Float[Tensor, "b t {self.d_model}"],
-        Float[Tensor, "b t _"] | Float[Tensor, "b {self.num_heads} t _"] | None,
-    ]:
+    ) -> tuple[Float[Tensor, "b t {self.d_model}"], _Weights | None]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when both are None).
 
         Args:

@@ -22,25 +22,40 @@ decodes position ``offset`` after ``offset`` cached ones, so the same module ser
 
   ("Train Short, Test Long", Press et al., 2022), passed to the attention core as ``attn_bias``. The slopes
   ``m_h`` are the paper's geometric sequence (:func:`alibi_slopes`). Any length works.
+
+The models name these kinds by one vocabulary (:data:`SharedPositions`, plus ``"alibi"`` for the GPT and
+``"none"`` for the encoder-decoder model), checked and built by one function, :func:`position_modules`.
 """
 
 import math
-from typing import TYPE_CHECKING
+import typing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from .shapecheck import check_parameter_dtype, raise_shape_error, shape_checked, typechecked
+from .validation import check_positive_int
 
 __all__ = [
     "ALiBiPositionalBias",
     "LearnedPositionalEmbedding",
+    "PositionModules",
     "RotaryEmbedding",
+    "SharedPositions",
     "SinusoidalPositionalEncoding",
     "alibi_slopes",
+    "check_positional",
+    "position_modules",
     "sinusoidal_table",
 ]
+
+#: The position kinds both models take: a vector added to the embeddings (``learned``: a table of
+#: ``max_length``; ``sinusoidal``: the paper's) or a rotation of queries and keys (``rope``). A model's own
+#: kinds extend it: ``Literal[SharedPositions, "alibi"]``.
+SharedPositions: TypeAlias = Literal["learned", "sinusoidal", "rope"]
 
 
 def sinusoidal_table(positions: Int[Tensor, " t"] | Float[Tensor, " t"], d_model: int, *,
@@ -64,8 +79,7 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int) -> None:
         super().__init__()
-        if d_model <= 0:
-            raise ValueError(f"SinusoidalPositionalEncoding: d_model must be positive, got {d_model}")
+        check_positive_int("SinusoidalPositionalEncoding", "d_model", d_model)
         self.d_model = d_model
 
     def extra_repr(self) -> str:
@@ -86,8 +100,8 @@ class LearnedPositionalEmbedding(nn.Module):
     def __init__(self, max_length: int, d_model: int, *, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        if max_length <= 0 or d_model <= 0:
-            raise ValueError(f"LearnedPositionalEmbedding: sizes must be positive, got {max_length}, {d_model}")
+        check_positive_int("LearnedPositionalEmbedding", "max_length", max_length)
+        check_positive_int("LearnedPositionalEmbedding", "d_model", d_model)
         check_parameter_dtype("LearnedPositionalEmbedding", dtype)
         self.max_length = max_length
         self.d_model = d_model
@@ -122,7 +136,8 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, *, base: float = 10000.0) -> None:
         super().__init__()
-        if head_dim <= 0 or head_dim % 2 != 0:
+        check_positive_int("RotaryEmbedding", "head_dim", head_dim)
+        if head_dim % 2 != 0:
             raise ValueError(f"RotaryEmbedding: head_dim must be a positive even number, got {head_dim}")
         if not (math.isfinite(base) and base > 1.0):
             raise ValueError(f"RotaryEmbedding: base must be a finite number > 1, got {base}")
@@ -164,8 +179,7 @@ def alibi_slopes(num_heads: int) -> Float[Tensor, " {num_heads}"]:
     Raises:
         ValueError: ``num_heads`` is not a positive int.
     """
-    if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads <= 0:
-        raise ValueError(f"alibi_slopes: num_heads must be a positive int, got {num_heads!r}")
+    check_positive_int("alibi_slopes", "num_heads", num_heads)
 
     def power_of_two(n: int) -> list[float]:
         return [2.0 ** (-8.0 * i / n) for i in range(1, n + 1)]
@@ -219,3 +233,58 @@ class ALiBiPositionalBias(nn.Module):
 
     if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
         __call__ = forward
+
+
+# ----------------------------------------------------------------------------------------------------
+# The kinds, by name
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PositionModules:
+    """What one kind of position information puts into a model (at most one field is set; ``"none"``: none).
+
+    ``embedding`` adds a vector per position to the token embeddings (``learned``, ``sinusoidal``);
+    ``rotary`` is applied by every self-attention to its queries and keys (``rope``); ``alibi`` makes the
+    attention bias (``alibi``).
+    """
+
+    embedding: LearnedPositionalEmbedding | SinusoidalPositionalEncoding | None = None
+    rotary: RotaryEmbedding | None = None
+    alibi: ALiBiPositionalBias | None = None
+
+
+def check_positional(owner: str, kind: object, kinds: object, *, d_model: int, num_heads: int,
+                     max_length: int | None) -> None:
+    """Raise ``ValueError`` unless ``kind`` is one of the ``Literal`` type ``kinds`` and the sizes suit it.
+
+    ``learned`` needs ``max_length`` (the size of its table); ``rope`` needs an even head size
+    ``d_model // num_heads``. The messages start with ``owner`` (``"GPTConfig: positional must be learned,
+    sinusoidal, rope or alibi, got 'xpos'"``).
+    """
+    names = typing.get_args(kinds)
+    if kind not in names:
+        spelled = ", ".join(names[:-1]) + f" or {names[-1]}"
+        raise ValueError(f"{owner}: positional must be {spelled}, got {kind!r}")
+    if kind == "learned" and max_length is None:
+        raise ValueError(f"{owner}: positional='learned' needs max_length (the size of the table)")
+    if kind == "rope" and num_heads > 0 and d_model % num_heads == 0 and (d_model // num_heads) % 2 != 0:
+        raise ValueError(f"{owner}: rope needs an even head size, got {d_model // num_heads}")
+
+
+def position_modules(owner: str, kind: str, kinds: object, *, d_model: int, num_heads: int,
+                     max_length: int | None = None, device: torch.device | str | None = None,
+                     dtype: torch.dtype | None = None) -> PositionModules:
+    """Check ``kind`` (see :func:`check_positional`) and build its modules for a model of width ``d_model``
+    with ``num_heads`` query heads; ``device`` and ``dtype`` go to the learned table."""
+    check_positional(owner, kind, kinds, d_model=d_model, num_heads=num_heads, max_length=max_length)
+    if kind == "learned":
+        assert max_length is not None
+        return PositionModules(embedding=LearnedPositionalEmbedding(max_length, d_model, device=device, dtype=dtype))
+    if kind == "sinusoidal":
+        return PositionModules(embedding=SinusoidalPositionalEncoding(d_model))
+    if kind == "rope":
+        return PositionModules(rotary=RotaryEmbedding(d_model // num_heads))
+    if kind == "alibi":
+        return PositionModules(alibi=ALiBiPositionalBias(num_heads))
+    return PositionModules()

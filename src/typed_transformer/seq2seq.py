@@ -17,6 +17,7 @@ Training is teacher forcing: ``model(src, tgt[:, :-1])`` predicts ``tgt[:, 1:]``
 """
 
 import math
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -27,12 +28,13 @@ from torch import Tensor, nn
 from ._deprecation import deprecated_alias, renamed_keywords, warn_deprecated
 from .attention import Backend
 from .layers import Activation, Transformer
-from .positions import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .positions import SharedPositions, check_positional, position_modules
 from .shapecheck import check_parameter_dtype, raise_shape_error, shape_checked
+from .validation import check_positive_int, check_token_ids
 
 __all__ = ["Positions", "Seq2SeqTransformer"]
 
-Positions = Literal["sinusoidal", "learned", "rope", "none"]
+Positions = Literal[SharedPositions, "none"]
 
 
 
@@ -83,10 +85,9 @@ class Seq2SeqTransformer(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        for name, size in (("src_vocab_size", src_vocab_size), ("tgt_vocab_size", tgt_vocab_size),
-                           ("max_length", max_length)):
-            if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
-                raise ValueError(f"Seq2SeqTransformer: {name} must be a positive int, got {size!r}")
+        check_positive_int("Seq2SeqTransformer", "src_vocab_size", src_vocab_size)
+        check_positive_int("Seq2SeqTransformer", "tgt_vocab_size", tgt_vocab_size)
+        check_positive_int("Seq2SeqTransformer", "max_length", max_length, optional=True)
         for name, index, size in (("src_pad_idx", src_pad_idx, src_vocab_size),
                                   ("tgt_pad_idx", tgt_pad_idx, tgt_vocab_size)):
             if not 0 <= index < size:
@@ -95,11 +96,10 @@ class Seq2SeqTransformer(nn.Module):
             warn_deprecated("Seq2SeqTransformer: positional='rotary' is deprecated, use positional='rope' "
                             "(GPTConfig's spelling)")
             positional = "rope"
-        if positional not in ("sinusoidal", "learned", "rope", "none"):
-            raise ValueError(f"Seq2SeqTransformer: positional must be 'sinusoidal', 'learned', 'rope' or 'none', "
-                             f"got {positional!r}")
-        if positional == "learned" and max_length is None:
-            raise ValueError("Seq2SeqTransformer: positional='learned' needs max_length (the size of the table)")
+        positions = partial(position_modules, "Seq2SeqTransformer", positional, Positions, d_model=d_model,
+                            num_heads=nhead, max_length=max_length, device=device, dtype=dtype)
+        check_positional("Seq2SeqTransformer", positional, Positions, d_model=d_model, num_heads=nhead,
+                         max_length=max_length)
         check_parameter_dtype("Seq2SeqTransformer", dtype)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.src_vocab_size = src_vocab_size
@@ -112,15 +112,11 @@ class Seq2SeqTransformer(nn.Module):
 
         self.src_embedding = nn.Embedding(src_vocab_size, d_model, **factory)
         self.tgt_embedding = nn.Embedding(tgt_vocab_size, d_model, **factory)
-        self.src_positions: nn.Module | None = None
-        self.tgt_positions: nn.Module | None = None
-        if positional == "sinusoidal":
-            self.src_positions = self.tgt_positions = SinusoidalPositionalEncoding(d_model)
-        elif positional == "learned":
-            assert max_length is not None
-            self.src_positions = LearnedPositionalEmbedding(max_length, d_model, **factory)
-            self.tgt_positions = LearnedPositionalEmbedding(max_length, d_model, **factory)
-        rotary = RotaryEmbedding(d_model // nhead) if positional == "rope" else None
+        # The source and the target each have their own learned table; the sinusoids are shared.
+        source = positions()
+        self.src_positions: nn.Module | None = source.embedding
+        self.tgt_positions: nn.Module | None = positions().embedding if positional == "learned" else source.embedding
+        rotary = source.rotary
         self.dropout = nn.Dropout(dropout)
         self.transformer = Transformer(
             d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, activation=activation,
@@ -153,11 +149,7 @@ class Seq2SeqTransformer(nn.Module):
     def _embed(self, tokens: Tensor, argument: str, method: str) -> Tensor:
         side = "src" if argument == "src" else "tgt"
         vocab_size = self.src_vocab_size if side == "src" else self.tgt_vocab_size
-        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
-            bad = int(tokens.min()) if tokens.min() < 0 else int(tokens.max())
-            raise_shape_error(getattr(type(self), method), argument,
-                              f"token id {bad} is out of range [0, {vocab_size}) ({side}_vocab_size={vocab_size})",
-                              actual=bad, expected=vocab_size, bound_by=f"{side}_vocab_size")
+        check_token_ids(f"Seq2SeqTransformer.{method}", argument, tokens, vocab_size, bound_by=f"{side}_vocab_size")
         length = tokens.shape[1]
         if self.max_length is not None and length > self.max_length:
             axis = "s" if side == "src" else "t"

@@ -11,9 +11,13 @@ x = torch.randn(2, 5, 16)
 # The module returns (output, weights): a tuple has no transpose.
 mha(x).transpose(1, 2)  # E: attr-defined
 # A keyword forward does not take.
-mha(x, causal=True)  # E: call-arg
-# The weights are None unless asked for: they must be checked before use.
-_, weights = mha(x, need_weights=True)
+mha(x, causal=True)  # E: call-overload
+# The weights are None unless asked for: without need_weights there are none, and with a flag whose value is
+# unknown they must be checked before use.
+_, no_weights = mha(x)
+no_weights.sum()  # E: attr-defined
+asked = bool(torch.rand(()) > 0.5)
+_, weights = mha(x, need_weights=asked)
 weights.sum()  # E: union-attr
 # The GPT's loss is None without targets.
 _, loss = tt.GPT(tt.GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, n_embd=4))(torch.zeros(1, 2).long())

@@ -362,7 +362,7 @@ def gradients(run: Run, data: st.DataObject) -> None:
     a, conv = run.adapter, run.adapter.conventions
     if not conv.supports_autograd:
         raise Skip("supports_autograd=False")
-    kinds: list[str] = ["none"]
+    kinds: list[MaskKind | Literal["causal"]] = ["none"]
     if conv.supports_mask:
         kinds.append("keep")
         if conv.fully_masked == "zero":  # NaN rows have no gradient; uniform rows' "gradient" is not defined
@@ -371,9 +371,8 @@ def gradients(run: Run, data: st.DataObject) -> None:
         kinds.append("causal")
     if conv.always_causal and conv.fully_masked in ("nan", "any"):
         kinds = ["none"]  # a mask ANDed with the candidate's own causal mask may leave NaN rows
-    kind = data.draw(st.sampled_from(kinds), label="mask")
-    example = draw_example(run, data, mask="none" if kind == "causal" else kind,  # type: ignore[arg-type]
-                           is_causal=kind == "causal")
+    kind: MaskKind | Literal["causal"] = data.draw(st.sampled_from(kinds), label="mask")
+    example = draw_example(run, data, mask="none" if kind == "causal" else kind, is_causal=kind == "causal")
     if ((kind == "causal" or conv.always_causal) and conv.fully_masked in ("nan", "any", "uniform")
             and example.t > example.s):
         # a declaration that allows NaN rows: bottom-right causal rows without keys (t > s) would carry NaN into

@@ -47,10 +47,9 @@ def hf_config_class(cls: type) -> type:
     from transformers import PreTrainedModel
 
     for obj in vars(_modeling(cls)).values():
+        config_class = getattr(obj, "config_class", None)
         if (isinstance(obj, type) and issubclass(obj, PreTrainedModel)
-                and obj.__module__ == _transformers_class(cls).__module__
-                and isinstance(getattr(obj, "config_class", None), type)):
-            config_class: type = obj.config_class  # type: ignore[assignment]
+                and obj.__module__ == _transformers_class(cls).__module__ and isinstance(config_class, type)):
             return config_class
     raise AuditUsageError(f"{cls.__qualname__}: no config class found (no annotation, no pretrained model)")
 
