@@ -45,7 +45,7 @@ from ._paths import temporary_path
 from .config import TrainConfig
 from .data import CharTokenizer, DataError
 from .gpt import GPT, GPTConfig
-from .shapecheck import PARAMETER_DTYPES
+from .validation import PARAMETER_DTYPES
 
 __all__ = [
     "CHECKPOINT_NAME",
