@@ -188,7 +188,13 @@ def test_the_train_flags_are_the_config_dataclasses_fields() -> None:
         assert action.default == (f.default if cls is cli.TrainCommand else None)  # None: the preset's value
     assert by_dest["preset"].choices == list(PRESETS)
     assert set(PRESET_TRAINING) == set(PRESETS)
-    assert all(name in (by_dest["preset"].help or "") for name in PRESETS)
+    described = dict(part.split(": ", 1) for part in (by_dest["preset"].help or "").split("; "))
+    assert described.pop("other settings") == "the flags' defaults"
+    assert [name.removesuffix(" (default)") for name in described] == list(PRESETS)
+    for name, settings in described.items():  # every setting of each preset, from PRESETS and PRESET_TRAINING
+        preset = name.removesuffix(" (default)")
+        assert settings.split(", ") == [f"{key} {value:g}" if type(value) is float else f"{key} {value}"
+                                        for key, value in {**PRESETS[preset], **PRESET_TRAINING[preset]}.items()]
     for module in ("cli.py", "_options.py"):  # no argparse private API
         source = (Path(cli.__file__).parent / module).read_text(encoding="utf-8")
         assert "_actions" not in source
