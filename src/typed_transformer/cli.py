@@ -95,7 +95,7 @@ class TrainCommand:
         "group": "scale and speed"})
     peak_flops: float | None = field(default=None, metadata={
         "help": "one process's peak FLOP/s for the MFU figure (default: a float32 matmul measured at start)",
-        "interval": "(0, inf)", "noun": "a positive finite number", "group": "scale and speed"})
+        "parse": _positive_float, "numeric": True, "group": "scale and speed"})
 
 
 @dataclass(frozen=True)
