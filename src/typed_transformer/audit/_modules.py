@@ -147,6 +147,8 @@ class ModuleSpec:
     q_norm: str | None = None
     k_norm: str | None = None
     qkv_layout: Literal["blocks", "heads"] = "blocks"
+    #: the q/k norms apply to the turned queries and keys (HunYuan's order), not before the rotary embedding
+    norms_after_rotary: bool = False
 
 
 def resolve(module: Any, path: str, spec: str) -> Any:
@@ -254,16 +256,16 @@ def _norm(module: Any, path: str, spec: ModuleSpec) -> Callable[[Tensor], Tensor
 
     def norm(x: Tensor) -> Tensor:
         y = x.double()
-        whole = w is not None and w.shape[-1] != y.shape[-1]  # OLMo-2: one norm over every head, (h d) wide
+        whole = w is not None and w.ndim == 1 and w.shape[-1] != y.shape[-1]  # OLMo-2: over every head, (h d)
         if whole:
             y = rearrange(y, "b h t d -> b t (h d)")
         if layer_norm:
             y = y - y.mean(dim=-1, keepdim=True)
         y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + float(eps))
-        if w is not None:
-            y = y * w
+        if w is not None:  # a (h, d) weight: one per head (Chameleon)
+            y = y * (w[:, None] if w.ndim == 2 else w)
         if b is not None:
-            y = y + b
+            y = y + (b[:, None] if b.ndim == 2 else b)
         if whole:
             y = rearrange(y, "b t (h d) -> b h t d", h=x.shape[1])
         return y.to(x.dtype)
@@ -365,14 +367,19 @@ class ModuleAdapter:
         q = rearrange(lin(x, w.wq, w.bq), "b t (h d) -> b h t d", h=w.h)
         k = rearrange(lin(key, w.wk, w.bk), "b s (g d) -> b g s d", g=w.g)
         v = rearrange(lin(value, w.wv, w.bv), "b s (g d) -> b g s d", g=w.g)
-        if "q" in self.norms:
+        after = self.spec.norms_after_rotary
+        if "q" in self.norms and not after:
             q = self.norms["q"](q)
-        if "k" in self.norms:
+        if "k" in self.norms and not after:
             k = self.norms["k"](k)
         if self.rotary is not None:
             r = self.rotary_dims
             q = torch.cat([rotate(q[..., :r], *self.rotary, offset=offset), q[..., r:]], dim=-1)
             k = torch.cat([rotate(k[..., :r], *self.rotary, offset=offset), k[..., r:]], dim=-1)
+        if "q" in self.norms and after:
+            q = self.norms["q"](q)
+        if "k" in self.norms and after:
+            k = self.norms["k"](k)
         if w.extra_k is not None and w.extra_v is not None:  # appended key/value positions (add_bias_kv, ...)
             n = w.extra_k.shape[0]
             extra_k = rearrange(w.extra_k.to(dtype), "n (g d) -> 1 g n d", g=w.g).expand(k.shape[0], w.g, n, w.d)
