@@ -356,3 +356,12 @@ def test_the_same_exception_everywhere_is_one_block() -> None:
     assert cause.summary.startswith("the candidate raises RuntimeError: The size of tensor a (")
     assert cause.shown.traceback is not None
     assert cause.shown.traceback in report.table()
+
+
+def test_the_closing_line_opens_with_the_inferred_conventions_row() -> None:
+    report = audit_attention(cands.bthd_attention, conventions="infer", max_examples=3, dtypes=(torch.float64,),
+                             checks=["reference", "masking"])
+    assert report.table().endswith("\nconventions PASS; float64: 2 passed")
+    findings = audit_attention(cands.mask_ignored, conventions="infer", max_examples=3, dtypes=(torch.float64,),
+                               checks=["reference"])
+    assert findings.table().endswith("\nconventions FAIL (1 finding); float64: 1 passed")

@@ -511,7 +511,8 @@ def closing_line(results: Sequence[CheckResult], causes: Sequence[Cause], dtypes
     conventions = [r for r in results if r.name == "conventions"]
     if conventions:
         findings = sum(r.status == "FAIL" for r in conventions)
-        parts.append(f"conventions {'FAIL (' + str(findings) + ' findings)' if findings else 'PASS'}")
+        said = f"FAIL ({findings} finding{'s' if findings != 1 else ''})" if findings else "PASS"
+        parts.append(f"conventions {said}")
     rows = [r for r in results if r.name != "conventions"]
     for dtype in [d for d in dtypes if any(r.dtype == d for r in rows)]:
         passed = sum(r.dtype == dtype and r.status == "PASS" for r in rows)
