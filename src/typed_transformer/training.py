@@ -266,8 +266,11 @@ def train(
             raise RunDirectoryError(f"{out / CHECKPOINT_NAME} exists: continue that run with --resume or "
                                     "replace it with --overwrite")
         if rank == 0:  # a full disk found now, not at the first save
+            from ._memory import require_training_memory
             from .checkpoint import require_free_space
 
+            count = sum(p.numel() for p in model.parameters())
+            require_training_memory(count, allocated=count, advice="train a smaller model, or on a larger machine")
             evaluations = len(resume.history) if resume is not None else 0
             require_free_space(out, model, evaluations=evaluations + config.max_iters // config.eval_interval + 2)
         return Trainer(model, data, config, out, resume=resume, device=device, progress=progress, log=log,
