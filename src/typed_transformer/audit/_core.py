@@ -60,25 +60,42 @@ class Conventions:
     call with ``g < h`` (needs ``supports_gqa=True``; ``Conventions.torch_sdpa(gqa=True)`` sets both).
     """
 
-    layout: Literal["bhtd", "bthd"] = "bhtd"
-    mask_polarity: Literal["keep", "drop"] = "keep"
-    causal_alignment: Literal["top-left", "bottom-right"] = "bottom-right"
-    scale: float | None = None
-    fully_masked: Literal["zero", "nan", "uniform", "any"] = "zero"
-    supports_mask: bool = True
-    supports_causal: bool = True
-    supports_gqa: bool = False
-    supports_autograd: bool = True
-    self_attention: bool = False
-    equal_head_sizes: bool = False
-    even_head_size: bool = False
+    # Fields with "help" are the audit command's flags (the command line generates them from this metadata).
+    layout: Literal["bhtd", "bthd"] = field(default="bhtd", metadata={
+        "help": "axis order of the candidate's q, k, v: (batch, heads, time, dim) (default, SDPA's) or (batch, time, "
+                "heads, dim)"})
+    mask_polarity: Literal["keep", "drop"] = field(default="keep", metadata={
+        "help": "keep: True = may attend (SDPA); drop: True = masked out (nn.MultiheadAttention)"})
+    causal_alignment: Literal["top-left", "bottom-right"] = field(default="bottom-right", metadata={
+        "help": "what is_causal means when t != s (SDPA: top-left)"})
+    scale: float | None = field(default=None, metadata={"help": "logit scale (default 1/sqrt(d))", "positive": True})
+    fully_masked: Literal["zero", "nan", "uniform", "any"] = field(default="zero", metadata={
+        "help": "declared output of query rows without keys (default zero, as in the API; a module: its spec's)"})
+    supports_mask: bool = field(default=True, metadata={
+        "help": "the candidate takes no attn_mask", "flag": "no_mask", "store": False})
+    supports_causal: bool = field(default=True, metadata={
+        "help": "the candidate takes no is_causal", "flag": "no_causal", "store": False})
+    supports_gqa: bool = field(default=False, metadata={
+        "help": "the candidate takes fewer key/value heads (enable_gqa=True is passed with them when it takes that "
+                "keyword, as torch's scaled_dot_product_attention does)", "flag": "gqa", "store": True})
+    supports_autograd: bool = field(default=True, metadata={
+        "help": "skip the gradient check", "flag": "no_autograd", "store": False})
+    self_attention: bool = field(default=False, metadata={"help": "the candidate needs t = s", "store": True})
+    equal_head_sizes: bool = field(default=False, metadata={"help": "the candidate needs dv = d", "store": True})
+    even_head_size: bool = field(default=False, metadata={
+        "help": "the candidate needs an even head size", "store": True})
     head_sizes: tuple[int, int] = (1, 8)
     lengths: tuple[int, int] = (1, 6)
-    grouping: Literal["g r", "r g"] = "g r"
-    mask_kind: Literal["bool", "additive"] = "bool"
+    grouping: Literal["g r", "r g"] = field(default="g r", metadata={
+        "help": "query head i uses kv head i // r ('g r', torch's) or i %% g ('r g')"})
+    mask_kind: Literal["bool", "additive"] = field(default="bool", metadata={
+        "help": "additive: the candidate takes float 0/-inf masks only"})
     per_head_masks: bool = True
-    mask_with_causal: bool = True
-    decode_sees_all: bool = False
+    mask_with_causal: bool = field(default=True, metadata={
+        "help": "the candidate refuses attn_mask and is_causal together", "flag": "no_mask_with_causal",
+        "store": False})
+    decode_sees_all: bool = field(default=False, metadata={
+        "help": "with is_causal a single query sees every key (Hugging Face's sdpa rule)", "store": True})
     always_causal: bool = False
     enable_gqa: bool = False
 
