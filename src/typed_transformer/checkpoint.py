@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jaxtyping import Shaped, UInt8
 from torch import Tensor
 
 from ._files import NotARegularFile, is_current, open_lock, release_lock, require_regular_file
@@ -44,6 +45,7 @@ from ._paths import temporary_path
 from .config import TrainConfig
 from .data import CharTokenizer, DataError
 from .gpt import GPT, GPTConfig
+from .shapecheck import shape_checked, typechecked
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -75,9 +77,12 @@ class RunDirectoryError(ValueError):
     """The run directory cannot be used (not a directory, not writable, locked by another run); one line."""
 
 
+@shape_checked
 @dataclass
 class Checkpoint:
     """What a checkpoint holds, loaded back."""
+
+    __shape_checked__ = ("__init__",)
 
     model: GPT
     tokenizer: CharTokenizer
@@ -85,7 +90,7 @@ class Checkpoint:
     train_config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
     optimizer_state: dict[str, Any] | None = None
-    rng: dict[str, Tensor] = field(default_factory=dict)
+    rng: dict[str, UInt8[Tensor, " _"]] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -236,7 +241,7 @@ def _optimizer_tensors(state: dict[str, Any]) -> tuple[dict[str, Tensor], dict[s
     return tensors, {"param_groups": state["param_groups"], "state": per_param}
 
 
-def write_atomically(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+def write_atomically(path: Path, tensors: dict[str, Shaped[Tensor, "..."]], metadata: dict[str, str]) -> None:
     """Write a safetensors file through a temporary file, fsync and rename: ``path`` is the old file or the
     new one, never a torn one. An OSError leaves the old file as it was and removes the temporary."""
     from safetensors import SafetensorError
@@ -268,6 +273,9 @@ def write_atomically(path: Path, tensors: dict[str, Tensor], metadata: dict[str,
             os.close(directory)
 
 
+write_atomically = typechecked(write_atomically)
+
+
 def save_checkpoint(
     path: str | Path,
     model: GPT,
@@ -277,7 +285,7 @@ def save_checkpoint(
     train_config: dict[str, Any] | None = None,
     history: list[dict[str, float]] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
-    rng: dict[str, Tensor] | None = None,
+    rng: dict[str, UInt8[Tensor, " _"]] | None = None,
     info: dict[str, Any] | None = None,
 ) -> Path:
     """Write the checkpoint file atomically; ``path`` is the file or the directory to put it in.
@@ -314,6 +322,9 @@ def save_checkpoint(
     metadata["sha256"] = _digest(tensors, metadata)
     write_atomically(path, tensors, metadata)
     return path
+
+
+save_checkpoint = typechecked(save_checkpoint)
 
 
 # ---------------------------------------------------------------------------------------------------

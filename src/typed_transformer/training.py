@@ -46,7 +46,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from ._deprecation import warn_deprecated
@@ -57,7 +57,7 @@ from .data import TextData, get_batch
 from .generation import sample_text
 from .gpt import GPT
 from .plot import plot_history
-from .shapecheck import typechecked
+from .shapecheck import shape_checked, typechecked
 from .threads import apply_threads
 
 __all__ = [
@@ -124,7 +124,7 @@ def measure_matmul_flops(device: str = "cpu", dtype: torch.dtype = torch.float32
 
 
 @torch.no_grad()
-def evaluate(model: GPT, batches: dict[str, list[tuple[Tensor, Tensor]]], *,
+def evaluate(model: GPT, batches: dict[str, list[tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]]], *,
              autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> dict[str, float]:
     """Mean loss over fixed batches for each split, in eval mode (under ``autocast()`` when given)."""
     was_training = model.training
@@ -140,6 +140,9 @@ def evaluate(model: GPT, batches: dict[str, list[tuple[Tensor, Tensor]]], *,
         losses[split] = total / len(pairs)
     model.train(was_training)
     return losses
+
+
+evaluate = typechecked(evaluate)
 
 
 @dataclass
@@ -286,6 +289,7 @@ def _checked_call(model: GPT, net: nn.Module) -> Callable[[Tensor, Tensor], Tens
     return typechecked(loss_of) if net is not model else loss_of
 
 
+@shape_checked
 class Trainer:
     """The training loop of :func:`train` (which holds the run directory's lock around it): build it with
     ``train``'s arguments inside that lock, then :meth:`run` it once.
@@ -307,6 +311,8 @@ class Trainer:
       :meth:`evaluate_splits` (the evaluation losses by split).
     - :meth:`save` writes the checkpoint (after checking that the weights are finite) and the loss plot.
     """
+
+    __shape_checked__ = ("next_batch", "micro_loss")
 
     def __init__(self, model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume: Checkpoint | None = None,
                  device: str = "cpu", progress: bool = True, log: TextIO | None = None,
@@ -461,7 +467,7 @@ class Trainer:
         self.scaler.update()
         return loss
 
-    def next_batch(self) -> tuple[Tensor, Tensor]:
+    def next_batch(self) -> tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]:
         """This process's rows of the step's global batch, drawn from the seeded batch generator."""
         x, y = get_batch(self.data.train, self.config.batch_size, self.block, self.batch_generator)
         if self.world > 1:
@@ -469,7 +475,7 @@ class Trainer:
             x, y = x[self.rank * rows:(self.rank + 1) * rows], y[self.rank * rows:(self.rank + 1) * rows]
         return x, y
 
-    def micro_loss(self, x: Tensor, y: Tensor) -> Tensor:
+    def micro_loss(self, x: Int[Tensor, "b t"], y: Int[Tensor, "b t"]) -> Float[Tensor, ""]:
         """The loss of one micro-batch (called under :meth:`autocast`)."""
         return self.loss_of(x.to(self.device), y.to(self.device))
 
