@@ -139,5 +139,75 @@ def test_declared_conventions_contradicted_are_named_with_the_witness() -> None:
 def test_options_and_bad_arguments() -> None:
     inference = infer_conventions(cands.self_attention_only, self_attention=True, equal_head_sizes=True)
     assert inference.conventions.self_attention
-    with pytest.raises(ValueError, match="layout is inferred"):
-        infer_conventions(cands.naive_attention, layout="bthd")
+    with pytest.raises(ValueError, match="head_count is not a field of Conventions"):
+        infer_conventions(cands.naive_attention, head_count=2)
+    with pytest.raises(ValueError, match="causal_alignment must be one of"):
+        infer_conventions(cands.naive_attention, causal_alignment="diagonal")
+    with pytest.raises(ValueError, match="known= goes with conventions='infer'"):
+        audit_attention(cands.naive_attention, known={"layout": "bhtd"})
+
+
+# Narrowing: the fields a user knows, with conventions="infer"
+
+
+def test_known_fields_agreeing_with_the_behaviour_are_confirmed() -> None:
+    report = audit_attention(cands.naive_attention, conventions="infer", max_examples=5, dtypes=(torch.float64,),
+                             known={"causal_alignment": "top-left", "layout": "bhtd"})
+    assert report.passed, report.table()
+    assert any(line.startswith("  causal_alignment = 'top-left': known (given), confirmed: is_causal=True")
+               for line in report.inferred), report.inferred
+
+
+def test_a_known_field_the_behaviour_contradicts_fails_with_its_witness() -> None:
+    report = audit_attention(cands.naive_attention, conventions="infer", max_examples=5, dtypes=(torch.float64,),
+                             known={"causal_alignment": "bottom-right"})
+    assert report.status("conventions") == "FAIL"
+    row = next(r for r in report.results if r.name == "conventions" and r.status == "FAIL")
+    assert row.message.startswith("causal_alignment: known causal_alignment='bottom-right'; behaves as 'top-left': "
+                                  "is_causal=True, t=2, s=4: query i sees keys j <= i"), row.message
+    assert row.repro is not None
+    assert "Example(b=1, h=2, g=2, t=2, s=4" in row.repro
+    # the other checks audit the behaviour (top-left), so only the contradiction fails
+    assert [r.name for r in report.results if r.status == "FAIL"] == ["conventions"]
+
+
+def test_known_fields_that_only_narrow_what_is_drawn() -> None:
+    inference = infer_conventions(cands.naive_attention, fully_masked="any", supports_mask=False)
+    assert inference.findings == []
+    assert inference.conventions.fully_masked == "any"  # behaves as "nan": "any" is the looser declaration
+    assert "narrows what is drawn; behaves as 'nan'" in inference.evidence["fully_masked"].seen
+    report = audit_attention(cands.naive_attention, conventions="infer", max_examples=4, dtypes=(torch.float64,),
+                             known={"supports_mask": False})
+    assert report.passed
+    assert report.status("masking") == "SKIP"
+
+
+def test_known_fields_with_a_planted_bug_and_constraints() -> None:
+    # a causal mask off by one matches no alignment: knowing the alignment does not explain the bug away
+    report = audit_attention(cands.causal_off_by_one, conventions="infer", max_examples=5, dtypes=(torch.float64,),
+                             known={"causal_alignment": "top-left"})
+    assert report.status("conventions") == "FAIL"
+    assert not report.passed
+    # constraints ride along with known fields
+    inference = infer_conventions(cands.self_attention_only, self_attention=True, equal_head_sizes=True,
+                                  layout="bthd")
+    assert inference.conventions.self_attention
+    assert inference.conventions.layout == "bthd"
+    assert inference.evidence["layout"].value == "bthd"
+
+
+def test_known_fields_of_a_module() -> None:
+    pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    from typed_transformer.audit import audit_module, hf_build, hf_spec
+    from typed_transformer.strategies import randomize_parameters
+
+    module = randomize_parameters(hf_build(LlamaAttention), 0)
+    report = audit_module(module, hf_spec(module), conventions="infer", checks=["reference"], max_examples=3,
+                          dtypes=(torch.float32,), known={"causal_alignment": "bottom-right", "fully_masked": "zero"})
+    failing = [r.message for r in report.results if r.name == "conventions" and r.status == "FAIL"]
+    assert len(failing) == 1
+    assert failing[0].startswith("fully_masked: known fully_masked='zero'; behaves as 'any'"), failing
+    assert any("causal_alignment = 'bottom-right': known (given), confirmed" in line for line in report.inferred)
+

@@ -100,6 +100,19 @@ def _replace(name: str, value: Tensor) -> Callable[[dict[str, Tensor], dict[str,
     return lambda tensors, metadata: tensors.update({name: value})
 
 
+def _retype(name: str, dtype: torch.dtype) -> Callable[[dict[str, Tensor], dict[str, str]], object]:
+    return lambda tensors, metadata: tensors.update({name: tensors[name].to(dtype)})
+
+
+def _group(key: str, value: Any) -> Callable[[dict[str, Tensor], dict[str, str]], object]:
+    def change(tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+        optimizer = json.loads(metadata["optimizer"])
+        optimizer["param_groups"][0][key] = value
+        metadata["optimizer"] = json.dumps(optimizer)
+
+    return change
+
+
 # Each corruption is re-signed (a valid hash), so only the field validation can catch it.
 CORRUPTIONS: list[tuple[str, Callable[[dict[str, Tensor], dict[str, str]], object], str]] = [
     ("iteration -5", _set("iteration", "-5"), "iteration must be a non-negative integer, got '-5'"),
@@ -140,6 +153,35 @@ CORRUPTIONS: list[tuple[str, Callable[[dict[str, Tensor], dict[str, str]], objec
      "random-number state rng.torch is torch.float32"),
     ("RNG name", _replace("rng.cuda", torch.zeros(7, dtype=torch.uint8)), "unknown random-number state rng.cuda"),
     ("stray tensor", _replace("extra.x", torch.zeros(1)), "unexpected tensor extra.x"),
+    # dtypes: torch's load_state_dict would cast each of these silently
+    ("int32 weight", _retype("model.ln_f.weight", torch.int32),
+     "weight ln_f.weight is torch.int32, expected torch.float32 (the dtype of tok_emb.weight; a model holds one "
+     "dtype)"),
+    ("float64 weight", _retype("model.blocks.0.attn.in_proj.weight", torch.float64),
+     "weight blocks.0.attn.in_proj.weight is torch.float64, expected torch.float32"),
+    ("integer model", _retype("model.tok_emb.weight", torch.int64),
+     "weight tok_emb.weight is torch.int64, expected a floating-point dtype (torch.float32, torch.float64, "),
+    ("int64 step", _retype("optim.0.step", torch.int64),
+     "optimizer tensor 0.step is torch.int64, expected torch.float32 or torch.float64 (AdamW's step count is a float "
+     "tensor)"),
+    ("int exp_avg", _retype("optim.2.exp_avg", torch.int32),
+     "optimizer tensor 2.exp_avg is torch.int32, expected torch.float32 (the dtype of its parameter)"),
+    ("half exp_avg_sq", _retype("optim.1.exp_avg_sq", torch.float16),
+     "optimizer tensor 1.exp_avg_sq is torch.float16, expected torch.float32"),
+    # AdamW's invariants
+    ("negative exp_avg_sq", lambda t, m: t.update({"optim.1.exp_avg_sq": -t["optim.1.exp_avg_sq"] - 1.0}),
+     "optimizer tensor 1.exp_avg_sq holds a negative value ("),
+    ("step 0", _replace("optim.0.step", torch.tensor(0.0)),
+     "optimizer tensor 0.step is 0, expected a whole number >= 1 (the number of steps taken)"),
+    ("step 2.5", _replace("optim.0.step", torch.tensor(2.5)), "optimizer tensor 0.step is 2.5, expected a whole"),
+    ("unknown state tensor", _replace("optim.0.momentum_buffer", torch.zeros(1)),
+     "optimizer tensor 0.momentum_buffer is not part of AdamW's state"),
+    ("state field", lambda t, m: m.update(optimizer=json.dumps({**json.loads(m["optimizer"]),
+                                                               "state": {"0": {"lr_scale": 2}}})),
+     "optimizer state of parameter 0 has the unknown field 'lr_scale'"),
+    ("negative lr", _group("lr", -1.0), "optimizer param_groups: Invalid learning rate: -1.0"),
+    ("beta 1.5", _group("betas", [1.5, 0.99]), "optimizer param_groups: Invalid beta parameter at index 0: 1.5"),
+    ("eps", _group("eps", -1e-8), "optimizer param_groups: Invalid epsilon value: -1e-08"),
 ]
 
 
@@ -155,6 +197,35 @@ def test_a_weight_of_the_wrong_shape(saved: Path, tmp_path: Path) -> None:
     path = rewrite(saved, tmp_path / "bad.safetensors", _replace("model.ln_f.weight", torch.ones(3)))
     assert refused(path).startswith("weights do not fit the model (Error(s) in loading state_dict for GPT: "
                                     "size mismatch for ln_f.weight")
+
+
+def test_checkpoint_bytes_bounds_the_real_file_within_64_kib(saved: Path, data: TextData, tmp_path: Path) -> None:
+    from typed_transformer.checkpoint import checkpoint_bytes
+
+    checkpoint = load_checkpoint(saved)
+    size = saved.stat().st_size
+    estimate = checkpoint_bytes(checkpoint.model, evaluations=len(checkpoint.history))
+    assert size <= estimate <= size + 2**16
+    torch.manual_seed(0)  # a larger model, many evaluations, no optimizer state
+    model = GPT(GPTConfig(vocab_size=data.tokenizer.vocab_size, block_size=32, n_layer=3, n_head=4, n_embd=64))
+    history = [{"iter": i, "train": 1.0 + 1 / (i + 3), "val": 2.0 + 1 / (i + 7)} for i in range(400)]
+    path = save_checkpoint(tmp_path, model, data.tokenizer, iteration=400, history=history)
+    estimate = checkpoint_bytes(model, evaluations=400, optimizer=False)
+    assert path.stat().st_size <= estimate <= path.stat().st_size + 2**16
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_a_model_saved_in_another_floating_dtype_loads_in_it_bit_for_bit(dtype: torch.dtype, data: TextData,
+                                                                         tmp_path: Path) -> None:
+    """Never a silent cast: a model saved in float64 (or bfloat16) comes back in float64, every bit as saved
+    (it came back in float32 before)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=data.tokenizer.vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=8)).to(dtype)
+    loaded = load_checkpoint(save_checkpoint(tmp_path, model, data.tokenizer)).model
+    assert {p.dtype for p in loaded.parameters()} == {dtype}
+    for name, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    assert loaded.lm_head.weight is loaded.tok_emb.weight  # still tied
 
 
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])

@@ -150,9 +150,14 @@ def test_audit_infer_from_the_command_line(capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     assert code == 0, out
     assert "  causal_alignment = 'bottom-right': is_causal=True, t=2, s=4" in out
-    # declaring and inferring at once is refused in one line
-    assert main(["audit", "tests._audit_candidates:bthd_attention", "--infer", "--layout", "bthd"]) == 2
-    assert capsys.readouterr().err.strip().endswith("(give one or the other)")
+    # conventions flags beside --infer are what the user knows: confirmed, or a FAIL with the witness
+    assert main(["audit", "tests._audit_candidates:bthd_attention", "--infer", "--layout", "bthd", *QUICK,
+                 "--dtypes", "float64", "--checks", "reference"]) == 0
+    assert "  layout = 'bthd': known (given), confirmed: h=2, t=3, s=4" in capsys.readouterr().out
+    assert main(["audit", "tests._audit_candidates:bthd_attention", "--infer", "--causal-alignment", "top-left",
+                 *QUICK, "--dtypes", "float64", "--checks", "reference"]) == 1
+    assert ("causal_alignment: known causal_alignment='top-left'; behaves as 'bottom-right': is_causal=True, t=2, "
+            "s=4") in capsys.readouterr().out
 
 
 def test_audit_a_hugging_face_class_with_zero_lines_of_spec(capsys: pytest.CaptureFixture[str]) -> None:

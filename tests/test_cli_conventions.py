@@ -165,3 +165,53 @@ def test_audit_of_a_module_that_exits_while_imported(tmp_path: Path, capsys: pyt
                                                  "importing it called sys.exit(3)")
 
 
+
+
+def test_the_train_flags_are_the_config_dataclasses_fields() -> None:
+    """One source of truth: every config field with help text is a ``train`` flag with that help, under its
+    name (or its ``flag`` name), and the presets are gpt.PRESETS'."""
+    from dataclasses import fields
+
+    import typed_transformer.cli as cli
+    from typed_transformer.config import PRESET_TRAINING, TrainConfig
+    from typed_transformer.gpt import PRESETS, GPTConfig
+
+    train = dict(_parsers(build_parser(), "typed-transformer"))["typed-transformer train"]
+    by_dest = {action.dest: action for action in train._actions}
+    flagged = [(cls, f) for cls in (GPTConfig, TrainConfig, cli.TrainCommand) for f in fields(cls)
+               if "help" in f.metadata]
+    assert len(flagged) == len(by_dest) - 1  # all but --help
+    for cls, f in flagged:
+        action = by_dest[f.name]
+        assert action.option_strings[0] == "--" + f.metadata.get("flag", f.name).replace("_", "-")
+        assert f.name == "preset" or action.help == f.metadata["help"]
+        assert action.default == (f.default if cls is cli.TrainCommand else None)  # None: the preset's value
+    assert by_dest["preset"].choices == list(PRESETS)
+    assert set(PRESET_TRAINING) == set(PRESETS)
+    described = dict(part.split(": ", 1) for part in (by_dest["preset"].help or "").split("; "))
+    assert described.pop("other settings") == "the flags' defaults"
+    assert [name.removesuffix(" (default)") for name in described] == list(PRESETS)
+    for name, settings in described.items():  # every setting of each preset, from PRESETS and PRESET_TRAINING
+        preset = name.removesuffix(" (default)")
+        assert settings.split(", ") == [f"{key} {value:g}" if type(value) is float else f"{key} {value}"
+                                        for key, value in {**PRESETS[preset], **PRESET_TRAINING[preset]}.items()]
+    for module in ("cli.py", "_options.py"):  # no argparse private API
+        source = (Path(cli.__file__).parent / module).read_text(encoding="utf-8")
+        assert "_actions" not in source
+        assert "_SubParsersAction" not in source
+    assert not hasattr(cli, "MODEL_FLAGS")
+    assert not hasattr(cli, "TRAIN_FLAGS")
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--peak-flops", "inf", "argument --peak-flops: expected a positive finite number, got 'inf'"),
+    ("--threads", "0", "argument --threads: expected a positive integer or auto, got '0'"),
+    ("--positional", "spiral", "argument --positional: invalid choice: 'spiral' (choose from learned, sinusoidal, "
+                               "rope, alibi)"),
+    ("--dropout", "1", "argument --dropout: expected a number in [0, 1), got '1'"),
+])
+def test_generated_flags_keep_the_one_line_messages(flag: str, value: str, message: str, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["train", flag, value, "--out", str(tmp_path / "run")]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"typed-transformer train: error: {message.split(' (choose')[0]}")

@@ -381,3 +381,82 @@ def test_generate_from_exploded_but_finite_weights_is_one_line(trained: tuple[Pa
         "typed-transformer: error: GPT.generate: the model's logits hold NaN or infinity, so no token can be drawn: "
         "its weights are finite but so large that the activations overflow (weights that exploded in a training run "
         "that diverged)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checkpoints whose contents cannot be right: the cause named, the checkpoint kept
+# ---------------------------------------------------------------------------------------------------
+
+LIMITED_MEMORY = """import resource, sys
+limit = 3 * 2**29  # address space: torch and a small model fit, a model of 2000 baby layers (1.6 GB) does not
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+from typed_transformer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("command", ["generate", "train"])
+def test_a_config_asking_for_2000_layers_is_named_not_out_of_memory(command: str, copy: tuple[Path, Path],
+                                                                    tmp_path: Path) -> None:
+    """The config of a re-signed checkpoint asks for 2000 layers beside the file's 4: the model is never
+    allocated (it would need 1.6 GB; under a 1.5 GiB limit that was "out of memory: lower --batch-size")."""
+    import json
+
+    text, out = copy
+    path = out / CHECKPOINT_NAME
+    rewrite(path, path, lambda t, m: m.update(model_config=json.dumps({**json.loads(m["model_config"]),
+                                                                       "n_layer": 2000})))
+    before = path.read_bytes()
+    argv = (["generate", "--checkpoint", str(path), "--max-new-tokens", "2"] if command == "generate" else
+            ["train", "--data", str(text), "--out", str(out), "--resume", "--max-iters", "20", *TINY])
+    done = subprocess.run([sys.executable, "-c", LIMITED_MEMORY, *argv], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    assert one_line(done.stderr).startswith(f"typed-transformer: error: {path}: weights do not fit the model "
+                                            "(missing ['blocks.4.ln_1.weight'")
+    assert path.read_bytes() == before
+
+
+def test_a_model_that_fits_its_file_but_not_the_memory_says_so(trained: tuple[Path, Path], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import typed_transformer.checkpoint as checkpoint_module
+    from typed_transformer.gpt import GPT
+
+    class NoMemory(GPT):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if torch.empty(0).device.type != "meta":  # the real model (its fit is checked on the meta device)
+                raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
+                                   "memory: you tried to allocate 14155776000 bytes. Error code 12")
+            super().__init__(*args, **kwargs)
+
+    _, out = trained
+    monkeypatch.setattr(checkpoint_module, "GPT", NoMemory)
+    assert main(["generate", "--checkpoint", str(out / CHECKPOINT_NAME)]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"typed-transformer: error: {out / CHECKPOINT_NAME}: out of memory building its model (")
+    assert line.endswith(" GiB of float32 weights)")
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    (lambda t, m: t.update({"model.ln_f.weight": t["model.ln_f.weight"].to(torch.int32)}),
+     "weight ln_f.weight is torch.int32, expected torch.float32"),
+    (lambda t, m: t.update({"optim.0.exp_avg_sq": -t["optim.0.exp_avg_sq"] - 1.0}),
+     "optimizer tensor 0.exp_avg_sq holds a negative value"),
+    (lambda t, m: t.update({"optim.0.step": t["optim.0.step"].to(torch.int64)}),
+     "optimizer tensor 0.step is torch.int64, expected torch.float32 or torch.float64"),
+], ids=["int32 weight", "negative exp_avg_sq", "int64 step"])
+def test_resuming_a_re_signed_checkpoint_of_the_wrong_dtype_or_invariant(change: Any, words: str,
+                                                                          copy: tuple[Path, Path],
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Each of these loaded before (torch cast the int32 weight and the int64 step silently; the resumed run reported
+    a loss of 606728896, or a negative exp_avg_sq as "training diverged"): one line, exit 2, checkpoint kept."""
+    text, out = copy
+    path = out / CHECKPOINT_NAME
+    rewrite(path, path, change)
+    before = path.read_bytes()
+    capsys.readouterr()
+    assert main(["train", "--data", str(text), "--out", str(out), "--resume", "--max-iters", "20", *TINY]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"typed-transformer: error: {path}: corrupt checkpoint ({words}")
+    assert path.read_bytes() == before

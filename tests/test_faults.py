@@ -313,6 +313,56 @@ def test_a_full_disk_fails_with_one_line_and_keeps_the_checkpoint(text: Path, tm
     assert temporaries(out) == []
 
 
+def _free(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
+    import shutil
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=free))
+
+
+def test_too_little_free_space_is_refused_before_the_first_step(text: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk without room for two checkpoints is found before training (it was found at the first save, up to
+    250 iterations in): one line, exit 2, nothing written, the last checkpoint kept."""
+    out = tmp_path / "run"
+    assert main(argv(text, out, "--max-iters", "2")) == 0
+    before = (out / CHECKPOINT_NAME).read_bytes()
+    _free(monkeypatch, 4096)
+    for extra in (["--resume"], ["--overwrite"]):
+        capsys.readouterr()
+        assert main(argv(text, out, "--max-iters", "4", *extra)) == 2
+        err = capsys.readouterr().err
+        assert "iter " not in err  # no step was taken
+        last = err.splitlines()[-1]
+        assert last.startswith(f"typed-transformer: error: {out}: not enough free space for the run's checkpoints: "
+                               f"4.0 KiB free, ")
+        assert last.endswith("; free some space or choose another --out")
+        assert "Traceback" not in err
+        assert (out / CHECKPOINT_NAME).read_bytes() == before
+        assert temporaries(out) == []
+    fresh = tmp_path / "fresh"
+    assert main(argv(text, fresh)) == 2
+    assert not (fresh / CHECKPOINT_NAME).exists()
+
+
+def test_the_space_check_asks_for_two_checkpoints_and_the_plot_less_what_is_there(
+        text: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typed_transformer.checkpoint import PLOT_ROOM, RunDirectoryError, checkpoint_bytes, require_free_space
+
+    out = tmp_path / "run"
+    assert main(argv(text, out, "--max-iters", "2")) == 0
+    model = load_checkpoint(out / CHECKPOINT_NAME).model
+    one = checkpoint_bytes(model, evaluations=5)
+    present = (out / CHECKPOINT_NAME).stat().st_size + (out / "loss.png").stat().st_size
+    needed = 2 * one + PLOT_ROOM - present
+    _free(monkeypatch, needed)
+    require_free_space(out, model, evaluations=5)  # exactly enough
+    _free(monkeypatch, needed - 1)
+    with pytest.raises(RunDirectoryError, match="not enough free space"):
+        require_free_space(out, model, evaluations=5)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Signals
 # ---------------------------------------------------------------------------------------------------

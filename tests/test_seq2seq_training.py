@@ -211,3 +211,114 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_checkpoint(
                 "--resume"]) == 1
     assert "the loss is nan at iteration 5" in one_line(capsys.readouterr().err)
     assert (out / "checkpoint.safetensors").read_bytes() == before
+
+
+def test_a_config_file_sets_the_run_and_the_flags_override_it(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text('d-model = 16\nnhead = 2\nlayers = 1\ndim_feedforward = 32\nbatch_size = 16\neval_pairs = 20\n'
+                      'max_len = 4\nmax_iters = 2\npost_norm = true\ntask = "copy"\nthreads = "auto"\n'
+                      'no_progress = true\nlearning_rate = 0.01\n', encoding="utf-8")
+    out = tmp_path / "run"
+    assert run(["train-seq2seq", "--config", str(config), "--learning-rate", "0.003", "--out", str(out)]) == 0
+    saved = load_seq2seq(out).config
+    assert saved == Seq2SeqConfig(task="copy", d_model=16, nhead=2, layers=1, dim_feedforward=32, batch_size=16,
+                                  eval_pairs=20, max_len=4, max_iters=2, norm_first=False, learning_rate=0.003)
+    assert json.loads((out / "config.json").read_text(encoding="utf-8"))["learning_rate"] == 0.003
+
+
+@pytest.mark.parametrize(("toml", "message"), [
+    ("nheads = 2\n", "unknown key 'nheads' (known: batch_size, d_model, data, dim_feedforward, dropout, "),
+    ("nhead = 0\n", "nhead: expected an integer from 1 to 1024, got '0'"),
+    ("task = \"shuffle\"\n", "task: expected one of copy, reverse, sort, add, got 'shuffle'"),
+    ("post_norm = 1\n", "post_norm: expected true or false, got 1"),
+    ("threads = \"many\"\n", "threads: expected an integer, got 'many'"),
+    ("resume = true\n", "unknown key 'resume'"),
+])
+def test_a_bad_config_file_is_one_line(toml: str, message: str, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(toml, encoding="utf-8")
+    assert run(["train-seq2seq", "--config", str(config), "--out", str(tmp_path / "run")]) == 2
+    assert one_line(capsys.readouterr().err).startswith(f"typed-transformer: error: --config {config}: {message}")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("threads", ["1", "auto"])
+def test_threads_fixed_or_timed_on_the_steps(threads: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import typed_transformer.training as training
+    from typed_transformer.threads import apply_threads
+
+    requested: list[int | str | None] = []
+    observed: list[float] = []
+
+    class Tuner:
+        def observe(self, seconds: float) -> None:
+            observed.append(seconds)
+
+    def spy(value: int | str | None, **kwargs: Any) -> tuple[Any, Any]:
+        requested.append(value)
+        if value == "auto":
+            return None, Tuner()
+        return apply_threads(value, **kwargs)
+
+    monkeypatch.setattr(training, "apply_threads", spy)
+    before = torch.get_num_threads()
+    try:
+        assert run(["train-seq2seq", *TINY, "--max-iters", "6", "--threads", threads,
+                    "--out", str(tmp_path / "run")]) == 0
+        assert requested == [1 if threads == "1" else "auto"]
+        if threads == "1":
+            assert torch.get_num_threads() == 1
+            assert observed == []
+        else:  # the tuner sees every step (the step loop's, as train's)
+            assert len(observed) == 6
+            assert all(seconds > 0 for seconds in observed)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_threads_must_be_auto_or_a_positive_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["train-seq2seq", "--threads", "0", "--out", str(tmp_path / "run")]) == 2
+    assert one_line(capsys.readouterr().err) == ("typed-transformer train-seq2seq: error: argument --threads: "
+                                                 "expected a positive integer or auto, got '0'")
+
+
+def test_training_goes_through_the_step_loop_and_equals_a_plain_loop(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The encoder-decoder trains on the step loop that trains the GPT (one step path), and its weights equal
+    those of a plain teacher-forcing loop written here: Adam(0.9, 0.98), the warmup + cosine rate, batches and
+    dropout from (seed, iteration)."""
+    from typed_transformer import seq2seq_training
+    from typed_transformer.training import StepLoop
+
+    config = Seq2SeqConfig(max_len=4, d_model=16, nhead=2, layers=1, dim_feedforward=32, batch_size=8, max_iters=12,
+                           eval_pairs=10, eval_interval=5, dropout=0.1)
+    steps: list[str] = []
+    step = StepLoop.step
+
+    def counted(self: StepLoop[Any], interrupt: Any) -> float:
+        steps.append(type(self).__name__)
+        return step(self, interrupt)
+
+    monkeypatch.setattr(StepLoop, "step", counted)
+    result = train_seq2seq(config, tmp_path / "run", log=io.StringIO(), threads=1)
+    assert steps == ["Seq2SeqTrainer"] * 12
+    assert [h["iter"] for h in result.history] == [5, 10, 12]
+
+    vocab, _, _ = seq2seq_training._data(config)
+    torch.manual_seed(config.seed)
+    model = seq2seq_training.build_model(config, vocab).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.98), eps=1e-9)
+    for iteration in range(config.max_iters):
+        for group in optimizer.param_groups:
+            group["lr"] = seq2seq_training.learning_rate(config, iteration)
+        torch.manual_seed(config.seed * 1_000_003 + iteration)
+        src, tgt = encode_pairs(vocab, make_pairs("reverse", config.batch_size, min_len=1, max_len=4, vocab=10,
+                                                  seed=config.seed * 1_000_003 + iteration))
+        logits = model(src, tgt[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD)
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+    for (name, a), b in zip(model.state_dict().items(), result.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name

@@ -5,7 +5,7 @@ A dataclass field becomes a flag when its metadata holds ``help``; the rest of i
 - ``flag``: the flag's name when it is not the field's (``learning_rate`` is ``--lr``);
 - ``range``: ``(low, high)`` of an integer, both included; ``interval``: ``"(0, 1]"`` of a float, with ``noun``
   naming what is wanted ("a learning rate"); ``parse``: any other ``text -> value`` (raising
-  ``argparse.ArgumentTypeError``);
+  ``argparse.ArgumentTypeError``; with ``numeric: True`` a config file must give a number, not a string);
 - ``choices``: the allowed strings (default: the field's ``Literal``); ``group``: the ``--help`` section;
 - ``exclusive``: a mutually exclusive group's name; ``store``: a plain switch storing that value (``True``:
   ``--resume``; ``False``: ``--post-norm`` clears ``norm_first``); other ``bool`` fields get ``--x/--no-x``;
@@ -125,7 +125,7 @@ def _flag(name: str, annotation: Any, meta: dict[str, Any], default: Any) -> Fla
     if base is Path:
         return Flag(kind="path", **common)
     if "parse" in meta:
-        return Flag(kind="parse", parse=meta["parse"], **common)
+        return Flag(kind="number" if meta.get("numeric") else "parse", parse=meta["parse"], **common)
     if "range" in meta:
         return Flag(kind="number", parse=int_in(*meta["range"]), **common)
     if "interval" in meta:

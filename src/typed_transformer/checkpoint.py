@@ -31,6 +31,7 @@ import json
 import math
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +46,7 @@ from ._paths import temporary_path
 from .config import TrainConfig
 from .data import CharTokenizer, DataError
 from .gpt import GPT, GPTConfig
-from .shapecheck import shape_checked, typechecked
+from .shapecheck import PARAMETER_DTYPES, shape_checked, typechecked
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -53,8 +54,10 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "RunDirectoryError",
+    "checkpoint_bytes",
     "load_checkpoint",
     "remove_temporaries",
+    "require_free_space",
     "run_directory",
     "save_checkpoint",
     "temporary_path",
@@ -200,6 +203,62 @@ def run_directory(directory: str | Path) -> Iterator[Path]:
     finally:
         if fd >= 0:
             release_lock(lock, fd)  # removes .lock (still locked) and closes it, which releases the lock
+
+
+# ---------------------------------------------------------------------------------------------------
+# Free space, before the first step
+# ---------------------------------------------------------------------------------------------------
+
+#: Room for the loss plot (``loss.png``, tens of KiB) and its temporary copy while it is replaced.
+PLOT_ROOM = 2**20
+
+
+def checkpoint_bytes(model: GPT, *, evaluations: int, optimizer: bool = True) -> int:
+    """An upper bound of the size of ``model``'s checkpoint file, with AdamW's state (two tensors of each
+    parameter's size and a step count) and a history of ``evaluations`` entries; within 64 KiB of the real size.
+
+    The file is the tensors' bytes plus a JSON header (a line per tensor, the metadata fields); the header is
+    bounded generously here, the tensors exactly.
+    """
+    tensors = [v for k, v in model.state_dict().items() if not (model.config.tie_weights and k == "lm_head.weight")]
+    size: int = sum(v.numel() * v.element_size() for v in tensors)
+    count = len(tensors) + 2  # the two random-number states
+    size += 2 * torch.Generator().get_state().numel()
+    if optimizer:
+        parameters = [p for group in model.parameter_groups(0.0) for p in group["params"]]
+        size += sum(2 * p.numel() * p.element_size() + 8 for p in parameters)
+        count += 3 * len(parameters)
+    header = 200 * count + 100 * evaluations + 12 * model.config.vocab_size + 2 * 2**14
+    return size + header
+
+
+def require_free_space(directory: Path, model: GPT, *, evaluations: int) -> None:
+    """Refuse to train into ``directory`` when its file system cannot hold the run's checkpoints: a save writes
+    the new checkpoint beside the last one before replacing it, so two checkpoints (and the loss plot) must fit,
+    less what the files already there take. Found before the first step instead of at the first save, which
+    may be hundreds of iterations in. (Quotas and other writers can still fill the disk later: a failed save
+    keeps the last checkpoint, see :func:`write_atomically`.)
+
+    Raises:
+        RunDirectoryError: not enough free space (one line: free, needed, per checkpoint).
+    """
+    import shutil
+
+    one = checkpoint_bytes(model, evaluations=evaluations)
+    present = sum(p.stat().st_size for p in (directory / CHECKPOINT_NAME, directory / "loss.png") if p.is_file())
+    needed = 2 * one + PLOT_ROOM - present
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise RunDirectoryError(f"{directory}: not enough free space for the run's checkpoints: {_size(free)} free, "
+                                f"{_size(needed)} needed (a checkpoint takes {_size(one)}; a save writes the new one "
+                                "beside the last before replacing it); free some space or choose another --out")
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -378,7 +437,8 @@ def _optimizer_state(tensors: dict[str, Tensor], meta: Any, model: GPT) -> dict[
     if not isinstance(meta, dict) or not isinstance(meta.get("param_groups"), list) \
             or not isinstance(meta.get("state"), dict):
         raise ValueError("optimizer metadata must hold param_groups and state")
-    shapes = [p.shape for group in model.parameter_groups(0.0) for p in group["params"]]
+    parameters = [p for group in model.parameter_groups(0.0) for p in group["params"]]
+    shapes, dtypes = [p.shape for p in parameters], [p.dtype for p in parameters]
     listed: list[Any] = []
     groups = []
     for group in meta["param_groups"]:
@@ -387,31 +447,77 @@ def _optimizer_state(tensors: dict[str, Tensor], meta: Any, model: GPT) -> dict[
         listed += group["params"]
         # JSON has no tuples; AdamW's betas (and similar pairs) were tuples when saved.
         groups.append({k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in group.items()})
+        _check_adamw_group(groups[-1])
     if not all(isinstance(i, int) for i in listed) or sorted(listed) != list(range(len(shapes))):
         raise ValueError(f"optimizer param_groups do not list the model's {len(shapes)} parameters once each")
     state: dict[int, dict[str, Any]] = {}
     for index, entry in meta["state"].items():
         if not (isinstance(index, str) and index.isdigit() and int(index) < len(shapes)) or not isinstance(entry, dict):
             raise ValueError(f"optimizer state for unknown parameter {index!r}")
-        state[int(index)] = dict(entry)
+        if entry:  # AdamW's state is tensors only
+            raise ValueError(f"optimizer state of parameter {index} has the unknown field {sorted(entry)[0]!r}")
+        state[int(index)] = {}
     for name, value in tensors.items():
         if name.startswith("optim."):
             parts = name.split(".", 2)
             if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) not in state:
                 raise ValueError(f"optimizer tensor {name} belongs to no parameter")
             state[int(parts[1])][parts[2]] = value
+    amsgrad = {i for group in groups if group.get("amsgrad") for i in group["params"]}
     for index, entry in state.items():
-        for key, expected in (("exp_avg", shapes[index]), ("exp_avg_sq", shapes[index]), ("step", torch.Size())):
-            found = entry.get(key)
-            if not isinstance(found, Tensor):
-                raise ValueError(f"optimizer state of parameter {index} lacks the tensor {key}")
-            value = found
-            if value.shape != expected or not value.is_floating_point():
-                raise ValueError(f"optimizer tensor {index}.{key} has shape {tuple(value.shape)}, "
-                                 f"expected {tuple(expected)}")
-            if not bool(torch.isfinite(value).all()):
-                raise ValueError(f"optimizer tensor {index}.{key} holds NaN or infinity")
+        _check_adamw_state(index, entry, shapes[index], dtypes[index], index in amsgrad)
     return {"state": state, "param_groups": groups}
+
+
+def _check_adamw_group(group: dict[str, Any]) -> None:
+    """A param group's settings, checked by AdamW's own constructor (learning rate, betas, eps, weight decay)."""
+    import inspect
+
+    accepted = set(inspect.signature(torch.optim.AdamW).parameters) - {"params"}
+    settings = {k: v for k, v in group.items() if k in accepted}
+    try:
+        torch.optim.AdamW([torch.zeros(1)], **settings)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"optimizer param_groups: {str(err).splitlines()[0]}") from None
+
+
+#: The dtypes of AdamW's step count (torch keeps it as a float tensor: float64 when that is the default dtype).
+STEP_DTYPES = (torch.float32, torch.float64)
+
+
+def _check_adamw_state(index: int, entry: dict[str, Any], shape: torch.Size, dtype: torch.dtype,
+                       amsgrad: bool) -> None:
+    """One parameter's AdamW state: exactly its tensors, each of the right dtype (checked first: torch's
+    ``load_state_dict`` would cast it silently) and shape, finite, and within AdamW's invariants: ``step`` a
+    whole number >= 1 (the bias corrections divide by ``1 - beta ** step``), ``exp_avg_sq`` (a running mean of
+    squares) >= 0."""
+    expected = {"exp_avg": shape, "exp_avg_sq": shape, "step": torch.Size()}
+    if amsgrad:
+        expected["max_exp_avg_sq"] = shape
+    for key in entry:
+        if key not in expected:
+            raise ValueError(f"optimizer tensor {index}.{key} is not part of AdamW's state")
+    for key, size in expected.items():
+        value = entry.get(key)
+        if not isinstance(value, Tensor):
+            raise ValueError(f"optimizer state of parameter {index} lacks the tensor {key}")
+        if key == "step" and value.dtype not in STEP_DTYPES:
+            raise ValueError(f"optimizer tensor {index}.step is {value.dtype}, expected torch.float32 or "
+                             "torch.float64 (AdamW's step count is a float tensor)")
+        if key != "step" and value.dtype != dtype:
+            raise ValueError(f"optimizer tensor {index}.{key} is {value.dtype}, expected {dtype} (the dtype of "
+                             "its parameter)")
+        if value.shape != size:
+            raise ValueError(f"optimizer tensor {index}.{key} has shape {tuple(value.shape)}, expected {tuple(size)}")
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"optimizer tensor {index}.{key} holds NaN or infinity")
+        if key in ("exp_avg_sq", "max_exp_avg_sq") and bool((value < 0).any()):
+            raise ValueError(f"optimizer tensor {index}.{key} holds a negative value ({float(value.min()):g}); "
+                             "it is a running mean of squared gradients")
+    step = float(entry["step"])
+    if step < 1 or step != int(step):
+        raise ValueError(f"optimizer tensor {index}.step is {step:g}, expected a whole number >= 1 (the number of "
+                         "steps taken)")
 
 
 def _validate_rng(rng: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -461,12 +567,29 @@ def _read_verified(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
     return tensors, metadata
 
 
+def _out_of_memory(err: BaseException) -> bool:
+    """A failed allocation, as torch and Python report it on CPU (``RuntimeError``) or CUDA."""
+    if isinstance(err, MemoryError | torch.OutOfMemoryError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text)
+
+
 def _model_from(tensors: dict[str, Tensor], config: GPTConfig, path: Path) -> GPT:
-    """A :class:`GPT` of ``config`` holding the ``model.`` tensors, which must fit it exactly and be finite."""
-    model = GPT(config)
+    """A :class:`GPT` of ``config`` holding the ``model.`` tensors, which must fit it exactly (names, shapes,
+    one floating-point dtype: never a silent cast) and be finite.
+
+    The fit is checked on a model built on the ``meta`` device (no memory), so a config that asks for a model
+    far larger than the weights in the file (``n_layer`` 2000 beside one layer's weights) is refused as what it
+    is, not after trying to allocate it; a model that fits the file but not the memory is named as such.
+    """
+    with torch.device("meta"):
+        reference = GPT(config)
     weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     try:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
+        with warnings.catch_warnings():  # torch says that copying into meta tensors copies nothing: the point here
+            warnings.filterwarnings("ignore", message=".*to a meta parameter", category=UserWarning)
+            missing, unexpected = reference.load_state_dict(weights, strict=False)  # names and shapes
     except RuntimeError as err:  # a shape mismatch
         message = " ".join(str(err).split())
         raise CheckpointError(f"{path}: weights do not fit the model ({message[:200]})") from None
@@ -475,9 +598,27 @@ def _model_from(tensors: dict[str, Tensor], config: GPTConfig, path: Path) -> GP
     if missing or unexpected:
         raise CheckpointError(f"{path}: weights do not fit the model (missing {missing[:3]}, "
                               f"unexpected {unexpected[:3]})")
+    first = "tok_emb.weight"
+    dtype = weights[first].dtype
+    if dtype not in PARAMETER_DTYPES:
+        raise ValueError(f"weight {first} is {dtype}, expected a floating-point dtype "
+                         f"({', '.join(str(d) for d in PARAMETER_DTYPES)})")
     for name, value in weights.items():
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        if value.dtype != dtype:
+            raise ValueError(f"weight {name} is {value.dtype}, expected {dtype} (the dtype of {first}; a model "
+                             "holds one dtype)")
+        if not bool(torch.isfinite(value).all()):
             raise ValueError(f"weight {name} holds NaN or infinity")
+    try:
+        model = GPT(config).to(dtype)
+        model.load_state_dict(weights, strict=False)
+    except (RuntimeError, MemoryError) as err:
+        if not _out_of_memory(err):
+            raise
+        size = sum(v.numel() * v.element_size() for v in weights.values())
+        raise CheckpointError(f"{path}: out of memory building its model ({config.n_layer} layers, "
+                              f"{reference.num_parameters(non_embedding=False):,} parameters, {size / 2**30:.2f} GiB "
+                              f"of {str(dtype).removeprefix('torch.')} weights)") from None
     return model
 
 

@@ -95,7 +95,7 @@ class TrainCommand:
         "group": "scale and speed"})
     peak_flops: float | None = field(default=None, metadata={
         "help": "one process's peak FLOP/s for the MFU figure (default: a float32 matmul measured at start)",
-        "interval": "(0, inf)", "noun": "a positive finite number", "group": "scale and speed"})
+        "parse": _positive_float, "numeric": True, "group": "scale and speed"})
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,8 @@ def _audit_parser(commands: Any) -> None:
     audit.add_argument("--infer", action="store_true",
                        help="infer the conventions from the candidate's behaviour instead of declaring them (a "
                             "module's behavioural ones; its --spec says where the weights live); the report "
-                            "starts with them and the input that decided each")
+                            "starts with them and the input that decided each. Conventions flags given with it "
+                            "are what you know: inference does the rest and a contradiction FAILs with its witness")
     audit.add_argument("--checks", default=None, help="comma-separated subset of the checks")
     audit.add_argument("--dtypes", default="float32,float64", help="comma-separated (default float32,float64)")
     audit.add_argument("--max-examples", type=_positive_int, default=20,
@@ -790,8 +791,20 @@ def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, optio
     options = {**options, "setup": _module_setup(args, config)}
     name = f"{target} (spec {spec.name})"
     if args.infer:
-        return audit_module(module, spec, conventions="infer", name=name, **options)
+        known = {} if args.fully_masked is None else {"fully_masked": args.fully_masked}
+        return audit_module(module, spec, conventions="infer", name=name, known=known, **options)
     return audit_module(module, spec, fully_masked=args.fully_masked, name=name, **options)
+
+
+def _known(args: argparse.Namespace, changed: list[str]) -> dict[str, Any]:
+    """The conventions flags given with --infer, as fields the user knows (checked against the behaviour)."""
+    fields = {"no_mask": ("supports_mask", False), "no_causal": ("supports_causal", False),
+              "no_mask_with_causal": ("mask_with_causal", False), "no_autograd": ("supports_autograd", False),
+              "gqa": ("supports_gqa", True)}
+    known = dict(fields[name] if name in fields else (name, getattr(args, name)) for name in changed)
+    if args.fully_masked is not None:
+        known["fully_masked"] = args.fully_masked
+    return known
 
 
 def _audit(args: argparse.Namespace) -> int:
@@ -817,11 +830,6 @@ def _audit(args: argparse.Namespace) -> int:
                      "even_head_size": False, "no_mask": False, "no_causal": False, "no_mask_with_causal": False,
                      "decode_sees_all": False, "no_autograd": False}
     changed = [name for name, default in function_only.items() if getattr(args, name) != default]
-    if args.infer and changed:
-        return _fail(f"--{changed[0].replace('_', '-')} declares a convention; --infer decides them from the "
-                     f"candidate's behaviour (give one or the other)")
-    if args.infer and args.fully_masked is not None:
-        return _fail("--fully-masked declares a convention; --infer decides it from the candidate's behaviour")
     if args.module is not None and changed:
         return _fail(f"--{changed[0].replace('_', '-')} describes a candidate function; a module's conventions come "
                      f"from its --spec")
@@ -844,8 +852,9 @@ def _audit(args: argparse.Namespace) -> int:
             report = _audit_a_module(args, candidate, target, options)
             if isinstance(report, str):
                 return _fail(report)
-        elif args.infer:
-            report = audit_attention(candidate, conventions="infer", name=target, **options)
+        elif args.infer:  # the conventions flags given beside --infer are what the user knows
+            report = audit_attention(candidate, conventions="infer", name=target, known=_known(args, changed),
+                                     **options)
         else:
             conventions = Conventions(
                 layout=args.layout, mask_polarity=args.mask_polarity, causal_alignment=args.causal_alignment,

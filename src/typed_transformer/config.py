@@ -38,16 +38,18 @@ PRESET_TRAINING: dict[str, dict[str, Any]] = {
 DEFAULT_PRESET = "baby"
 
 def describe_presets() -> str:
-    """The model presets in a line (``--preset``'s help), from :data:`~typed_transformer.gpt.PRESETS`."""
+    """The presets in a line (``--preset``'s help): each one's model sizes (:data:`~typed_transformer.gpt.PRESETS`)
+    and training settings (:data:`PRESET_TRAINING`); what a preset does not set is the flag's default."""
     from .gpt import PRESETS
 
     def one(name: str) -> str:
-        sizes = PRESETS[name]
-        rest = [f"{key} {value}" for key, value in sizes.items() if key not in ("n_layer", "n_head", "n_embd")]
+        settings = {**PRESETS[name], **PRESET_TRAINING.get(name, {})}
         default = " (default)" if name == DEFAULT_PRESET else ""
-        return f"{name}{default}: {sizes['n_layer']}x{sizes['n_head']}x{sizes['n_embd']}, {', '.join(rest)}"
+        return f"{name}{default}: " + ", ".join(f"{key} {value:g}" if isinstance(value, float) and not
+                                                 isinstance(value, bool) else f"{key} {value}"
+                                                 for key, value in settings.items())
 
-    return "; ".join(one(name) for name in PRESETS)
+    return "; ".join(one(name) for name in PRESETS) + "; other settings: the flags' defaults"
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class TrainConfig:
     max_iters: int = field(default=2000, metadata={"help": "optimizer steps (default 2000)", "range": (1, MAX_ITERS)})
     batch_size: int = field(default=12, metadata={"help": "default 12", "range": (1, 4096)})
     learning_rate: float = field(default=1e-3, metadata={
-        "flag": "lr", "help": "peak learning rate, decaying to a tenth (default: 3e-3 for baby, 1e-3 for seed)",
+        "flag": "lr", "help": "peak learning rate, decaying to a tenth (default 1e-3, or the preset's)",
         "interval": "(0, 1]", "noun": "a learning rate"})
     min_lr: float = 1e-4
     warmup_iters: int = 100

@@ -63,26 +63,26 @@ class GPTConfig:
     # The metadata are the command line's flags (typed_transformer._options): help text and the ranges that keep a
     # typo from asking for an allocation that takes the machine down.
     vocab_size: int
-    block_size: int = field(default=64, metadata={"help": "context length (default: preset's)", "range": (1, 8192)})
+    block_size: int = field(default=64, metadata={"help": "context length (default: the preset's)", "range": (1, 8192)})
     n_layer: int = field(default=4, metadata={"help": "transformer blocks", "range": (1, 1024), "group": _SIZE})
     n_head: int = field(default=4, metadata={"help": "must divide --n-embd", "range": (1, 65536), "group": _SIZE})
     n_kv_heads: int | None = field(default=None, metadata={
         "help": "key/value heads (grouped-query attention; must divide --n-head)", "range": (1, 65536),
         "group": _SIZE})
     n_embd: int = field(default=128, metadata={"help": "model width", "range": (1, 65536), "group": _SIZE})
-    dropout: float = field(default=0.0, metadata={"help": "default: preset's", "interval": "[0, 1)"})
+    dropout: float = field(default=0.0, metadata={"help": "default: the preset's", "interval": "[0, 1)"})
     bias: bool = field(default=False, metadata={
-        "help": "biases in the layer norms, attention output projections and feed-forward layers (default: "
-                "preset's; baby: no)", "group": _SIZE})
+        "help": "biases in the layer norms, attention output projections and feed-forward layers (default: no, "
+                "or the preset's)", "group": _SIZE})
     qkv_bias: bool | None = field(default=None, metadata={  # None: as bias
-        "help": "biases in the query/key/value projections (default: as --bias; seed preset: no)", "group": _SIZE})
+        "help": "biases in the query/key/value projections (default: as --bias, or the preset's)", "group": _SIZE})
     lm_head_bias: bool = field(default=False, metadata={
-        "help": "a bias in the output head (default: preset's; baby: no, seed: yes)", "group": _SIZE})
+        "help": "a bias in the output head (default: no, or the preset's)", "group": _SIZE})
     positional: Positional = field(default="learned", metadata={"help": "position encoding (default learned)"})
     activation: Activation = field(default="gelu", metadata={
-        "help": "feed-forward activation (default: preset's; baby: gelu, seed: relu)", "group": _SIZE})
+        "help": "feed-forward activation (default gelu, or the preset's)", "group": _SIZE})
     tie_weights: bool = field(default=True, metadata={
-        "help": "share the output head's weight with the token embedding (default: preset's; baby: yes, seed: no)",
+        "help": "share the output head's weight with the token embedding (default: yes, or the preset's)",
         "group": _SIZE})
     layer_norm_eps: float = 1e-5
 

@@ -22,6 +22,8 @@ from typing import Any, TextIO
 
 import torch
 import torch.nn.functional as F
+from jaxtyping import Int
+from torch import Tensor
 
 from .checkpoint import CHECKPOINT_NAME, CheckpointError, _digest, run_directory, write_atomically
 from .data import DataError
@@ -39,12 +41,11 @@ from .seq2seq_data import (
     read_pairs,
     split_pairs,
 )
-from .shapecheck import shape_checks
-from .threads import ThreadTuner, apply_threads
-from .training import TrainingDiverged, _Interrupt
+from .shapecheck import shape_checked, shape_checks
+from .training import StepLoop, TrainingDiverged
 from .validation import check_positive_int
 
-__all__ = ["Seq2SeqCheckpoint", "Seq2SeqConfig", "Seq2SeqResult", "evaluate_pairs", "load_seq2seq",
+__all__ = ["Seq2SeqCheckpoint", "Seq2SeqConfig", "Seq2SeqResult", "Seq2SeqTrainer", "evaluate_pairs", "load_seq2seq",
            "train_seq2seq", "translate"]
 
 FORMAT = "typed-transformer-seq2seq/1"
@@ -306,8 +307,8 @@ def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = Fals
                   threads: int | str | None = None) -> Seq2SeqResult:
     """Train per ``config`` into ``out`` (``out/checkpoint.safetensors``, ``out/config.json``), evaluating
     every ``eval_interval`` iterations and at the end; with ``resume``, go on from ``out``'s checkpoint.
-    ``threads``: a count, or ``"auto"`` (timed on the steps, :mod:`~typed_transformer.threads`); None leaves
-    torch's count alone.
+    ``on_step(iteration)`` runs after each step; ``threads``: a count, or ``"auto"`` (timed on the steps,
+    :mod:`~typed_transformer.threads`); None leaves torch's count alone.
 
     Raises:
         DataError, ValueError: unusable data or settings. CheckpointError: a bad checkpoint to resume.
@@ -325,98 +326,112 @@ def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = Fals
                             f"{previous.vocab.chars!r}")
         torch.manual_seed(config.seed)
         model = previous.model if previous is not None else build_model(config, vocab)
-        optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.98), eps=1e-9)
-        if previous is not None and previous.optimizer_state is not None:
-            optimizer.load_state_dict(previous.optimizer_state)
-        start = previous.iteration if previous is not None else 0
-        history = list(previous.history) if previous is not None else []
         (out / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n", encoding="utf-8")
         print(f"config: {config} (saved in {out / 'config.json'})", file=stream, flush=True)
         print(f"seq2seq: {sum(p.numel() for p in model.parameters()):,} parameters, vocabulary {vocab.size} "
               f"({vocab.chars!r} + pad, bos, eos), {len(held)} held-out pairs"
-              + (f", resuming at iteration {start}" if start else ""), file=stream, flush=True)
-        if threads is not None:
-            _, tuner = apply_threads(threads, log=lambda line: print(line, file=stream, flush=True))
-            if tuner is not None:
-                on_step = _timed(tuner, on_step)
-        return _loop(config, model, optimizer, vocab, train, held, out, start, history, stream, progress, on_step)
+              + (f", resuming at iteration {previous.iteration}" if previous is not None and previous.iteration
+                 else ""), file=stream, flush=True)
+        loop = _LoopSettings(config.max_iters, config.batch_size, config.seed, config.eval_interval,
+                             torch.get_num_threads() if threads is None else threads)
+        trainer = Seq2SeqTrainer(model, loop, out, config=config, vocab=vocab, pairs=train, held=held,
+                                 resume=previous, progress=progress, log=stream, on_step=on_step)
+        with shape_checks(False):
+            return trainer.run()
 
 
-def _timed(tuner: ThreadTuner, on_step: Callable[[int], None] | None) -> Callable[[int], None]:
-    """``on_step`` that also gives ``tuner`` the time of each step (from one call to the next: the step and,
-    every ``eval_interval``, an evaluation, which the tuner's drift check tolerates as one slow step)."""
-    last: list[float] = []
+@dataclass(frozen=True)
+class _LoopSettings:
+    """What the step loop reads (:class:`~typed_transformer.training.LoopSettings`): a seq2seq step is one batch
+    in float32, unclipped, saved after each evaluation."""
 
-    def step(iteration: int) -> None:
-        now = time.perf_counter()
-        if last:
-            tuner.observe(now - last[0])
-        last[:] = [now]
-        if on_step is not None:
-            on_step(iteration)
+    max_iters: int
+    batch_size: int
+    seed: int
+    eval_interval: int
+    threads: int | str
+    grad_accum: int = 1
+    grad_clip: float = 0.0
+    dtype: str = "float32"
+    compile: bool = False
+    checkpoint_interval: int = 0  # not read: Seq2SeqTrainer.before_step saves after each evaluation
 
-    return step
 
+@shape_checked
+class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
+    """The encoder-decoder's training: :class:`~typed_transformer.training.StepLoop`'s step path with teacher
+    forcing (cross-entropy over the target tokens, padding ignored), Adam with the paper's betas, the warmup +
+    cosine :func:`learning_rate`, batches and dropout drawn from ``(seed, iteration)``, and an evaluation
+    (greedy decoding of the held-out pairs) and a checkpoint every ``eval_interval`` steps. One process."""
 
-def _loop(config: Seq2SeqConfig, model: Seq2SeqTransformer, optimizer: torch.optim.Optimizer, vocab: PairVocab,
-          train: list[Pair], held: list[Pair], out: Path, start: int, history: list[dict[str, float]],
-          stream: TextIO, progress: bool, on_step: Callable[[int], None] | None) -> Seq2SeqResult:
-    bar: Any = None
-    if progress:
-        from tqdm import tqdm
+    desc = "train-seq2seq"
+    __shape_checked__ = ("next_batch",)
+    model: Seq2SeqTransformer
 
-        bar = tqdm(total=config.max_iters, initial=start, desc="train-seq2seq", unit="it", file=stream)
-    say = bar.write if bar is not None else (lambda message: print(message, file=stream, flush=True))
-    began = time.perf_counter()
-    iteration, loss_value, stopped = start, float("nan"), None
+    def __init__(self, model: Seq2SeqTransformer, loop: _LoopSettings, out: Path, *, config: Seq2SeqConfig,
+                 vocab: PairVocab, pairs: list[Pair], held: list[Pair], resume: Seq2SeqCheckpoint | None = None,
+                 progress: bool = False, log: TextIO | None = None,
+                 on_step: Callable[[int], None] | None = None) -> None:
+        self.settings, self.vocab, self.pairs, self.held = config, vocab, pairs, held
+        self.began = time.perf_counter()
+        super().__init__(model, loop, out, resume=resume, progress=progress, log=log, on_step=on_step)
 
-    def save() -> Path:
-        return save_seq2seq(out, model, vocab, config, iteration=iteration, history=history, optimizer=optimizer)
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.model.parameters(), lr=self.settings.learning_rate, betas=(0.9, 0.98), eps=1e-9)
 
-    def evaluation() -> None:
-        scores = evaluate_pairs(model, vocab, held)
-        history.append({"iter": iteration, "loss": loss_value, **scores})
-        say(f"iter {iteration:5d}: loss {loss_value:.4f}, held-out token accuracy {scores['token_accuracy']:.1%}, "
-            f"exact match {scores['exact_match']:.1%} ({time.perf_counter() - began:.1f} s)")
+    def make_loss(self) -> Callable[[Tensor, Tensor], Tensor]:
+        def loss_of(src: Tensor, tgt: Tensor) -> Tensor:
+            logits = self.net(src, tgt[:, :-1])
+            return F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD)
 
-    try:
-        with _Interrupt() as interrupt, shape_checks(False):
-            model.train()
-            while iteration < config.max_iters:
-                if iteration % config.eval_interval == 0 and iteration > start:
-                    evaluation()
-                    save()
-                if on_step is not None:
-                    on_step(iteration)
-                if interrupt.requested is not None:
-                    stopped = interrupt.requested
-                    break
-                for group in optimizer.param_groups:
-                    group["lr"] = learning_rate(config, iteration)
-                torch.manual_seed(config.seed * 1_000_003 + iteration)  # dropout: the same after a resume
-                src, tgt = encode_pairs(vocab, _batch(config, train, iteration))
-                logits = model(src, tgt[:, :-1])
-                loss = F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD)
-                if not math.isfinite(loss.item()):
-                    kept = out / CHECKPOINT_NAME
-                    raise TrainingDiverged(f"the loss is {loss.item()} at iteration {iteration}; the last finite "
-                                           f"checkpoint is kept ({kept if kept.exists() else 'none yet'})",
-                                           iteration, kept if kept.exists() else None)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()  # type: ignore[no-untyped-call]
-                optimizer.step()
-                loss_value = loss.item()
-                iteration += 1
-                if bar is not None:
-                    bar.set_postfix(loss=f"{loss_value:.4f}")
-                    bar.update(1)
-            if stopped is None and not (history and history[-1]["iter"] == iteration):
-                evaluation()
-            path = save()
-    finally:
-        if bar is not None:
-            bar.close()
-    return Seq2SeqResult(model.eval(), vocab, history, iteration, path, time.perf_counter() - began, stopped)
+        return loss_of
+
+    def learning_rate(self, iteration: int) -> float:
+        return learning_rate(self.settings, iteration)
+
+    def next_batch(self) -> tuple[Int[Tensor, "b s"], Int[Tensor, "b t"]]:
+        """A batch of pairs: sources ``(b, s)``, targets ``bos ... eos`` ``(b, t)``, padded."""
+        torch.manual_seed(self.settings.seed * 1_000_003 + self.iteration)  # dropout: the same after a resume
+        return encode_pairs(self.vocab, _batch(self.settings, self.pairs, self.iteration))
+
+    def _restore(self, resume: Seq2SeqCheckpoint) -> None:
+        if resume.optimizer_state is not None:
+            self.optimizer.load_state_dict(resume.optimizer_state)
+        self.history, self.start = list(resume.history), resume.iteration
+
+    def run(self) -> Seq2SeqResult:
+        self.began = time.perf_counter()
+        return super().run()
+
+    def before_step(self, iteration: int) -> None:
+        if iteration % self.config.eval_interval == 0 and iteration > self.start:
+            self.evaluation(iteration)
+            self.save(iteration)
+
+    def evaluation(self, iteration: int) -> None:
+        if self.history and self.history[-1]["iter"] == iteration:
+            return
+        scores = evaluate_pairs(self.model, self.vocab, self.held)
+        loss = self.losses[-1] if self.losses else float("nan")
+        self.history.append({"iter": iteration, "loss": loss, **scores})
+        self.say(f"iter {iteration:5d}: loss {loss:.4f}, held-out token accuracy {scores['token_accuracy']:.1%}, "
+                 f"exact match {scores['exact_match']:.1%} ({time.perf_counter() - self.began:.1f} s)")
+
+    def save(self, iteration: int) -> Path:
+        path = save_seq2seq(self.out, self.model, self.vocab, self.settings, iteration=iteration,
+                            history=self.history, optimizer=self.optimizer)
+        self.saved = (iteration, path)
+        return path
+
+    def diverged(self, iteration: int, what: str) -> TrainingDiverged:
+        kept = self.out / CHECKPOINT_NAME
+        return TrainingDiverged(f"{what.replace('training loss', 'loss')} at iteration {iteration}; the last finite "
+                                f"checkpoint is kept ({kept if kept.exists() else 'none yet'})", iteration,
+                                kept if kept.exists() else None)
+
+    def _result(self, path: Path, stop: int | None) -> Seq2SeqResult:
+        return Seq2SeqResult(self.model.eval(), self.vocab, self.history, self.iteration, path,
+                             time.perf_counter() - self.began, stop)
 
 
 def held_out_sample(config: Seq2SeqConfig, count: int = 3) -> list[Pair]:

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, Generic, Protocol, TextIO, TypeVar
 
 import torch
 from jaxtyping import Float, Int
@@ -63,6 +63,8 @@ from .threads import apply_threads
 __all__ = [
     "DTYPES",
     "PRESET_TRAINING",
+    "LoopSettings",
+    "StepLoop",
     "TrainConfig",
     "TrainResult",
     "Trainer",
@@ -166,6 +168,9 @@ class TrainResult:
     threads: int | None = None
 
 
+R = TypeVar("R")
+
+
 class TrainingDiverged(RuntimeError):
     """The loss, the gradient norm or a weight became NaN or infinite; nothing non-finite was saved.
 
@@ -243,8 +248,9 @@ def train(
     in ``config.dtype`` on CUDA). ``compile_backend`` is ``torch.compile``'s backend when ``config.compile``.
 
     Raises:
-        RunDirectoryError: ``out_dir`` is unusable (a file, not writable, locked by another run), or it holds
-            a checkpoint and neither ``resume`` nor ``overwrite`` was given.
+        RunDirectoryError: ``out_dir`` is unusable (a file, not writable, locked by another run, too little free
+            space for two checkpoints: :func:`~typed_transformer.checkpoint.require_free_space`), or it holds a
+            checkpoint and neither ``resume`` nor ``overwrite`` was given.
         TrainingDiverged: the loss, the gradient norm or the weights became non-finite; the last checkpoint
             (finite) is kept and nothing was saved after it.
         ValueError: ``batch_size`` is not divisible by ``world_size * grad_accum``, or float16 on a CPU.
@@ -262,6 +268,11 @@ def train(
         if resume is None and not overwrite and (out / CHECKPOINT_NAME).exists():
             raise RunDirectoryError(f"{out / CHECKPOINT_NAME} exists: continue that run with --resume or "
                                     "replace it with --overwrite")
+        if rank == 0:  # a full disk found now, not at the first save
+            from .checkpoint import require_free_space
+
+            evaluations = len(resume.history) if resume is not None else 0
+            require_free_space(out, model, evaluations=evaluations + config.max_iters // config.eval_interval + 2)
         return Trainer(model, data, config, out, resume=resume, device=device, progress=progress, log=log,
                        info=info, on_step=on_step, peak_flops=peak_flops, compile_backend=compile_backend).run()
 
@@ -289,64 +300,78 @@ def _checked_call(model: GPT, net: nn.Module) -> Callable[[Tensor, Tensor], Tens
     return typechecked(loss_of) if net is not model else loss_of
 
 
+class LoopSettings(Protocol):
+    """What :class:`StepLoop` reads of a run's settings (:class:`TrainConfig` has every one)."""
+
+    @property
+    def max_iters(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def grad_accum(self) -> int: ...
+    @property
+    def grad_clip(self) -> float: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def compile(self) -> bool: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def eval_interval(self) -> int: ...
+    @property
+    def checkpoint_interval(self) -> int: ...
+    @property
+    def threads(self) -> int | str: ...
+
+
 @shape_checked
-class Trainer:
-    """The training loop of :func:`train` (which holds the run directory's lock around it): build it with
-    ``train``'s arguments inside that lock, then :meth:`run` it once.
+class StepLoop(Generic[R]):
+    """The training loop of every model the package trains, with one step path for every setting: the global
+    batch (:meth:`next_batch`) is split into ``grad_accum`` micro-batches, each forward pass runs under
+    :meth:`autocast` (disabled for float32), each loss goes backward through ``GradScaler(enabled=dtype ==
+    "float16")`` (a pass-through otherwise), ``DistributedDataParallel`` all-reduces on the last micro-batch only,
+    gradients are clipped to ``grad_clip`` (0: not clipped) and a non-finite loss stops the run before the
+    update. Ctrl-C and SIGTERM stop between two steps; the thread count is fixed or timed on the steps
+    (``threads``).
 
-    One step (:meth:`step`) is one path for every setting: the global batch (:meth:`next_batch`) is split into
-    ``grad_accum`` micro-batches, each forward pass runs under :meth:`autocast` (disabled for float32), each
-    loss goes backward through ``GradScaler(enabled=dtype == "float16")`` (a pass-through otherwise), and
-    ``DistributedDataParallel`` all-reduces on the last micro-batch only. The same seed and thread count give
-    the same losses with any of these settings off.
-
-    Extension points (override in a subclass, or pass ``on_step`` to :func:`train`):
-
-    - :meth:`after_step` runs after every optimizer step with the new iteration and the step's loss; it calls
-      ``on_step`` and advances the progress bar. Per-step work that is not training (re-checking the thread
-      count, logging) goes there.
-    - :meth:`next_batch` draws the step's global batch and returns this process's rows ``(inputs, targets)``;
-      :meth:`micro_loss` is the loss of one micro-batch (``self.loss_of``: the model's ``(x, y) -> loss``).
-      Another model (an encoder-decoder on pairs) trains with this machinery by overriding these two and
-      :meth:`evaluate_splits` (the evaluation losses by split).
-    - :meth:`save` writes the checkpoint (after checking that the weights are finite) and the loss plot.
+    A model's trainer gives its parts: :meth:`make_optimizer`, :meth:`make_loss` (the loss of one micro-batch,
+    ``self.loss_of``), :meth:`learning_rate`, :meth:`next_batch`, :meth:`evaluation`, :meth:`save`,
+    :meth:`_restore` and :meth:`_result`; :meth:`before_step` says when to evaluate and save (by default: save
+    every ``checkpoint_interval`` steps, then evaluate every ``eval_interval``). :class:`Trainer` is the GPT's;
+    the encoder-decoder's is in :mod:`~typed_transformer.seq2seq_training`.
     """
 
-    __shape_checked__ = ("next_batch", "micro_loss")
+    #: The progress bar's label.
+    desc = "train"
+    __shape_checked__: tuple[str, ...] = ("next_batch", "micro_loss")
 
-    def __init__(self, model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume: Checkpoint | None = None,
+    def __init__(self, model: nn.Module, config: LoopSettings, out: Path, *, resume: Any = None,
                  device: str = "cpu", progress: bool = True, log: TextIO | None = None,
-                 info: dict[str, Any] | None = None, on_step: Callable[[int], None] | None = None,
-                 peak_flops: float | None = None, compile_backend: str = "inductor") -> None:
-        self.model, self.data, self.config, self.out, self.device = model, data, config, out, device
+                 on_step: Callable[[int], None] | None = None, peak_flops: float | None = None,
+                 compile_backend: str = "inductor") -> None:
+        self.model, self.config, self.out, self.device = model, config, out, device
         self.log = log if log is not None else sys.stderr
-        self.info, self.on_step, self.progress = info, on_step, progress
+        self.on_step, self.progress = on_step, progress
         self.rank, self.world = _world()
         self.main = self.rank == 0
-        self.block = model.config.block_size
         model.to(device).train()
         self.device_type = torch.device(device).type
         self.amp_dtype = DTYPES[config.dtype]
-        self.eval_batches = self._eval_batches()
-        self.optimizer = torch.optim.AdamW(model.parameter_groups(config.weight_decay), lr=config.learning_rate,
-                                           betas=(config.beta1, config.beta2),
-                                           fused=True if self.device_type == "cuda" else None)
+        self.prepare()
+        self.optimizer = self.make_optimizer()
         self.scaler = torch.amp.GradScaler(self.device_type, enabled=config.dtype == "float16")
         self.batch_generator = torch.Generator().manual_seed(config.seed)
         torch.manual_seed(config.seed + self.rank)  # dropout (each rank its own masks)
         self.history: list[dict[str, float]] = []
         self.start = 0
         self.saved: tuple[int, Path] | None = None  # (iteration, path) of the last checkpoint written
-        self._plotted = -1  # len(history) when loss.png was last drawn
         if resume is not None:
             self._restore(resume)
         self.iteration = self.start
         self.net, self.ddp = self._wrap(compile_backend)
-        self.loss_of = _checked_call(model, self.net)
-        self.tokens_per_step = config.batch_size * self.block
-        if self.main and peak_flops is None:
-            peak_flops = measure_matmul_flops(device, torch.float32 if self.device_type == "cpu" else self.amp_dtype)
-        self.peak_flops = peak_flops
+        self.loss_of = self.make_loss()
+        self.peak_flops = self.peak(peak_flops)
         self.losses: list[float] = []  # every step's loss in this run
         self.step_seconds = 0.0  # time in the steps after the first
         self.bar: Any = None
@@ -354,34 +379,46 @@ class Trainer:
         self.threads, self.tuner = apply_threads(config.threads, log=self.say if self.main else None)
         self.last_step_seconds = 0.0
 
+    # -- the model's parts -----------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Set up what the optimizer and the steps need (called first in ``__init__``)."""
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+    def make_loss(self) -> Callable[[Tensor, Tensor], Tensor]:
+        """The loss of one micro-batch ``(inputs, targets)``, through ``self.net``."""
+        raise NotImplementedError
+
+    def peak(self, peak_flops: float | None) -> float | None:
+        """The peak FLOP/s that MFU is reported against (None: no MFU)."""
+        return peak_flops
+
+    def learning_rate(self, iteration: int) -> float:
+        raise NotImplementedError
+
+    def next_batch(self) -> tuple[Int[Tensor, "b _"], Int[Tensor, "b _"]]:
+        """This process's rows of the step's global batch: inputs and targets, ``b`` rows each."""
+        raise NotImplementedError
+
+    def evaluation(self, iteration: int) -> None:
+        raise NotImplementedError
+
+    def save(self, iteration: int) -> Path:
+        raise NotImplementedError
+
+    def _restore(self, resume: Any) -> None:
+        raise NotImplementedError
+
+    def _result(self, path: Path, stop: int | None) -> R:
+        raise NotImplementedError
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward passes' autocast context (disabled for float32)."""
         return torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
-
-    def _eval_batches(self) -> dict[str, list[tuple[Tensor, Tensor]]]:
-        """Fixed evaluation batches: the same windows at every evaluation and after a resume (rank 0 evaluates)."""
-        generator = torch.Generator().manual_seed(self.config.seed + 1)
-        batches: dict[str, list[tuple[Tensor, Tensor]]] = {}
-        size, count = self.config.batch_size, self.config.eval_iters
-        for split, ids in (("train", self.data.train), ("val", self.data.val)) if self.main else ():
-            pairs = (get_batch(ids, size, self.block, generator) for _ in range(count))
-            batches[split] = [(x.to(self.device), y.to(self.device)) for x, y in pairs]
-        return batches
-
-    def _restore(self, resume: Checkpoint) -> None:
-        """Continue ``resume``: optimizer, batch sampling and dropout states, history and iteration."""
-        if resume.optimizer_state is not None:
-            self.optimizer.load_state_dict(resume.optimizer_state)
-        if "batches" in resume.rng:
-            self.batch_generator.set_state(resume.rng["batches"])
-        if "torch" in resume.rng and self.main:
-            torch.set_rng_state(resume.rng["torch"])
-        elif not self.main:  # the checkpoint holds rank 0's dropout state; the others draw fresh masks
-            torch.manual_seed(self.config.seed + self.rank + 7919 * resume.iteration)
-        self.history = list(resume.history)
-        self.start = resume.iteration
-        if (self.out / CHECKPOINT_NAME).exists():
-            self.saved = (self.start, self.out / CHECKPOINT_NAME)
 
     def _wrap(self, compile_backend: str) -> tuple[nn.Module, Any]:
         """The module the steps call (compiled with ``compile``, then in ``DistributedDataParallel`` across
@@ -398,8 +435,8 @@ class Trainer:
                                       else None, forward_sync_buffers=False)
         return ddp, ddp
 
-    def run(self) -> TrainResult:
-        """Train to ``max_iters`` (or until Ctrl-C/SIGTERM), evaluate, save, sample; every rank returns."""
+    def run(self) -> R:
+        """Train to ``max_iters`` (or until Ctrl-C/SIGTERM), evaluate, save; every rank returns the result."""
         self.bar = self._progress_bar()
         stop: int | None = None
         path = self.out / CHECKPOINT_NAME
@@ -424,16 +461,14 @@ class Trainer:
             return None
         from tqdm import tqdm
 
-        return tqdm(total=self.config.max_iters, initial=self.start, desc="train", unit="it", file=self.log,
+        return tqdm(total=self.config.max_iters, initial=self.start, desc=self.desc, unit="it", file=self.log,
                     dynamic_ncols=True)
 
     def _loop(self, interrupt: "_Interrupt") -> int | None:
         """Steps until ``max_iters``; returns the signal that stopped them early, else None."""
-        config = self.config
-        while self.iteration < config.max_iters:
+        while self.iteration < self.config.max_iters:
             iteration = self.iteration
-            if iteration % config.eval_interval == 0 and not any(h["iter"] == iteration for h in self.history):
-                self.evaluation(iteration)
+            self.before_step(iteration)
             t0 = time.perf_counter()
             loss = self.step(interrupt)
             self.last_step_seconds = time.perf_counter() - t0
@@ -444,13 +479,19 @@ class Trainer:
             self.after_step(self.iteration, loss)
             if interrupt.requested is not None:
                 return interrupt.requested
-            if self.iteration % config.checkpoint_interval == 0 and self.iteration < config.max_iters and self.main:
-                self.save(self.iteration)
         return None
+
+    def before_step(self, iteration: int) -> None:
+        """Before the step at ``iteration``: rank 0 saves every ``checkpoint_interval`` steps (not where the run
+        started), then evaluation every ``eval_interval`` (once per iteration, a resumed one included)."""
+        if iteration > self.start and iteration % self.config.checkpoint_interval == 0 and self.main:
+            self.save(iteration)
+        if iteration % self.config.eval_interval == 0 and not any(h["iter"] == iteration for h in self.history):
+            self.evaluation(iteration)
 
     def step(self, interrupt: "_Interrupt") -> float:
         """One optimizer step at ``self.iteration``; returns its loss (the global batch's mean, on every rank)."""
-        lr = learning_rate(self.config, self.iteration)
+        lr = self.learning_rate(self.iteration)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         x, y = self.next_batch()
@@ -467,15 +508,7 @@ class Trainer:
         self.scaler.update()
         return loss
 
-    def next_batch(self) -> tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]:
-        """This process's rows of the step's global batch, drawn from the seeded batch generator."""
-        x, y = get_batch(self.data.train, self.config.batch_size, self.block, self.batch_generator)
-        if self.world > 1:
-            rows = self.config.batch_size // self.world
-            x, y = x[self.rank * rows:(self.rank + 1) * rows], y[self.rank * rows:(self.rank + 1) * rows]
-        return x, y
-
-    def micro_loss(self, x: Int[Tensor, "b t"], y: Int[Tensor, "b t"]) -> Float[Tensor, ""]:
+    def micro_loss(self, x: Int[Tensor, "b _"], y: Int[Tensor, "b _"]) -> Float[Tensor, ""]:
         """The loss of one micro-batch (called under :meth:`autocast`)."""
         return self.loss_of(x.to(self.device), y.to(self.device))
 
@@ -510,18 +543,20 @@ class Trainer:
 
     def after_step(self, iteration: int, loss: float) -> None:
         """After each optimizer step (``iteration`` steps done): the thread tuner sees the step's time, then
-        ``on_step(iteration)``, then the progress bar."""
+        ``on_step(iteration)``, then the progress bar (with :meth:`progress_postfix`)."""
         if self.tuner is not None:
             self.tuner.observe(self.last_step_seconds)
         if self.on_step is not None:
             self.on_step(iteration)
         if self.bar is not None:  # every step counts (the first too), so the bar ends at max_iters/max_iters
-            if self.step_seconds > 0:
-                speed = self.tokens_per_step * (iteration - self.start - 1) / self.step_seconds
-                mfu = (f"{100 * flops_per_token(self.model) * speed / (self.world * self.peak_flops):.1f}%"
-                       if self.peak_flops else "?")
-                self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{speed:,.0f}", mfu=mfu, refresh=False)
+            postfix = self.progress_postfix(iteration, loss)
+            if postfix:
+                self.bar.set_postfix(**postfix, refresh=False)
             self.bar.update(1)
+
+    def progress_postfix(self, iteration: int, loss: float) -> dict[str, str]:
+        """What the progress bar shows after the step that made ``iteration``."""
+        return {"loss": f"{loss:.4f}"}
 
     def say(self, message: str) -> None:
         """Print a line to the log (above the progress bar when there is one)."""
@@ -529,6 +564,106 @@ class Trainer:
             self.bar.write(message)
         else:
             print(message, file=self.log, flush=True)
+
+    def diverged(self, iteration: int, what: str) -> "TrainingDiverged":
+        saved = self.saved
+        kept = (f"kept the checkpoint of iteration {saved[0]} ({saved[1]})" if saved is not None
+                else "no checkpoint was written")
+        return TrainingDiverged(f"training diverged at iteration {iteration}: {what}; {kept}; lower the learning "
+                                "rate (--lr)", iteration, saved[1] if saved is not None else None)
+
+
+@shape_checked
+class Trainer(StepLoop[TrainResult]):
+    """The GPT's training loop (:func:`train` holds the run directory's lock around it): build it with
+    ``train``'s arguments inside that lock, then :meth:`run` it once. The step path is :class:`StepLoop`'s.
+
+    Extension points (override in a subclass, or pass ``on_step`` to :func:`train`):
+
+    - :meth:`after_step` runs after every optimizer step with the new iteration and the step's loss; it calls
+      ``on_step`` and advances the progress bar. Per-step work that is not training (re-checking the thread
+      count, logging) goes there.
+    - :meth:`next_batch` draws the step's global batch and returns this process's rows ``(inputs, targets)``;
+      :meth:`micro_loss` is the loss of one micro-batch (``self.loss_of``: the model's ``(x, y) -> loss``).
+    - :meth:`evaluate_splits` gives the evaluation losses by split; :meth:`save` writes the checkpoint (after
+      checking that the weights are finite) and the loss plot.
+    """
+
+    model: GPT
+    config: TrainConfig
+    __shape_checked__ = ("next_batch",)
+
+    def __init__(self, model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume: Checkpoint | None = None,
+                 device: str = "cpu", progress: bool = True, log: TextIO | None = None,
+                 info: dict[str, Any] | None = None, on_step: Callable[[int], None] | None = None,
+                 peak_flops: float | None = None, compile_backend: str = "inductor") -> None:
+        self.data, self.info = data, info
+        self._plotted = -1  # len(history) when loss.png was last drawn
+        super().__init__(model, config, out, resume=resume, device=device, progress=progress, log=log,
+                         on_step=on_step, peak_flops=peak_flops, compile_backend=compile_backend)
+        self.tokens_per_step = config.batch_size * self.block
+
+    def prepare(self) -> None:
+        self.block = self.model.config.block_size
+        self.eval_batches = self._eval_batches()
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.model.parameter_groups(self.config.weight_decay), lr=self.config.learning_rate,
+                                 betas=(self.config.beta1, self.config.beta2),
+                                 fused=True if self.device_type == "cuda" else None)
+
+    def make_loss(self) -> Callable[[Tensor, Tensor], Tensor]:
+        return _checked_call(self.model, self.net)
+
+    def peak(self, peak_flops: float | None) -> float | None:
+        if self.main and peak_flops is None:
+            peak_flops = measure_matmul_flops(self.device, torch.float32 if self.device_type == "cpu"
+                                              else self.amp_dtype)
+        return peak_flops
+
+    def learning_rate(self, iteration: int) -> float:
+        return learning_rate(self.config, iteration)
+
+    def _eval_batches(self) -> dict[str, list[tuple[Tensor, Tensor]]]:
+        """Fixed evaluation batches: the same windows at every evaluation and after a resume (rank 0 evaluates)."""
+        generator = torch.Generator().manual_seed(self.config.seed + 1)
+        batches: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        size, count = self.config.batch_size, self.config.eval_iters
+        for split, ids in (("train", self.data.train), ("val", self.data.val)) if self.main else ():
+            pairs = (get_batch(ids, size, self.block, generator) for _ in range(count))
+            batches[split] = [(x.to(self.device), y.to(self.device)) for x, y in pairs]
+        return batches
+
+    def _restore(self, resume: Checkpoint) -> None:
+        """Continue ``resume``: optimizer, batch sampling and dropout states, history and iteration."""
+        if resume.optimizer_state is not None:
+            self.optimizer.load_state_dict(resume.optimizer_state)
+        if "batches" in resume.rng:
+            self.batch_generator.set_state(resume.rng["batches"])
+        if "torch" in resume.rng and self.main:
+            torch.set_rng_state(resume.rng["torch"])
+        elif not self.main:  # the checkpoint holds rank 0's dropout state; the others draw fresh masks
+            torch.manual_seed(self.config.seed + self.rank + 7919 * resume.iteration)
+        self.history = list(resume.history)
+        self.start = resume.iteration
+        if (self.out / CHECKPOINT_NAME).exists():
+            self.saved = (self.start, self.out / CHECKPOINT_NAME)
+
+    def next_batch(self) -> tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]:
+        """This process's rows of the step's global batch, drawn from the seeded batch generator."""
+        x, y = get_batch(self.data.train, self.config.batch_size, self.block, self.batch_generator)
+        if self.world > 1:
+            rows = self.config.batch_size // self.world
+            x, y = x[self.rank * rows:(self.rank + 1) * rows], y[self.rank * rows:(self.rank + 1) * rows]
+        return x, y
+
+    def progress_postfix(self, iteration: int, loss: float) -> dict[str, str]:
+        if self.step_seconds <= 0:
+            return {}
+        speed = self.tokens_per_step * (iteration - self.start - 1) / self.step_seconds
+        mfu = (f"{100 * flops_per_token(self.model) * speed / (self.world * self.peak_flops):.1f}%"
+               if self.peak_flops else "?")
+        return {"loss": f"{loss:.4f}", "tok_s": f"{speed:,.0f}", "mfu": mfu}
 
     def evaluate_splits(self) -> dict[str, float]:
         """The mean loss of each split's fixed evaluation batches."""
@@ -543,13 +678,6 @@ class Trainer:
             raise self.diverged(iteration, f"the evaluation loss is {losses}")
         self.history.append({"iter": iteration, **losses})
         self.say(f"iter {iteration:5d}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-
-    def diverged(self, iteration: int, what: str) -> "TrainingDiverged":
-        saved = self.saved
-        kept = (f"kept the checkpoint of iteration {saved[0]} ({saved[1]})" if saved is not None
-                else "no checkpoint was written")
-        return TrainingDiverged(f"training diverged at iteration {iteration}: {what}; {kept}; lower the learning "
-                                "rate (--lr)", iteration, saved[1] if saved is not None else None)
 
     def save(self, iteration: int) -> Path:
         """Check the weights, write the checkpoint and (after a new evaluation) the loss plot; returns the path."""

@@ -71,8 +71,8 @@ from ._functions import (
     parametrize_audit,
     takes_enable_gqa,
 )
-from ._hf import hf_build, hf_spec
-from ._infer import Evidence, Finding, Inference
+from ._hf import hf_build, hf_limits, hf_notes, hf_spec
+from ._infer import INFERRED, Evidence, Finding, Inference
 from ._modules import (
     ModuleAdapter,
     ModuleSpec,
@@ -110,6 +110,7 @@ __all__ = [
     "CHECKS",
     "CHECKS_VERSION",
     "FUNCTION_CHECKS",
+    "INFERRED",
     "MODULE_CHECKS",
     "SPECS",
     "Adapter",
@@ -135,6 +136,8 @@ __all__ = [
     "candidate_call",
     "draw_example",
     "hf_build",
+    "hf_limits",
+    "hf_notes",
     "hf_spec",
     "infer_conventions",
     "parametrize_audit",

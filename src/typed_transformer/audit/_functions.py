@@ -1,9 +1,10 @@
 """Functional candidates ``candidate(q, k, v, *, attn_mask=None, is_causal=False)``: the adapter, the audit
 entry point and the pytest integration."""
 
+import dataclasses
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -35,7 +36,7 @@ from ._core import (
     repro_comparison,
     run_check,
 )
-from ._infer import Inference, contradictions, infer_adapter, with_inference
+from ._infer import INFERRED, Inference, check_known, contradictions, infer_adapter, with_inference, with_known
 
 Candidate = Callable[..., Any]
 #: ``q``, ``k``, ``v`` as the candidate takes them: its layout (``b h t d`` or ``b t h d``), head order and dtype.
@@ -246,6 +247,7 @@ def audit_attention(
     seed: int = 0,
     tolerance: float = 2.0,
     name: str | None = None,
+    known: Mapping[str, Any] | None = None,
 ) -> AuditReport:
     """Run the attention checks on ``candidate`` (every registered check, or the subset ``checks``), each once
     per dtype.
@@ -264,16 +266,24 @@ def audit_attention(
         seed: Hypothesis seed; the same seed gives the same examples and the same report.
         tolerance: ``k`` in ``err <= k * reference_error``.
         name: how the report names the candidate (default ``module:qualname``).
+        known: with ``conventions="infer"``, the fields you know (``{"causal_alignment": "top-left"}``): inference
+            does the rest and checks each known field against the behaviour; a contradiction is a FAIL of the
+            ``conventions`` row that names the field, the behaviour and the witness. Constraints on what is drawn
+            (``self_attention``, ``head_sizes``, ``lengths``, ``equal_head_sizes``, ``even_head_size``,
+            ``supports_autograd``) may be given here too.
 
     Raises:
         AuditUsageError: the candidate's signature does not take the arguments the conventions imply
             (checked before any example runs).
-        ValueError: an unknown check name, a non-positive ``tolerance`` or ``max_examples``.
+        ValueError: an unknown check name, a non-positive ``tolerance`` or ``max_examples``, ``known`` without
+            ``conventions="infer"``, an unknown field or value in ``known``.
     """
     label = name or name_of(candidate)
     select(checks, "function")
+    if known is not None and conventions != "infer":
+        raise ValueError("known= goes with conventions='infer' (declared conventions already say every field)")
     if conventions == "infer":
-        inference = infer_function_conventions(candidate, seed=seed, name=label)
+        inference = infer_function_conventions(candidate, seed=seed, name=label, **(known or {}))
         adapter = FunctionAdapter(candidate, inference.conventions, label)
         report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
                            tolerance=tolerance, conventions=asdict(inference.conventions))
@@ -344,13 +354,17 @@ def parametrize_audit(candidate: Candidate, *, conventions: Conventions = DEFAUL
 
 def infer_function_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
                                **options: Any) -> Inference:
-    """:func:`~typed_transformer.audit.infer_conventions` for a functional candidate."""
-    decided = {"layout", "mask_polarity", "causal_alignment", "scale", "fully_masked", "supports_mask",
-               "supports_causal", "supports_gqa", "enable_gqa", "grouping", "mask_kind", "per_head_masks",
-               "mask_with_causal", "decode_sees_all", "always_causal"}
-    clash = sorted(set(options) & decided)
-    if clash:
-        raise ValueError(f"infer_conventions: {', '.join(clash)} {'is' if len(clash) == 1 else 'are'} inferred, "
-                         f"not given")
-    adapter = FunctionAdapter(candidate, Conventions(**options), name or name_of(candidate))
-    return infer_adapter(adapter, seed=seed, candidate=candidate)
+    """:func:`~typed_transformer.audit.infer_conventions` for a functional candidate: ``options`` are constraints
+    on what is drawn (``self_attention``, ``head_sizes``, ...) and fields the user knows (any field inference
+    decides: checked against the behaviour, see :func:`~typed_transformer.audit._infer.with_known`)."""
+    fields = {f.name for f in dataclasses.fields(Conventions)}
+    strange = sorted(set(options) - fields)
+    if strange:
+        raise ValueError(f"infer_conventions: {', '.join(strange)} {'is' if len(strange) == 1 else 'are'} not a "
+                         f"field of Conventions")
+    known = {key: value for key, value in options.items() if key in INFERRED}
+    constraints = {key: value for key, value in options.items() if key not in INFERRED}
+    check_known(known)
+    adapter = FunctionAdapter(candidate, Conventions(**constraints), name or name_of(candidate))
+    inference = infer_adapter(adapter, seed=seed, candidate=candidate)
+    return with_known(inference, known) if known else inference

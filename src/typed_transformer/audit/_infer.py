@@ -11,6 +11,7 @@ smallest input that decided it, printable as a runnable repro.
 import dataclasses
 import inspect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -626,3 +627,56 @@ def _narrowing(declared: Conventions, name: str, said: Any, seen: Any) -> bool:
                  "causal_alignment": not declared.supports_causal and not declared.always_causal,
                  "decode_sees_all": not declared.supports_causal and not declared.always_causal}
     return bool(narrowing.get(name, False))
+
+
+# ----------------------------------------------------------------------------------------------------
+# What the user knows
+# ----------------------------------------------------------------------------------------------------
+
+#: the fields inference decides; a user who knows some passes them as ``known`` with ``conventions="infer"``
+INFERRED = ("layout", "mask_polarity", "causal_alignment", "scale", "fully_masked", "supports_mask",
+            "supports_causal", "supports_gqa", "enable_gqa", "grouping", "mask_kind", "per_head_masks",
+            "mask_with_causal", "decode_sees_all", "always_causal")
+
+
+def check_known(known: dict[str, Any], decided: Sequence[str] = INFERRED) -> None:
+    """``known`` names fields inference decides, with values :class:`Conventions` accepts (else ValueError)."""
+    unknown = sorted(set(known) - set(decided))
+    if unknown:
+        raise ValueError(f"known: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not decided by "
+                         f"inference here (known fields: {', '.join(decided)}); pass constraints such as "
+                         f"self_attention as options")
+    dataclasses.replace(Conventions(), **known)  # the values themselves: Conventions' own ValueError
+
+
+def _same(name: str, said: Any, seen: Any) -> bool:
+    if name == "scale" and isinstance(said, float | int) and isinstance(seen, float | int):
+        return _close(float(said), float(seen))
+    return bool(said == seen)
+
+
+def with_known(inference: Inference, known: dict[str, Any]) -> Inference:
+    """Inference narrowed by the fields the user knows (``conventions="infer"`` with ``known``). Inference still
+    probes every field, then each known one is checked against the behaviour: where they agree, or where the
+    known value only narrows what is drawn (``supports_mask=False``, ``fully_masked="any"``, ...), the known
+    value is used and its evidence says so; where the behaviour contradicts it, that is a finding naming the
+    field, the known value, the behaviour and the witness (the audit FAILs with it, and its checks run on the
+    behaviour); a field no probe decided (an earlier finding stopped inference) takes the known value."""
+    check_known(known)
+    declared = dataclasses.replace(inference.conventions, **known)
+    conv, evidence, findings = inference.conventions, dict(inference.evidence), list(inference.findings)
+    for name, said in known.items():
+        seen_evidence = evidence.get(name)
+        seen = getattr(inference.conventions, name)
+        if seen_evidence is None:
+            conv = dataclasses.replace(conv, **{name: said})
+            evidence[name] = Evidence(name, said, "known (given); no probe decided it")
+        elif _same(name, said, seen) or _narrowing(declared, name, said, seen):
+            conv = dataclasses.replace(conv, **{name: said})
+            how = "confirmed" if _same(name, said, seen) else f"narrows what is drawn; behaves as {seen!r}"
+            evidence[name] = dataclasses.replace(seen_evidence, value=said,
+                                                 seen=f"known (given), {how}: {seen_evidence.seen}")
+        else:
+            findings.append(Finding(name, f"known {name}={said!r}; behaves as {seen!r}: {seen_evidence.seen}",
+                                    seen_evidence.example, seen_evidence.repro))
+    return Inference(inference.candidate, conv, evidence, findings, inference.probes, inference.seconds)

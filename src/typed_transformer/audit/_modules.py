@@ -6,7 +6,7 @@ import copy
 import dataclasses
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,7 +36,7 @@ from ._core import (
     rotate,
 )
 from ._functions import infer_function_conventions, run_audit
-from ._infer import Inference, contradictions, infer_adapter, with_inference
+from ._infer import Inference, check_known, contradictions, infer_adapter, with_inference, with_known
 
 #: ``forward(module, x, key, value, keep, is_causal) -> (b, t, e)``: call the module on ``x (b, t, eq)`` (and
 #: ``key (b, s, ek)``, ``value (b, s, ev)``; both None for a self-attention spec) with the canonical keep-mask
@@ -560,6 +560,7 @@ def audit_module(
     tolerance: float = 2.0,
     name: str | None = None,
     setup: str | None = None,
+    known: Mapping[str, Any] | None = None,
 ) -> AuditReport:
     """Audit an attention module with its own weights against the reference (every check that applies to
     modules, once per dtype). The module (or the one a factory builds) is deep-copied first: the caller's
@@ -575,6 +576,9 @@ def audit_module(
         fully_masked: override only what a query row without allowed keys gives.
         setup: Python lines that define ``module`` and ``spec`` in a fresh interpreter, at the top of every
             repro snippet (default: the shipped spec by name, or your spec and factory by their import paths).
+        known: with ``conventions="infer"``, the behavioural fields you know (``{"fully_masked": "zero"}``):
+            inference does the rest and checks each against the behaviour; a contradiction is a FAIL of the
+            ``conventions`` row naming the field, the behaviour and the witness.
 
     Raises:
         AuditUsageError: the module does not match the spec (the message names the missing attribute).
@@ -586,12 +590,17 @@ def audit_module(
         spec = SHIPPED_SPECS[spec]
     candidate = module if isinstance(module, nn.Module) else module()
     infer = conventions == "infer"
+    if known is not None and not infer:
+        raise ValueError("known= goes with conventions='infer' (declared conventions already say every field)")
+    check_known(dict(known or {}))
     conv = spec.conventions if conventions is None or conventions == "infer" else conventions
     if fully_masked is not None:
         conv = dataclasses.replace(conv, fully_masked=fully_masked)
     adapter = ModuleAdapter(candidate, spec, conventions=conv, name=name)
     adapter.setup = setup or module_setup(module, spec)
     inference = infer_adapter(adapter, seed=seed) if infer else None
+    if inference is not None and known:
+        inference = with_known(inference, dict(known))
     if inference is not None:
         adapter.conventions = inference.conventions
     described = {"spec": spec.name, **dataclasses.asdict(adapter.conventions)}
@@ -619,7 +628,10 @@ def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str
         seed: the probes' input seed.
         name: how the result names the candidate.
         options: :class:`Conventions` fields inference does not decide (``self_attention``, ``head_sizes``,
-            ``lengths``, ``equal_head_sizes``, ``even_head_size``, ``supports_autograd``).
+            ``lengths``, ``equal_head_sizes``, ``even_head_size``, ``supports_autograd``: they narrow what the
+            probes draw), and fields you know among those it decides (``causal_alignment="top-left"``): inference
+            does the rest, and each known field is checked against the behaviour; a contradiction is a finding
+            that names the field, the behaviour and its witness. A module takes known fields only.
 
     Returns:
         An :class:`Inference`: ``.conventions``, ``.evidence`` (field -> value, what decided it and a repro),
@@ -627,5 +639,7 @@ def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str
     """
     if spec is not None:
         module_spec = SHIPPED_SPECS[spec] if isinstance(spec, str) else spec
-        return infer_adapter(ModuleAdapter(candidate, module_spec, name=name), seed=seed)  # type: ignore[arg-type]
+        check_known(options)
+        inference = infer_adapter(ModuleAdapter(candidate, module_spec, name=name), seed=seed)  # type: ignore[arg-type]
+        return with_known(inference, options) if options else inference
     return infer_function_conventions(candidate, seed=seed, name=name, **options)
