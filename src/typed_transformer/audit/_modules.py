@@ -416,8 +416,10 @@ class ModuleAdapter:
                                   f"{tuple(bias.shape)}, expected (1 or {self.weights.h}, {t}, {s})")
         return bias[None]
 
-    def visible(self, keep: KeepMask | None, is_causal: bool, t: int, s: int) -> tuple[KeepMask | None, bool]:
-        """``(keep, is_causal)`` with the sliding window and the module's extra key positions applied."""
+    def visible(self, keep: KeepMask | None, is_causal: bool, t: int, s: int
+                ) -> tuple[Bool[Tensor, "#b #h #t _"] | None, bool]:
+        """``(keep, is_causal)`` with the sliding window and the module's extra key positions applied (the
+        returned mask covers the ``s`` keys and the appended ones)."""
         w = self.weights
         if self.window is None and w.extra_k is None:
             return keep, is_causal
