@@ -4,7 +4,7 @@ benchmarks compare the main job against (a script, not library code).
 It follows nanoGPT's ``train.py`` with ``config/train_shakespeare_char.py`` and the README's CPU settings
 (``--device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4
 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0``): the model of
-``benchmarks/bench.py``'s ``BaselineGPT`` (pre-LN, fused qkv, ``scaled_dot_product_attention``, no biases, tied
+``benchmarks/baseline.py``'s ``BaselineGPT`` (pre-LN, fused qkv, ``scaled_dot_product_attention``, no biases, tied
 head) with nanoGPT's initialisation, character vocabulary of the whole text, first 90 % train / last 10 % val,
 ``torch.randint`` batches from the global generator, AdamW (betas 0.9/0.99, weight decay 0.1 on matrices only),
 learning rate 1e-3 with 100 warm-up iterations and a cosine decay to 1e-4 at 2000, gradient clipping at 1.0,
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
-from benchmarks.bench import BaselineGPT
+from benchmarks.baseline import BaselineGPT
 
 
 def nanogpt_init(model: BaselineGPT, n_layer: int) -> None:

@@ -14,12 +14,8 @@ its final val loss; val <= 1.72 within its wall time). ``--write docs/lab/time-t
 block between that page's ``<!-- time-to-quality -->`` markers with the output. ::
 
     python benchmarks/time_to_quality.py [--data FILE] [--rounds 1] [--extra "--lr 3e-3"] [--write PAGE]
-    python benchmarks/time_to_quality.py --fixed-cost [--data FILE] [--rounds 3]
 
-``--fixed-cost`` runs the main job for 1 iteration instead and prints where its wall time goes: the seconds
-between consecutive output lines (launch to ``data:`` is start-up, imports and reading the text; ``peak:``
-the peak measurement; ``iter 0`` building the trainer and the first evaluation; ``iter 1`` the step and the
-second evaluation; ``done:`` the save, the plot and the sample; the exit last), medians over the rounds.
+Where the main job's own time goes, phase by phase, is ``benchmarks/main_job_profile.py``.
 
 The runs leave ``OMP_NUM_THREADS`` unset (each picks its own count, as a user's would). Evaluations happen every
 250 iterations, so a time to quality is the stamp of the first evaluation at or below the target: an upper
@@ -37,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
-from benchmarks._runs import Run, data_file, main_job, reference, run_timed
+from benchmarks._runs import Run, data_file, main_job, reference, run_timed, write_between
 
 #: Targets: the main job reaches the reference's final val loss in <= this fraction of the reference's wall
 #: time, and reaches GOOD_VAL within the reference's wall time.
@@ -91,59 +87,13 @@ def report(reference_runs: list[Run], ours: list[Run], *, name: str, extra: str)
     return lines
 
 
-#: The phases of a 1-iteration run: (the line that ends the phase, what the phase holds).
-PHASES = [("data:", "start-up: interpreter, imports, reading and encoding the text"),
-          ("model:", "building the model"),
-          ("peak:", "the peak measurement"),
-          ("iter     0:", "the trainer (optimizer: torch imports its compiler stack) and the first evaluation"),
-          ("iter     1:", "one training step and the second evaluation"),
-          ("done:", "the checkpoint, the loss plot and the 300-character sample"),
-          ("sample:", "the result lines"),
-          (None, "printing the sample and the exit")]
-
-
-def fixed_cost(runs: list[Run], name: str) -> list[str]:
-    """Where a 1-iteration run's wall time goes (medians over ``runs``)."""
-    lines = [f"fixed cost: typed-transformer train --data {name} --max-iters 1, wall time "
-             f"{statistics.median(r.seconds for r in runs):.1f} s (median of {len(runs)}), torch {torch.__version__}"]
-    for index, (prefix, what) in enumerate(PHASES):
-        spans = []
-        for run in runs:
-            previous = 0.0 if index == 0 else _stamp(run, PHASES[index - 1][0])
-            end = run.seconds if prefix is None else _stamp(run, prefix)
-            spans.append(end - previous)
-        lines.append(f"  {statistics.median(spans):5.1f} s  {what}")
-    return lines
-
-
-def _stamp(run: Run, prefix: str | None) -> float:
-    return next((s for s, line in run.lines if prefix is not None and line.startswith(prefix)), run.seconds)
-
-
-def write_block(page: Path, lines: list[str]) -> None:
-    """Replace the text between the two markers of ``page`` with ``lines`` in a code block."""
-    text = page.read_text(encoding="utf-8")
-    parts = text.split(MARKER)
-    if len(parts) != 3:
-        raise SystemExit(f"{page}: expected two {MARKER} markers, found {len(parts) - 1}")
-    block = "\n```\n" + "\n".join(lines) + "\n```\n"
-    page.write_text(parts[0] + MARKER + block + MARKER + parts[2], encoding="utf-8")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=None)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--extra", default="", help="flags added to the main job's command (quoted)")
     parser.add_argument("--write", type=Path, default=None, help="a page with two time-to-quality markers")
-    parser.add_argument("--fixed-cost", action="store_true", help="where a 1-iteration run's time goes")
     args = parser.parse_args()
-    if args.fixed_cost:
-        with data_file(args.data) as data, tempfile.TemporaryDirectory() as out:
-            runs = [run_timed(main_job(data, Path(out) / "run", "--max-iters", "1", *shlex.split(args.extra)))
-                    for _ in range(args.rounds)]
-            print("\n".join(fixed_cost(runs, data.name)))
-        return 0
     reference_runs: list[Run] = []
     ours: list[Run] = []
     with data_file(args.data) as data, tempfile.TemporaryDirectory() as out:
@@ -155,7 +105,7 @@ def main() -> int:
         lines = report(reference_runs, ours, name=data.name, extra=args.extra)
     print("\n".join(lines))
     if args.write is not None:
-        write_block(args.write, lines)
+        write_between(args.write, MARKER, MARKER, "```\n" + "\n".join(lines) + "\n```")
     return 0
 
 

@@ -92,3 +92,28 @@ def test_benchmarks_run_as_a_script() -> None:
                            "--threads", "1"], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert "ours sdpa, checks on" in done.stdout
+
+
+def test_main_job_profile_times_every_phase_and_restores_what_it_wrapped(tmp_path: Path) -> None:
+    """benchmarks/main_job_profile.py: a tiny main job through the CLI, each phase counted as often as the run does
+    it (evaluations at 0 and 2, the save's one-batch check), nothing left wrapped afterwards."""
+    import torch
+
+    from benchmarks import main_job_profile
+    from typed_transformer import training
+
+    before = (training.evaluate, torch.optim.AdamW.__init__, "step" in vars(torch.optim.AdamW), training.Trainer.step)
+    text = tmp_path / "input.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog.\n" * 40, encoding="utf-8")
+    profile, wall, cpu, output = main_job_profile.run(text, ["--eval-iters", "1", "--sample-tokens", "4",
+                                                             "--threads", "1"], max_iters=2)
+    assert (training.evaluate, torch.optim.AdamW.__init__, "step" in vars(torch.optim.AdamW),
+            training.Trainer.step) == before
+    calls = {key: phase.calls for key, phase in profile.phases.items()}
+    assert calls == {"data": 2, "model": 1, "peak": 1, "optimizer": 1, "eval": 3, "batch": 2, "backward": 2,
+                     "clip": 2, "step": 2, "save": 1, "plot": 1, "sample": 1}
+    assert "iter     2:" in output
+    assert 0 < sum(phase.wall for phase in profile.phases.values()) <= wall
+    lines = main_job_profile.report(profile, wall, cpu, output, name="input.txt", extra=[], max_iters=2, start=0.01)
+    assert lines[-1].split()[0] == "total"
+    assert len(lines) == 2 + 3 + len(calls) + 2  # header, titles, start and imports, phases, rest, total

@@ -213,6 +213,60 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_checkpoint(
     assert (out / "checkpoint.safetensors").read_bytes() == before
 
 
+def test_too_little_free_space_is_refused_before_the_first_step(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """As for the GPT: two checkpoints must fit before training starts; one line, exit 2, the checkpoint kept. The
+    size estimate bounds the real file within 64 KiB."""
+    import shutil
+
+    from typed_transformer.checkpoint import checkpoint_bytes
+
+    out = tmp_path / "run"
+    assert run(["train-seq2seq", *TINY, "--max-iters", "4", "--eval-interval", "2", "--out", str(out)]) == 0
+    checkpoint = load_seq2seq(out)
+    size = (out / "checkpoint.safetensors").stat().st_size
+    assert size <= checkpoint_bytes(checkpoint.model, evaluations=len(checkpoint.history)) <= size + 2**16
+    before = (out / "checkpoint.safetensors").read_bytes()
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=10_000))
+    capsys.readouterr()
+    assert run(["train-seq2seq", *TINY, "--max-iters", "8", "--eval-interval", "2", "--out", str(out),
+                "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "iter " not in err
+    assert err.splitlines()[-1].startswith(f"typed-transformer: error: {out}: not enough free space for the run's "
+                                           "checkpoints: 9.8 KiB free, ")
+    assert (out / "checkpoint.safetensors").read_bytes() == before
+
+
+@pytest.mark.parametrize(("name", "change", "words"), [
+    ("int32 weight", lambda t: t.update({"model.output_projection.weight":
+                                         t["model.output_projection.weight"].to(torch.int32)}),
+     "weight output_projection.weight is torch.int32, expected torch.float32 (the dtype of src_embedding.weight"),
+    ("int64 step", lambda t: t.update({"optim.0.step": t["optim.0.step"].to(torch.int64)}),
+     "optimizer tensor 0.step is torch.int64, expected torch.float32 or torch.float64 (Adam's step count"),
+    ("negative exp_avg_sq", lambda t: t.update({"optim.1.exp_avg_sq": -t["optim.1.exp_avg_sq"] - 1.0}),
+     "optimizer tensor 1.exp_avg_sq holds a negative value"),
+], ids=["int32 weight", "int64 step", "negative exp_avg_sq"])
+def test_a_re_signed_checkpoint_of_the_wrong_dtype_or_invariant_is_one_line(
+        name: str, change: Any, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """torch's load_state_dict would cast the int32 weight and the int64 step silently."""
+    from tests._cli import rewrite
+
+    out = tmp_path / "run"
+    assert run(["train-seq2seq", *TINY, "--max-iters", "2", "--out", str(out)]) == 0
+    path = out / "checkpoint.safetensors"
+    rewrite(path, path, lambda tensors, metadata: change(tensors))
+    before = path.read_bytes()
+    capsys.readouterr()
+    for argv in (["translate", "--checkpoint", str(out), "--text", "12"],
+                 ["train-seq2seq", *TINY, "--max-iters", "4", "--out", str(out), "--resume"]):
+        assert run(argv) == 2
+        assert one_line(capsys.readouterr().err).startswith(f"typed-transformer: error: {path}: invalid checkpoint "
+                                                            f"({words}")
+    assert path.read_bytes() == before
+
+
 def test_a_config_file_sets_the_run_and_the_flags_override_it(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text('d-model = 16\nnhead = 2\nlayers = 1\ndim_feedforward = 32\nbatch_size = 16\neval_pairs = 20\n'

@@ -465,3 +465,35 @@ def test_trainer_extension_points(data: TextData, tmp_path: Path) -> None:
     assert [loss for _, loss in seen] == result.losses
     assert drawn == [batch] * 30  # one global batch per step, from the override
     assert result.losses[-1] < result.losses[0] / 2
+
+
+def test_training_steps_equal_a_plain_torch_loop(data: TextData, tmp_path: Path) -> None:
+    """The Trainer's update (fused AdamW, decay on matrices only, the warmup/cosine rate, clipping) equals a plain
+    loop over the same batches with torch's default AdamW (its foreach path), up to float rounding."""
+    from typed_transformer.data import get_batch
+
+    config = tiny_train(max_iters=6, warmup_iters=2, grad_clip=0.5, eval_interval=100)
+    result = train(tiny_model(data), data, config, tmp_path, progress=False, log=io.StringIO(), peak_flops=1.0)
+    assert isinstance(result.losses, list)
+
+    model = tiny_model(data)
+    optimizer = torch.optim.AdamW(model.parameter_groups(config.weight_decay), lr=config.learning_rate,
+                                  betas=(config.beta1, config.beta2), foreach=True)
+    generator = torch.Generator().manual_seed(config.seed)
+    torch.manual_seed(config.seed)
+    losses = []
+    for iteration in range(config.max_iters):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(config, iteration)
+        x, y = get_batch(data.train, config.batch_size, 8, generator)
+        _, loss = model(x, y)
+        assert loss is not None
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+    assert result.losses == pytest.approx(losses, rel=1e-5)
+    assert_same_weights(result.model, model, atol=1e-5)
+    assert not all(torch.equal(a, b) for a, b in zip(result.model.parameters(), tiny_model(data).parameters(),
+                                                       strict=True))  # it trained

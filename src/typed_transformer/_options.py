@@ -110,7 +110,14 @@ def _base(annotation: Any) -> Any:
     return annotation
 
 
+#: The metadata keys a flag's field may hold (a misspelt key is an error, not a silently ignored setting).
+KEYS = frozenset({"help", "flag", "range", "interval", "noun", "parse", "numeric", "choices", "group", "exclusive",
+                  "store", "in_file", "metavar"})
+
+
 def _flag(name: str, annotation: Any, meta: dict[str, Any], default: Any) -> Flag:
+    if set(meta) - KEYS:
+        raise TypeError(f"{name}: unknown flag metadata {sorted(set(meta) - KEYS)} (known: {', '.join(sorted(KEYS))})")
     base = _base(annotation)
     common = {"dest": name, "key": meta.get("flag", name), "help": meta["help"], "default": default,
               "group": meta.get("group"), "exclusive": meta.get("exclusive"), "in_file": meta.get("in_file", True),

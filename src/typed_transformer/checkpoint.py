@@ -32,21 +32,22 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from jaxtyping import Shaped, UInt8
-from torch import Tensor
+from torch import Tensor, nn
 
 from ._files import NotARegularFile, is_current, open_lock, release_lock, require_regular_file
 from ._paths import temporary_path
 from .config import TrainConfig
 from .data import CharTokenizer, DataError
 from .gpt import GPT, GPTConfig
-from .shapecheck import PARAMETER_DTYPES, shape_checked, typechecked
+from .shapecheck import shape_checked, typechecked
+from .validation import PARAMETER_DTYPES
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -54,6 +55,8 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "RunDirectoryError",
+    "check_adam_state",
+    "checked_model",
     "checkpoint_bytes",
     "load_checkpoint",
     "remove_temporaries",
@@ -213,26 +216,29 @@ def run_directory(directory: str | Path) -> Iterator[Path]:
 PLOT_ROOM = 2**20
 
 
-def checkpoint_bytes(model: GPT, *, evaluations: int, optimizer: bool = True) -> int:
-    """An upper bound of the size of ``model``'s checkpoint file, with AdamW's state (two tensors of each
-    parameter's size and a step count) and a history of ``evaluations`` entries; within 64 KiB of the real size.
+def checkpoint_bytes(model: nn.Module, *, evaluations: int, optimizer: bool = True) -> int:
+    """An upper bound of the size of ``model``'s checkpoint file (the GPT's or the encoder-decoder's), with
+    Adam(W)'s state (two tensors of each parameter's size and a step count) and a history of ``evaluations``
+    entries; within 64 KiB of the real size.
 
-    The file is the tensors' bytes plus a JSON header (a line per tensor, the metadata fields); the header is
-    bounded generously here, the tensors exactly.
+    The file is the tensors' bytes (a tensor shared by two names, tied weights, is stored once) plus a JSON
+    header (a line per tensor, the metadata fields, the vocabulary); the header is bounded generously here, the
+    tensors exactly.
     """
-    tensors = [v for k, v in model.state_dict().items() if not (model.config.tie_weights and k == "lm_head.weight")]
-    size: int = sum(v.numel() * v.element_size() for v in tensors)
-    count = len(tensors) + 2  # the two random-number states
+    stored = {v.untyped_storage().data_ptr(): v for v in model.state_dict().values()}.values()
+    size: int = sum(v.numel() * v.element_size() for v in stored)
+    count = len(stored) + 2  # the two random-number states
     size += 2 * torch.Generator().get_state().numel()
     if optimizer:
-        parameters = [p for group in model.parameter_groups(0.0) for p in group["params"]]
+        parameters = {id(p): p for p in model.parameters() if p.requires_grad}.values()
         size += sum(2 * p.numel() * p.element_size() + 8 for p in parameters)
         count += 3 * len(parameters)
-    header = 200 * count + 100 * evaluations + 12 * model.config.vocab_size + 2 * 2**14
+    vocabulary = sum(m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding))
+    header = 200 * count + 128 * evaluations + 12 * vocabulary + 2**14
     return size + header
 
 
-def require_free_space(directory: Path, model: GPT, *, evaluations: int) -> None:
+def require_free_space(directory: Path, model: nn.Module, *, evaluations: int) -> None:
     """Refuse to train into ``directory`` when its file system cannot hold the run's checkpoints: a save writes
     the new checkpoint beside the last one before replacing it, so two checkpoints (and the loss plot) must fit,
     less what the files already there take. Found before the first step instead of at the first save, which
@@ -438,7 +444,7 @@ def _optimizer_state(tensors: dict[str, Tensor], meta: Any, model: GPT) -> dict[
             or not isinstance(meta.get("state"), dict):
         raise ValueError("optimizer metadata must hold param_groups and state")
     parameters = [p for group in model.parameter_groups(0.0) for p in group["params"]]
-    shapes, dtypes = [p.shape for p in parameters], [p.dtype for p in parameters]
+    shapes = [p.shape for p in parameters]
     listed: list[Any] = []
     groups = []
     for group in meta["param_groups"]:
@@ -447,7 +453,6 @@ def _optimizer_state(tensors: dict[str, Tensor], meta: Any, model: GPT) -> dict[
         listed += group["params"]
         # JSON has no tuples; AdamW's betas (and similar pairs) were tuples when saved.
         groups.append({k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in group.items()})
-        _check_adamw_group(groups[-1])
     if not all(isinstance(i, int) for i in listed) or sorted(listed) != list(range(len(shapes))):
         raise ValueError(f"optimizer param_groups do not list the model's {len(shapes)} parameters once each")
     state: dict[int, dict[str, Any]] = {}
@@ -463,32 +468,47 @@ def _optimizer_state(tensors: dict[str, Tensor], meta: Any, model: GPT) -> dict[
             if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) not in state:
                 raise ValueError(f"optimizer tensor {name} belongs to no parameter")
             state[int(parts[1])][parts[2]] = value
-    amsgrad = {i for group in groups if group.get("amsgrad") for i in group["params"]}
-    for index, entry in state.items():
-        _check_adamw_state(index, entry, shapes[index], dtypes[index], index in amsgrad)
+    check_adam_state({"state": state, "param_groups": groups}, parameters, torch.optim.AdamW)
     return {"state": state, "param_groups": groups}
 
 
-def _check_adamw_group(group: dict[str, Any]) -> None:
-    """A param group's settings, checked by AdamW's own constructor (learning rate, betas, eps, weight decay)."""
+def check_adam_state(state_dict: dict[str, Any], parameters: list[Tensor],
+                     kind: type[torch.optim.Optimizer] = torch.optim.AdamW) -> None:
+    """Check a saved ``Adam``/``AdamW`` ``state_dict()`` against the ``parameters`` it will drive (in the
+    optimizer's order) before ``load_state_dict``, which casts dtypes silently: each group's settings through
+    ``kind``'s own constructor (learning rate, betas, eps, weight decay), then each parameter's state (see
+    :func:`_check_adam_entry`).
+
+    Raises:
+        ValueError: the first thing wrong, naming the group setting or the tensor (``0.step``).
+    """
     import inspect
 
-    accepted = set(inspect.signature(torch.optim.AdamW).parameters) - {"params"}
-    settings = {k: v for k, v in group.items() if k in accepted}
-    try:
-        torch.optim.AdamW([torch.zeros(1)], **settings)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"optimizer param_groups: {str(err).splitlines()[0]}") from None
+    accepted = set(inspect.signature(kind).parameters) - {"params"}
+    amsgrad: set[int] = set()
+    for group in state_dict["param_groups"]:
+        settings = {k: v for k, v in group.items() if k in accepted}
+        try:
+            kind([torch.zeros(1)], **settings)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"optimizer param_groups: {str(err).splitlines()[0]}") from None
+        if group.get("amsgrad"):
+            amsgrad.update(group["params"])
+    for index, entry in state_dict["state"].items():
+        if not (isinstance(index, int) and 0 <= index < len(parameters)):
+            raise ValueError(f"optimizer state for unknown parameter {index!r}")
+        parameter = parameters[index]
+        _check_adam_entry(index, entry, parameter.shape, parameter.dtype, index in amsgrad, kind.__name__)
 
 
-#: The dtypes of AdamW's step count (torch keeps it as a float tensor: float64 when that is the default dtype).
+#: The dtypes of Adam's step count (torch keeps it as a float tensor: float64 when that is the default dtype).
 STEP_DTYPES = (torch.float32, torch.float64)
 
 
-def _check_adamw_state(index: int, entry: dict[str, Any], shape: torch.Size, dtype: torch.dtype,
-                       amsgrad: bool) -> None:
-    """One parameter's AdamW state: exactly its tensors, each of the right dtype (checked first: torch's
-    ``load_state_dict`` would cast it silently) and shape, finite, and within AdamW's invariants: ``step`` a
+def _check_adam_entry(index: int, entry: dict[str, Any], shape: torch.Size, dtype: torch.dtype,
+                      amsgrad: bool, kind: str) -> None:
+    """One parameter's Adam(W) state: exactly its tensors, each of the right dtype (checked first: torch's
+    ``load_state_dict`` would cast it silently) and shape, finite, and within Adam's invariants: ``step`` a
     whole number >= 1 (the bias corrections divide by ``1 - beta ** step``), ``exp_avg_sq`` (a running mean of
     squares) >= 0."""
     expected = {"exp_avg": shape, "exp_avg_sq": shape, "step": torch.Size()}
@@ -496,14 +516,14 @@ def _check_adamw_state(index: int, entry: dict[str, Any], shape: torch.Size, dty
         expected["max_exp_avg_sq"] = shape
     for key in entry:
         if key not in expected:
-            raise ValueError(f"optimizer tensor {index}.{key} is not part of AdamW's state")
+            raise ValueError(f"optimizer tensor {index}.{key} is not part of {kind}'s state")
     for key, size in expected.items():
         value = entry.get(key)
         if not isinstance(value, Tensor):
             raise ValueError(f"optimizer state of parameter {index} lacks the tensor {key}")
         if key == "step" and value.dtype not in STEP_DTYPES:
             raise ValueError(f"optimizer tensor {index}.step is {value.dtype}, expected torch.float32 or "
-                             "torch.float64 (AdamW's step count is a float tensor)")
+                             f"torch.float64 ({kind}'s step count is a float tensor)")
         if key != "step" and value.dtype != dtype:
             raise ValueError(f"optimizer tensor {index}.{key} is {value.dtype}, expected {dtype} (the dtype of "
                              "its parameter)")
@@ -576,16 +596,28 @@ def _out_of_memory(err: BaseException) -> bool:
 
 
 def _model_from(tensors: dict[str, Tensor], config: GPTConfig, path: Path) -> GPT:
-    """A :class:`GPT` of ``config`` holding the ``model.`` tensors, which must fit it exactly (names, shapes,
-    one floating-point dtype: never a silent cast) and be finite.
+    """A :class:`GPT` of ``config`` holding the ``model.`` tensors (see :func:`checked_model`)."""
+    weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+    model = checked_model(lambda: GPT(config), weights, path)
+    assert isinstance(model, GPT)
+    return model
 
-    The fit is checked on a model built on the ``meta`` device (no memory), so a config that asks for a model
-    far larger than the weights in the file (``n_layer`` 2000 beside one layer's weights) is refused as what it
-    is, not after trying to allocate it; a model that fits the file but not the memory is named as such.
+
+def checked_model(build: Callable[[], nn.Module], weights: dict[str, Tensor], path: Path) -> nn.Module:
+    """``build()`` holding ``weights``, which must fit it exactly (names and shapes; a name tied to another,
+    such as a GPT's ``lm_head.weight``, may be left out), all be of one floating-point dtype (never a silent
+    cast: the model is built in that dtype) and be finite.
+
+    The fit is checked first on the model built on the ``meta`` device (no memory), so a config that asks for
+    a model far larger than the weights in the file (``n_layer`` 2000 beside 4 layers' weights) is refused as
+    what it is, not after trying to allocate it; a model that fits its file but not the memory is named as such.
+
+    Raises:
+        CheckpointError: the weights do not fit the model, or building it runs out of memory (naming ``path``).
+        ValueError: a weight of another dtype, or holding NaN or infinity (its name in the message).
     """
     with torch.device("meta"):
-        reference = GPT(config)
-    weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+        reference = build()
     try:
         with warnings.catch_warnings():  # torch says that copying into meta tensors copies nothing: the point here
             warnings.filterwarnings("ignore", message=".*to a meta parameter", category=UserWarning)
@@ -593,32 +625,36 @@ def _model_from(tensors: dict[str, Tensor], config: GPTConfig, path: Path) -> GP
     except RuntimeError as err:  # a shape mismatch
         message = " ".join(str(err).split())
         raise CheckpointError(f"{path}: weights do not fit the model ({message[:200]})") from None
-    if config.tie_weights:
-        missing = [k for k in missing if k != "lm_head.weight"]
+    expected = reference.state_dict(keep_vars=True)
+    names: dict[int, list[str]] = {}  # the names of each tensor (tied weights: several)
+    for name, value in expected.items():
+        names.setdefault(id(value), []).append(name)
+    missing = [k for k in missing if not any(other in weights for other in names[id(expected[k])])]
     if missing or unexpected:
         raise CheckpointError(f"{path}: weights do not fit the model (missing {missing[:3]}, "
                               f"unexpected {unexpected[:3]})")
-    first = "tok_emb.weight"
+    first = next(k for k, v in expected.items() if v.is_floating_point())
     dtype = weights[first].dtype
     if dtype not in PARAMETER_DTYPES:
         raise ValueError(f"weight {first} is {dtype}, expected a floating-point dtype "
                          f"({', '.join(str(d) for d in PARAMETER_DTYPES)})")
     for name, value in weights.items():
-        if value.dtype != dtype:
-            raise ValueError(f"weight {name} is {value.dtype}, expected {dtype} (the dtype of {first}; a model "
-                             "holds one dtype)")
-        if not bool(torch.isfinite(value).all()):
+        wanted = dtype if expected[name].is_floating_point() else expected[name].dtype
+        if value.dtype != wanted:
+            why = f" (the dtype of {first}; a model holds one dtype)" if wanted == dtype else ""
+            raise ValueError(f"weight {name} is {value.dtype}, expected {wanted}{why}")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             raise ValueError(f"weight {name} holds NaN or infinity")
     try:
-        model = GPT(config).to(dtype)
+        model = build().to(dtype)
         model.load_state_dict(weights, strict=False)
     except (RuntimeError, MemoryError) as err:
         if not _out_of_memory(err):
             raise
         size = sum(v.numel() * v.element_size() for v in weights.values())
-        raise CheckpointError(f"{path}: out of memory building its model ({config.n_layer} layers, "
-                              f"{reference.num_parameters(non_embedding=False):,} parameters, {size / 2**30:.2f} GiB "
-                              f"of {str(dtype).removeprefix('torch.')} weights)") from None
+        count = sum(p.numel() for p in reference.parameters())
+        raise CheckpointError(f"{path}: out of memory building its model ({count:,} parameters, "
+                              f"{size / 2**30:.2f} GiB of {str(dtype).removeprefix('torch.')} weights)") from None
     return model
 
 

@@ -45,8 +45,8 @@ from ._activations import Activation, activation_fn, activation_name
 from .attention import Backend
 from .multihead import MultiHeadAttention
 from .positions import RotaryEmbedding
-from .shapecheck import check_parameter_dtype, shape_checked
-from .validation import check_positive_int
+from .shapecheck import shape_checked
+from .validation import check_parameter_dtype, check_positive_int
 
 __all__ = [
     "Activation",

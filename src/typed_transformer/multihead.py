@@ -27,8 +27,8 @@ from torch import Tensor, nn
 from .attention import Backend, scaled_dot_product_attention, scaled_dot_product_attention_with_weights
 from .masks import merge_causal, merge_masks
 from .positions import RotaryEmbedding
-from .shapecheck import check_parameter_dtype, raise_shape_error, shape_checked
-from .validation import check_positive_int
+from .shapecheck import raise_shape_error, shape_checked
+from .validation import check_parameter_dtype, check_positive_int
 
 __all__ = ["KVCache", "MultiHeadAttention"]
 

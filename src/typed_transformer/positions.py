@@ -36,8 +36,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from .shapecheck import check_parameter_dtype, raise_shape_error, shape_checked, typechecked
-from .validation import check_positive_int
+from .shapecheck import raise_shape_error, shape_checked, typechecked
+from .validation import check_parameter_dtype, check_positive_int
 
 __all__ = [
     "ALiBiPositionalBias",

@@ -29,8 +29,8 @@ from ._deprecation import deprecated_alias, renamed_keywords, warn_deprecated
 from .attention import Backend
 from .layers import Activation, Transformer
 from .positions import SharedPositions, check_positional, position_modules
-from .shapecheck import check_parameter_dtype, raise_shape_error, shape_checked
-from .validation import check_positive_int, check_token_ids
+from .shapecheck import raise_shape_error, shape_checked
+from .validation import check_parameter_dtype, check_positive_int, check_token_ids
 
 __all__ = ["Positions", "Seq2SeqTransformer"]
 

@@ -25,7 +25,16 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
-from .checkpoint import CHECKPOINT_NAME, CheckpointError, _digest, run_directory, write_atomically
+from .checkpoint import (
+    CHECKPOINT_NAME,
+    CheckpointError,
+    _digest,
+    check_adam_state,
+    checked_model,
+    require_free_space,
+    run_directory,
+    write_atomically,
+)
 from .data import DataError
 from .seq2seq import Seq2SeqTransformer
 from .seq2seq_data import (
@@ -264,14 +273,19 @@ def load_seq2seq(path: str | Path) -> Seq2SeqCheckpoint:
     try:
         config = Seq2SeqConfig.from_dict(json.loads(metadata["config"]))
         vocab = PairVocab(json.loads(metadata["vocab"]))
-        model = build_model(config, vocab)
-        model.load_state_dict({k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")})
+        weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+        model = checked_model(lambda: build_model(config, vocab), weights, path)  # names, shapes, dtypes, finite
+        assert isinstance(model, Seq2SeqTransformer)
         meta = json.loads(metadata["optimizer"])
         optimizer_state = None if meta is None else {
             "param_groups": meta["param_groups"],
             "state": {int(i): {key: tensors[f"optim.{i}.{key}"] for key in keys} for i, keys in meta["state"].items()}}
+        if optimizer_state is not None:
+            check_adam_state(optimizer_state, list(model.parameters()), torch.optim.Adam)
         return Seq2SeqCheckpoint(model, vocab, config, int(metadata["iteration"]), json.loads(metadata["history"]),
                                  optimizer_state)
+    except CheckpointError:
+        raise
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"{path}: invalid checkpoint ({str(err).splitlines()[0] or type(err).__name__})"
                               ) from None
@@ -326,6 +340,8 @@ def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = Fals
                             f"{previous.vocab.chars!r}")
         torch.manual_seed(config.seed)
         model = previous.model if previous is not None else build_model(config, vocab)
+        evaluations = (len(previous.history) if previous is not None else 0) + config.max_iters // config.eval_interval
+        require_free_space(out, model, evaluations=evaluations + 2)  # a full disk found now, not at the first save
         (out / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n", encoding="utf-8")
         print(f"config: {config} (saved in {out / 'config.json'})", file=stream, flush=True)
         print(f"seq2seq: {sum(p.numel() for p in model.parameters()):,} parameters, vocabulary {vocab.size} "

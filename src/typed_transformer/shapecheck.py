@@ -212,18 +212,6 @@ def raise_shape_error(function: Callable[..., Any] | str, argument: str, reason:
     raise ShapeError(function if isinstance(function, str) else _qualname(function), argument, reason, **kwargs)
 
 
-#: The parameter dtypes a module of the library can be built in (``dtype=`` of the constructors).
-PARAMETER_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-
-
-def check_parameter_dtype(owner: str, dtype: object) -> None:
-    """Refuse a constructor's ``dtype`` other than None or one of :data:`PARAMETER_DTYPES` with a ValueError
-    naming ``owner`` (torch would fail later, inside ``nn.Parameter``, without naming the argument)."""
-    if dtype is not None and dtype not in PARAMETER_DTYPES:
-        names = ", ".join(str(d) for d in PARAMETER_DTYPES[:-1]) + f" or {PARAMETER_DTYPES[-1]}"
-        raise ValueError(f"{owner}: dtype must be None or a floating-point dtype ({names}), got {dtype!r}")
-
-
 # ----------------------------------------------------------------------------------------------------
 # Explaining a failed check (and binding sizes for the trace) with our own walk over the annotations
 # ----------------------------------------------------------------------------------------------------

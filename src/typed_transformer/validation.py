@@ -4,6 +4,8 @@
   target). The GPT, the encoder-decoder model and the character tokenizer all raise :class:`TokenIdError`, a
   ``ValueError``, with one message: ``"<owner>: <argument> holds token id <id>, outside the vocabulary 0..<n-1>"``.
 * :func:`check_positive_int`: a size is an ``int`` (not a ``bool``) greater than zero.
+* :func:`check_parameter_dtype`: a module's ``dtype=`` is None or a floating-point dtype
+  (:data:`PARAMETER_DTYPES`), which every module and checkpoint of the library holds its weights in.
 
 Shapes are not values: a wrong shape is a :class:`~typed_transformer.ShapeError`; a right shape holding a
 wrong token id is a :class:`TokenIdError`.
@@ -15,7 +17,7 @@ from torch import Tensor
 
 from .shapecheck import typechecked
 
-__all__ = ["TokenIdError", "check_positive_int", "check_token_ids"]
+__all__ = ["PARAMETER_DTYPES", "TokenIdError", "check_parameter_dtype", "check_positive_int", "check_token_ids"]
 
 
 class TokenIdError(ValueError):
@@ -78,6 +80,18 @@ def check_positive_int(owner: str | None, name: str, value: object, *, optional:
         prefix = f"{owner}: " if owner else ""
         allowed = "None or a positive int" if optional else "a positive int"
         raise ValueError(f"{prefix}{name} must be {allowed}, got {value!r}")
+
+
+#: The parameter dtypes a module of the library can be built in (``dtype=`` of the constructors).
+PARAMETER_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def check_parameter_dtype(owner: str, dtype: object) -> None:
+    """Refuse a constructor's ``dtype`` other than None or one of :data:`PARAMETER_DTYPES` with a ValueError
+    naming ``owner`` (torch would fail later, inside ``nn.Parameter``, without naming the argument)."""
+    if dtype is not None and dtype not in PARAMETER_DTYPES:
+        names = ", ".join(str(d) for d in PARAMETER_DTYPES[:-1]) + f" or {PARAMETER_DTYPES[-1]}"
+        raise ValueError(f"{owner}: dtype must be None or a floating-point dtype ({names}), got {dtype!r}")
 
 
 check_token_ids = typechecked(check_token_ids)
