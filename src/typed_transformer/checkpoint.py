@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jaxtyping import Shaped, UInt8
+from jaxtyping import Float, Shaped, UInt8
 from torch import Tensor, nn
 
 from ._files import NotARegularFile, is_current, open_lock, release_lock, require_regular_file
@@ -472,7 +472,7 @@ def _optimizer_state(tensors: dict[str, Tensor], meta: Any, model: GPT) -> dict[
     return {"state": state, "param_groups": groups}
 
 
-def check_adam_state(state_dict: dict[str, Any], parameters: list[Tensor],
+def check_adam_state(state_dict: dict[str, Any], parameters: list[Float[Tensor, "..."]],
                      kind: type[torch.optim.Optimizer] = torch.optim.AdamW) -> None:
     """Check a saved ``Adam``/``AdamW`` ``state_dict()`` against the ``parameters`` it will drive (in the
     optimizer's order) before ``load_state_dict``, which casts dtypes silently: each group's settings through
@@ -499,6 +499,9 @@ def check_adam_state(state_dict: dict[str, Any], parameters: list[Tensor],
             raise ValueError(f"optimizer state for unknown parameter {index!r}")
         parameter = parameters[index]
         _check_adam_entry(index, entry, parameter.shape, parameter.dtype, index in amsgrad, kind.__name__)
+
+
+check_adam_state = typechecked(check_adam_state)
 
 
 #: The dtypes of Adam's step count (torch keeps it as a float tensor: float64 when that is the default dtype).
@@ -603,7 +606,7 @@ def _model_from(tensors: dict[str, Tensor], config: GPTConfig, path: Path) -> GP
     return model
 
 
-def checked_model(build: Callable[[], nn.Module], weights: dict[str, Tensor], path: Path) -> nn.Module:
+def checked_model(build: Callable[[], nn.Module], weights: dict[str, Shaped[Tensor, "..."]], path: Path) -> nn.Module:
     """``build()`` holding ``weights``, which must fit it exactly (names and shapes; a name tied to another,
     such as a GPT's ``lm_head.weight``, may be left out), all be of one floating-point dtype (never a silent
     cast: the model is built in that dtype) and be finite.
@@ -656,6 +659,9 @@ def checked_model(build: Callable[[], nn.Module], weights: dict[str, Tensor], pa
         raise CheckpointError(f"{path}: out of memory building its model ({count:,} parameters, "
                               f"{size / 2**30:.2f} GiB of {str(dtype).removeprefix('torch.')} weights)") from None
     return model
+
+
+checked_model = typechecked(checked_model)
 
 
 def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> Checkpoint:
