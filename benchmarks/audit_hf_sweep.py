@@ -59,12 +59,13 @@ def _fingerprint(cls: type) -> str:
     return hashlib.sha1(body.replace(cls.__name__, "X").encode()).hexdigest()[:10]
 
 
-def _setup(model: str, name: str) -> str:
+def _setup(model: str, name: str, overrides: dict[str, Any]) -> str:
     """Lines that rebuild the audited module and its spec in a fresh interpreter (for the repros)."""
+    build = f"hf_build({name}, {overrides!r})" if overrides else f"hf_build({name})"
     return (f"from transformers.models.{model}.modeling_{model} import {name}\n"
             f"from typed_transformer.audit import hf_build, hf_spec\n"
             f"from typed_transformer.strategies import randomize_parameters\n"
-            f"module = randomize_parameters(hf_build({name}), 0)\n"
+            f"module = randomize_parameters({build}, 0)\n"
             f"spec = hf_spec(module)")
 
 
@@ -74,7 +75,7 @@ def audit_class(item: tuple[str, str], max_examples: int = 5) -> dict[str, Any]:
     import torch
 
     from typed_transformer.audit import audit_module
-    from typed_transformer.audit._hf import hf_build, hf_limits, hf_notes, hf_spec
+    from typed_transformer.audit._hf import hf_build, hf_causes, hf_limits, hf_notes, hf_spec
     from typed_transformer.strategies import randomize_parameters
 
     torch.set_num_threads(1)
@@ -82,9 +83,20 @@ def audit_class(item: tuple[str, str], max_examples: int = 5) -> dict[str, Any]:
     cls = getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name)
     row: dict[str, Any] = {"model": model, "cls": name, "fingerprint": _fingerprint(cls)}
     start = time.perf_counter()
+    notes: list[str] = []
+    overrides: dict[str, Any] = {}
     try:
-        module = randomize_parameters(hf_build(cls), 0)
-        spec = hf_spec(module)
+        try:
+            module = randomize_parameters(hf_build(cls), 0)
+            spec = hf_spec(module)
+        except Exception as err:
+            # a class that only runs with as many key/value heads as query heads (its default config has them)
+            config: Any = hf_build(cls).config
+            overrides = {"num_key_value_heads": config.num_attention_heads}
+            module = randomize_parameters(hf_build(cls, overrides), 0)
+            spec = hf_spec(module)
+            notes.append(f"raises with fewer key/value heads than query heads ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0][:120]}); audited with as many, as its default config has")
     except Exception as err:
         first = str(err).splitlines()[0][:160] if str(err) else ""
         row["skipped"] = f"{type(err).__name__}: {first}"
@@ -92,19 +104,20 @@ def audit_class(item: tuple[str, str], max_examples: int = 5) -> dict[str, Any]:
     limits = hf_limits(module)
     try:
         report = audit_module(module, spec, conventions="infer", max_examples=max_examples,
-                              dtypes=(torch.float32,), seed=0, setup=_setup(model, name))
+                              dtypes=(torch.float32,), seed=0, setup=_setup(model, name, overrides))
     except Exception as err:
         row["skipped"] = f"audit could not run: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
         row["trace"] = traceback.format_exc()[-600:]
         return row
     conv = report.conventions
-    config: Any = module.config
+    config = module.config
     g = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     shape = "memory" if spec.memory else ("separate k, v" if not conv["self_attention"] else "self")
     row["conventions"] = (f"{shape}, h={config.num_attention_heads} g={g}, fully_masked={conv['fully_masked']}, "
                           f"rope={spec.rotary.style if spec.rotary else 'no'}, cache={'yes' if spec.decode else 'no'}")
     row["statuses"] = {r.name: report.status(r.name) for r in report.results}
-    row["notes"] = hf_notes(module)
+    row["notes"] = notes + hf_notes(module)
+    row["causes"] = hf_causes(module)
     fails = [{"check": r.name, "message": r.message.splitlines()[0][:200], "repro": r.repro or ""}
              for r in report.results if r.status == "FAIL"]
     if fails and limits:
@@ -127,10 +140,15 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
     clean = [r for r in audited if not r["fails"]]
     fails = [(r, f) for r in audited for f in r["fails"]]
     checks = list(dict.fromkeys(name for r in found for name in r["statuses"]))
-    by_check: dict[str, int] = {}
-    for _, f in fails:
-        by_check[f["check"]] = by_check.get(f["check"], 0) + 1
-    categories = ", ".join(f"{n} `{check}`" for check, n in by_check.items()) or "none"
+    by_cause: dict[str, list[int]] = {}
+    for r in audited:
+        if r["fails"]:
+            cause = (r["causes"][0].split(":")[0] if r["causes"] else "cause not named: see the repro")
+            counts = by_cause.setdefault(cause, [0, 0])
+            counts[0] += len(r["fails"])
+            counts[1] += 1
+    categories = "; ".join(f"{n} in {k} class{'es' if k > 1 else ''}: {cause}"
+                           for cause, (n, k) in by_cause.items()) or "none"
     lines = [
         "# Hugging Face attention classes, audited with zero lines of spec",
         "",
@@ -140,7 +158,7 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
         f"found, **{len(audited)} audited with zero lines of spec** ({distinct} distinct implementations: classes "
         f"whose `__init__` and `forward` differ beyond the class name), {len(clean)} pass every check. "
         f"**{len(fails)} FAILs remain, each a true behaviour of its class** with the repro that shows it "
-        f"(by check: {categories}); **0 false alarms**: a class that computes something the reference does not "
+        f"(by cause: {categories}); **0 false alarms**: a class that computes something the reference does not "
         f"model is not reported as failing but listed as recognised and not audited ({len(unmodelled)} classes, "
         f"with what the reference lacks), and {len(skipped)} classes not of the common shape or not buildable "
         f"from a tiny config are listed with the reason. The sweep took {seconds:.0f} s with `--jobs {jobs}`.",
@@ -164,10 +182,14 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
         lines.append(f"| {r['model']} | `{r['cls']}` | {r['conventions']} | `{letters}` | {failed} |")
     if fails:
         lines += ["", "## FAILs in detail: true behaviours of the class", ""]
-        for r, f in fails:
-            lines += [f"**{r['cls']}** `{f['check']}`: {f['message']}", ""]
-            if f["repro"]:
-                lines += ["```python", f["repro"], "```", ""]
+        for r in (r for r in audited if r["fails"]):
+            lines += [f"### {r['cls']} ({len(r['fails'])} FAILs)", "",
+                      f"Cause: {'; '.join(r['causes']) or 'not named; the repro shows the difference'}.", ""]
+            lines += [f"- `{f['check']}`: {f['message']}" for f in r["fails"]]
+            first = next((f for f in r["fails"] if f["repro"]), None)
+            if first is not None:
+                lines += ["", f"The repro of `{first['check']}`:", "", "```python", first["repro"], "```"]
+            lines.append("")
     noted = [r for r in audited if r.get("notes")]
     if noted:
         lines += ["", "## Behaviours worth knowing (the class passes)", ""]

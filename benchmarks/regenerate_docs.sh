@@ -10,6 +10,8 @@ py=.venv/bin/python
 $py benchmarks/readme_main_job.py --write             # README.md and docs/training.md: the main job
 $py benchmarks/seq2seq_runs.py --write                # docs/training.md: train-seq2seq and translate
 $py benchmarks/audit_infer_docs.py                    # docs/audit.md: the --infer example and its timing
+$py benchmarks/audit_docs_tables.py                   # docs/audit.md: every other printed report
+$py benchmarks/audit_findings.py                      # docs/audit-findings.md: every finding re-checked
 $py benchmarks/time_to_quality.py --data "$data" --write docs/lab/time-to-quality.md
 $py benchmarks/main_job_profile.py --data "$data" --write docs/lab/time-to-quality.md   # where its time goes
 $py benchmarks/audit_hf_sweep.py --jobs 2             # docs/audit-hf-sweep.md

@@ -132,7 +132,7 @@ def test_report_table_and_json(tmp_path: Path) -> None:
     assert lines[1].split() == ["check", "dtype", "status", "ratio", "detail"]
     assert [line.split()[:3] for line in lines[3:7]] == [["scale", "float32", "FAIL"], ["scale", "float64", "FAIL"],
                                                          ["dtype", "float32", "PASS"], ["dtype", "float64", "PASS"]]
-    assert "1 passed, 1 failed, 0 skipped" in table
+    assert table.endswith("\nfloat32: 1 passed, 1 failed; float64: 1 passed, 1 failed; 1 root cause")
     assert str(report) == table
     path = tmp_path / "audit.json"
     text = report.to_json(str(path))
@@ -306,3 +306,53 @@ def test_takes_enable_gqa() -> None:
     assert takes_enable_gqa(cands.sdpa_gqa_right)  # its signature
     assert not takes_enable_gqa(cands.naive_attention)
     assert not takes_enable_gqa(torch.nn.functional.softmax)
+
+
+# ----------------------------------------------------------------------------------------------------
+# One block per root cause; the closing line per dtype
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_one_block_for_a_root_cause_that_fails_every_check() -> None:
+    report = audit_attention(cands.missing_scale, conventions=NAIVE, max_examples=6)
+    table = report.table()
+    assert table.endswith("\nfloat32: 1 passed, 11 failed; float64: 1 passed, 11 failed; 1 root cause")
+    [cause] = report.causes
+    assert cause.lines(1, 1)[:2] == [
+        "root cause 1 of 1: the output differs from the reference with no mask and no causal flag",
+        "  explains reference, scale, causality, batch_independence, permutation, masking, padding, fully_masked, "
+        "mask_and_causal, large_logits, gradients [float32, float64]"]
+    assert cause.shown is report["reference"]
+    assert table.count("counterexample {") == 1
+    assert sum(line.startswith("example = Example(") for line in table.splitlines()) == 1  # one repro
+
+
+def test_failures_of_a_mask_bug_share_the_masking_block() -> None:
+    report = audit_attention(cands.flipped_polarity, conventions=NAIVE, max_examples=6)
+    assert [(c.check, c.explains()) for c in report.causes] == [
+        ("masking", "masking, padding, mask_and_causal, large_logits, gradients [float32, float64]"),
+        ("fully_masked", "fully_masked [float32, float64]")]
+    assert report.causes[0].summary == ("the mask is applied wrongly (the output differs with the mask alone, no "
+                                        "causal flag)")
+    assert report.table().endswith("\nfloat32: 6 passed, 6 failed; float64: 6 passed, 6 failed; 2 root causes")
+
+
+def test_a_causal_bug_is_its_own_block_and_a_passing_report_names_no_cause() -> None:
+    report = audit_attention(cands.causal_off_by_one, conventions=NAIVE, max_examples=10, dtypes=(torch.float64,),
+                             checks=["reference", "causality", "mask_and_causal", "gradients"])
+    assert [(c.check, c.explains()) for c in report.causes] == [
+        ("causality", "causality, mask_and_causal, gradients [float64]")]
+    passing = audit_attention(F.scaled_dot_product_attention, conventions=SDPA, max_examples=3)
+    assert passing.causes == []
+    assert passing.table().endswith("\nfloat32: 10 passed; float64: 10 passed; 2 checks skipped")
+
+
+def test_the_same_exception_everywhere_is_one_block() -> None:
+    declared = Conventions(causal_alignment="top-left", fully_masked="any", mask_with_causal=False, supports_gqa=True)
+    report = audit_attention(F.scaled_dot_product_attention, conventions=declared, max_examples=6,
+                             checks=["reference", "causality", "masking", "gradients"], dtypes=(torch.float64,))
+    [cause] = report.causes
+    assert cause.explains() == "reference, causality, masking, gradients [float64]"
+    assert cause.summary.startswith("the candidate raises RuntimeError: The size of tensor a (")
+    assert cause.shown.traceback is not None
+    assert cause.shown.traceback in report.table()

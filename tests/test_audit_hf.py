@@ -248,3 +248,78 @@ def test_what_the_reference_does_not_model_is_listed() -> None:
     from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention
 
     assert hf_limits(hf_build(Gemma2Attention)) == ["attn_logit_softcapping"]
+
+
+@pytest.mark.parametrize(("model", "name"), [
+    ("hunyuan_v1_dense", "HunYuanDenseV1Attention"),  # q/k norms after the rotary turn
+    ("recurrent_gemma", "RecurrentGemmaAttention"),  # its own rotary_emb from position_ids, half of each head
+    ("chameleon", "ChameleonAttention"),  # q/k LayerNorm with one weight row per head
+    ("mimo_v2_flash", "MiMoV2FlashAttention"),  # values scaled by a constant, dv != d, rope per layer type
+    ("lfm3", "Lfm3Attention"),  # a hybrid config whose first layer is a convolution: built at its attention index
+])
+def test_more_shapes_the_spec_describes(model: str, name: str) -> None:
+    import importlib
+
+    cls = getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name)
+    module: Any = randomize_parameters(hf_build(cls), 0)
+    if model == "lfm3":
+        assert module.config.layer_types[module.layer_idx].endswith("attention")
+        assert module.layer_idx > 0
+        return  # its gate and proportional rope are listed by hf_limits: recognised, not audited
+    assert hf_limits(module) == []
+    report = _audit(module, checks=["reference", "rope"])
+    assert report.passed, report.table()
+
+
+def test_norms_after_the_turn_with_a_planted_bug() -> None:
+    from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import HunYuanDenseV1Attention
+
+    module: Any = randomize_parameters(hf_build(HunYuanDenseV1Attention), 0)
+    assert hf_spec(module).norms_after_rotary
+    module.key_layernorm.forward = lambda x: x  # bug: the key norm is skipped
+    assert _audit(module, checks=["reference"]).status("reference") == "FAIL"
+
+
+def test_a_value_scale_left_out_fails() -> None:
+    from transformers.models.mimo_v2_flash.modeling_mimo_v2_flash import MiMoV2FlashAttention
+
+    module: Any = randomize_parameters(hf_build(MiMoV2FlashAttention), 0)
+    spec = hf_spec(module)
+    assert module.v_scale != 1.0
+    assert spec.weights is not None  # the constant folded into the value projection
+    module.v_scale = 1.0  # bug: the values are no longer scaled (the spec read the original constant)
+    report = audit_module(module, spec, conventions="infer", checks=["reference"], **QUICK)
+    assert report.status("reference") == "FAIL"
+
+
+def test_rope_turned_the_other_way_is_a_true_finding_with_its_cause() -> None:
+    """nanochat's rotate_half is (x2, -x1): every FAIL of the class comes from that, and with the sine negated the
+    class matches the reference."""
+    from transformers.models.llama.modeling_llama import LlamaAttention
+    from transformers.models.nanochat.modeling_nanochat import NanoChatAttention
+
+    from typed_transformer.audit import hf_causes
+
+    module: Any = randomize_parameters(hf_build(NanoChatAttention), 0)
+    assert hf_causes(module)[0].startswith("its rotate_half returns (x2, -x1)")
+    report = _audit(module, checks=["reference", "rope"])
+    assert report.status("rope") == "FAIL"
+
+    class SineNegated(NanoChatAttention):
+        def forward(self, hidden_states: torch.Tensor, position_embeddings: Any = None, attention_mask: Any = None,
+                    cache: Any = None, **kwargs: Any) -> Any:
+            cos, sin = position_embeddings
+            return super().forward(hidden_states, (cos, -sin), attention_mask, cache, **kwargs)
+
+    negated: Any = randomize_parameters(hf_build(SineNegated), 0)
+    assert _audit(negated, checks=["reference", "rope", "incremental_decoding"]).passed
+    assert hf_causes(randomize_parameters(hf_build(LlamaAttention), 0)) == []
+
+
+def test_a_class_that_needs_as_many_key_value_heads_is_refused_at_fewer() -> None:
+    from transformers.models.esmc.modeling_esmc import EsmcAttention
+
+    with pytest.raises(AuditUsageError, match=r"not of the common shape .a call on"):
+        hf_spec(randomize_parameters(hf_build(EsmcAttention), 0))
+    module = randomize_parameters(hf_build(EsmcAttention, {"num_key_value_heads": 4}), 0)
+    assert _audit(module, checks=["reference"]).passed

@@ -191,6 +191,55 @@ def test_llama_with_the_wrong_rotary_pairing_fails_rope(monkeypatch: pytest.Monk
     monkeypatch.setattr(modeling_llama, "rotate_half", _interleaved_rotate_half)
     report = audit_module(module, "llama", dtypes=[torch.float32], **QUICK)
     _fails(report, "rope", "reference")
+    # a pairing that is no rotation at all (each half of a pair turns by another angle): named by what it breaks
+    assert ("; the rotation itself: it makes the logits depend on absolute positions, which a rotary embedding never "
+            "does (t=") in report["rope"].message
+    assert ("the same tokens one position later, after a padded token, change the outputs by"
+            in report["rope"].message)
+
+
+def test_a_rope_failure_caused_by_the_scale_is_not_blamed_on_the_rotation(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _module("llama")
+    from transformers.models.llama import modeling_llama
+
+    eager = modeling_llama.eager_attention_forward
+
+    def unscaled(module: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scaling: float,
+                 **kwargs: Any) -> Any:
+        return eager(module, q, k, v, mask, 1.0, **kwargs)
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", unscaled)
+    report = audit_module(module, "llama", checks=["reference", "rope"], dtypes=[torch.float32], max_examples=5)
+    assert report.failed == ["reference", "rope"]
+    assert report["rope"].message.endswith("; not the rotation: the logit scale is 1 (no 1/sqrt(d)) instead of 0.5, "
+                                           "which the rope check depends on (reference fails the same way)")
+    assert [cause.lines(1, 1)[0] for cause in report.causes] == [
+        "root cause 1 of 1: the output differs from the reference with no mask and no causal flag; the module matches "
+        "the reference when the logit scale is 1 (no 1/sqrt(d)) instead of 0.5"]
+
+
+def test_llama_in_float64_is_one_root_cause_counted_per_dtype() -> None:
+    """Correct in float32; in float64 its float32 rotary tables and float32 softmax fail every check that compares
+    outputs: one block, and the closing line counts per dtype."""
+    report = audit_module(_module("llama"), "llama", checks=["reference", "causality", "masking", "dtype", "rope"],
+                          max_examples=3)
+    table = report.table()
+    assert table.endswith("\nfloat32: 5 passed; float64: 1 passed, 4 failed; 1 root cause")
+    [cause] = report.causes
+    assert cause.explains() == "reference, causality, masking, rope [float64]"
+    assert cause.lines(1, 1)[0] == (
+        "root cause 1 of 1: the output differs from the reference with no mask and no causal flag; the module matches "
+        "the reference when its cos/sin tables and its softmax are computed in float32 (float32 precision in a "
+        "float64 run)")
+    assert [line for line in table.splitlines() if "counterexample" in line] == [
+        '  counterexample {"b": 1, "h": 4, "g": 2, "t": 2, "s": 2, "d": 4, "dv": 4, "seed": 0, "dtype": "float64", '
+        '"keep": null, "is_causal": false, "amplitude": 1.0, "widths": [16, 16, 16], "tied": true}']
+    assert sum(line.startswith("example = Example(") for line in table.splitlines()) == 1  # one repro
+    assert report["rope"].message.endswith(
+        "; not a wrong rotation: its cos/sin tables and its softmax are computed in float32 (float32 precision in a "
+        "float64 run) (reference, causality, masking fail the same way)")
+    assert report.to_dict()["causes"][0]["explains"] == [["reference", "float64"], ["causality", "float64"],
+                                                         ["masking", "float64"], ["rope", "float64"]]
 
 
 def test_llama_whose_cache_forgets_a_position_fails_incremental_decoding(monkeypatch: pytest.MonkeyPatch) -> None:

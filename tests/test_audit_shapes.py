@@ -249,7 +249,10 @@ def test_gpt_neox_rotating_the_last_dimensions_instead_of_the_first_fails_rope(
         return torch.cat([q[..., :-r], qr], dim=-1), torch.cat([k[..., :-r], kr], dim=-1)
 
     monkeypatch.setattr(modeling, "apply_rotary_pos_emb", last)
-    _fails(audit_module(module, "gpt_neox", **QUICK), "rope")
+    report = audit_module(module, "gpt_neox", **QUICK)
+    _fails(report, "rope")
+    assert report["rope"].message.endswith("; the rotation itself: it rotates the last 4 of 8 dimensions of each head "
+                                           "instead of the first")
 
 
 def test_phi_rotating_the_whole_head_fails_rope(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,7 +270,10 @@ def test_phi_rotating_the_whole_head_fails_rope(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(modeling, "PhiRotaryEmbedding", WholeHead)
     module.rotary_ndims = module.head_dim
-    _fails(audit_module(module, "phi", **QUICK), "rope")
+    report = audit_module(module, "phi", **QUICK)
+    _fails(report, "rope")
+    assert report["rope"].message.endswith("; the rotation itself: it rotates all 8 dimensions of each head, where the "
+                                           "spec says the first 4")
 
 
 @pytest.mark.parametrize(("factory", "spec", "norm"), [(qwen3, "qwen3", "k_norm"), (phi, "phi", "q_layernorm")])

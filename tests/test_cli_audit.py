@@ -18,7 +18,8 @@ def test_audit_torch_sdpa_passes_with_its_conventions(tmp_path: Path, capsys: py
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.splitlines()[0].startswith("audit of torch.nn.functional:scaled_dot_product_attention (seed 0")
-    assert out.rstrip().endswith("10 passed, 0 failed, 2 skipped")  # fully_masked, mask_and_causal: declared
+    # fully_masked, mask_and_causal: declared
+    assert out.rstrip().endswith("\nfloat32: 10 passed; float64: 10 passed; 2 checks skipped")
     assert "attn_mask and is_causal together (mask_with_causal=False)" in out
     data = json.loads(path.read_text())
     assert data["passed"] is True
@@ -180,7 +181,7 @@ def test_audit_gqa_passes_enable_gqa_to_torch_sdpa(capsys: pytest.CaptureFixture
     assert main([*sdpa, "--gqa", "--checks", "reference,masking,gradients"]) == 0
     out = capsys.readouterr().out
     assert "grouped-query" not in out
-    assert out.rstrip().endswith("3 passed, 0 failed, 0 skipped")
+    assert out.rstrip().endswith("\nfloat32: 3 passed; float64: 3 passed")
 
 
 def test_audit_gqa_catches_a_grouping_bug_behind_enable_gqa(capsys: pytest.CaptureFixture[str]) -> None:
@@ -190,3 +191,55 @@ def test_audit_gqa_catches_a_grouping_bug_behind_enable_gqa(capsys: pytest.Captu
     assert code == 1
     assert out.splitlines()[3].split()[:3] == ["reference", "float64", "FAIL"]
     assert "enable_gqa=True" in out  # the repro's conventions pass it
+
+
+def test_without_the_audit_extra_any_audit_flags_give_the_install_line_and_other_commands_skip_the_toolkit() -> None:
+    """The conventions flags come from the toolkit's Conventions, imported only when the command is audit: without
+    the [audit] extra (hypothesis blocked) audit says which extra to install whatever its flags, and a train
+    command never imports the toolkit (its import costs about a second)."""
+    import subprocess
+    import sys
+
+    from typed_transformer._install import install_hint
+
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'hypothesis': raise ImportError('blocked: ' + name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "from typed_transformer.cli import main\n"
+            "try:\n"
+            "    main(['train', '--max-iters', '0'])\n"
+            "except SystemExit as exit_:\n"
+            "    assert exit_.code == 2\n"
+            "assert 'typed_transformer.audit' not in sys.modules\n"
+            "sys.exit(main(['audit', 'torch.nn.functional:scaled_dot_product_attention', '--layout', 'bthd',"
+            " '--no-mask']))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == ("typed-transformer train: error: argument --max-iters: expected an integer from 1 to "
+                        "1000000000, got '0'")
+    assert lines[1].startswith(f"typed-transformer: error: audit needs the [audit] extra: {install_hint('audit')} (")
+    assert len(lines) == 2
+
+
+def test_the_conventions_flags_are_the_conventions_fields() -> None:
+    """Every Conventions field with help text is an audit flag (its name or its flag name), and a given flag sets
+    exactly its field: --no-mask clears supports_mask, --gqa sets supports_gqa, --scale parses a positive number."""
+    import argparse
+    from dataclasses import fields
+
+    from typed_transformer.audit import Conventions
+    from typed_transformer.cli import build_parser
+
+    parser = build_parser()
+    audit = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["audit"]
+    options = {action.dest: action.option_strings[0] for action in audit._actions if action.option_strings}
+    declared = {f.name: "--" + f.metadata.get("flag", f.name).replace("_", "-") for f in fields(Conventions)
+                if "help" in f.metadata}
+    assert {dest: options[dest] for dest in declared} == declared
+    args = parser.parse_args(["audit", "m:f", "--no-mask", "--gqa", "--scale", "0.5", "--layout", "bthd"])
+    given = {dest: getattr(args, dest) for dest in declared if getattr(args, dest) is not None}
+    assert given == {"supports_mask": False, "supports_gqa": True, "scale": 0.5, "layout": "bthd"}
+    assert Conventions(**given) == Conventions(supports_mask=False, supports_gqa=True, scale=0.5, layout="bthd")

@@ -363,6 +363,48 @@ def test_the_space_check_asks_for_two_checkpoints_and_the_plot_less_what_is_ther
         require_free_space(out, model, evaluations=5)
 
 
+@contextlib.contextmanager
+def _tmpfs(path: Path, size: int) -> Iterator[Path]:
+    """A real file system of ``size`` bytes at ``path`` (tmpfs: root only; the test is skipped where mounting is
+    not allowed)."""
+    import subprocess
+
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.decode(errors='replace').strip()})")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small file system needs root")
+def test_the_space_check_on_real_small_file_systems(text: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A file system just too small for two checkpoints is refused before the first step; one just large enough
+    runs to the end, saving at every step (so two checkpoints do coexist): the estimate is neither too low nor
+    far too high."""
+    from typed_transformer.checkpoint import PLOT_ROOM, checkpoint_bytes
+
+    out = tmp_path / "probe"
+    assert main(argv(text, out, "--max-iters", "2")) == 0
+    evaluations = MAX_ITERS // 4 + 2
+    needed = 2 * checkpoint_bytes(load_checkpoint(out / CHECKPOINT_NAME).model, evaluations=evaluations) + PLOT_ROOM
+    page = 4096
+    with _tmpfs(tmp_path / "small", needed - needed % page - page) as small:
+        capsys.readouterr()
+        assert main(argv(text, small / "run")) == 2
+        err = capsys.readouterr().err
+        assert "iter " not in err
+        assert err.splitlines()[-1].startswith(f"typed-transformer: error: {small / 'run'}: not enough free space ")
+        assert not (small / "run" / CHECKPOINT_NAME).exists()
+    with _tmpfs(tmp_path / "enough", needed - needed % page + 4 * page) as enough:  # and the directory, .lock
+        assert main(argv(text, enough / "run")) == 0
+        assert load_checkpoint(enough / "run" / CHECKPOINT_NAME).iteration == MAX_ITERS
+
+
 # ---------------------------------------------------------------------------------------------------
 # Signals
 # ---------------------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ A dataclass field becomes a flag when its metadata holds ``help``; the rest of i
 
 - ``flag``: the flag's name when it is not the field's (``learning_rate`` is ``--lr``);
 - ``range``: ``(low, high)`` of an integer, both included; ``interval``: ``"(0, 1]"`` of a float, with ``noun``
-  naming what is wanted ("a learning rate"); ``parse``: any other ``text -> value`` (raising
-  ``argparse.ArgumentTypeError``; with ``numeric: True`` a config file must give a number, not a string);
+  naming what is wanted ("a learning rate"); ``positive``: a positive finite float; ``parse``: any other
+  ``text -> value`` (raising ``argparse.ArgumentTypeError``; with ``numeric: True`` a config file must give a
+  number, not a string);
 - ``choices``: the allowed strings (default: the field's ``Literal``); ``group``: the ``--help`` section;
 - ``exclusive``: a mutually exclusive group's name; ``store``: a plain switch storing that value (``True``:
   ``--resume``; ``False``: ``--post-norm`` clears ``norm_first``); other ``bool`` fields get ``--x/--no-x``;
@@ -111,8 +112,8 @@ def _base(annotation: Any) -> Any:
 
 
 #: The metadata keys a flag's field may hold (a misspelt key is an error, not a silently ignored setting).
-KEYS = frozenset({"help", "flag", "range", "interval", "noun", "parse", "numeric", "choices", "group", "exclusive",
-                  "store", "in_file", "metavar"})
+KEYS = frozenset({"help", "flag", "range", "interval", "noun", "positive", "parse", "numeric", "choices", "group",
+                  "exclusive", "store", "in_file", "metavar"})
 
 
 def _flag(name: str, annotation: Any, meta: dict[str, Any], default: Any) -> Flag:
@@ -135,6 +136,9 @@ def _flag(name: str, annotation: Any, meta: dict[str, Any], default: Any) -> Fla
         return Flag(kind="number" if meta.get("numeric") else "parse", parse=meta["parse"], **common)
     if "range" in meta:
         return Flag(kind="number", parse=int_in(*meta["range"]), **common)
+    if meta.get("positive"):
+        return Flag(kind="number", parse=number(float, lambda v: v > 0 and math.isfinite(v),
+                                                "a positive finite number"), **common)
     if "interval" in meta:
         return Flag(kind="number", parse=interval(meta["interval"], meta.get("noun", "a number")), **common)
     if base is str:

@@ -30,7 +30,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from ._install import install_hint
-from ._options import THREADS_HELP, Flag, add_flags, int_in, number, parse_threads, read_config, values_of
+from ._options import (
+    THREADS_HELP,
+    Flag,
+    add_flags,
+    flags_of,
+    int_in,
+    number,
+    parse_threads,
+    read_config,
+    values_of,
+)
 from ._signals import TERMINATING, exit_code, raise_terminated, signal_name
 
 if TYPE_CHECKING:  # the commands import these when they run: the parser stays light
@@ -130,9 +140,11 @@ def _command_flags(command: str) -> list[Flag]:
     return [*own, *flags_of(TrainConfig), *flags_of(GPTConfig)]
 
 
-def build_parser(file_defaults: dict[str, dict[str, Any]] | None = None) -> argparse.ArgumentParser:
+def build_parser(file_defaults: dict[str, dict[str, Any]] | None = None, *,
+                 audit_conventions: bool = True) -> argparse.ArgumentParser:
     """The command line's parser; ``file_defaults`` (a command's ``--config`` file: ``{command: {dest: value}}``)
-    replace that command's defaults, so that its flags override them."""
+    replace that command's defaults, so that its flags override them. ``audit_conventions=False`` leaves out
+    ``audit``'s conventions flags (and the toolkit's import)."""
     from . import __version__
 
     parser = _Parser(prog="typed-transformer", description="A reference Transformer with checked tensor shapes.")
@@ -145,7 +157,7 @@ def build_parser(file_defaults: dict[str, dict[str, Any]] | None = None) -> argp
     _generate_parser(commands)
     _seq2seq_parsers(commands, defaults.get("train-seq2seq"))
     _attention_parser(commands)
-    _audit_parser(commands)
+    _audit_parser(commands, audit_conventions)
     return parser
 
 
@@ -198,7 +210,9 @@ def _attention_parser(commands: Any) -> None:
     maps.add_argument("--dpi", type=_positive_int, default=100, help="default 100")
 
 
-def _audit_parser(commands: Any) -> None:
+def _audit_parser(commands: Any, conventions: bool) -> None:
+    """``audit``'s flags; ``conventions``: with the conventions flags (generated from the audit's
+    :class:`~typed_transformer.audit.Conventions`, whose import takes a second: only when the command is audit)."""
     audit = commands.add_parser("audit", help="audit a third-party attention function or module against the "
                                 "reference")
     audit.add_argument("candidate", metavar="MODULE:ATTR", nargs="?", default=None,
@@ -212,34 +226,13 @@ def _audit_parser(commands: Any) -> None:
                        "of the common shape, built from a tiny config of its own; --config overrides fields)")
     audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
                        "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
-    audit.add_argument("--layout", choices=["bhtd", "bthd"], default="bhtd",
-                       help="axis order of the candidate's q, k, v: (batch, heads, time, dim) (default, SDPA's) "
-                            "or (batch, time, heads, dim)")
-    audit.add_argument("--mask-polarity", choices=["keep", "drop"], default="keep",
-                       help="keep: True = may attend (SDPA); drop: True = masked out (nn.MultiheadAttention)")
-    audit.add_argument("--mask-kind", choices=["bool", "additive"], default="bool",
-                       help="additive: the candidate takes float 0/-inf masks only")
-    audit.add_argument("--causal-alignment", choices=["top-left", "bottom-right"], default="bottom-right",
-                       help="what is_causal means when t != s (SDPA: top-left)")
-    audit.add_argument("--fully-masked", choices=["zero", "nan", "uniform", "any"], default=None,
-                       help="declared output of query rows without keys (default zero, as in the API; a module: "
-                       "its spec's)")
-    audit.add_argument("--scale", type=_positive_float, default=None, help="logit scale (default 1/sqrt(d))")
-    audit.add_argument("--gqa", action="store_true",
-                       help="the candidate takes fewer key/value heads (enable_gqa=True is passed with them when it "
-                            "takes that keyword, as torch's scaled_dot_product_attention does)")
-    audit.add_argument("--grouping", choices=["g r", "r g"], default="g r",
-                       help="query head i uses kv head i // r ('g r', torch's) or i %% g ('r g')")
-    audit.add_argument("--self-attention", action="store_true", help="the candidate needs t = s")
-    audit.add_argument("--equal-head-sizes", action="store_true", help="the candidate needs dv = d")
-    audit.add_argument("--even-head-size", action="store_true", help="the candidate needs an even head size")
-    audit.add_argument("--no-mask", action="store_true", help="the candidate takes no attn_mask")
-    audit.add_argument("--no-causal", action="store_true", help="the candidate takes no is_causal")
-    audit.add_argument("--no-mask-with-causal", action="store_true",
-                       help="the candidate refuses attn_mask and is_causal together")
-    audit.add_argument("--decode-sees-all", action="store_true",
-                       help="with is_causal a single query sees every key (Hugging Face's sdpa rule)")
-    audit.add_argument("--no-autograd", action="store_true", help="skip the gradient check")
+    if conventions:  # the conventions a candidate function declares: Conventions' fields (imports the toolkit)
+        try:
+            from .audit import Conventions
+        except ImportError:  # without the [audit] extra: _audit says so, whatever the flags
+            audit.add_argument("arguments", nargs=argparse.REMAINDER, help="(needs the [audit] extra)")
+            return
+        add_flags(audit, flags_of(Conventions))
     audit.add_argument("--infer", action="store_true",
                        help="infer the conventions from the candidate's behaviour instead of declaring them (a "
                             "module's behavioural ones; its --spec says where the weights live); the report "
@@ -796,17 +789,6 @@ def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, optio
     return audit_module(module, spec, fully_masked=args.fully_masked, name=name, **options)
 
 
-def _known(args: argparse.Namespace, changed: list[str]) -> dict[str, Any]:
-    """The conventions flags given with --infer, as fields the user knows (checked against the behaviour)."""
-    fields = {"no_mask": ("supports_mask", False), "no_causal": ("supports_causal", False),
-              "no_mask_with_causal": ("mask_with_causal", False), "no_autograd": ("supports_autograd", False),
-              "gqa": ("supports_gqa", True)}
-    known = dict(fields[name] if name in fields else (name, getattr(args, name)) for name in changed)
-    if args.fully_masked is not None:
-        known["fully_masked"] = args.fully_masked
-    return known
-
-
 def _audit(args: argparse.Namespace) -> int:
     try:
         from .audit import (
@@ -825,14 +807,10 @@ def _audit(args: argparse.Namespace) -> int:
     if args.module is not None and isinstance(problem := _audit_spec(args), str):
         return _fail(problem)
     target = args.candidate or args.module
-    function_only = {"layout": "bhtd", "mask_polarity": "keep", "mask_kind": "bool", "causal_alignment": "bottom-right",
-                     "scale": None, "gqa": False, "grouping": "g r", "self_attention": False, "equal_head_sizes": False,
-                     "even_head_size": False, "no_mask": False, "no_causal": False, "no_mask_with_causal": False,
-                     "decode_sees_all": False, "no_autograd": False}
-    changed = [name for name, default in function_only.items() if getattr(args, name) != default]
+    declared = values_of(args, Conventions)  # the conventions flags given (all but --fully-masked: a function's)
+    changed = [flag.option for flag in flags_of(Conventions) if flag.dest in declared and flag.dest != "fully_masked"]
     if args.module is not None and changed:
-        return _fail(f"--{changed[0].replace('_', '-')} describes a candidate function; a module's conventions come "
-                     f"from its --spec")
+        return _fail(f"{changed[0]} describes a candidate function; a module's conventions come from its --spec")
     if args.candidate is not None and ":" not in args.candidate:
         return _fail(f"candidate must be MODULE:ATTR, got {args.candidate!r}")
     try:
@@ -853,18 +831,10 @@ def _audit(args: argparse.Namespace) -> int:
             if isinstance(report, str):
                 return _fail(report)
         elif args.infer:  # the conventions flags given beside --infer are what the user knows
-            report = audit_attention(candidate, conventions="infer", name=target, known=_known(args, changed),
-                                     **options)
+            report = audit_attention(candidate, conventions="infer", name=target, known=declared, **options)
         else:
-            conventions = Conventions(
-                layout=args.layout, mask_polarity=args.mask_polarity, causal_alignment=args.causal_alignment,
-                scale=args.scale, fully_masked=args.fully_masked or Conventions().fully_masked,
-                supports_mask=not args.no_mask, supports_causal=not args.no_causal, supports_gqa=args.gqa,
-                enable_gqa=args.gqa and takes_enable_gqa(candidate),
-                supports_autograd=not args.no_autograd, self_attention=args.self_attention,
-                equal_head_sizes=args.equal_head_sizes, even_head_size=args.even_head_size, grouping=args.grouping,
-                mask_kind=args.mask_kind, mask_with_causal=not args.no_mask_with_causal,
-                decode_sees_all=args.decode_sees_all)
+            gqa = declared.get("supports_gqa", False)
+            conventions = Conventions(**declared, enable_gqa=gqa and takes_enable_gqa(candidate))
             report = audit_attention(candidate, conventions=conventions, name=target, **options)
     except AuditUsageError as err:
         return _fail(str(err).splitlines()[0])
@@ -903,8 +873,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
-    if not (sys.argv[1:] if argv is None else argv):  # bare `typed-transformer`: the usage, as a usage error
+    given = sys.argv[1:] if argv is None else argv
+    command = next((word for word in given if not word.startswith("-")), None)
+    parser = build_parser(audit_conventions=command == "audit")
+    if not given:  # bare `typed-transformer`: the usage, as a usage error
         parser.print_help(sys.stderr)
         return 2
     args = parser.parse_args(argv)
@@ -914,7 +886,7 @@ def _main(argv: list[str] | None) -> int:
         except ValueError as err:
             return _fail(str(err))
         # the file's values as the defaults: the flags override them
-        args = build_parser({args.command: defaults}).parse_args(argv)
+        args = build_parser({args.command: defaults}, audit_conventions=False).parse_args(argv)
     if args.command in ("train", "generate", "attention", "train-seq2seq", "translate"):
         return _run_training_command(args)
     if args.command == "audit":

@@ -71,7 +71,7 @@ from ._functions import (
     parametrize_audit,
     takes_enable_gqa,
 )
-from ._hf import hf_build, hf_limits, hf_notes, hf_spec
+from ._hf import hf_build, hf_causes, hf_limits, hf_notes, hf_spec
 from ._infer import INFERRED, Evidence, Finding, Inference
 from ._modules import (
     ModuleAdapter,
@@ -136,6 +136,7 @@ __all__ = [
     "candidate_call",
     "draw_example",
     "hf_build",
+    "hf_causes",
     "hf_limits",
     "hf_notes",
     "hf_spec",

@@ -6,7 +6,7 @@ import importlib.metadata
 import json
 import math
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias
@@ -72,25 +72,42 @@ class Conventions:
     call with ``g < h`` (needs ``supports_gqa=True``; ``Conventions.torch_sdpa(gqa=True)`` sets both).
     """
 
-    layout: Literal["bhtd", "bthd"] = "bhtd"
-    mask_polarity: Literal["keep", "drop"] = "keep"
-    causal_alignment: Literal["top-left", "bottom-right"] = "bottom-right"
-    scale: float | None = None
-    fully_masked: Literal["zero", "nan", "uniform", "any"] = "zero"
-    supports_mask: bool = True
-    supports_causal: bool = True
-    supports_gqa: bool = False
-    supports_autograd: bool = True
-    self_attention: bool = False
-    equal_head_sizes: bool = False
-    even_head_size: bool = False
+    # Fields with "help" are the audit command's flags (the command line generates them from this metadata).
+    layout: Literal["bhtd", "bthd"] = field(default="bhtd", metadata={
+        "help": "axis order of the candidate's q, k, v: (batch, heads, time, dim) (default, SDPA's) or (batch, time, "
+                "heads, dim)"})
+    mask_polarity: Literal["keep", "drop"] = field(default="keep", metadata={
+        "help": "keep: True = may attend (SDPA); drop: True = masked out (nn.MultiheadAttention)"})
+    causal_alignment: Literal["top-left", "bottom-right"] = field(default="bottom-right", metadata={
+        "help": "what is_causal means when t != s (SDPA: top-left)"})
+    scale: float | None = field(default=None, metadata={"help": "logit scale (default 1/sqrt(d))", "positive": True})
+    fully_masked: Literal["zero", "nan", "uniform", "any"] = field(default="zero", metadata={
+        "help": "declared output of query rows without keys (default zero, as in the API; a module: its spec's)"})
+    supports_mask: bool = field(default=True, metadata={
+        "help": "the candidate takes no attn_mask", "flag": "no_mask", "store": False})
+    supports_causal: bool = field(default=True, metadata={
+        "help": "the candidate takes no is_causal", "flag": "no_causal", "store": False})
+    supports_gqa: bool = field(default=False, metadata={
+        "help": "the candidate takes fewer key/value heads (enable_gqa=True is passed with them when it takes that "
+                "keyword, as torch's scaled_dot_product_attention does)", "flag": "gqa", "store": True})
+    supports_autograd: bool = field(default=True, metadata={
+        "help": "skip the gradient check", "flag": "no_autograd", "store": False})
+    self_attention: bool = field(default=False, metadata={"help": "the candidate needs t = s", "store": True})
+    equal_head_sizes: bool = field(default=False, metadata={"help": "the candidate needs dv = d", "store": True})
+    even_head_size: bool = field(default=False, metadata={
+        "help": "the candidate needs an even head size", "store": True})
     head_sizes: tuple[int, int] = (1, 8)
     lengths: tuple[int, int] = (1, 6)
-    grouping: Literal["g r", "r g"] = "g r"
-    mask_kind: Literal["bool", "additive"] = "bool"
+    grouping: Literal["g r", "r g"] = field(default="g r", metadata={
+        "help": "query head i uses kv head i // r ('g r', torch's) or i %% g ('r g')"})
+    mask_kind: Literal["bool", "additive"] = field(default="bool", metadata={
+        "help": "additive: the candidate takes float 0/-inf masks only"})
     per_head_masks: bool = True
-    mask_with_causal: bool = True
-    decode_sees_all: bool = False
+    mask_with_causal: bool = field(default=True, metadata={
+        "help": "the candidate refuses attn_mask and is_causal together", "flag": "no_mask_with_causal",
+        "store": False})
+    decode_sees_all: bool = field(default=False, metadata={
+        "help": "with is_causal a single query sees every key (Hugging Face's sdpa rule)", "store": True})
     always_causal: bool = False
     enable_gqa: bool = False
 
@@ -230,21 +247,28 @@ effective_keep = typechecked(effective_keep)
 DEFAULT_CONVENTIONS = Conventions()
 
 
-def rotate(x: Float[Tensor, "b h t d"], base: float, style: Literal["half", "interleaved"], offset: int = 0
-           ) -> Float[Tensor, "b h t d"]:
+def rotate(x: Float[Tensor, "b h t d"], base: float, style: Literal["half", "interleaved"], offset: int = 0, *,
+           tables: torch.dtype = torch.float64) -> Float[Tensor, "b h t d"]:
     """The reference rotary embedding of ``x (b, h, t, d)`` at positions ``offset + j``: pairs
     ``(x[i], x[i + d/2])`` (``"half"``, GPT-NeoX / Llama) or ``(x[2i], x[2i + 1])`` (``"interleaved"``, GPT-J,
     the RoFormer paper), angle ``pos * base^(-2i/d)``; computed in float64, returned in ``x``'s dtype. Written out
-    here, not with :class:`~typed_transformer.RotaryEmbedding`, so that it stays independent of the code it audits."""
+    here, not with :class:`~typed_transformer.RotaryEmbedding`, so that it stays independent of the code it audits.
+    ``tables``: the dtype of the angles and their cos/sin (float32: the tables most libraries build whatever the
+    input dtype, computed as they compute them: ``1 / base^(2i/d)``, times the position, in that dtype)."""
     half = x.shape[-1] // 2
-    positions = torch.arange(offset, offset + x.shape[2], dtype=torch.float64)
-    theta = einsum(positions, base ** (-torch.arange(half, dtype=torch.float64) / half), "t, i -> t i")
+    if tables == torch.float64:
+        positions = torch.arange(offset, offset + x.shape[2], dtype=torch.float64)
+        theta = einsum(positions, base ** (-torch.arange(half, dtype=torch.float64) / half), "t, i -> t i")
+    else:
+        inverse = 1.0 / (base ** (torch.arange(0, 2 * half, 2, dtype=torch.int64).to(tables) / (2 * half)))
+        positions = torch.arange(offset, offset + x.shape[2], dtype=torch.int64).to(tables)
+        theta = positions[:, None] * inverse[None, :]
     y = x.double()
     if style == "interleaved":
         first, second = y[..., 0::2], y[..., 1::2]
     else:
         first, second = y[..., :half], y[..., half:]
-    cos, sin = theta.cos(), theta.sin()
+    cos, sin = theta.cos().double(), theta.sin().double()
     a, b = first * cos - second * sin, second * cos + first * sin
     if style == "interleaved":
         out = rearrange(torch.stack([a, b], dim=-1), "b h t i two -> b h t (i two)")
@@ -465,6 +489,65 @@ class CheckResult:
 
 
 @dataclass
+class Cause:
+    """One root cause: the rows it explains (references to the report's rows), the row whose counterexample and
+    repro are printed, what is wrong in one line, and what a module's diagnosis found."""
+
+    check: str
+    rows: list[CheckResult]
+    shown: CheckResult
+    summary: str
+    diagnosis: str | None = None
+
+    def explains(self) -> str:
+        """``"reference, causality [float32, float64]; gradients [float64]"``: checks grouped by their dtypes."""
+        dtypes: dict[str, list[str]] = {}
+        for row in self.rows:
+            dtypes.setdefault(row.name, []).append(row.dtype or "-")
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for name, seen in dtypes.items():
+            groups.setdefault(tuple(seen), []).append(name)
+        return "; ".join(f"{', '.join(names)} [{', '.join(d)}]" for d, names in groups.items())
+
+    def lines(self, index: int, total: int) -> list[str]:
+        row = self.shown
+        title = self.summary + (f"; {self.diagnosis}" if self.diagnosis else "")
+        lines = [f"root cause {index} of {total}: {title}", f"  explains {self.explains()}",
+                 f"  {row.name} [{row.dtype or '-'}]: {row.message.splitlines()[0] if row.message else ''}",
+                 f"  counterexample {json.dumps(row.counterexample)}"]
+        if row.traceback:
+            lines.append(row.traceback.rstrip())
+        if row.repro:
+            lines.append(row.repro)
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "summary": self.summary, "diagnosis": self.diagnosis,
+                "explains": [[r.name, r.dtype] for r in self.rows], "shown": [self.shown.name, self.shown.dtype]}
+
+
+def closing_line(results: Sequence[CheckResult], causes: Sequence[Cause], dtypes: Sequence[str]) -> str:
+    """What was run, per dtype: ``float32: 12 passed; float64: 1 passed, 11 failed; 2 checks skipped; 1 root
+    cause`` (the inferred ``conventions`` row first when there is one)."""
+    parts = []
+    conventions = [r for r in results if r.name == "conventions"]
+    if conventions:
+        findings = sum(r.status == "FAIL" for r in conventions)
+        parts.append(f"conventions {'FAIL (' + str(findings) + ' findings)' if findings else 'PASS'}")
+    rows = [r for r in results if r.name != "conventions"]
+    for dtype in [d for d in dtypes if any(r.dtype == d for r in rows)]:
+        passed = sum(r.dtype == dtype and r.status == "PASS" for r in rows)
+        failed = sum(r.dtype == dtype and r.status == "FAIL" for r in rows)
+        parts.append(f"{dtype}: {passed} passed" + (f", {failed} failed" if failed else ""))
+    skipped = len({r.name for r in rows if r.status == "SKIP"})
+    if skipped:
+        parts.append(f"{skipped} check{'s' if skipped != 1 else ''} skipped")
+    if causes:
+        parts.append(f"{len(causes)} root cause{'s' if len(causes) != 1 else ''}")
+    return "; ".join(parts)
+
+
+@dataclass
 class AuditReport:
     """Per-check, per-dtype results; ``str(report)`` is :meth:`table`."""
 
@@ -482,6 +565,8 @@ class AuditReport:
     inferred: list[str] = field(default_factory=list)
     #: declared conventions the behaviour contradicts, each with its witness (printed after the rows)
     contradictions: list[str] = field(default_factory=list)
+    #: the failing rows grouped by root cause, each printed once with one counterexample and its repro
+    causes: list[Cause] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -525,20 +610,20 @@ class AuditReport:
                 lines.append("  ".join("-" * w for w in widths) + "  ------")
         if self.contradictions:
             lines += ["", *self.contradictions]
-        for r in self.results:
-            if r.status == "FAIL":
-                lines += ["", f"{r.name} [{r.dtype}]: counterexample {json.dumps(r.counterexample)}"]
+        grouped = {id(r) for cause in self.causes for r in cause.rows}
+        for r in self.results:  # failures outside every cause (the inferred conventions' findings)
+            if r.status == "FAIL" and id(r) not in grouped:
+                lines += ["", f"{r.name} [{r.dtype or '-'}]: counterexample {json.dumps(r.counterexample)}"]
                 if r.traceback:
                     lines.append(r.traceback.rstrip())
                 if r.repro:
                     lines.append(r.repro)
+        for index, cause in enumerate(self.causes, start=1):
+            lines += ["", *cause.lines(index, len(self.causes))]
         if self.untested:
             how = "inferred" if self.inferred and self.inferred[0].startswith("inferred") else "declared"
             lines += ["", f"not tested ({how} unsupported):"] + [f"  - {note}" for note in self.untested]
-        names = list(dict.fromkeys(r.name for r in self.results))
-        statuses = [self.status(n) for n in names]
-        lines += ["", f"{statuses.count('PASS')} passed, {statuses.count('FAIL')} failed, "
-                      f"{statuses.count('SKIP')} skipped"]
+        lines += ["", closing_line(self.results, self.causes, self.dtypes)]
         return "\n".join(lines)
 
     __str__ = table
@@ -548,7 +633,8 @@ class AuditReport:
                 "conventions": self.conventions, "seed": self.seed, "max_examples": self.max_examples,
                 "dtypes": self.dtypes, "tolerance": self.tolerance, "environment": self.environment,
                 "untested": self.untested, "inferred": self.inferred, "contradictions": self.contradictions,
-                "results": [dataclasses.asdict(r) for r in self.results]}
+                "results": [dataclasses.asdict(r) for r in self.results],
+                "causes": [cause.to_dict() for cause in self.causes]}
 
     def to_json(self, path: str | None = None) -> str:
         """The report as JSON (written to ``path`` too when given)."""

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from ..shapecheck import shape_checked, typechecked
 from . import _checks  # noqa: F401  (registers the checks)
+from ._causes import group
 from ._core import (
     DEFAULT_CONVENTIONS,
     DTYPE_NAMES,
@@ -234,7 +235,7 @@ def run_audit(adapter: Adapter, *, checks: Sequence[str] | None, dtypes: Sequenc
         untested.append(f"head counts and sizes other than the module's (h={adapter.fixed['h']}, "
                         f"g={adapter.fixed['g']}, d={adapter.fixed['d']}, dv={adapter.fixed['dv']})")
     return AuditReport(adapter.name, conventions, results, seed, max_examples, [DTYPE_NAMES[d] for d in dtypes],
-                       tolerance, environment(), untested)
+                       tolerance, environment(), untested, causes=group(adapter, results, tolerance))
 
 
 def audit_attention(

@@ -4,6 +4,7 @@ the class alone, :func:`hf_build` makes a tiny instance from its own config clas
 (projections, head counts, scale, the rotary class and its base, the KV cache); inference decides the rest."""
 
 import copy
+import dataclasses
 import importlib
 import inspect
 import math
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ._core import AuditUsageError, Conventions
-from ._modules import ModuleSpec, Rotary, additive_mask, with_causal
+from ._modules import ModuleSpec, Rotary, Weights, additive_mask, spec_weights, with_causal
 
 #: the sizes of the tiny config (set where the config has the field): 4 query heads on 2 key/value heads of 4
 #: (Zamba's attention reads ``attention_hidden_size``, twice the hidden size: its input is two states side by side)
@@ -70,20 +71,32 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None) -> nn.Module:
     _tiny_partial_rotary(config)
     config._attn_implementation = "eager"
     params = inspect.signature(cls).parameters
-    kwargs = {"layer_idx": 0} if "layer_idx" in params else {}
+    kwargs = {"layer_idx": _attention_layer(config)} if "layer_idx" in params else {}
     module: nn.Module = cls(config, **kwargs)
     _tiny_mrope(module)
     return module
+
+
+def _attention_layer(config: Any) -> int:
+    """The index the class has in its model: the first layer whose type is attention (a hybrid model's config may
+    start with recurrent or convolution layers: Jamba, LFM), else 0."""
+    types = getattr(config, "layer_types", None)
+    if isinstance(types, list | tuple):
+        for i, kind in enumerate(types):
+            if isinstance(kind, str) and kind.endswith("attention") and "linear" not in kind:
+                return i
+    return 0
 
 
 def _tiny_partial_rotary(config: Any) -> None:
     """A partial rotary factor that turns fewer than 2 features of the tiny head (StableLM's 0.25 of 4) gets heads
     wide enough to turn one pair: ``head_dim = 2 / factor`` (hidden size 4 heads of it)."""
     params = getattr(config, "rope_parameters", None)
-    factor = getattr(config, "partial_rotary_factor", None)
-    if isinstance(params, dict):
-        factor = params.get("partial_rotary_factor", factor)
-    if factor is None or not float(factor) > 0 or int(TINY["head_dim"] * float(factor)) >= 2:
+    factors = [getattr(config, "partial_rotary_factor", None)]
+    if isinstance(params, dict):  # flat, or one entry per layer type
+        factors += [p.get("partial_rotary_factor") for p in (params, *params.values()) if isinstance(p, dict)]
+    factor = min((float(f) for f in factors if f is not None and float(f) > 0), default=None)
+    if factor is None or int(TINY["head_dim"] * factor) >= 2:
         return
     head = math.ceil(2 / float(factor))
     head += head % 2
@@ -102,7 +115,7 @@ def _tiny_mrope(module: nn.Module) -> None:
         uses_sections = rotary is not None and "mrope_section" in inspect.getsource(rotary)
     except (OSError, TypeError):
         uses_sections = False
-    if not uses_sections or not isinstance(params, dict):
+    if not uses_sections or not isinstance(params, dict) or "rope_theta" not in params:
         return
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     half, n = int(head_dim * _rotary_fraction(module)) // 2, len(params.get("mrope_section", (0, 0, 0)))
@@ -130,20 +143,21 @@ def _rotary_class(module: nn.Module) -> type | None:
     return None
 
 
-def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
-    """``"interleaved"`` when the rotate function the modeling module's ``apply_rotary_pos_emb`` calls pairs even
-    and odd features (Cohere's ``rotate_half``, GLM's ``rotate_half_llm``)."""
-    modeling = importlib.import_module(type(module).__module__)
+def _rotate_source(module: nn.Module) -> str:
+    """The source of the rotate function the modeling module's ``apply_rotary_pos_emb`` calls."""
+    modeling = importlib.import_module(_transformers_class(type(module)).__module__)
     try:
         apply = inspect.getsource(modeling.apply_rotary_pos_emb)
     except (AttributeError, OSError, TypeError):
         apply = "rotate_half("
     names = re.findall(r"\b(rotate_half\w*)\(", apply) or ["rotate_half"]
-    try:
-        source = inspect.getsource(getattr(modeling, names[0]))
-    except (AttributeError, OSError, TypeError):
-        source = ""
-    return "interleaved" if "::2]" in source else "half"
+    return _source(getattr(modeling, names[0], None))
+
+
+def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
+    """``"interleaved"`` when the rotate function the modeling module's ``apply_rotary_pos_emb`` calls pairs even
+    and odd features (Cohere's ``rotate_half``, GLM's ``rotate_half_llm``)."""
+    return "interleaved" if "::2]" in _rotate_source(module) else "half"
 
 
 def _rotary_fraction(module: nn.Module) -> float:
@@ -190,7 +204,8 @@ _NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernor
 
 def _norm_paths(module: nn.Module) -> tuple[str | None, str | None]:
     for q, k in _NORMS:
-        if isinstance(getattr(module, q, None), nn.Module) and isinstance(getattr(module, k, None), nn.Module):
+        if all(isinstance(getattr(module, n, None), nn.Module) and not isinstance(getattr(module, n), nn.Identity)
+               for n in (q, k)):
             return q, k
     return None, None
 
@@ -229,6 +244,18 @@ def _ignores_rotary(module: nn.Module, call: Callable[..., Tensor]) -> bool:
         m.forward = identity
         plain = call(m, x, keep, 5)
     return bool(torch.allclose(turned, plain, rtol=0, atol=1e-12))
+
+
+def hf_causes(module: nn.Module) -> list[str]:
+    """Known causes of a class computing something else than the reference (each FAIL of such a class is a true
+    behaviour of it, and this names why)."""
+    causes = []
+    compact = re.sub(r"\s", "", _rotate_source(module))
+    if "cat((x2,-x1)" in compact:
+        causes.append("its rotate_half returns (x2, -x1), not (-x2, x1): every pair is turned by -p*theta, RoPE "
+                      "the other way round (relative positions enter with the opposite sign); with the sine "
+                      "negated it matches the reference")
+    return causes
 
 
 def hf_notes(module: nn.Module) -> list[str]:
@@ -296,6 +323,8 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
         raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
                               f"not provide")
     takes_rotary = "position_embeddings" in signature
+    # RecurrentGemma: the class turns q and k with its own rotary_emb from position_ids
+    internal = isinstance(getattr(module, "rotary_emb", None), nn.Module) and "position_ids" in signature
     rotary_class = _rotary_class(module) if takes_rotary else None
     if takes_rotary and rotary_class is None:
         raise AuditUsageError(f"{cls.__qualname__}: forward takes position_embeddings but its module has no rotary "
@@ -386,18 +415,30 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
     self_attention = not separate and memory_arg is None
     q_norm, k_norm = _norm_paths(module)
     window = getattr(module, "sliding_window", None)
-    return ModuleSpec(
+    turn, normed = source.find("apply_rotary_pos_emb("), source.find(f"self.{q_norm}(") if q_norm else -1
+    v_scale = getattr(module, "v_scale", None)
+    spec = ModuleSpec(
         f"hf:{cls.__name__}", forward, _HF if self_attention else _HF_CROSS, num_heads="config.num_attention_heads",
         **({"qkv": "qkv_proj", "q": None, "k": None, "v": None} if fused else {}),  # type: ignore[arg-type]
         num_kv_heads="config.num_key_value_heads" if getattr(config, "num_key_value_heads", None) else None,
         head_dim="head_dim" if hasattr(module, "head_dim") else None,
         scale="scaling" if hasattr(module, "scaling") else None,
         rotary=(Rotary(theta, _rotary_style(module), fraction=_rotary_fraction(module))
-                if takes_rotary and theta is not None and not heads else None),
+                if (takes_rotary or internal) and theta is not None and not heads else None),
         decode=decode if cache_arg is not None and self_attention else None,
         build=lambda c, overrides: hf_build(c, overrides),
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
-        q_norm=q_norm, k_norm=k_norm, window=None if window is None else int(window))
+        q_norm=q_norm, k_norm=k_norm, window=None if window is None else int(window),
+        norms_after_rotary=0 <= turn < normed)  # HunYuan and nanochat normalise the turned q and k
+    if isinstance(v_scale, float | int) and v_scale != 1:  # MiMo-V2-Flash scales its values by a constant
+        plain = spec
+
+        def scaled(m: Any) -> Weights:
+            w = spec_weights(m, plain)
+            return dataclasses.replace(w, wv=w.wv * float(v_scale), bv=None if w.bv is None else w.bv * float(v_scale))
+
+        spec = dataclasses.replace(spec, weights=scaled)
+    return spec
 
 
 def hf_attention_classes(model: str) -> list[type]:

@@ -158,6 +158,8 @@ class ModuleSpec:
     q_norm: str | None = None
     k_norm: str | None = None
     qkv_layout: Literal["blocks", "heads"] = "blocks"
+    #: the q/k norms apply to the turned queries and keys (HunYuan's order), not before the rotary embedding
+    norms_after_rotary: bool = False
 
 
 def resolve(module: Any, path: str, spec: str) -> Any:
@@ -265,16 +267,16 @@ def _norm(module: Any, path: str, spec: ModuleSpec) -> Callable[[Tensor], Tensor
 
     def norm(x: Tensor) -> Tensor:
         y = x.double()
-        whole = w is not None and w.shape[-1] != y.shape[-1]  # OLMo-2: one norm over every head, (h d) wide
+        whole = w is not None and w.ndim == 1 and w.shape[-1] != y.shape[-1]  # OLMo-2: over every head, (h d)
         if whole:
             y = rearrange(y, "b h t d -> b t (h d)")
         if layer_norm:
             y = y - y.mean(dim=-1, keepdim=True)
         y = y * torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + float(eps))
-        if w is not None:
-            y = y * w
+        if w is not None:  # a (h, d) weight: one per head (Chameleon)
+            y = y * (w[:, None] if w.ndim == 2 else w)
         if b is not None:
-            y = y + b
+            y = y + (b[:, None] if b.ndim == 2 else b)
         if whole:
             y = rearrange(y, "b t (h d) -> b h t d", h=x.shape[1])
         return y.to(x.dtype)
@@ -335,6 +337,11 @@ class ModuleAdapter:
             "ev": w.wv.shape[1], "tied": int(tied), "fast_path": int(spec.fast_path is not None)}
         self.rotary: tuple[float, Literal["half", "interleaved"]] | None = None
         self.rotary_dims = w.d
+        #: variants the diagnosis of a failure tries (:mod:`._causes`): the last dimensions rotated instead of the
+        #: first, the rotary tables and the softmax computed in another dtype
+        self.rotary_last = False
+        self.rotary_tables = torch.float64
+        self.softmax_dtype: torch.dtype | None = None
         if spec.rotary is not None and (spec.rotary.when is None
                                         or resolve(self.original, spec.rotary.when, spec.name) is not None):
             base = spec.rotary.base
@@ -387,20 +394,32 @@ class ModuleAdapter:
         q = rearrange(lin(x, w.wq, w.bq), "b t (h d) -> b h t d", h=w.h)
         k = rearrange(lin(key, w.wk, w.bk), "b s (g d) -> b g s d", g=w.g)
         v = rearrange(lin(value, w.wv, w.bv), "b s (g d) -> b g s d", g=w.g)
-        if "q" in self.norms:
+        after = self.spec.norms_after_rotary
+        if "q" in self.norms and not after:
             q = self.norms["q"](q)
-        if "k" in self.norms:
+        if "k" in self.norms and not after:
             k = self.norms["k"](k)
         if self.rotary is not None:
-            r = self.rotary_dims
-            q = torch.cat([rotate(q[..., :r], *self.rotary, offset=offset), q[..., r:]], dim=-1)
-            k = torch.cat([rotate(k[..., :r], *self.rotary, offset=offset), k[..., r:]], dim=-1)
+            q, k = self._rotate(q, offset), self._rotate(k, offset)
+        if "q" in self.norms and after:
+            q = self.norms["q"](q)
+        if "k" in self.norms and after:
+            k = self.norms["k"](k)
         if w.extra_k is not None and w.extra_v is not None:  # appended key/value positions (add_bias_kv, ...)
             n = w.extra_k.shape[0]
             extra_k = rearrange(w.extra_k.to(dtype), "n (g d) -> 1 g n d", g=w.g).expand(k.shape[0], w.g, n, w.d)
             extra_v = rearrange(w.extra_v.to(dtype), "n (g d) -> 1 g n d", g=w.g).expand(v.shape[0], w.g, n, w.dv)
             k, v = torch.cat([k, extra_k], dim=2), torch.cat([v, extra_v], dim=2)
         return q, k, v
+
+    def _rotate(self, x: Tensor, offset: int) -> Tensor:
+        """The rotary embedding of the first :attr:`rotary_dims` of each head (the last ones with
+        :attr:`rotary_last`: a variant the rope diagnosis tries), tables in :attr:`rotary_tables`."""
+        assert self.rotary is not None
+        d = x.shape[-1]
+        low, high = (d - self.rotary_dims, d) if self.rotary_last else (0, self.rotary_dims)
+        rotated = rotate(x[..., low:high], *self.rotary, offset=offset, tables=self.rotary_tables)
+        return torch.cat([x[..., :low], rotated, x[..., high:]], dim=-1)
 
     def _memory(self, ins: Inputs) -> Inputs:
         """A cross-attention module with one memory tensor: the key input is also the value input."""
@@ -440,7 +459,11 @@ class ModuleAdapter:
         bias = self.bias(t, s, dtype)
         if bias is not None and self.weights.extra_k is not None:
             bias = torch.cat([bias, bias.new_zeros(*bias.shape[:-1], self.weights.extra_k.shape[0])], dim=-1)
-        out = reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions, bias=bias)
+        if self.softmax_dtype is None:
+            out = reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions, bias=bias)
+        else:  # a variant the diagnosis tries: the softmax in a lower precision, as many libraries compute it
+            out = _lowp_softmax_attention(q, k, v, effective_keep(keep, is_causal, t, k.shape[2], self.conventions),
+                                          self.weights.scale, bias, self.softmax_dtype)
         out = rearrange(out, "b h t dv -> b t (h dv)")
         w = self.weights
         if w.wo is None:
@@ -491,6 +514,21 @@ class ModuleAdapter:
                 f"example = Example({fields})\n"
                 f"adapter = ModuleAdapter(module, spec, conventions={self.conventions!r})\n"
                 + repro_comparison(check))
+
+
+def _lowp_softmax_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, scale: float, bias: Tensor | None,
+                            softmax_dtype: torch.dtype) -> Tensor:
+    """Attention whose softmax runs in ``softmax_dtype`` (Hugging Face's eager kernels: ``softmax(..., dtype=
+    torch.float32)``), everything else in ``q``'s dtype; ``(b, h, t, dv)``."""
+    r = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
+    logits = einsum(q, k, "b h t d, b h s d -> b h t s") * scale
+    if bias is not None:
+        logits = logits + bias.to(logits.dtype)
+    if keep is not None:
+        logits = logits.masked_fill(~keep, -math.inf)
+    weights = logits.softmax(dim=-1, dtype=softmax_dtype).to(q.dtype)
+    return einsum(weights, v, "b h t s, b h s dv -> b h t dv")
 
 
 def module_setup(module: Any, spec: ModuleSpec) -> str:
