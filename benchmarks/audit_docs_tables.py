@@ -7,7 +7,8 @@ Every ``python`` block of the page runs in order in one namespace, as a reader (
 runs them; a ``text`` block right after a block that prints becomes what it printed. A ``bash`` block of
 ``$ typed-transformer audit ...`` lines becomes each command, its output and its exit status (``[exit N]``), run
 with this interpreter from the repository root. Blocks between ``<!-- begin: ... -->`` and ``<!-- end: ... -->``
-markers belong to the script named there and are left alone. Takes a few minutes (every example audits a module).
+markers belong to the script named there: their examples run (later ones may use them), their text is left
+alone. Takes a few minutes (every example audits a module).
 """
 
 import argparse
@@ -42,9 +43,13 @@ def regenerate(text: str) -> tuple[str, list[str]]:
     namespace: dict[str, object] = {"__name__": "__main__"}
     pieces, changed, position, printed = [], [], 0, ""
     for match in _FENCE.finditer(text):
-        if any(start <= match.start() < end for start, end in marked):
-            continue
         language, body = match.group(1), match.group(2)
+        if any(start <= match.start() < end for start, end in marked):  # another script's block: run, keep
+            if language == "python":
+                with contextlib.redirect_stdout(io.StringIO()):
+                    exec(compile(body, str(PAGE), "exec"), namespace)
+            printed = ""
+            continue
         between = text[position:match.start()]
         replacement = body
         if language == "python":

@@ -30,6 +30,7 @@ from torch.utils.benchmark import Timer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
 from benchmarks.baseline import BaselineGPT
 from typed_transformer._install import install_hint
+from typed_transformer.gpt import PRESETS
 from typed_transformer.interop import from_torch
 from typed_transformer.multihead import MultiHeadAttention
 from typed_transformer.shapecheck import shape_checks
@@ -623,7 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("--size", choices=["small", "training", "both"], default="both",
                            help="small: one short batch; training: the baby run's batch; both (default)")
     gpt = which.add_parser("gpt", help="GPT training step against a nanoGPT-style baseline; KV-cache generation")
-    gpt.add_argument("--presets", default="baby,seed", help="comma-separated presets to time (default baby,seed)")
+    gpt.add_argument("--presets", default=",".join(PRESETS),
+                     help=f"comma-separated presets to time (default {','.join(PRESETS)})")
     gpt.add_argument("--batch-size", type=_positive(int), default=12,
                      help="sequences per training step (default 12, the main job's)")
     gpt.add_argument("--steps", type=_positive(int), default=None,
@@ -644,11 +646,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _gpt(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
-    unknown = [p for p in presets if p not in ("baby", "seed")]
+    unknown = [p for p in presets if p not in PRESETS]
     if unknown:
-        parser.error(f"--presets: unknown preset {unknown[0]!r} (choose baby, seed)")
+        parser.error(f"--presets: unknown preset {unknown[0]!r} (choose {', '.join(PRESETS)})")
     if not presets:
-        parser.error(f"--presets: no preset in {args.presets!r} (choose baby, seed, or both: baby,seed)")
+        parser.error(f"--presets: no preset in {args.presets!r} (choose {', '.join(PRESETS)}, or both: "
+                     f"{','.join(PRESETS)})")
     settle_threads(args.threads, thread_probe(args.which))
     training = bench_gpt_training(presets, batch_size=args.batch_size, steps=args.steps)
     generation = [] if args.skip_generation else bench_generation(block_sizes=(64,))

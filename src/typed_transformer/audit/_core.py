@@ -605,7 +605,7 @@ class AuditReport:
         if self.inferred:
             lines += [*self.inferred, ""]
         for index, row in enumerate(rows):
-            lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4])
+            lines.append(("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4]).rstrip())
             if index == 0:
                 lines.append("  ".join("-" * w for w in widths) + "  ------")
         if self.contradictions:
