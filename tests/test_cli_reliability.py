@@ -3,6 +3,7 @@ refusals, Ctrl-C and SIGTERM anywhere (one line, 130/143), the ``[train]`` extra
 typed_transformer`` loads."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -460,3 +461,49 @@ def test_resuming_a_re_signed_checkpoint_of_the_wrong_dtype_or_invariant(change:
     line = one_line(capsys.readouterr().err)
     assert line.startswith(f"typed-transformer: error: {path}: corrupt checkpoint ({words}")
     assert path.read_bytes() == before
+
+
+def test_a_fresh_model_too_large_for_the_memory_is_named_before_it_is_built(tmp_path: Path) -> None:
+    """1000 layers of width 1024 (12.6 billion parameters, 187.5 GiB to train) under a 1.5 GiB limit: the model's
+    size is the cause, found on the meta device before any allocation (it was "out of memory: lower --batch-size";
+    without a limit the kernel's OOM killer would end the process without a word)."""
+    text = tmp_path / "input.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(text), "--n-layer", "1000", "--n-embd", "1024", "--n-head", "8", "--out", str(out),
+            *TINY]
+    done = subprocess.run([sys.executable, "-c", LIMITED_MEMORY, *argv], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.splitlines()[-1]
+    assert line.startswith("typed-transformer: error: not enough memory to train a model of 12,584,995,840 "
+                           "parameters: its float32 weights, gradients and AdamW's two moments need 187.5 GiB more, "
+                           "and this process can use "), done.stderr
+    assert line.endswith("; lower --n-layer or --n-embd")
+    assert "Traceback" not in done.stderr
+    assert not (out / CHECKPOINT_NAME).exists()
+
+
+def test_train_refuses_a_model_whose_training_state_does_not_fit(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """The API's train(): the model exists; its gradients and AdamW's moments (3 x 4 bytes a parameter) must fit."""
+    from typed_transformer import _memory
+    from typed_transformer.data import TextData
+    from typed_transformer.gpt import GPT, GPTConfig
+    from typed_transformer.training import TrainConfig, train
+
+    data = TextData.from_text(TEXT, 8)
+    model = GPT(GPTConfig(vocab_size=data.tokenizer.vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    count = sum(p.numel() for p in model.parameters())
+    monkeypatch.setattr(_memory, "available_bytes", lambda: 12 * count - 1)
+    config = TrainConfig(max_iters=2, batch_size=2, eval_interval=2, eval_iters=1, sample_tokens=0)
+    steps: list[int] = []
+    message = (f"not enough memory to train a model of {count:,} parameters: its float32 weights, gradients and "
+               f"AdamW's two moments need {12 * count / 2**20:.0f} MiB more, and this process can use 0 MiB; train a "
+               f"smaller model, or on a larger machine")
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        train(model, data, config, tmp_path / "run", progress=False, on_step=steps.append)
+    assert steps == []
+    assert not (tmp_path / "run" / CHECKPOINT_NAME).exists()
+    monkeypatch.setattr(_memory, "available_bytes", lambda: 12 * count)
+    assert train(model, data, config, tmp_path / "run", progress=False, on_step=steps.append).iteration == 2

@@ -15,12 +15,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from jaxtyping import AbstractArray
 
-#: Public modules whose signatures are all annotated. The testing toolkit (``audit``) and the training
-#: application (``checkpoint``, ``training``) still have bare tensors in some public signatures and are not
-#: walked yet.
+from typed_transformer.shapecheck import is_checked
+
+#: Every public module: the core, the testing toolkit and the app.
 MODULES = ["validation", "attention", "masks", "positions", "multihead", "layers", "interop", "seq2seq", "gpt", "hf",
-           "shapecheck", "strategies", "data", "seq2seq_data", "plot", "threads"]
+           "shapecheck", "strategies", "audit", "audit.specs", "data", "seq2seq_data", "plot", "threads", "config",
+           "checkpoint", "generation", "training", "seq2seq_training", "cli"]
 
 
 def _bare(annotation: object) -> bool:
@@ -91,5 +93,62 @@ def test_every_public_module_is_walked_or_named() -> None:
     import typed_transformer
 
     public = {m.name for m in pkgutil.iter_modules(typed_transformer.__path__) if not m.name.startswith("_")}
-    not_yet = {"audit", "checkpoint", "training", "cli", "config", "generation", "seq2seq_training"}
-    assert public - set(MODULES) <= not_yet, sorted(public - set(MODULES) - not_yet)
+    assert public <= set(MODULES), sorted(public - set(MODULES))
+
+
+def _shaped(annotation: object) -> bool:
+    """A jaxtyping array type anywhere in the annotation (not inside a callable's own signature)."""
+    if isinstance(annotation, type) and issubclass(annotation, AbstractArray):
+        return True
+    if typing.get_origin(annotation) in (collections.abc.Callable, Callable):
+        return False
+    return any(_shaped(arg) for arg in typing.get_args(annotation))
+
+
+def _runtime_checkable(module_name: str) -> Iterator[tuple[str, Callable[..., object]]]:
+    """The public functions and methods a call can check: not a property (no call to check at: its value comes
+    from a checked method), not a Protocol's (no code), not a Hypothesis strategy (its ``draw`` argument, a
+    non-runtime Protocol, cannot be checked; what it draws is tested by the property tests)."""
+    module = importlib.import_module(f"typed_transformer.{module_name}")
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if inspect.isclass(obj):
+            if getattr(obj, "_is_protocol", False):
+                continue
+            for attribute, value in vars(obj).items():
+                if (attribute.startswith("_") and attribute != "__init__") or isinstance(value, property):
+                    continue
+                if isinstance(value, staticmethod | classmethod):
+                    value = value.__func__
+                if callable(value):
+                    yield f"{name}.{attribute}", value
+        elif callable(obj) and not getattr(obj, "is_hypothesis_strategy_function", False):
+            yield name, obj
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_shape_annotations_are_checked_at_run_time(module: str) -> None:
+    """An annotation that states a shape is enforced at the call: each public function or method with one is
+    wrapped by the library's check (``typechecked``, or ``shape_checked`` for a class's methods)."""
+    unchecked = []
+    for label, function in _runtime_checkable(module):
+        if not (inspect.isfunction(function) or is_checked(function)):
+            continue  # a class or another callable object, not a function with a signature of its own
+        hints = typing.get_type_hints(inspect.unwrap(function), include_extras=True)
+        if any(_shaped(hint) for hint in hints.values()) and not is_checked(function):
+            unchecked.append(label)
+    assert unchecked == []
+
+
+def test_the_run_time_walk_sees_checked_and_unchecked_functions() -> None:
+    from jaxtyping import Float
+
+    def unchecked(x: Float[torch.Tensor, "b t"]) -> int:
+        return 0
+
+    assert _shaped(typing.get_type_hints(unchecked, include_extras=True)["x"])
+    assert not is_checked(unchecked)
+    walked = dict(_runtime_checkable("audit"))
+    assert is_checked(walked["ModuleAdapter.reference"])
+    assert is_checked(walked["Weights.__init__"])
+    assert "Adapter.call" not in walked  # a Protocol's methods have no code to check

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jaxtyping import Float, Shaped, UInt8
 from torch import Tensor, nn
 
 from ._files import NotARegularFile, is_current, open_lock, release_lock, require_regular_file
@@ -45,6 +46,7 @@ from ._paths import temporary_path
 from .config import TrainConfig
 from .data import CharTokenizer, DataError
 from .gpt import GPT, GPTConfig
+from .shapecheck import shape_checked, typechecked
 from .validation import PARAMETER_DTYPES
 
 __all__ = [
@@ -81,9 +83,12 @@ class RunDirectoryError(ValueError):
     """The run directory cannot be used (not a directory, not writable, locked by another run); one line."""
 
 
+@shape_checked
 @dataclass
 class Checkpoint:
     """What a checkpoint holds, loaded back."""
+
+    __shape_checked__ = ("__init__",)
 
     model: GPT
     tokenizer: CharTokenizer
@@ -91,7 +96,7 @@ class Checkpoint:
     train_config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
     optimizer_state: dict[str, Any] | None = None
-    rng: dict[str, Tensor] = field(default_factory=dict)
+    rng: dict[str, UInt8[Tensor, " _"]] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -301,7 +306,7 @@ def _optimizer_tensors(state: dict[str, Any]) -> tuple[dict[str, Tensor], dict[s
     return tensors, {"param_groups": state["param_groups"], "state": per_param}
 
 
-def write_atomically(path: Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> None:
+def write_atomically(path: Path, tensors: dict[str, Shaped[Tensor, "..."]], metadata: dict[str, str]) -> None:
     """Write a safetensors file through a temporary file, fsync and rename: ``path`` is the old file or the
     new one, never a torn one. An OSError leaves the old file as it was and removes the temporary."""
     from safetensors import SafetensorError
@@ -333,6 +338,9 @@ def write_atomically(path: Path, tensors: dict[str, Tensor], metadata: dict[str,
             os.close(directory)
 
 
+write_atomically = typechecked(write_atomically)
+
+
 def save_checkpoint(
     path: str | Path,
     model: GPT,
@@ -342,7 +350,7 @@ def save_checkpoint(
     train_config: dict[str, Any] | None = None,
     history: list[dict[str, float]] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
-    rng: dict[str, Tensor] | None = None,
+    rng: dict[str, UInt8[Tensor, " _"]] | None = None,
     info: dict[str, Any] | None = None,
 ) -> Path:
     """Write the checkpoint file atomically; ``path`` is the file or the directory to put it in.
@@ -379,6 +387,9 @@ def save_checkpoint(
     metadata["sha256"] = _digest(tensors, metadata)
     write_atomically(path, tensors, metadata)
     return path
+
+
+save_checkpoint = typechecked(save_checkpoint)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -461,7 +472,7 @@ def _optimizer_state(tensors: dict[str, Tensor], meta: Any, model: GPT) -> dict[
     return {"state": state, "param_groups": groups}
 
 
-def check_adam_state(state_dict: dict[str, Any], parameters: list[Tensor],
+def check_adam_state(state_dict: dict[str, Any], parameters: list[Float[Tensor, "..."]],
                      kind: type[torch.optim.Optimizer] = torch.optim.AdamW) -> None:
     """Check a saved ``Adam``/``AdamW`` ``state_dict()`` against the ``parameters`` it will drive (in the
     optimizer's order) before ``load_state_dict``, which casts dtypes silently: each group's settings through
@@ -488,6 +499,9 @@ def check_adam_state(state_dict: dict[str, Any], parameters: list[Tensor],
             raise ValueError(f"optimizer state for unknown parameter {index!r}")
         parameter = parameters[index]
         _check_adam_entry(index, entry, parameter.shape, parameter.dtype, index in amsgrad, kind.__name__)
+
+
+check_adam_state = typechecked(check_adam_state)
 
 
 #: The dtypes of Adam's step count (torch keeps it as a float tensor: float64 when that is the default dtype).
@@ -592,7 +606,7 @@ def _model_from(tensors: dict[str, Tensor], config: GPTConfig, path: Path) -> GP
     return model
 
 
-def checked_model(build: Callable[[], nn.Module], weights: dict[str, Tensor], path: Path) -> nn.Module:
+def checked_model(build: Callable[[], nn.Module], weights: dict[str, Shaped[Tensor, "..."]], path: Path) -> nn.Module:
     """``build()`` holding ``weights``, which must fit it exactly (names and shapes; a name tied to another,
     such as a GPT's ``lm_head.weight``, may be left out), all be of one floating-point dtype (never a silent
     cast: the model is built in that dtype) and be finite.
@@ -645,6 +659,9 @@ def checked_model(build: Callable[[], nn.Module], weights: dict[str, Tensor], pa
         raise CheckpointError(f"{path}: out of memory building its model ({count:,} parameters, "
                               f"{size / 2**30:.2f} GiB of {str(dtype).removeprefix('torch.')} weights)") from None
     return model
+
+
+checked_model = typechecked(checked_model)
 
 
 def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu") -> Checkpoint:

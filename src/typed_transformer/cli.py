@@ -478,6 +478,7 @@ def _fresh(preset: str, overrides: dict[str, Any], train_overrides: dict[str, An
     """A new run: the preset's settings with the flags, the data, and the model drawn from the seed."""
     import torch
 
+    from ._memory import parameter_count, require_training_memory
     from .data import TextData
     from .gpt import GPT, GPTConfig
     from .training import TrainConfig
@@ -486,9 +487,10 @@ def _fresh(preset: str, overrides: dict[str, Any], train_overrides: dict[str, An
     model_config = GPTConfig.preset(preset, 1, **overrides)  # the sizes are checked before reading the text
     _check_sizes(config.batch_size, model_config.block_size, config.eval_iters)
     data = TextData.from_text(text, model_config.block_size, source=source)
+    full = GPTConfig.preset(preset, data.tokenizer.vocab_size, **overrides)
+    require_training_memory(parameter_count(lambda: GPT(full)), advice="lower --n-layer or --n-embd")
     torch.manual_seed(config.seed)
-    model = GPT(GPTConfig.preset(preset, data.tokenizer.vocab_size, **overrides))
-    return model, config, data, preset
+    return GPT(full), config, data, preset
 
 
 def _describe_run(args: argparse.Namespace, model: "GPT", config: "TrainConfig", data: "TextData", preset: str,

@@ -14,7 +14,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ._files import NotARegularFile, require_regular_file
-from .shapecheck import typechecked
+from .shapecheck import shape_checked, typechecked
 from .validation import check_token_ids
 
 __all__ = ["CharTokenizer", "DataError", "TextData", "default_corpus", "get_batch", "left_pad", "load_text",
@@ -82,8 +82,11 @@ def default_corpus(chars: int = DEFAULT_CORPUS_CHARS) -> tuple[str, str]:
     return "".join(parts), f"{len(names)} standard-library files {names[0]}..{names[-1]} from {stdlib}"
 
 
+@shape_checked
 class CharTokenizer:
     """One token per character; the vocabulary is the sorted set of characters of the training text."""
+
+    __shape_checked__ = ("decode",)
 
     def __init__(self, chars: str) -> None:
         if not chars:
@@ -124,6 +127,7 @@ class CharTokenizer:
         return hash(self.chars)
 
 
+@shape_checked
 @dataclass
 class TextData:
     """A tokenized text split 90/10 into training and validation ids (split on characters, as nanoGPT)."""
@@ -131,6 +135,8 @@ class TextData:
     tokenizer: CharTokenizer
     train: Int[Tensor, " n"]
     val: Int[Tensor, " m"]
+
+    __shape_checked__ = ("__init__",)
 
     @classmethod
     def from_text(cls, text: str, block_size: int, *, tokenizer: CharTokenizer | None = None,
@@ -176,3 +182,6 @@ def left_pad(rows: list[list[int]], *, pad: int = 0, device: str | torch.device 
     width = max(len(row) for row in rows)
     ids = torch.tensor([[pad] * (width - len(row)) + row for row in rows], dtype=torch.long, device=device)
     return ids, torch.tensor([len(row) for row in rows], dtype=torch.long, device=device)
+
+
+left_pad = typechecked(left_pad)

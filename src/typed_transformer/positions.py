@@ -191,6 +191,9 @@ def alibi_slopes(num_heads: int) -> Float[Tensor, " {num_heads}"]:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
+alibi_slopes = typechecked(alibi_slopes)
+
+
 @shape_checked
 class ALiBiPositionalBias(nn.Module):
     """ALiBi: the additive attention bias ``-m_h * |pos(i) - pos(j)|`` for ``num_heads`` query heads.

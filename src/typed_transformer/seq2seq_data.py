@@ -24,6 +24,8 @@ from jaxtyping import Int
 from torch import Tensor
 
 from .data import DataError, load_text
+from .shapecheck import shape_checked, typechecked
+from .validation import check_token_ids
 
 __all__ = ["BOS", "EOS", "PAD", "SYMBOLS", "TASKS", "Pair", "PairVocab", "Task", "encode_pairs", "make_pairs",
            "read_pairs", "split_pairs"]
@@ -86,11 +88,14 @@ def split_pairs(pairs: list[Pair], held_out: float, seed: int = 0) -> tuple[list
     return order[n:], order[:n]
 
 
+@shape_checked
 @dataclass(frozen=True)
 class PairVocab:
     """Characters <-> ids, shared by source and target, after the three special ids."""
 
     chars: str
+
+    __shape_checked__ = ("decode",)
 
     @classmethod
     def from_pairs(cls, pairs: list[Pair], extra: str = "") -> "PairVocab":
@@ -108,9 +113,12 @@ class PairVocab:
         return [index[c] for c in text]
 
     def decode(self, ids: list[int] | Int[Tensor, " t"]) -> str:
-        """The characters of ``ids``, stopping at the first ``eos`` and skipping ``bos`` and padding."""
+        """The characters of ``ids``, stopping at the first ``eos`` and skipping ``bos`` and padding;
+        :class:`~typed_transformer.TokenIdError` for an id outside the vocabulary."""
+        values = ids.tolist() if isinstance(ids, Tensor) else ids
+        check_token_ids("PairVocab.decode", "ids", values, self.size)
         out = []
-        for i in (ids.tolist() if isinstance(ids, Tensor) else ids):
+        for i in values:
             if i == EOS:
                 break
             if i >= SPECIALS:
@@ -129,3 +137,6 @@ def encode_pairs(vocab: PairVocab, pairs: list[Pair], device: str | torch.device
     src = torch.tensor([x + [PAD] * (s - len(x)) for x in sources], dtype=torch.long, device=device)
     tgt = torch.tensor([x + [PAD] * (t - len(x)) for x in targets], dtype=torch.long, device=device)
     return src, tgt
+
+
+encode_pairs = typechecked(encode_pairs)

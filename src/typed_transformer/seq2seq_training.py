@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 import torch
 import torch.nn.functional as F
+from jaxtyping import Int
 from torch import Tensor
 
 from .checkpoint import (
@@ -49,7 +50,7 @@ from .seq2seq_data import (
     read_pairs,
     split_pairs,
 )
-from .shapecheck import shape_checks
+from .shapecheck import shape_checked, shape_checks
 from .training import StepLoop, TrainingDiverged
 from .validation import check_positive_int
 
@@ -372,6 +373,7 @@ class _LoopSettings:
     checkpoint_interval: int = 0  # not read: Seq2SeqTrainer.before_step saves after each evaluation
 
 
+@shape_checked
 class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
     """The encoder-decoder's training: :class:`~typed_transformer.training.StepLoop`'s step path with teacher
     forcing (cross-entropy over the target tokens, padding ignored), Adam with the paper's betas, the warmup +
@@ -379,6 +381,7 @@ class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
     (greedy decoding of the held-out pairs) and a checkpoint every ``eval_interval`` steps. One process."""
 
     desc = "train-seq2seq"
+    __shape_checked__ = ("next_batch",)
     model: Seq2SeqTransformer
 
     def __init__(self, model: Seq2SeqTransformer, loop: _LoopSettings, out: Path, *, config: Seq2SeqConfig,
@@ -402,7 +405,8 @@ class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
     def learning_rate(self, iteration: int) -> float:
         return learning_rate(self.settings, iteration)
 
-    def next_batch(self) -> tuple[Tensor, Tensor]:
+    def next_batch(self) -> tuple[Int[Tensor, "b s"], Int[Tensor, "b t"]]:
+        """A batch of pairs: sources ``(b, s)``, targets ``bos ... eos`` ``(b, t)``, padded."""
         torch.manual_seed(self.settings.seed * 1_000_003 + self.iteration)  # dropout: the same after a resume
         return encode_pairs(self.vocab, _batch(self.settings, self.pairs, self.iteration))
 

@@ -45,6 +45,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from .positions import RotaryEmbedding
+from .shapecheck import shape_checked, typechecked
 
 __all__ = [
     "MASK_LAYOUTS",
@@ -106,6 +107,9 @@ def randn(shape: Sequence[int], seed: int, *, dtype: torch.dtype = torch.float64
 
     Example: ``randn((2, 3), seed=7).equal(randn((2, 3), seed=7))`` is True."""
     return torch.randn(tuple(shape), generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+randn = typechecked(randn)
 
 
 def float_dtypes(*, half: bool = True) -> st.SearchStrategy[torch.dtype]:
@@ -220,6 +224,7 @@ def attention_shapes(
     return AttentionShape(b=b, t=t, s=s, g=g, r=r, d=d, dv=dv)
 
 
+@shape_checked
 @dataclass(frozen=True)
 class AttentionInputs:
     """Queries ``(b, h, t, d)``, keys ``(b, g, s, d)`` and values ``(b, g, s, dv)`` of one shape."""
@@ -229,6 +234,8 @@ class AttentionInputs:
     k: Float[Tensor, "b g s d"]
     v: Float[Tensor, "b g s dv"]
     seed: int
+
+    __shape_checked__ = ("__init__",)
 
 
 @st.composite

@@ -46,7 +46,7 @@ from types import FrameType
 from typing import Any, Generic, Protocol, TextIO, TypeVar
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from ._deprecation import warn_deprecated
@@ -57,7 +57,7 @@ from .data import TextData, get_batch
 from .generation import sample_text
 from .gpt import GPT
 from .plot import plot_history
-from .shapecheck import typechecked
+from .shapecheck import shape_checked, typechecked
 from .threads import apply_threads
 
 __all__ = [
@@ -126,7 +126,7 @@ def measure_matmul_flops(device: str = "cpu", dtype: torch.dtype = torch.float32
 
 
 @torch.no_grad()
-def evaluate(model: GPT, batches: dict[str, list[tuple[Tensor, Tensor]]], *,
+def evaluate(model: GPT, batches: dict[str, list[tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]]], *,
              autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> dict[str, float]:
     """Mean loss over fixed batches for each split, in eval mode (under ``autocast()`` when given)."""
     was_training = model.training
@@ -142,6 +142,9 @@ def evaluate(model: GPT, batches: dict[str, list[tuple[Tensor, Tensor]]], *,
         losses[split] = total / len(pairs)
     model.train(was_training)
     return losses
+
+
+evaluate = typechecked(evaluate)
 
 
 @dataclass
@@ -266,8 +269,11 @@ def train(
             raise RunDirectoryError(f"{out / CHECKPOINT_NAME} exists: continue that run with --resume or "
                                     "replace it with --overwrite")
         if rank == 0:  # a full disk found now, not at the first save
+            from ._memory import require_training_memory
             from .checkpoint import require_free_space
 
+            count = sum(p.numel() for p in model.parameters())
+            require_training_memory(count, allocated=count, advice="train a smaller model, or on a larger machine")
             evaluations = len(resume.history) if resume is not None else 0
             require_free_space(out, model, evaluations=evaluations + config.max_iters // config.eval_interval + 2)
         return Trainer(model, data, config, out, resume=resume, device=device, progress=progress, log=log,
@@ -322,6 +328,7 @@ class LoopSettings(Protocol):
     def threads(self) -> int | str: ...
 
 
+@shape_checked
 class StepLoop(Generic[R]):
     """The training loop of every model the package trains, with one step path for every setting: the global
     batch (:meth:`next_batch`) is split into ``grad_accum`` micro-batches, each forward pass runs under
@@ -340,6 +347,7 @@ class StepLoop(Generic[R]):
 
     #: The progress bar's label.
     desc = "train"
+    __shape_checked__: tuple[str, ...] = ("next_batch", "micro_loss")
 
     def __init__(self, model: nn.Module, config: LoopSettings, out: Path, *, resume: Any = None,
                  device: str = "cpu", progress: bool = True, log: TextIO | None = None,
@@ -393,8 +401,8 @@ class StepLoop(Generic[R]):
     def learning_rate(self, iteration: int) -> float:
         raise NotImplementedError
 
-    def next_batch(self) -> tuple[Tensor, Tensor]:
-        """This process's rows of the step's global batch."""
+    def next_batch(self) -> tuple[Int[Tensor, "b _"], Int[Tensor, "b _"]]:
+        """This process's rows of the step's global batch: inputs and targets, ``b`` rows each."""
         raise NotImplementedError
 
     def evaluation(self, iteration: int) -> None:
@@ -503,7 +511,7 @@ class StepLoop(Generic[R]):
         self.scaler.update()
         return loss
 
-    def micro_loss(self, x: Tensor, y: Tensor) -> Tensor:
+    def micro_loss(self, x: Int[Tensor, "b _"], y: Int[Tensor, "b _"]) -> Float[Tensor, ""]:
         """The loss of one micro-batch (called under :meth:`autocast`)."""
         return self.loss_of(x.to(self.device), y.to(self.device))
 
@@ -568,6 +576,7 @@ class StepLoop(Generic[R]):
                                 "rate (--lr)", iteration, saved[1] if saved is not None else None)
 
 
+@shape_checked
 class Trainer(StepLoop[TrainResult]):
     """The GPT's training loop (:func:`train` holds the run directory's lock around it): build it with
     ``train``'s arguments inside that lock, then :meth:`run` it once. The step path is :class:`StepLoop`'s.
@@ -585,6 +594,7 @@ class Trainer(StepLoop[TrainResult]):
 
     model: GPT
     config: TrainConfig
+    __shape_checked__ = ("next_batch",)
 
     def __init__(self, model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume: Checkpoint | None = None,
                  device: str = "cpu", progress: bool = True, log: TextIO | None = None,
@@ -645,7 +655,7 @@ class Trainer(StepLoop[TrainResult]):
         if (self.out / CHECKPOINT_NAME).exists():
             self.saved = (self.start, self.out / CHECKPOINT_NAME)
 
-    def next_batch(self) -> tuple[Tensor, Tensor]:
+    def next_batch(self) -> tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]:
         """This process's rows of the step's global batch, drawn from the seeded batch generator."""
         x, y = get_batch(self.data.train, self.config.batch_size, self.block, self.batch_generator)
         if self.world > 1:

@@ -16,16 +16,28 @@ from einops import einsum, rearrange
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Float64, Shaped
 from torch import Tensor
 
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask
-from ..shapecheck import typechecked
+from ..shapecheck import shape_checked, typechecked
 from ..strategies import randn
 
 Status: TypeAlias = Literal["PASS", "FAIL", "SKIP"]
-Inputs: TypeAlias = tuple[Tensor, Tensor, Tensor]
+#: A function candidate's inputs (float64): ``q (b, h, t, d)``, ``k (b, g, s, d)``, ``v (b, g, s, dv)``.
+FunctionInputs: TypeAlias = tuple[Float[Tensor, "b h t d"], Float[Tensor, "b g s d"], Float[Tensor, "b g s dv"]]
+#: A module candidate's inputs (float64): ``x (b, t, eq)``, ``key (b, s, ek)``, ``value (b, s, ev)``.
+ModuleInputs: TypeAlias = tuple[Float[Tensor, "b t eq"], Float[Tensor, "b s ek"], Float[Tensor, "b s ev"]]
+Inputs: TypeAlias = FunctionInputs | ModuleInputs
+#: A canonical keep-mask (True = may attend); ``b``, ``h`` and ``t`` may be 1 to broadcast.
+KeepMask: TypeAlias = Bool[Tensor, "#b #h #t s"]
+#: What a candidate returned: its shape and dtype are what the checks compare, so any tensor is accepted here.
+CandidateOutput: TypeAlias = Shaped[Tensor, "..."]
+#: The reference's output: a function's ``(b, h, t, dv)``, a module's ``(b, t, e)``.
+ReferenceOutput: TypeAlias = Float[Tensor, "b h t dv"] | Float[Tensor, "b t e"]
+#: The rows a check compares: a function's ``(#b, #h, #t, 1)``, a module's ``(b, t, 1)``.
+Rows: TypeAlias = Bool[Tensor, "#b #h #t 1"] | Bool[Tensor, "b t 1"]
 
 #: Version of the check lists: a passing audit keeps its meaning when checks are added.
 #: 2: audit_multihead gained causality and gradients. 3: modules through specs; large_logits, mask_and_causal,
@@ -185,7 +197,8 @@ def causal_keep(t: int, s: int, conventions: Conventions) -> Bool[Tensor, "t s"]
     return torch.ones(t, s, dtype=torch.bool).tril()
 
 
-def effective_keep(keep: Tensor | None, is_causal: bool, t: int, s: int, conventions: Conventions) -> Tensor | None:
+def effective_keep(keep: KeepMask | None, is_causal: bool, t: int, s: int, conventions: Conventions
+                   ) -> KeepMask | None:
     """``keep`` ANDed with the candidate's causal mask, ``(#b, #h, t, s)`` (None when neither is given)."""
     if not is_causal and not conventions.always_causal:
         return keep
@@ -228,13 +241,14 @@ def reference_attention(
 
 
 reference_attention = typechecked(reference_attention)
+effective_keep = typechecked(effective_keep)
 
 #: The default conventions (ours).
 DEFAULT_CONVENTIONS = Conventions()
 
 
-def rotate(x: Tensor, base: float, style: Literal["half", "interleaved"], offset: int = 0, *,
-           tables: torch.dtype = torch.float64) -> Tensor:
+def rotate(x: Float[Tensor, "b h t d"], base: float, style: Literal["half", "interleaved"], offset: int = 0, *,
+           tables: torch.dtype = torch.float64) -> Float[Tensor, "b h t d"]:
     """The reference rotary embedding of ``x (b, h, t, d)`` at positions ``offset + j``: pairs
     ``(x[i], x[i + d/2])`` (``"half"``, GPT-NeoX / Llama) or ``(x[2i], x[2i + 1])`` (``"interleaved"``, GPT-J,
     the RoFormer paper), angle ``pos * base^(-2i/d)``; computed in float64, returned in ``x``'s dtype. Written out
@@ -261,6 +275,9 @@ def rotate(x: Tensor, base: float, style: Literal["half", "interleaved"], offset
     else:
         out = torch.cat([a, b], dim=-1)
     return out.to(x.dtype)
+
+
+rotate = typechecked(rotate)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -305,6 +322,7 @@ def repro_comparison(check: str) -> str:
 # ----------------------------------------------------------------------------------------------------
 
 
+@shape_checked
 @dataclass(frozen=True)
 class Example:
     """One audit input: sizes, seed, dtype, mask and flags; :meth:`inputs` rebuilds the tensors exactly.
@@ -330,11 +348,13 @@ class Example:
     widths: tuple[int, int, int] | None = None
     tied: bool = False
 
+    __shape_checked__ = ("mask", "inputs")
+
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES_BY_NAME[self.dtype]
 
-    def mask(self) -> Tensor | None:
+    def mask(self) -> KeepMask | None:
         """The keep-mask as a boolean tensor (or None)."""
         return None if self.keep is None else torch.tensor(self.keep, dtype=torch.bool)
 
@@ -427,19 +447,21 @@ class Adapter(Protocol):
     #: why the order of the keys matters (rotary positions, a position bias, a sliding window), None if it does not
     positional: str | None
 
-    def call(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor: ...
+    def call(self, ins: Inputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype) -> CandidateOutput: ...
 
-    def reference(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor: ...
+    def reference(self, ins: Inputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype
+                  ) -> ReferenceOutput: ...
 
     def logit_bound(self, ins: Inputs) -> float: ...
 
-    def logits(self, ins: Inputs) -> Tensor: ...
+    def logits(self, ins: Inputs) -> Float64[Tensor, "b h t s"]: ...
 
-    def rows(self, keep: Tensor, example: Example) -> Tensor: ...
+    def rows(self, keep: KeepMask, example: Example) -> Rows: ...
 
-    def decode(self, ins: Inputs, dtype: torch.dtype) -> Tensor | None: ...
+    def decode(self, ins: Inputs, dtype: torch.dtype) -> CandidateOutput | None: ...
 
-    def fast_path(self, x: Tensor, padding: Tensor, dtype: torch.dtype) -> Tensor | None: ...
+    def fast_path(self, x: Float[Tensor, "b t e"], padding: Bool[Tensor, "b t"], dtype: torch.dtype
+                  ) -> CandidateOutput | None: ...
 
     def repro(self, example: Example, check: str) -> str: ...
 

@@ -10,8 +10,10 @@ from typing import Any, Literal
 
 import torch
 from einops import einsum, rearrange
+from jaxtyping import Bool, Float, Float64
 from torch import Tensor
 
+from ..shapecheck import shape_checked, typechecked
 from . import _checks  # noqa: F401  (registers the checks)
 from ._causes import group
 from ._core import (
@@ -21,11 +23,13 @@ from ._core import (
     Adapter,
     AuditReport,
     AuditUsageError,
+    CandidateOutput,
     CheckFailure,
     CheckResult,
     Conventions,
     Example,
-    Inputs,
+    FunctionInputs,
+    KeepMask,
     candidate_code,
     environment,
     import_line,
@@ -36,10 +40,12 @@ from ._core import (
 from ._infer import INFERRED, Inference, check_known, contradictions, infer_adapter, with_inference, with_known
 
 Candidate = Callable[..., Any]
+#: ``q``, ``k``, ``v`` as the candidate takes them: its layout (``b h t d`` or ``b t h d``), head order and dtype.
+CandidateInputs = tuple[Float[Tensor, "b _ _ d"], Float[Tensor, "b _ _ d"], Float[Tensor, "b _ _ dv"]]
 
 
-def to_candidate(ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype,
-                 conventions: Conventions) -> tuple[tuple[Tensor, Tensor, Tensor], dict[str, Any]]:
+def to_candidate(ins: FunctionInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype,
+                 conventions: Conventions) -> tuple[CandidateInputs, dict[str, Any]]:
     """Canonical inputs (``bhtd``, ``h = (g r)``, keep-mask) in the candidate's conventions and ``dtype``."""
     q, k, v = (x.to(dtype) for x in ins)
     g = k.shape[1]
@@ -63,7 +69,7 @@ def to_candidate(ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch
     return (q, k, v), kwargs
 
 
-def from_candidate(out: Tensor, g: int, conventions: Conventions) -> Tensor:
+def from_candidate(out: CandidateOutput, g: int, conventions: Conventions) -> CandidateOutput:
     if conventions.layout == "bthd":
         out = rearrange(out, "b t h d -> b h t d")
     if conventions.grouping == "r g" and out.shape[1] != g:
@@ -71,9 +77,12 @@ def from_candidate(out: Tensor, g: int, conventions: Conventions) -> Tensor:
     return out
 
 
-def candidate_call(example: Example, conventions: Conventions) -> tuple[tuple[Tensor, Tensor, Tensor], dict[str, Any]]:
+def candidate_call(example: Example, conventions: Conventions) -> tuple[CandidateInputs, dict[str, Any]]:
     """The positional and keyword arguments the audit passes to the candidate for ``example``."""
     return to_candidate(example.inputs(), example.mask(), example.is_causal, example.torch_dtype, conventions)
+
+
+candidate_call = typechecked(candidate_call)
 
 
 def check_signature(candidate: Candidate, conventions: Conventions, name: str) -> None:
@@ -116,6 +125,7 @@ def takes_enable_gqa(candidate: Candidate) -> bool:
         return False
 
 
+@shape_checked
 @dataclass
 class FunctionAdapter:
     """The :class:`~typed_transformer.audit._core.Adapter` of a functional candidate in its conventions."""
@@ -128,7 +138,10 @@ class FunctionAdapter:
     rotary: tuple[float, Literal["half", "interleaved"]] | None = None
     positional: str | None = None
 
-    def call(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor:
+    __shape_checked__ = ("call", "reference", "logit_bound", "logits", "rows", "decode", "fast_path")
+
+    def call(self, ins: FunctionInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype
+             ) -> CandidateOutput:
         args, kwargs = to_candidate(ins, keep, is_causal, dtype, self.conventions)
         with candidate_code():
             out = self.candidate(*args, **kwargs)
@@ -136,11 +149,12 @@ class FunctionAdapter:
             raise CheckFailure(f"returned {type(out).__name__}, expected a tensor")
         return from_candidate(out, ins[1].shape[1], self.conventions)
 
-    def reference(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor:
+    def reference(self, ins: FunctionInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype
+                  ) -> Float[Tensor, "b h t dv"]:
         q, k, v = (x.to(dtype) for x in ins)
         return reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions)
 
-    def logit_bound(self, ins: Inputs) -> float:
+    def logit_bound(self, ins: FunctionInputs) -> float:
         """The largest ``|q| . |k| * scale`` (how much a logit's rounding error is amplified)."""
         q, k, _ = ins
         scale = self.conventions.scale if self.conventions.scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -149,7 +163,7 @@ class FunctionAdapter:
         grouped = rearrange(q.abs(), "b (g r) t d -> b g r t d", g=k.shape[1])
         return float(einsum(grouped, k.abs(), "b g r t d, b g s d -> b g r t s").max()) * abs(scale)
 
-    def logits(self, ins: Inputs) -> Tensor:
+    def logits(self, ins: FunctionInputs) -> Float64[Tensor, "b h t s"]:
         """The float64 logits ``(b, h, t, s)`` of the reference."""
         q, k, _ = ins
         scale = self.conventions.scale if self.conventions.scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -157,13 +171,14 @@ class FunctionAdapter:
         logits = einsum(grouped, k.double(), "b g r t d, b g s d -> b g r t s") * scale
         return rearrange(logits, "b g r t s -> b (g r) t s")
 
-    def rows(self, keep: Tensor, example: Example) -> Tensor:
+    def rows(self, keep: KeepMask, example: Example) -> Bool[Tensor, "#b #h #t 1"]:
         return keep.any(dim=-1, keepdim=True)
 
-    def decode(self, ins: Inputs, dtype: torch.dtype) -> Tensor | None:
+    def decode(self, ins: FunctionInputs, dtype: torch.dtype) -> CandidateOutput | None:
         return None
 
-    def fast_path(self, x: Tensor, padding: Tensor, dtype: torch.dtype) -> Tensor | None:
+    def fast_path(self, x: Float[Tensor, "b t e"], padding: Bool[Tensor, "b t"], dtype: torch.dtype
+                  ) -> CandidateOutput | None:
         return None
 
     def repro(self, example: Example, check: str) -> str:

@@ -12,16 +12,21 @@ from typing import Any, Literal
 
 import torch
 from einops import einsum, rearrange
+from jaxtyping import Bool, Float, Float64
 from torch import Tensor, nn
 
 from ..masks import merge_causal
+from ..shapecheck import shape_checked, typechecked
 from ._core import (
     DEFAULT_CONVENTIONS,
     AuditReport,
     AuditUsageError,
+    CandidateOutput,
     Conventions,
     Example,
     Inputs,
+    KeepMask,
+    ModuleInputs,
     candidate_code,
     effective_keep,
     error,
@@ -54,18 +59,19 @@ class Rotary:
     fraction: float | str = 1.0
 
 
+@shape_checked
 @dataclass(frozen=True)
 class Weights:
     """A module's projections in float64, query heads in canonical ``(g r)`` order: ``w* (out, in)``."""
 
-    wq: Tensor
-    wk: Tensor
-    wv: Tensor
-    wo: Tensor | None
-    bq: Tensor | None
-    bk: Tensor | None
-    bv: Tensor | None
-    bo: Tensor | None
+    wq: Float64[Tensor, "hd eq"]
+    wk: Float64[Tensor, "gd ek"]
+    wv: Float64[Tensor, "gdv ev"]
+    wo: Float64[Tensor, "eo hdv"] | None
+    bq: Float64[Tensor, " hd"] | None
+    bk: Float64[Tensor, " gd"] | None
+    bv: Float64[Tensor, " gdv"] | None
+    bo: Float64[Tensor, " eo"] | None
     h: int
     g: int
     d: int
@@ -73,8 +79,10 @@ class Weights:
     scale: float
     #: key and value positions the module appends after the projection (``nn.MultiheadAttention``'s
     #: ``add_bias_kv`` then ``add_zero_attn``): ``(n, g d)`` and ``(n, g dv)``; always visible
-    extra_k: Tensor | None = None
-    extra_v: Tensor | None = None
+    extra_k: Float64[Tensor, "n gd"] | None = None
+    extra_v: Float64[Tensor, "n gdv"] | None = None
+
+    __shape_checked__ = ("__init__",)
 
 
 #: ``position_bias(module, t, s) -> (1 or h, t, s)``: the additive bias a module adds to its logits for ``t``
@@ -82,13 +90,16 @@ class Weights:
 PositionBias = Callable[[Any, int, int], Tensor]
 
 
-def alibi_bias(h: int, t: int, s: int) -> Tensor:
+def alibi_bias(h: int, t: int, s: int) -> Float64[Tensor, "{h} {t} {s}"]:
     """ALiBi's bias ``(h, t, s)``: ``-m_i * |p - j|`` for the query at position ``p`` (the last ``t`` of ``s``),
     slopes ``m_i = 2^(-8 i / h)``, ``i = 1..h`` (the paper's, for a power-of-two ``h``); float64. Under a causal
     mask this is the paper's ``-m_i (p - j)``; without one, the symmetric form x-transformers uses."""
     slopes = 2.0 ** (-8.0 * torch.arange(1, h + 1, dtype=torch.float64) / h)
     distance = torch.arange(s - t, s, dtype=torch.float64)[:, None] - torch.arange(s, dtype=torch.float64)[None]
     return -slopes[:, None, None] * distance.abs()
+
+
+alibi_bias = typechecked(alibi_bias)
 
 
 #: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers
@@ -273,7 +284,8 @@ def _norm(module: Any, path: str, spec: ModuleSpec) -> Callable[[Tensor], Tensor
     return norm
 
 
-def additive_mask(keep: Tensor | None, dtype: torch.dtype, fill: float | None = None) -> Tensor | None:
+def additive_mask(keep: Bool[Tensor, "*shape"] | None, dtype: torch.dtype, fill: float | None = None
+                  ) -> Float[Tensor, "*shape"] | None:
     """A keep-mask as an additive float mask: 0 where allowed, ``fill`` (default ``finfo(dtype).min``, as
     Hugging Face builds them) elsewhere."""
     if keep is None:
@@ -282,7 +294,10 @@ def additive_mask(keep: Tensor | None, dtype: torch.dtype, fill: float | None = 
     return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, fill)
 
 
-def with_causal(keep: Tensor | None, is_causal: bool, t: int, s: int) -> Tensor | None:
+additive_mask = typechecked(additive_mask)
+
+
+def with_causal(keep: KeepMask | None, is_causal: bool, t: int, s: int) -> KeepMask | None:
     """``keep`` ANDed with our bottom-right causal mask (for modules whose causality is a mask argument):
     :func:`~typed_transformer.merge_causal`, always 4-D ``(#b, #h, t, s)``."""
     if not is_causal:
@@ -290,11 +305,17 @@ def with_causal(keep: Tensor | None, is_causal: bool, t: int, s: int) -> Tensor 
     return merge_causal(torch.ones(1, 1, t, s, dtype=torch.bool) if keep is None else keep, t, s)
 
 
+with_causal = typechecked(with_causal)
+
+
+@shape_checked
 class ModuleAdapter:
     """The :class:`~typed_transformer.audit._core.Adapter` of a module: the checks call a deep copy of it (one
     per dtype, in eval mode); the reference uses its weights in float64."""
 
     kind: Literal["function", "module"] = "module"
+    __shape_checked__ = ("call", "bias", "visible", "reference", "logit_bound", "logits", "rows", "decode",
+                         "fast_path")
 
     def __init__(self, module: nn.Module, spec: ModuleSpec, *, conventions: Conventions | None = None,
                  name: str | None = None) -> None:
@@ -353,7 +374,8 @@ class ModuleAdapter:
             self._copies[dtype] = copy.deepcopy(self.original).to(dtype).eval()
         return self._copies[dtype]
 
-    def call(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor:
+    def call(self, ins: ModuleInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype
+             ) -> CandidateOutput:
         x, key, value = (z.to(dtype) for z in self._memory(ins))
         module = self.module(dtype)
         with candidate_code():
@@ -403,7 +425,7 @@ class ModuleAdapter:
         """A cross-attention module with one memory tensor: the key input is also the value input."""
         return (ins[0], ins[1], ins[1]) if self.spec.memory else ins
 
-    def bias(self, t: int, s: int, dtype: torch.dtype) -> Tensor | None:
+    def bias(self, t: int, s: int, dtype: torch.dtype) -> Float[Tensor, "1 h_or_1 {t} {s}"] | None:
         """The additive position bias ``(1, 1 or h, t, s)`` the spec declares, or None."""
         if self.spec.position_bias is None:
             return None
@@ -413,8 +435,10 @@ class ModuleAdapter:
                                   f"{tuple(bias.shape)}, expected (1 or {self.weights.h}, {t}, {s})")
         return bias[None]
 
-    def visible(self, keep: Tensor | None, is_causal: bool, t: int, s: int) -> tuple[Tensor | None, bool]:
-        """``(keep, is_causal)`` with the sliding window and the module's extra key positions applied."""
+    def visible(self, keep: KeepMask | None, is_causal: bool, t: int, s: int
+                ) -> tuple[Bool[Tensor, "#b #h #t _"] | None, bool]:
+        """``(keep, is_causal)`` with the sliding window and the module's extra key positions applied (the
+        returned mask covers the ``s`` keys and the appended ones)."""
         w = self.weights
         if self.window is None and w.extra_k is None:
             return keep, is_causal
@@ -427,7 +451,8 @@ class ModuleAdapter:
             keep = torch.cat([keep, keep.new_ones(*keep.shape[:-1], w.extra_k.shape[0])], dim=-1)
         return keep, False
 
-    def reference(self, ins: Inputs, keep: Tensor | None, is_causal: bool, dtype: torch.dtype) -> Tensor:
+    def reference(self, ins: ModuleInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype
+                  ) -> Float[Tensor, "b t e"]:
         q, k, v = self._project(ins, dtype)
         t, s = q.shape[2], ins[1].shape[1]
         keep, is_causal = self.visible(keep, is_causal, t, s)
@@ -446,12 +471,12 @@ class ModuleAdapter:
         out = einsum(out, w.wo.to(dtype), "b t i, o i -> b t o")
         return out if w.bo is None else out + w.bo.to(dtype)
 
-    def logit_bound(self, ins: Inputs) -> float:
+    def logit_bound(self, ins: ModuleInputs) -> float:
         q, k, _ = self._project(ins, torch.float64)
         grouped = rearrange(q.abs(), "b (g r) t d -> b g r t d", g=k.shape[1])
         return float(einsum(grouped, k.abs(), "b g r t d, b g s d -> b g r t s").max()) * abs(self.weights.scale)
 
-    def logits(self, ins: Inputs) -> Tensor:
+    def logits(self, ins: ModuleInputs) -> Float64[Tensor, "b h t s"]:
         """The float64 logits ``(b, h, t, s)`` of the reference."""
         q, k, _ = self._project(ins, torch.float64)
         grouped = rearrange(q, "b (g r) t d -> b g r t d", g=k.shape[1])
@@ -460,17 +485,18 @@ class ModuleAdapter:
         bias = self.bias(q.shape[2], ins[1].shape[1], torch.float64)
         return logits if bias is None else logits + bias
 
-    def rows(self, keep: Tensor, example: Example) -> Tensor:
+    def rows(self, keep: KeepMask, example: Example) -> Bool[Tensor, "b t 1"]:
         return rearrange(keep.any(dim=-1).all(dim=1), "b t -> b t 1")
 
-    def decode(self, ins: Inputs, dtype: torch.dtype) -> Tensor | None:
+    def decode(self, ins: ModuleInputs, dtype: torch.dtype) -> CandidateOutput | None:
         if self.spec.decode is None:
             return None
         module = copy.deepcopy(self.module(dtype))
         with candidate_code():
             return self.spec.decode(module, ins[0].to(dtype))
 
-    def fast_path(self, x: Tensor, padding: Tensor, dtype: torch.dtype) -> Tensor | None:
+    def fast_path(self, x: Float[Tensor, "b t e"], padding: Bool[Tensor, "b t"], dtype: torch.dtype
+                  ) -> CandidateOutput | None:
         if self.spec.fast_path is None:
             return None
         module = copy.deepcopy(self.module(dtype))
