@@ -1,6 +1,6 @@
 #!/bin/bash
 # Every generated block of README.md and docs/, rewritten from a fresh run of the script that owns it, one after
-# the other (the wall times and speeds are part of the figures: run it on an idle machine; about 25 minutes).
+# the other (the wall times and speeds are part of the figures: run it on an idle machine; about 30 minutes).
 #   bash benchmarks/regenerate_docs.sh path/to/tinyshakespeare.txt
 # tests/test_docs_generated.py and `benchmarks/audit_infer_docs.py --check` say when a block is out of date.
 set -euo pipefail
@@ -15,3 +15,4 @@ $py benchmarks/audit_findings.py                      # docs/audit-findings.md: 
 $py benchmarks/time_to_quality.py --data "$data" --write docs/lab/time-to-quality.md
 $py benchmarks/main_job_profile.py --data "$data" --write docs/lab/time-to-quality.md   # where its time goes
 $py benchmarks/audit_hf_sweep.py --jobs 2             # docs/audit-hf-sweep.md
+$py benchmarks/reliability_cases.py --write          # docs/reliability.md: every case tried (as root: all rows)
