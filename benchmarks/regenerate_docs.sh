@@ -12,6 +12,8 @@ $py benchmarks/seq2seq_runs.py --write                # docs/training.md: train-
 $py benchmarks/audit_infer_docs.py                    # docs/audit.md: the --infer example and its timing
 $py benchmarks/audit_docs_tables.py                   # docs/audit.md: every other printed report
 $py benchmarks/audit_findings.py                      # docs/audit-findings.md: every finding re-checked
-$py benchmarks/time_to_quality.py --data "$data" --write docs/lab/time-to-quality.md
+$py benchmarks/time_to_quality.py --data "$data" --write docs/lab/time-to-quality.md --readme README.md
 $py benchmarks/main_job_profile.py --data "$data" --write docs/lab/time-to-quality.md   # where its time goes
+$py benchmarks/contention.py --data "$data" --rounds 3 --write docs/training.md --readme README.md  # busy machine
+$py benchmarks/bench.py attention --write docs/lab/benchmarks.md --readme README.md          # MHA vs torch's
 $py benchmarks/audit_hf_sweep.py --jobs 2             # docs/audit-hf-sweep.md
