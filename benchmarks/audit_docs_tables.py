@@ -31,8 +31,9 @@ _MARKED = re.compile(r"<!-- begin: .*?<!-- end: [^>]*-->", re.DOTALL)
 def _command(line: str) -> str:
     """``$ typed-transformer audit ...`` run with this interpreter: its stdout, its one-line errors, its status."""
     argv = shlex.split(line.removeprefix("$ "))
+    path = os.pathsep.join([str(REPO / "src"), str(REPO)])  # this checkout's sources, not an installed copy
     process = subprocess.run([sys.executable, "-m", "typed_transformer", *argv[1:]], cwd=REPO, capture_output=True,
-                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+                             text=True, env={**os.environ, "PYTHONPATH": path}, check=False)
     errors = [err for err in process.stderr.splitlines() if err.startswith("typed-transformer:")]
     return "\n".join([line, *process.stdout.rstrip("\n").splitlines(), *errors, f"[exit {process.returncode}]"])
 

@@ -92,3 +92,24 @@ def test_a_module_object_leaves_one_line_to_fill_in() -> None:
     repro = audit_module(_neox(), NEOX_AS_BLOCKS, checks=["reference"], max_examples=3)["reference"].repro
     assert repro is not None
     assert "module = ...  # the GPTNeoXAttention you audited: build it here" in repro
+
+
+def test_a_spec_defined_in_a_script_is_not_imported_from_the_script() -> None:
+    """A script's own names cannot be imported in a fresh interpreter, under ``__main__`` or its aliases (importing
+    the audit registers multiprocessing's ``__mp_main__``, the same module): the repro says what to fill in."""
+    script = (
+        "from torch import nn\n"
+        "from typed_transformer.audit import SPECS, audit_module\n"
+        "import dataclasses\n"
+        "def doubled(m, x, key, value, keep, is_causal):  # planted: twice the output\n"
+        "    return 2 * SPECS['torch_mha'].forward(m, x, key, value, keep, is_causal)\n"
+        "spec = dataclasses.replace(SPECS['torch_mha'], name='mine', forward=doubled)\n"
+        "module = nn.MultiheadAttention(8, 2, batch_first=True)\n"
+        "report = audit_module(module, spec, checks=['reference'], max_examples=3)\n"
+        "print(report['reference'].repro)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "__main__" not in done.stdout and "__mp_main__" not in done.stdout, done.stdout
+    assert "spec = ...  # the ModuleSpec 'mine' you passed: define or import it here" in done.stdout

@@ -68,6 +68,11 @@ def t5(is_decoder: bool = False) -> Any:
     return module
 
 
+def bloom(heads: int = 4) -> nn.Module:
+    return _hf("BloomConfig", "transformers.models.bloom.modeling_bloom", "BloomAttention", 0,
+               hidden_size=3 * heads, n_head=heads)
+
+
 def gpt_neox() -> nn.Module:
     return _hf("GPTNeoXConfig", "transformers.models.gpt_neox.modeling_gpt_neox", "GPTNeoXAttention", 0,
                hidden_size=16, num_attention_heads=2, rotary_pct=0.5)
@@ -132,7 +137,8 @@ def alibi() -> ALiBiAttention:
 #: (spec, factory): each passes every check it runs in float32
 CASES: list[tuple[ModuleSpec | str, Callable[[], nn.Module]]] = [
     ("gpt2_cross", gpt2_cross), ("bart", bart), ("whisper", whisper), ("t5", t5), ("t5", lambda: t5(True)),
-    (ALIBI, alibi), ("gpt_neox", gpt_neox), ("phi", phi), ("mistral", mistral), ("qwen2", qwen2), ("qwen3", qwen3),
+    (ALIBI, alibi), ("bloom", bloom), ("bloom", lambda: bloom(6)),
+    ("gpt_neox", gpt_neox), ("phi", phi), ("mistral", mistral), ("qwen2", qwen2), ("qwen3", qwen3),
     ("torch_mha", torch_mha_bias_kv)]
 
 
@@ -225,11 +231,25 @@ def test_alibi_with_its_slopes_in_reverse_head_order_fails_reference() -> None:
     _fails(audit_module(module, ALIBI, **QUICK), "reference")
 
 
+def test_bloom_with_its_slopes_in_reverse_head_order_fails_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = bloom(6)  # six heads: the paper's interpolated slopes
+    modeling = pytest.importorskip("transformers.models.bloom.modeling_bloom")
+    slopes = modeling._get_alibi_slopes
+    monkeypatch.setattr(modeling, "_get_alibi_slopes", lambda heads, device: slopes(heads, device).flip(0))
+    _fails(audit_module(module, "bloom", checks=["reference"], **QUICK), "reference")
+
+
 def test_alibi_bias_is_the_papers() -> None:
     bias = alibi_bias(2, 2, 3)  # slopes 2^-4, 2^-8; queries at positions 1 and 2
     distance = torch.tensor([[[-1, 0, -1], [-2, -1, 0]]], dtype=torch.float64)
     expected = distance * torch.tensor([2**-4, 2**-8], dtype=torch.float64)[:, None, None]
     torch.testing.assert_close(bias, expected, rtol=0.0, atol=0.0)
+    # BLOOM's form: m_i * j, one constant per query row away from the paper's under the causal mask
+    key = alibi_bias(2, 2, 3, form="key")
+    torch.testing.assert_close(key, torch.tensor([[0.0, 1.0, 2.0]], dtype=torch.float64).expand(2, 3)
+                               * torch.tensor([2**-4, 2**-8], dtype=torch.float64)[:, None, None], rtol=0.0, atol=0.0)
+    # three heads: the two slopes of two heads, then the first of four's odd ones (the paper's interpolation)
+    assert alibi_bias(3, 1, 2, form="key")[:, 0, 1].tolist() == [2**-4, 2**-8, 2**-2]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -274,6 +294,19 @@ def test_phi_rotating_the_whole_head_fails_rope(monkeypatch: pytest.MonkeyPatch)
     _fails(report, "rope")
     assert report["rope"].message.endswith("; the rotation itself: it rotates all 8 dimensions of each head, where the "
                                            "spec says the first 4")
+
+
+def test_a_rope_failure_caused_by_a_dropped_key_bias_is_not_blamed_on_the_rotation() -> None:
+    """The rope check compares outputs, so it fails with whatever breaks them: a bias the key projection forgets
+    (which the rotation then turns with each key) is named as such, and as what fails reference too."""
+    module: Any = qwen2()
+    module.k_proj.forward = lambda x: torch.nn.functional.linear(x, module.k_proj.weight)
+    report = audit_module(module, "qwen2", checks=["reference", "rope"], **QUICK)
+    assert report.failed == ["reference", "rope"], report.table()
+    assert report["rope"].message.endswith("; not the rotation: the k projection's bias is left out, which the rope "
+                                           "check depends on (reference fails the same way)")
+    [cause] = report.causes
+    assert cause.diagnosis == "the module matches the reference when the k projection's bias is left out"
 
 
 @pytest.mark.parametrize(("factory", "spec", "norm"), [(qwen3, "qwen3", "k_norm"), (phi, "phi", "q_layernorm")])
@@ -364,6 +397,38 @@ def test_a_blocks_fused_qkv_read_per_head_gets_the_hint_the_other_way() -> None:
     per_head = dataclasses.replace(ALIBI, name="fused", position_bias=None, qkv_layout="heads")
     report = audit_module(randomize_parameters(Fused(), 0), per_head, **QUICK)
     assert "declare qkv_layout='blocks'" in report["reference"].message, report.table()
+
+
+class GroupFused(nn.Module):
+    """Grouped-query attention whose fused projection is laid out per key/value group, ``(g [q... k v] d)``
+    (Falcon's newer layout): neither ``[q; k; v]`` blocks nor one ``[q k v]`` per head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.h, self.g, self.d = 4, 2, 4
+        self.qkv = nn.Linear(16, (self.h + 2 * self.g) * self.d)
+        self.out = nn.Linear(self.h * self.d, 16)
+
+    def forward(self, x: Tensor, keep: Tensor | None, is_causal: bool) -> Tensor:
+        from einops import rearrange
+
+        r = self.h // self.g
+        y = rearrange(self.qkv(x), "b t (g n d) -> b g n t d", g=self.g, d=self.d)
+        q = rearrange(y[:, :, :r], "b g r t d -> b (g r) t d")
+        k, v = (z.repeat_interleave(r, dim=1) for z in (y[:, :, r], y[:, :, r + 1]))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=is_causal)
+        out = rearrange(out, "b h t d -> b t (h d)")
+        result: Tensor = self.out(out)
+        return result
+
+
+def test_a_fused_qkv_in_a_layout_no_spec_field_says_is_suspected() -> None:
+    spec = ModuleSpec("group_fused", _alibi_forward, Conventions(self_attention=True), qkv="qkv", q=None, k=None,
+                      v=None, out="out", num_heads="h", num_kv_heads="g", head_dim="d")
+    report = audit_module(randomize_parameters(GroupFused(), 0), spec, checks=["reference", "causality"], **QUICK)
+    _fails(report, "reference")
+    assert report["reference"].message.endswith("; hint: the weights may be split in another layout (per-head qkv?)")
+    assert report.status("causality") == "FAIL"  # the wrong weights fail every comparison; causality is not hinted
 
 
 def test_a_correct_spec_gets_no_layout_hint_for_a_real_bug() -> None:
