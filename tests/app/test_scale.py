@@ -3,8 +3,11 @@ accumulation equals one big batch, any model size and --config, --compile, --dty
 
 import io
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -297,6 +300,69 @@ def test_resume_of_a_torchrun_run(text: Path, tmp_path: Path) -> None:
     assert (a.iteration, b.iteration) == (5, 5)
     assert_close_states(a.model.state_dict(), b.model.state_dict())
     assert [h["iter"] for h in a.history] == [0, 3, 5]
+
+
+def _workers(launcher: int) -> dict[int, int]:
+    """rank -> pid of the processes that the launcher ``launcher`` started (from /proc)."""
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher:
+                continue
+            environ = dict(v.split("=", 1) for v in (entry / "environ").read_text().split("\0") if "=" in v)
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+        if "RANK" in environ:
+            found[int(environ["RANK"])] = int(entry.name)
+    return found
+
+
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_torchrun_process_killed_leaves_one_line_naming_the_last_checkpoint(killed: int, text: Path,
+                                                                              tmp_path: Path) -> None:
+    """kill -9 of one of 2 processes mid-run: the survivor (rank 0, or rank 1 when rank 0 is the one killed)
+    prints one line naming the checkpoint on disk and its iteration, no gloo traceback; torchrun's own report
+    of the killed process is the launcher's, not ours."""
+    out = tmp_path / "ddp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+               "typed_transformer", "train", "--data", str(text), *TINY, "--max-iters", "1000000",
+               "--checkpoint-interval", "2", "--out", str(out)]
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / CHECKPOINT_NAME).exists() and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.05)
+        workers = _workers(launcher.pid)
+        assert sorted(workers) == [0, 1], launcher.poll()
+        os.kill(workers[killed], signal.SIGKILL)
+        stdout, stderr = launcher.communicate(timeout=240)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode != 0
+    ours = [line for line in (stdout + stderr).splitlines() if line.startswith("typed-transformer")]
+    iteration = load_checkpoint(out / CHECKPOINT_NAME).iteration
+    assert len(ours) == 1, stderr[-3000:]
+    assert re.fullmatch(
+        rf"typed-transformer: error: training stopped at iteration \d+: another of the run's 2 processes stopped "
+        rf"\(.+\); the last good checkpoint is {re.escape(str(out / CHECKPOINT_NAME))} \(iteration {iteration}\): "
+        "continue with --resume", ours[0]), ours[0]
+    assert not [line for line in stderr.splitlines() if line.startswith("[rank")], stderr[-3000:]
+
+
+def test_a_peer_failure_is_told_from_other_errors_and_cut_to_its_cause() -> None:
+    from typed_transformer.training import _cause, _is_peer_failure
+
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                        "[127.0.0.1]:62662: Connection reset by peer. This is typically caused by a remote worker "
+                        "hanging or bugs in the application. Check the logs of the other ranks.")
+    assert _is_peer_failure(gloo)
+    assert _cause(gloo) == "Read error [127.0.0.1]:62662: Connection reset by peer"
+    assert _is_peer_failure(torch.distributed.DistBackendError("NCCL communicator was aborted"))
+    assert not _is_peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    assert not _is_peer_failure(ValueError("Connection reset by peer"))
 
 
 def test_compiled_generation_equals_eager() -> None:

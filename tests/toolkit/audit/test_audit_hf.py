@@ -323,3 +323,41 @@ def test_a_class_that_needs_as_many_key_value_heads_is_refused_at_fewer() -> Non
         hf_spec(randomize_parameters(hf_build(EsmcAttention), 0))
     module = randomize_parameters(hf_build(EsmcAttention, {"num_key_value_heads": 4}), 0)
     assert _audit(module, checks=["reference"]).passed
+
+
+@pytest.mark.parametrize("rope", [
+    # Llama 3's: low frequencies divided by the factor (an original length of 8 puts the tiny head's second pair
+    # past the low-frequency wavelength), YaRN's: frequencies blended and cos/sin scaled by 0.1 ln(factor) + 1
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+], ids=["llama3", "yarn"])
+def test_rope_types_are_read_from_the_class_rotary_and_a_base_alone_fails(rope: dict[str, Any]) -> None:
+    """A rope type other than the default is audited with the frequencies and cos/sin factor the class's own rotary
+    module computes (the reference still does the turn); with the base alone the same class fails rope, so the
+    frequencies are what makes it pass. A rope type recomputed per call (dynamic) stays a limit."""
+    import dataclasses
+
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    module = randomize_parameters(hf_build(LlamaAttention, {"rope_parameters": {"rope_theta": 10000.0, **rope}}), 0)
+    spec = hf_spec(module)
+    assert spec.rotary is not None
+    assert spec.rotary.frequencies is not None
+    inverse, magnitude = spec.rotary.frequencies(module)
+    default = 10000.0 ** (-torch.arange(2, dtype=torch.float64) / 2)
+    assert not torch.allclose(inverse.double(), default) or magnitude != 1.0  # the tiny config is not the default
+    assert hf_limits(module) == []
+    checks = ["reference", "rope", "incremental_decoding"]
+    assert audit_module(module, spec, conventions="infer", checks=checks, **QUICK).passed
+    base_only = dataclasses.replace(spec, rotary=dataclasses.replace(spec.rotary, frequencies=None))
+    assert audit_module(module, base_only, checks=["rope"], **QUICK).status("rope") == "FAIL"
+
+
+def test_a_rope_type_recomputed_per_call_is_a_limit() -> None:
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    module = hf_build(LlamaAttention, {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "dynamic",
+                                                           "factor": 2.0}})
+    assert [limit.split(" (")[0] for limit in hf_limits(module)] == ["rope_type 'dynamic'"]
+    assert hf_spec(module).rotary.frequencies is None  # type: ignore[union-attr]
