@@ -497,3 +497,16 @@ def test_training_steps_equal_a_plain_torch_loop(data: TextData, tmp_path: Path)
     assert_same_weights(result.model, model, atol=1e-5)
     assert not all(torch.equal(a, b) for a, b in zip(result.model.parameters(), tiny_model(data).parameters(),
                                                        strict=True))  # it trained
+
+
+def test_one_precision_path_without_none_branches() -> None:
+    """float16's GradScaler is built with enabled= and the forward passes run under one autocast context (a
+    disabled one for float32): no ``scaler is not None`` or ``autocast is not None`` branch in the app's loops."""
+    import re
+
+    from typed_transformer import generation, seq2seq_training, training
+
+    for module in (training, seq2seq_training, generation):
+        source = Path(str(module.__file__)).read_text(encoding="utf-8")
+        assert not re.search(r"\b(scaler|autocast) is (not )?None", source), module.__name__
+    assert "GradScaler(self.device_type, enabled=" in Path(str(training.__file__)).read_text(encoding="utf-8")
