@@ -74,9 +74,9 @@ def imports(module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("typed_transformer"):
             prefix = (node.module or "").removeprefix("typed_transformer").lstrip(".")
             targets = [f"{prefix}.{alias.name}".lstrip(".") for alias in node.names]
-        elif isinstance(node, ast.Import):
-            targets = [a.name.removeprefix("typed_transformer").lstrip(".") for a in node.names
-                       if a.name.startswith("typed_transformer.")]
+        elif isinstance(node, ast.Import):  # import typed_transformer[.x]: the bare package is its __init__
+            targets = [a.name.removeprefix("typed_transformer").lstrip(".") or "__init__" for a in node.names
+                       if a.name == "typed_transformer" or a.name.startswith("typed_transformer.")]
         for target in targets:
             # A name that is no module: one defined in the package's (or the subpackage's) __init__.
             resolved = _resolve(target) or "__init__"
