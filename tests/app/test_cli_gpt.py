@@ -160,6 +160,29 @@ def test_greedy_generate_matches_the_model(trained: tuple[Path, Path], capsys: p
     assert capsys.readouterr().out == checkpoint.tokenizer.decode(ids[0]) + "\n"
 
 
+def test_an_alibi_run_trains_resumes_and_generates_with_the_cache(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """--positional alibi through the commands: the checkpoint keeps the choice (the slopes are rebuilt, not
+    saved), a resumed run goes on, and greedy generation past the context (the KV cache, then recomputed
+    windows) prints what recomputing the whole window at every step gives."""
+    text, out = train_run(tmp_path, 4, [*TINY, "--positional", "alibi", "--eval-interval", "2"])
+    assert main(["train", "--data", str(text), "--resume", "--max-iters", "6", *TINY, "--eval-interval", "2",
+                 "--out", str(out)]) == 0
+    checkpoint = load_checkpoint(out)
+    assert (checkpoint.iteration, checkpoint.model.config.positional) == (6, "alibi")
+    assert checkpoint.history[-1]["train"] < checkpoint.history[0]["train"]
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", str(out), "--prompt", "all:", "--greedy", "--max-new-tokens",
+                 "12"]) == 0
+    model = checkpoint.model.eval()
+    ids = torch.tensor([checkpoint.tokenizer.encode("all:")])
+    with torch.no_grad():
+        for _ in range(12):
+            logits, _ = model(ids[:, -8:], all_positions=True)
+            ids = torch.cat([ids, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    assert capsys.readouterr().out == checkpoint.tokenizer.decode(ids[0]) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------------
 # Bad inputs: one line on stderr, exit code 2
 # ---------------------------------------------------------------------------------------------------
