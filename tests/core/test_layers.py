@@ -625,3 +625,11 @@ def test_to_torch_is_batch_first_by_default() -> None:
 def test_transformer_names_itself_in_size_errors() -> None:
     with pytest.raises(ValueError, match=r"^Transformer: d_model=8 is not divisible by nhead=3$"):
         Transformer(8, 3, 1, 1, 16)
+
+
+def test_activation_names_keep_their_earlier_import_path() -> None:
+    from typing import get_args
+
+    from typed_transformer.layers import ActivationName
+
+    assert get_args(ActivationName) == ("relu", "gelu", "gelu_tanh")
