@@ -9,7 +9,7 @@ own config class, recognised by the common shape (``q_proj/k_proj/v_proj/o_proj`
 the config, the module's rotary class), its parameters randomized (seed 0), and audited with inferred conventions
 (every module check, rope and token-by-token decoding where the class has them, float32). Zero false alarms: every
 FAIL the page counts is a true behaviour of its class, with the repro that shows it; a class that computes something
-the reference does not model (``hf_limits``: soft-capping, attention sinks, a rope type other than the default, a
+the reference does not model (``hf_limits``: soft-capping, attention sinks, a rope type recomputed per call, a
 submodule the spec does not read) and fails is listed as recognised and not audited, with what the reference lacks.
 Classes it cannot build or recognise are listed with the reason. At the end it prints how long the sweep took with
 the ``--jobs`` it was given.
@@ -168,7 +168,8 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
         "sections scaled to the tiny head), its parameters randomized, and audited with `conventions=\"infer\"` "
         "(float32, 5 examples per check, seed 0). `hf_spec` describes: q/k norms (per head or over every head, "
         "Gemma's `1 + weight`), partial rotary, the rotary pairing of the modeling module's `apply_rotary_pos_emb`, "
-        "M-RoPE with text positions (1-D rotary), rope parameters per layer type, sliding windows (in the mask, as "
+        "M-RoPE with text positions (1-D rotary), rope parameters per layer type, Llama 3's, YaRN's and linear rope "
+        "frequencies (read from the class's rotary module), sliding windows (in the mask, as "
         "the model's mask builder puts them), the hybrid models' attention cache, a forward that takes "
         "`layer_idx`, `(query, key, value)` classes and cross-attention over one memory tensor. Status letters, in "
         "order: " + ", ".join(f"`{c}`" for c in checks) + " (P pass, F fail, S skip).",

@@ -248,19 +248,28 @@ DEFAULT_CONVENTIONS = Conventions()
 
 
 def rotate(x: Float[Tensor, "b h t d"], base: float, style: Literal["half", "interleaved"], offset: int = 0, *,
-           tables: torch.dtype = torch.float64) -> Float[Tensor, "b h t d"]:
+           tables: torch.dtype = torch.float64, frequencies: Float[Tensor, " i"] | None = None,
+           magnitude: float = 1.0) -> Float[Tensor, "b h t d"]:
     """The reference rotary embedding of ``x (b, h, t, d)`` at positions ``offset + j``: pairs
     ``(x[i], x[i + d/2])`` (``"half"``, GPT-NeoX / Llama) or ``(x[2i], x[2i + 1])`` (``"interleaved"``, GPT-J,
     the RoFormer paper), angle ``pos * base^(-2i/d)``; computed in float64, returned in ``x``'s dtype. Written out
     here, not with :class:`~typed_transformer.RotaryEmbedding`, so that it stays independent of the code it audits.
     ``tables``: the dtype of the angles and their cos/sin (float32: the tables most libraries build whatever the
-    input dtype, computed as they compute them: ``1 / base^(2i/d)``, times the position, in that dtype)."""
+    input dtype, computed as they compute them: ``1 / base^(2i/d)``, times the position, in that dtype).
+    ``frequencies`` (``d/2`` of them) replace ``base^(-2i/d)`` and ``magnitude`` multiplies cos and sin: a rope
+    type other than the default (Llama 3's, YaRN's), its frequencies read from the module's own rotary class."""
     half = x.shape[-1] // 2
+    if frequencies is not None and frequencies.shape != (half,):
+        raise AuditUsageError(f"rotate: {tuple(frequencies.shape)} frequencies for {x.shape[-1]} rotated features "
+                              f"(expected {half})")
     if tables == torch.float64:
         positions = torch.arange(offset, offset + x.shape[2], dtype=torch.float64)
-        theta = einsum(positions, base ** (-torch.arange(half, dtype=torch.float64) / half), "t, i -> t i")
+        inverse = (base ** (-torch.arange(half, dtype=torch.float64) / half) if frequencies is None
+                   else frequencies.double())
+        theta = einsum(positions, inverse, "t, i -> t i")
     else:
-        inverse = 1.0 / (base ** (torch.arange(0, 2 * half, 2, dtype=torch.int64).to(tables) / (2 * half)))
+        inverse = (1.0 / (base ** (torch.arange(0, 2 * half, 2, dtype=torch.int64).to(tables) / (2 * half)))
+                   if frequencies is None else frequencies.to(tables))
         positions = torch.arange(offset, offset + x.shape[2], dtype=torch.int64).to(tables)
         theta = positions[:, None] * inverse[None, :]
     y = x.double()
@@ -268,7 +277,7 @@ def rotate(x: Float[Tensor, "b h t d"], base: float, style: Literal["half", "int
         first, second = y[..., 0::2], y[..., 1::2]
     else:
         first, second = y[..., :half], y[..., half:]
-    cos, sin = theta.cos().double(), theta.sin().double()
+    cos, sin = theta.cos().double() * magnitude, theta.sin().double() * magnitude
     a, b = first * cos - second * sin, second * cos + first * sin
     if style == "interleaved":
         out = rearrange(torch.stack([a, b], dim=-1), "b h t i two -> b h t (i two)")

@@ -58,6 +58,10 @@ class Rotary:
     #: partial rotary: the fraction of each head rotated, from its first dimension on (a number or an attribute
     #: path, e.g. GPT-NeoX's ``"config.rope_parameters.partial_rotary_factor"``); the rest passes through
     fraction: float | str = 1.0
+    #: a rope type other than the default (Llama 3's, YaRN's): ``frequencies(module)`` gives the inverse
+    #: frequencies (one per rotated pair) and the factor on cos and sin, read from the module's own rotary class;
+    #: the reference still does the rotation itself (``base`` is then only named in messages)
+    frequencies: Callable[[Any], tuple[Tensor, float]] | None = None
 
 
 @shape_checked
@@ -349,6 +353,8 @@ class ModuleAdapter:
         #: first, the rotary tables and the softmax computed in another dtype
         self.rotary_last = False
         self.rotary_tables = torch.float64
+        #: the inverse frequencies and cos/sin factor of a rope type other than the default (None: ``base``'s)
+        self.rotary_frequencies: tuple[Tensor, float] | None = None
         self.softmax_dtype: torch.dtype | None = None
         if spec.rotary is not None and (spec.rotary.when is None
                                         or resolve(self.original, spec.rotary.when, spec.name) is not None):
@@ -359,6 +365,9 @@ class ModuleAdapter:
             fraction = float(fraction if isinstance(fraction, float | int)
                              else resolve(self.original, fraction, spec.name))
             self.rotary_dims = int(w.d * fraction)
+            if spec.rotary.frequencies is not None:
+                inverse, magnitude = spec.rotary.frequencies(self.original)
+                self.rotary_frequencies = (inverse.detach().double(), float(magnitude))
         window = spec.window
         if isinstance(window, str):
             window = resolve(self.original, window, spec.name)  # None: this module has no window
@@ -426,7 +435,9 @@ class ModuleAdapter:
         assert self.rotary is not None
         d = x.shape[-1]
         low, high = (d - self.rotary_dims, d) if self.rotary_last else (0, self.rotary_dims)
-        rotated = rotate(x[..., low:high], *self.rotary, offset=offset, tables=self.rotary_tables)
+        inverse, magnitude = self.rotary_frequencies or (None, 1.0)
+        rotated = rotate(x[..., low:high], *self.rotary, offset=offset, tables=self.rotary_tables,
+                         frequencies=inverse, magnitude=magnitude)
         return torch.cat([x[..., :low], rotated, x[..., high:]], dim=-1)
 
     def _memory(self, ins: Inputs) -> Inputs:
