@@ -113,5 +113,6 @@ def test_a_spec_defined_in_a_script_is_not_imported_from_the_script() -> None:
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr
-    assert "__main__" not in done.stdout and "__mp_main__" not in done.stdout, done.stdout
+    assert "__main__" not in done.stdout, done.stdout
+    assert "__mp_main__" not in done.stdout, done.stdout
     assert "spec = ...  # the ModuleSpec 'mine' you passed: define or import it here" in done.stdout
