@@ -3,7 +3,8 @@
 ``gpt2`` (Hugging Face ``GPT2Attention``), ``bert`` (``BertSelfAttention``), ``llama`` (``LlamaAttention``,
 rotary embedding and KV cache), the shapes beyond plain self-attention (``gpt2_cross``, ``bart``, ``whisper``:
 cross-attention with one memory tensor; ``t5``: relative position bias; ``bloom``: ALiBi, fused qkv per head;
-``gpt_neox``, ``phi``: partial rotary; ``mistral``, ``qwen2``: sliding window; ``qwen3``: q/k norms),
+``gpt_neox``, ``phi``: partial rotary; ``falcon``: fused qkv per key/value group; ``mistral``, ``qwen2``:
+sliding window; ``qwen3``: q/k norms),
 ``torchtune`` (``torchtune.modules.MultiHeadAttention``) and
 ``x_transformers`` (``x_transformers.Attention``). Third-party libraries are imported only when a spec's
 module is called or built.
@@ -372,10 +373,12 @@ BLOOM = ModuleSpec("bloom", _bloom_forward, _HF, q=None, k=None, v=None, qkv="qu
 
 
 def _rope_spec(name: str, model: str, config_name: str, prefix: str, cache: str = "cache",
-               **fields: Any) -> ModuleSpec:
+               call: dict[str, Any] | None = None, decode_mask: bool = False, **fields: Any) -> ModuleSpec:
     """A Llama-shaped spec for ``transformers.models.{model}``: ``{prefix}Attention`` called with its own
-    ``{prefix}RotaryEmbedding``'s ``position_embeddings`` and a KV cache built from its config (a sliding-window
-    cache where the config declares a window), passed as keyword ``cache``."""
+    ``{prefix}RotaryEmbedding``'s ``position_embeddings`` (and the keywords ``call``) and a KV cache built from
+    its config (a sliding-window cache where the config declares a window), passed as keyword ``cache``; with
+    ``decode_mask`` each decoded token gets an all-visible additive mask (an eager kernel that adds it always)."""
+    extra = dict(call or {})
     path = f"transformers.models.{model}.modeling_{model}"
 
     def rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
@@ -394,7 +397,7 @@ def _rope_spec(name: str, model: str, config_name: str, prefix: str, cache: str 
             t = x.shape[1]
             inside = (torch.arange(t)[None] > torch.arange(t)[:, None] - int(size))[None, None]
             keep = inside if keep is None else keep & inside
-        out = m(x, position_embeddings=rotary(m, x, 0), attention_mask=_hf_mask(x, keep, is_causal))
+        out = m(x, position_embeddings=rotary(m, x, 0), attention_mask=_hf_mask(x, keep, is_causal), **extra)
         result: Tensor = out[0]
         return result
 
@@ -406,8 +409,9 @@ def _rope_spec(name: str, model: str, config_name: str, prefix: str, cache: str 
         for i in range(x.shape[1]):
             token = x[:, i:i + 1]
             # no mask: one query sees every cached key (a sliding-window cache keeps only the window)
-            outs.append(m(token, position_embeddings=rotary(m, token, i), attention_mask=None,
-                          **{cache: kv_cache})[0])
+            mask = torch.zeros(x.shape[0], 1, 1, i + 1, dtype=x.dtype) if decode_mask else None
+            outs.append(m(token, position_embeddings=rotary(m, token, i), attention_mask=mask,
+                          **{cache: kv_cache}, **extra)[0])
         return torch.cat(outs, dim=1)
 
     defaults: dict[str, Any] = {
@@ -425,6 +429,10 @@ GPT_NEOX = _rope_spec("gpt_neox", "gpt_neox", "GPTNeoXConfig", "GPTNeoX", "layer
                       rotary=_PARTIAL)
 PHI = _rope_spec("phi", "phi", "PhiConfig", "Phi", out="dense", rotary=_PARTIAL, q_norm="q_layernorm?",
                  k_norm="k_layernorm?")
+#: Falcon's three fused layouts are one: per key/value group (``g = h`` without multi-query, ``g = 1`` with it)
+FALCON = _rope_spec("falcon", "falcon", "FalconConfig", "Falcon", "layer_past", call={"alibi": None},
+                    decode_mask=True, q=None, k=None, v=None, qkv="query_key_value", qkv_layout="groups", out="dense",
+                    num_heads="num_heads", num_kv_heads="num_kv_heads", head_dim="head_dim", scale="inv_norm_factor")
 MISTRAL = _rope_spec("mistral", "mistral", "MistralConfig", "Mistral", window="config.sliding_window")
 QWEN2 = _rope_spec("qwen2", "qwen2", "Qwen2Config", "Qwen2", window="sliding_window")
 QWEN3 = _rope_spec("qwen3", "qwen3", "Qwen3Config", "Qwen3", window="sliding_window", q_norm="q_norm",
@@ -502,9 +510,9 @@ X_TRANSFORMERS = ModuleSpec(
 
 #: The shipped specs by name.
 SPECS: dict[str, ModuleSpec] = {spec.name: spec for spec in (
-    TORCH_MHA, TYPED_TRANSFORMER, GPT2, GPT2_CROSS, BERT, BART, WHISPER, T5, BLOOM, LLAMA, GPT_NEOX, PHI, MISTRAL,
-    QWEN2, QWEN3, TORCHTUNE, X_TRANSFORMERS)}
+    TORCH_MHA, TYPED_TRANSFORMER, GPT2, GPT2_CROSS, BERT, BART, WHISPER, T5, BLOOM, LLAMA, GPT_NEOX, FALCON, PHI,
+    MISTRAL, QWEN2, QWEN3, TORCHTUNE, X_TRANSFORMERS)}
 SHIPPED_SPECS.update(SPECS)  # audit_module(..., spec="name") finds them there (_modules never imports this module)
 
-__all__ = ["BART", "BERT", "BLOOM", "GPT2", "GPT2_CROSS", "GPT_NEOX", "LLAMA", "MISTRAL", "PHI", "QWEN2", "QWEN3",
-           "SPECS", "T5", "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER", "WHISPER", "X_TRANSFORMERS"]
+__all__ = ["BART", "BERT", "BLOOM", "FALCON", "GPT2", "GPT2_CROSS", "GPT_NEOX", "LLAMA", "MISTRAL", "PHI", "QWEN2",
+           "QWEN3", "SPECS", "T5", "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER", "WHISPER", "X_TRANSFORMERS"]

@@ -73,6 +73,13 @@ def bloom(heads: int = 4) -> nn.Module:
                hidden_size=3 * heads, n_head=heads)
 
 
+def falcon(**layout: Any) -> nn.Module:
+    """Falcon's newer layout by default: four query heads in two key/value groups, fused per group."""
+    layout = layout or {"new_decoder_architecture": True, "num_kv_heads": 2}
+    return _hf("FalconConfig", "transformers.models.falcon.modeling_falcon", "FalconAttention", 0, hidden_size=16,
+               num_attention_heads=4, bias=True, **layout)
+
+
 def gpt_neox() -> nn.Module:
     return _hf("GPTNeoXConfig", "transformers.models.gpt_neox.modeling_gpt_neox", "GPTNeoXAttention", 0,
                hidden_size=16, num_attention_heads=2, rotary_pct=0.5)
@@ -138,6 +145,7 @@ def alibi() -> ALiBiAttention:
 CASES: list[tuple[ModuleSpec | str, Callable[[], nn.Module]]] = [
     ("gpt2_cross", gpt2_cross), ("bart", bart), ("whisper", whisper), ("t5", t5), ("t5", lambda: t5(True)),
     (ALIBI, alibi), ("bloom", bloom), ("bloom", lambda: bloom(6)),
+    ("falcon", falcon), ("falcon", lambda: falcon(multi_query=True)), ("falcon", lambda: falcon(multi_query=False)),
     ("gpt_neox", gpt_neox), ("phi", phi), ("mistral", mistral), ("qwen2", qwen2), ("qwen3", qwen3),
     ("torch_mha", torch_mha_bias_kv)]
 
@@ -400,12 +408,12 @@ def test_a_blocks_fused_qkv_read_per_head_gets_the_hint_the_other_way() -> None:
 
 
 class GroupFused(nn.Module):
-    """Grouped-query attention whose fused projection is laid out per key/value group, ``(g [q... k v] d)``
-    (Falcon's newer layout): neither ``[q; k; v]`` blocks nor one ``[q k v]`` per head."""
+    """Grouped-query attention whose fused projection is laid out per key/value group: Falcon's
+    ``(g [q_1 .. q_r k v] d)``, or with ``kv_first`` ``(g [k v q_1 .. q_r] d)``, a layout no field describes."""
 
-    def __init__(self) -> None:
+    def __init__(self, kv_first: bool = False) -> None:
         super().__init__()
-        self.h, self.g, self.d = 4, 2, 4
+        self.h, self.g, self.d, self.kv_first = 4, 2, 4, kv_first
         self.qkv = nn.Linear(16, (self.h + 2 * self.g) * self.d)
         self.out = nn.Linear(self.h * self.d, 16)
 
@@ -414,21 +422,47 @@ class GroupFused(nn.Module):
 
         r = self.h // self.g
         y = rearrange(self.qkv(x), "b t (g n d) -> b g n t d", g=self.g, d=self.d)
-        q = rearrange(y[:, :, :r], "b g r t d -> b (g r) t d")
-        k, v = (z.repeat_interleave(r, dim=1) for z in (y[:, :, r], y[:, :, r + 1]))
+        q, k, v = (y[:, :, 2:], y[:, :, 0], y[:, :, 1]) if self.kv_first else (y[:, :, :r], y[:, :, r], y[:, :, r + 1])
+        q = rearrange(q, "b g r t d -> b (g r) t d")
+        k, v = (z.repeat_interleave(r, dim=1) for z in (k, v))
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=is_causal)
-        out = rearrange(out, "b h t d -> b t (h d)")
-        result: Tensor = self.out(out)
+        result: Tensor = self.out(rearrange(out, "b h t d -> b t (h d)"))
         return result
 
 
-def test_a_fused_qkv_in_a_layout_no_spec_field_says_is_suspected() -> None:
-    spec = ModuleSpec("group_fused", _alibi_forward, Conventions(self_attention=True), qkv="qkv", q=None, k=None,
-                      v=None, out="out", num_heads="h", num_kv_heads="g", head_dim="d")
-    report = audit_module(randomize_parameters(GroupFused(), 0), spec, checks=["reference", "causality"], **QUICK)
+GROUP_FUSED = ModuleSpec("group_fused", _alibi_forward, Conventions(self_attention=True), qkv="qkv", q=None, k=None,
+                         v=None, out="out", num_heads="h", num_kv_heads="g", head_dim="d")
+
+
+def test_a_per_group_fused_qkv_is_audited_and_read_as_blocks_gets_the_hint() -> None:
+    module = randomize_parameters(GroupFused(), 0)
+    report = audit_module(module, dataclasses.replace(GROUP_FUSED, qkv_layout="groups"), **QUICK)
+    assert report.passed, report.table()
+    report = audit_module(module, GROUP_FUSED, checks=["reference"], **QUICK)
+    _fails(report, "reference")
+    assert report["reference"].message.endswith(
+        "; hint: the module matches the reference with its fused 'qkv' weights split per key/value group, "
+        "(g [q_1 .. q_r k v] d): declare qkv_layout='groups' in the spec"), report.table()
+
+
+def test_falcon_whose_group_split_swaps_key_and_value_fails_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    modeling = pytest.importorskip("transformers.models.falcon.modeling_falcon")
+    split = modeling.FalconAttention._split_heads
+
+    def swapped(self: Any, fused: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = split(self, fused)
+        return q, v, k
+
+    monkeypatch.setattr(modeling.FalconAttention, "_split_heads", swapped)
+    _fails(audit_module(falcon(), "falcon", checks=["reference"], **QUICK), "reference")
+
+
+def test_a_fused_qkv_in_a_layout_no_field_describes_is_suspected() -> None:
+    report = audit_module(randomize_parameters(GroupFused(kv_first=True), 0), GROUP_FUSED,
+                          checks=["reference", "causality"], **QUICK)
     _fails(report, "reference")
     assert report["reference"].message.endswith("; hint: the weights may be split in another layout (per-head qkv?)")
-    assert report.status("causality") == "FAIL"  # the wrong weights fail every comparison; causality is not hinted
+    assert "hint: the weights may be split" in report.table()  # in its root cause's block
 
 
 def test_a_correct_spec_gets_no_layout_hint_for_a_real_bug() -> None:
