@@ -16,6 +16,7 @@ from jaxtyping import Bool, Float, Float64
 from torch import Tensor, nn
 
 from ..masks import merge_causal
+from ..positions import alibi_slopes
 from ..shapecheck import shape_checked, typechecked
 from ._core import (
     DEFAULT_CONVENTIONS,
@@ -94,12 +95,19 @@ class Weights:
 PositionBias = Callable[[Any, int, int], Tensor]
 
 
-def alibi_bias(h: int, t: int, s: int) -> Float64[Tensor, "{h} {t} {s}"]:
-    """ALiBi's bias ``(h, t, s)``: ``-m_i * |p - j|`` for the query at position ``p`` (the last ``t`` of ``s``),
-    slopes ``m_i = 2^(-8 i / h)``, ``i = 1..h`` (the paper's, for a power-of-two ``h``); float64. Under a causal
-    mask this is the paper's ``-m_i (p - j)``; without one, the symmetric form x-transformers uses."""
-    slopes = 2.0 ** (-8.0 * torch.arange(1, h + 1, dtype=torch.float64) / h)
-    distance = torch.arange(s - t, s, dtype=torch.float64)[:, None] - torch.arange(s, dtype=torch.float64)[None]
+def alibi_bias(h: int, t: int, s: int, *, form: Literal["distance", "key"] = "distance"
+               ) -> Float64[Tensor, "{h} {t} {s}"]:
+    """ALiBi's bias ``(h, t, s)`` for ``t`` queries (the last ``t`` of ``s`` positions) and ``s`` keys, float64,
+    with the paper's head slopes (:func:`~typed_transformer.positions.alibi_slopes`: ``m_i = 2^(-8 i / h)`` for
+    a power-of-two ``h``, the paper's interpolation otherwise). ``form="distance"``: ``-m_i * |p - j|`` for the
+    query at position ``p``; under a causal mask the paper's ``-m_i (p - j)``, without one the symmetric form
+    x-transformers and ours use. ``form="key"``: ``m_i * j``, BLOOM's and MPT's (softmax-equal to the paper's under
+    a causal mask: the two differ by ``-m_i p``, one constant per query row)."""
+    slopes = alibi_slopes(h)
+    keys = torch.arange(s, dtype=torch.float64)[None]
+    if form == "key":
+        return slopes[:, None, None] * keys.expand(t, s)
+    distance = torch.arange(s - t, s, dtype=torch.float64)[:, None] - keys
     return -slopes[:, None, None] * distance.abs()
 
 

@@ -1,7 +1,10 @@
 """Shipped :class:`~typed_transformer.audit.ModuleSpec` s (:data:`SPECS`): ``torch_mha``
 (``nn.MultiheadAttention``), ``typed_transformer`` (our ``MultiHeadAttention``, with rotary and KV cache),
 ``gpt2`` (Hugging Face ``GPT2Attention``), ``bert`` (``BertSelfAttention``), ``llama`` (``LlamaAttention``,
-rotary embedding and KV cache), ``torchtune`` (``torchtune.modules.MultiHeadAttention``) and
+rotary embedding and KV cache), the shapes beyond plain self-attention (``gpt2_cross``, ``bart``, ``whisper``:
+cross-attention with one memory tensor; ``t5``: relative position bias; ``bloom``: ALiBi, fused qkv per head;
+``gpt_neox``, ``phi``: partial rotary; ``mistral``, ``qwen2``: sliding window; ``qwen3``: q/k norms),
+``torchtune`` (``torchtune.modules.MultiHeadAttention``) and
 ``x_transformers`` (``x_transformers.Attention``). Third-party libraries are imported only when a spec's
 module is called or built.
 
@@ -23,7 +26,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from ._core import AuditUsageError, Conventions
-from ._modules import SHIPPED_SPECS, ModuleSpec, Rotary, Weights, additive_mask, resolve, with_causal
+from ._modules import SHIPPED_SPECS, ModuleSpec, Rotary, Weights, additive_mask, alibi_bias, resolve, with_causal
 
 # ----------------------------------------------------------------------------------------------------
 # nn.MultiheadAttention
@@ -321,6 +324,49 @@ T5 = ModuleSpec("t5", _t5_forward, _HF, q="q", k="k", v="v", out="o", num_heads=
 
 
 # ----------------------------------------------------------------------------------------------------
+# Hugging Face: BLOOM (ALiBi, fused qkv laid out per head)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _bloom_alibi(m: Any, b: int, s: int, dtype: torch.dtype) -> Tensor:
+    """The model's ALiBi tensor ``(b h, 1, s)`` for ``s`` unpadded positions (BLOOM builds it outside the
+    attention class, with ``build_alibi_tensor``: part of the code audited)."""
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    alibi: Tensor = build_alibi_tensor(torch.ones(b, s, dtype=torch.long), m.num_heads, dtype)
+    return alibi
+
+
+def _bloom_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                   is_causal: bool) -> Tensor:
+    """``residual`` zero: the attention class adds it to its output."""
+    b, t = x.shape[0], x.shape[1]
+    out = m(x, torch.zeros_like(x), _bloom_alibi(m, b, t, x.dtype), _hf_mask(x, keep, is_causal))
+    result: Tensor = out[0]
+    return result
+
+
+def _bloom_decode(m: Any, x: Tensor) -> Tensor:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()  # BloomAttention keeps no config
+    outs = []
+    for i in range(x.shape[1]):
+        token = x[:, i:i + 1]
+        # no mask: one query sees every cached key; the ALiBi tensor covers them all
+        outs.append(m(token, torch.zeros_like(token), _bloom_alibi(m, x.shape[0], i + 1, x.dtype), None,
+                      layer_past=cache)[0])
+    return torch.cat(outs, dim=1)
+
+
+BLOOM = ModuleSpec("bloom", _bloom_forward, _HF, q=None, k=None, v=None, qkv="query_key_value", qkv_layout="heads",
+                   out="dense", head_dim="head_dim", scale="inv_norm_factor",
+                   position_bias=lambda m, t, s: alibi_bias(m.num_heads, t, s, form="key"), decode=_bloom_decode,
+                   build=lambda cls, config: _hf_build(cls, "BloomConfig", config, layer_idx=0),
+                   module_type="transformers.models.bloom.modeling_bloom.BloomAttention")
+
+
+# ----------------------------------------------------------------------------------------------------
 # Hugging Face: rotary modules (partial rotary, sliding windows, q/k norms)
 # ----------------------------------------------------------------------------------------------------
 
@@ -456,9 +502,9 @@ X_TRANSFORMERS = ModuleSpec(
 
 #: The shipped specs by name.
 SPECS: dict[str, ModuleSpec] = {spec.name: spec for spec in (
-    TORCH_MHA, TYPED_TRANSFORMER, GPT2, GPT2_CROSS, BERT, BART, WHISPER, T5, LLAMA, GPT_NEOX, PHI, MISTRAL, QWEN2,
-    QWEN3, TORCHTUNE, X_TRANSFORMERS)}
+    TORCH_MHA, TYPED_TRANSFORMER, GPT2, GPT2_CROSS, BERT, BART, WHISPER, T5, BLOOM, LLAMA, GPT_NEOX, PHI, MISTRAL,
+    QWEN2, QWEN3, TORCHTUNE, X_TRANSFORMERS)}
 SHIPPED_SPECS.update(SPECS)  # audit_module(..., spec="name") finds them there (_modules never imports this module)
 
-__all__ = ["BART", "BERT", "GPT2", "GPT2_CROSS", "GPT_NEOX", "LLAMA", "MISTRAL", "PHI", "QWEN2", "QWEN3", "SPECS", "T5",
-           "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER", "WHISPER", "X_TRANSFORMERS"]
+__all__ = ["BART", "BERT", "BLOOM", "GPT2", "GPT2_CROSS", "GPT_NEOX", "LLAMA", "MISTRAL", "PHI", "QWEN2", "QWEN3",
+           "SPECS", "T5", "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER", "WHISPER", "X_TRANSFORMERS"]
