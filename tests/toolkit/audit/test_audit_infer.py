@@ -255,3 +255,22 @@ def test_fully_masked_rows_that_differ_by_dtype_or_between_calls() -> None:
     flaky = infer_conventions(nan_every_other_call)
     assert [f.field for f in flaky.findings] == ["fully_masked"]
     assert "gives NaN on one call and not on the next" in flaky.findings[0].message
+
+
+def test_docs_audit_opens_with_infer_and_its_block_is_current() -> None:
+    """docs/audit.md starts with an audit with inferred conventions: its first example uses conventions="infer",
+    no table (a conventions table) comes before it, and the block is what benchmarks/audit_infer_docs.py writes
+    today (timings aside: its --check exits 1 on a stale block)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    page = (root / "docs" / "audit.md").read_text(encoding="utf-8")
+    first = page.index("```python")
+    assert "--infer" in page[:first]
+    assert not [line for line in page[:first].splitlines() if line.startswith("|")]
+    assert 'conventions="infer"' in page[first:page.index("```", first + 3)]
+    check = subprocess.run([sys.executable, str(root / "benchmarks" / "audit_infer_docs.py"), "--check"],
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
