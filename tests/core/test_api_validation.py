@@ -8,11 +8,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.support.properties import exactly
 from typed_transformer import GPT, GPTConfig, MultiHeadAttention, ShapeError, scaled_dot_product_attention
-
-
-def exactly(message: str) -> str:
-    return "^" + re.escape(message) + "$"
 
 
 def test_zero_key_value_heads_is_a_shape_error_naming_k() -> None:

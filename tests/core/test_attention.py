@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tests.support.properties import seeded_randn as randn
 from typed_transformer import (
     ShapeError,
     causal_mask,
@@ -17,10 +18,6 @@ from typed_transformer import (
 from typed_transformer.attention import Backend
 
 BACKENDS: list[Backend] = ["reference", "sdpa"]
-
-
-def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def naive(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None) -> Tensor:

@@ -15,6 +15,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from tests.support.properties import exactly, mha_fastpath
+from tests.support.properties import seeded_randn as randn
 from typed_transformer import ShapeError, causal_mask, from_torch, key_padding_mask_to_torch, to_torch
 from typed_transformer.layers import (
     FeedForward,
@@ -36,10 +37,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensor
 def close(actual: Tensor, expected: Tensor) -> None:
     """float64 against float64: the same sums in a different order."""
     torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-10)
-
-
-def randn(*shape: int, seed: int = 0) -> Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 def randomize(module: M, seed: int = 1) -> M:

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 import torch
-from torch import Tensor
 
 from tests.support.properties import exactly
+from tests.support.properties import seeded_randn as randn
 from typed_transformer import MultiHeadAttention, ShapeError
 from typed_transformer.multihead import KVCache
 from typed_transformer.positions import (
@@ -22,10 +22,6 @@ from typed_transformer.positions import (
     check_positional,
     position_modules,
 )
-
-
-def randn(*shape: int, seed: int = 0) -> Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 def test_sinusoidal_matches_the_papers_formula() -> None:

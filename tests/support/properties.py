@@ -1,4 +1,5 @@
-"""Test-only helpers shared by the property tests: tolerances, independent masks, torch switches."""
+"""Test-only helpers shared by both suites: tolerances, message patterns, seeded inputs, independent masks, torch
+switches."""
 
 import contextlib
 import re
@@ -40,6 +41,12 @@ HALF_FUSED: dict[torch.dtype, dict[str, float]] = {
 def exactly(message: str) -> str:
     """A ``pytest.raises(match=...)`` pattern for the whole message, not a substring of it."""
     return f"^{re.escape(message)}$"
+
+
+def seeded_randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> Tensor:
+    """Standard normal values of ``shape`` from a generator of their own seeded with ``seed`` (float64 by
+    default); the global random state is untouched."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
 def more_examples(factor: int) -> settings:

@@ -211,3 +211,66 @@ def test_known_fields_of_a_module() -> None:
     assert failing[0].startswith("fully_masked: known fully_masked='zero'; behaves as 'any'"), failing
     assert any("causal_alignment = 'bottom-right': known (given), confirmed" in line for line in report.inferred)
 
+
+
+def refuses_mask_with_causal(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                             is_causal: bool = False) -> Tensor:
+    """Correct, and raises on a mask with is_causal=True (torch's SDPA did before 2.1)."""
+    if attn_mask is not None and is_causal:
+        raise ValueError("attn_mask and is_causal cannot both be set")
+    out: Tensor = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    return out
+
+
+def test_mask_with_causal_is_false_only_when_the_combination_raises() -> None:
+    inference = infer_conventions(refuses_mask_with_causal)
+    assert inference.findings == []
+    assert inference.conventions.mask_with_causal is False
+    assert "raised ValueError: attn_mask and is_causal cannot both be set" in (
+        inference.evidence["mask_with_causal"].seen)
+    report = audit_attention(refuses_mask_with_causal, conventions="infer", max_examples=5, dtypes=(torch.float64,))
+    assert report.passed, report.table()
+    assert any("mask_with_causal=False" in note for note in report.untested)
+    assert infer_conventions(scaled_dot_product_attention).conventions.mask_with_causal is True
+
+
+def test_fully_masked_rows_that_differ_by_dtype_or_between_calls() -> None:
+    def nan_in_float32_only(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                            is_causal: bool = False) -> Tensor:  # documented: "any", with both witnesses
+        out = cands.naive_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        return out if q.dtype == torch.float32 else out.nan_to_num(0.0)
+
+    calls = iter(range(10**6))
+
+    def nan_every_other_call(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                             is_causal: bool = False) -> Tensor:  # no convention: a finding
+        out = cands.naive_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        return out.nan_to_num(0.0) if next(calls) % 2 else out
+
+    mixed = infer_conventions(nan_in_float32_only)
+    assert mixed.findings == []
+    assert mixed.conventions.fully_masked == "any"
+    assert "NaN with dv = d in float32" in mixed.evidence["fully_masked"].seen
+    assert "zeros with dv = d in float64" in mixed.evidence["fully_masked"].seen
+    flaky = infer_conventions(nan_every_other_call)
+    assert [f.field for f in flaky.findings] == ["fully_masked"]
+    assert "gives NaN on one call and not on the next" in flaky.findings[0].message
+
+
+def test_docs_audit_opens_with_infer_and_its_block_is_current() -> None:
+    """docs/audit.md starts with an audit with inferred conventions: its first example uses conventions="infer",
+    no table (a conventions table) comes before it, and the block is what benchmarks/audit_infer_docs.py writes
+    today (timings aside: its --check exits 1 on a stale block)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    page = (root / "docs" / "audit.md").read_text(encoding="utf-8")
+    first = page.index("```python")
+    assert "--infer" in page[:first]
+    assert not [line for line in page[:first].splitlines() if line.startswith("|")]
+    assert 'conventions="infer"' in page[first:page.index("```", first + 3)]
+    check = subprocess.run([sys.executable, str(root / "benchmarks" / "audit_infer_docs.py"), "--check"],
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
