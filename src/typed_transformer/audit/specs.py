@@ -4,7 +4,7 @@
 rotary embedding and KV cache), the shapes beyond plain self-attention (``gpt2_cross``, ``bart``, ``whisper``:
 cross-attention with one memory tensor; ``t5``: relative position bias; ``bloom``: ALiBi, fused qkv per head;
 ``gpt_neox``, ``phi``: partial rotary; ``falcon``: fused qkv per key/value group; ``mistral``, ``qwen2``:
-sliding window; ``qwen3``: q/k norms),
+sliding window; ``qwen3``, ``olmo2``: q/k norms),
 ``torchtune`` (``torchtune.modules.MultiHeadAttention``) and
 ``x_transformers`` (``x_transformers.Attention``). Third-party libraries are imported only when a spec's
 module is called or built.
@@ -435,6 +435,8 @@ FALCON = _rope_spec("falcon", "falcon", "FalconConfig", "Falcon", "layer_past", 
                     num_heads="num_heads", num_kv_heads="num_kv_heads", head_dim="head_dim", scale="inv_norm_factor")
 MISTRAL = _rope_spec("mistral", "mistral", "MistralConfig", "Mistral", window="config.sliding_window")
 QWEN2 = _rope_spec("qwen2", "qwen2", "Qwen2Config", "Qwen2", window="sliding_window")
+#: OLMo-2: RMSNorm over every head's queries (and keys) at once, a weight ``h * d`` wide
+OLMO2 = _rope_spec("olmo2", "olmo2", "Olmo2Config", "Olmo2", q_norm="q_norm", k_norm="k_norm")
 QWEN3 = _rope_spec("qwen3", "qwen3", "Qwen3Config", "Qwen3", window="sliding_window", q_norm="q_norm",
                    k_norm="k_norm")
 
@@ -511,8 +513,8 @@ X_TRANSFORMERS = ModuleSpec(
 #: The shipped specs by name.
 SPECS: dict[str, ModuleSpec] = {spec.name: spec for spec in (
     TORCH_MHA, TYPED_TRANSFORMER, GPT2, GPT2_CROSS, BERT, BART, WHISPER, T5, BLOOM, LLAMA, GPT_NEOX, FALCON, PHI,
-    MISTRAL, QWEN2, QWEN3, TORCHTUNE, X_TRANSFORMERS)}
+    MISTRAL, QWEN2, QWEN3, OLMO2, TORCHTUNE, X_TRANSFORMERS)}
 SHIPPED_SPECS.update(SPECS)  # audit_module(..., spec="name") finds them there (_modules never imports this module)
 
-__all__ = ["BART", "BERT", "BLOOM", "FALCON", "GPT2", "GPT2_CROSS", "GPT_NEOX", "LLAMA", "MISTRAL", "PHI", "QWEN2",
-           "QWEN3", "SPECS", "T5", "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER", "WHISPER", "X_TRANSFORMERS"]
+__all__ = ["BART", "BERT", "BLOOM", "FALCON", "GPT2", "GPT2_CROSS", "GPT_NEOX", "LLAMA", "MISTRAL", "OLMO2", "PHI",
+           "QWEN2", "QWEN3", "SPECS", "T5", "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER", "WHISPER", "X_TRANSFORMERS"]

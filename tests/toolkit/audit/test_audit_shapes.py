@@ -106,6 +106,11 @@ def qwen3() -> nn.Module:
                num_attention_heads=4, num_key_value_heads=2, head_dim=4)
 
 
+def olmo2() -> nn.Module:
+    return _hf("Olmo2Config", "transformers.models.olmo2.modeling_olmo2", "Olmo2Attention", 0, hidden_size=16,
+               num_attention_heads=4, num_key_value_heads=2)
+
+
 def torch_mha_bias_kv() -> nn.Module:
     module = nn.MultiheadAttention(8, 2, kdim=6, vdim=5, add_bias_kv=True, add_zero_attn=True, batch_first=True)
     return randomize_parameters(module, 0)
@@ -147,7 +152,7 @@ CASES: list[tuple[ModuleSpec | str, Callable[[], nn.Module]]] = [
     (ALIBI, alibi), ("bloom", bloom), ("bloom", lambda: bloom(6)),
     ("falcon", falcon), ("falcon", lambda: falcon(multi_query=True)), ("falcon", lambda: falcon(multi_query=False)),
     ("gpt_neox", gpt_neox), ("phi", phi), ("mistral", mistral), ("qwen2", qwen2), ("qwen3", qwen3),
-    ("torch_mha", torch_mha_bias_kv)]
+    ("olmo2", olmo2), ("torch_mha", torch_mha_bias_kv)]
 
 
 @pytest.mark.parametrize(("spec", "factory"), CASES,
@@ -317,7 +322,23 @@ def test_a_rope_failure_caused_by_a_dropped_key_bias_is_not_blamed_on_the_rotati
     assert cause.diagnosis == "the module matches the reference when the k projection's bias is left out"
 
 
-@pytest.mark.parametrize(("factory", "spec", "norm"), [(qwen3, "qwen3", "k_norm"), (phi, "phi", "q_layernorm")])
+def test_olmo2_normalising_each_head_alone_fails_reference() -> None:
+    """OLMo-2's norm runs over every head at once; per head is another function of the same weight."""
+    module: Any = olmo2()
+    norm = module.q_norm
+    weight = norm.weight.detach()
+
+    def per_head(x: Tensor) -> Tensor:
+        heads = x.unflatten(-1, (4, -1))
+        y = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        return y.flatten(-2) * weight
+
+    norm.forward = per_head
+    _fails(audit_module(module, "olmo2", checks=["reference"], **QUICK), "reference")
+
+
+@pytest.mark.parametrize(("factory", "spec", "norm"), [(qwen3, "qwen3", "k_norm"), (phi, "phi", "q_layernorm"),
+                                                    (olmo2, "olmo2", "k_norm")])
 def test_a_module_that_skips_its_q_or_k_norm_fails_reference(factory: Callable[[], nn.Module], spec: str,
                                                               norm: str) -> None:
     module = factory()
