@@ -329,9 +329,12 @@ def test_olmo2_normalising_each_head_alone_fails_reference() -> None:
     weight = norm.weight.detach()
 
     def per_head(x: Tensor) -> Tensor:
-        heads = x.unflatten(-1, (4, -1))
+        from einops import rearrange
+
+        heads = rearrange(x, "... (h d) -> ... h d", h=4)
         y = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-        return y.flatten(-2) * weight
+        result: Tensor = rearrange(y, "... h d -> ... (h d)") * weight
+        return result
 
     norm.forward = per_head
     _fails(audit_module(module, "olmo2", checks=["reference"], **QUICK), "reference")
