@@ -409,7 +409,7 @@ def format_gpt_table(training: list[GPTRow], generation: list[GPTRow],
 
 @dataclass
 class GenerationTargets:
-    """Issue 11's generation targets, measured interleaved in one process (milliseconds per generation)."""
+    """The generation targets, measured interleaved in one process (milliseconds per generation)."""
 
     tokens: int
     cache_ms: float  # seed preset, KV cache, eager

@@ -1,7 +1,8 @@
 """Public Hypothesis strategies for attention shapes, tensors, masks and module configurations.
 
-Install with the ``strategies`` extra (``pip install typed-transformer[strategies]``): this module imports
-Hypothesis, which ``import typed_transformer`` itself never does. The library's own property suite uses
+Install with the ``strategies`` extra (``pip install 'typed-transformer[strategies]'``, or
+``pip install -e '.[strategies]'`` in a checkout): this module imports Hypothesis, which
+``import typed_transformer`` itself never does. The library's own property suite uses
 these strategies (``property_tests/``), and so does :mod:`typed_transformer.audit`.
 
 Example::
