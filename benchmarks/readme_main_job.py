@@ -6,7 +6,7 @@ figure):
     .venv/bin/python benchmarks/readme_main_job.py            # print the block
     .venv/bin/python benchmarks/readme_main_job.py --write    # and replace it in both
 
-tests/test_docs_generated.py checks that the block has the lines the command prints today, in their order.
+tests/docs/test_docs_generated.py checks that the block has the lines the command prints today, in their order.
 """
 
 import argparse

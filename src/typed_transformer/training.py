@@ -128,15 +128,16 @@ def measure_matmul_flops(device: str = "cpu", dtype: torch.dtype = torch.float32
 
 @torch.no_grad()
 def evaluate(model: GPT, batches: dict[str, list[tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]]], *,
-             autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> dict[str, float]:
-    """Mean loss over fixed batches for each split, in eval mode (under ``autocast()`` when given)."""
+             autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+             ) -> dict[str, float]:
+    """Mean loss over fixed batches for each split, in eval mode under ``autocast()`` (default: none)."""
     was_training = model.training
     model.eval()
     losses = {}
     for split, pairs in batches.items():
         total = 0.0
         for x, y in pairs:
-            with autocast() if autocast is not None else contextlib.nullcontext():
+            with autocast():
                 _, loss = model(x, y)
             assert loss is not None
             total += float(loss)

@@ -301,18 +301,21 @@ def import_line(obj: Any, as_name: str, *, search: tuple[str, ...] = ()) -> str 
     the modules ``search`` first."""
     import sys
 
+    main = sys.modules.get("__main__")
+    # the script run (and its aliases, such as multiprocessing's __mp_main__) cannot be imported by name
+    scripts = {"__main__", *(name for name, module in list(sys.modules.items()) if module is main)}
     module_name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
     if isinstance(module_name, str) and isinstance(qualname, str) and "<" not in qualname:
         found: Any = sys.modules.get(module_name)
         for part in qualname.split("."):
             found = getattr(found, part, None)
-        if found is obj and module_name != "__main__":
+        if found is obj and module_name not in scripts:
             top, _, rest = qualname.partition(".")
             return f"from {module_name} import {top}\n{as_name} = {qualname}" if rest else \
                 f"from {module_name} import {top} as {as_name}"
     # the modules named first, then every imported module (in import order: the defining one comes first)
     for name in (*search, *list(sys.modules)):
-        namespace = getattr(sys.modules.get(name), "__dict__", None) if name != "__main__" else None
+        namespace = getattr(sys.modules.get(name), "__dict__", None) if name not in scripts else None
         for attr, value in list((namespace or {}).items()):
             if value is obj and not attr.startswith("__"):
                 return f"from {name} import {attr} as {as_name}"

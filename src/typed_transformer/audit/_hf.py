@@ -302,11 +302,12 @@ def hf_limits(module: nn.Module) -> list[str]:
     not audited: its FAILs would be about the reference, not the class)."""
     config = getattr(module, "config", None)
     limits = []
-    params = _rope_params(module)
     uses_rotary = "position_embeddings" in inspect.signature(type(module).forward).parameters
-    if uses_rotary and _rope_type(module) not in _STATIC_ROPE:
-        limits.append(f"rope_type {params['rope_type']!r} (frequencies recomputed from each call's length, which "
-                      f"the reference does not read)")
+    kind = _rope_type(module)
+    if uses_rotary and kind not in _STATIC_ROPE:
+        limits.append(f"rope_type {kind!r} (" + ("frequencies recomputed from each call's length"
+                                                 if kind in ("dynamic", "longrope") else
+                                                 "frequencies of a kind the reference does not read") + ")")
     for name in ("attn_logit_softcapping", "logit_softcapping"):
         if getattr(config, name, None):
             limits.append(name)
