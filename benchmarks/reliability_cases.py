@@ -261,6 +261,13 @@ def as_nobody(setup: Callable[[Lab], None]) -> Callable[[Lab, Case], Outcome]:
     return run
 
 
+def private_directory(lab: Lab) -> None:
+    private = lab.work / "private"
+    private.mkdir()
+    shutil.copy(lab.work / "run" / "checkpoint.safetensors", private)
+    os.chmod(private, 0o700 if os.geteuid() == 0 else 0o000)
+
+
 def read_only_out(lab: Lab) -> None:
     (lab.work / "ro").mkdir(mode=0o555)
     os.chmod(lab.work / "ro", 0o555)
@@ -454,6 +461,9 @@ def _checkpoint() -> list[Case]:
     cases.append(Case("Checkpoint", "generate: unreadable (mode 600, another user's)",
                       ["generate", "--checkpoint", "unreadable"], as_nobody(lambda lab: None),
                       "typed-transformer generate --checkpoint unreadable  # as nobody"))
+    cases.append(Case("Checkpoint", "generate: in a directory the user cannot enter (mode 700, another user's)",
+                      ["generate", "--checkpoint", "private/checkpoint.safetensors"], as_nobody(private_directory),
+                      "typed-transformer generate --checkpoint private/checkpoint.safetensors  # as nobody"))
     resumed = [("NaN weights (re-signed)", "nan", "nan"), ("RNG state cut short (re-signed)", "rng", "rng"),
                ("int32 `ln_f.weight` (re-signed)", "int32", "int32"),
                ("model_config n_layer 2000 (re-signed)", "layers", "layers"), ("a FIFO", "fifo", "fifo")]
