@@ -3,7 +3,7 @@
     python benchmarks/audit_docs_tables.py            # rewrite docs/audit.md in place
     python benchmarks/audit_docs_tables.py --check    # exit 1 (and name the blocks) when a report is out of date
 
-Every ``python`` block of the page runs in order in one namespace, as a reader (and tests/test_docs_examples.py)
+Every ``python`` block of the page runs in order in one namespace, as a reader (and tests/docs/test_docs_examples.py)
 runs them; a ``text`` block right after a block that prints becomes what it printed. A ``bash`` block of
 ``$ typed-transformer audit ...`` lines becomes each command, its output and its exit status (``[exit N]``), run
 with this interpreter from the repository root. Blocks between ``<!-- begin: ... -->`` and ``<!-- end: ... -->``
@@ -31,8 +31,9 @@ _MARKED = re.compile(r"<!-- begin: .*?<!-- end: [^>]*-->", re.DOTALL)
 def _command(line: str) -> str:
     """``$ typed-transformer audit ...`` run with this interpreter: its stdout, its one-line errors, its status."""
     argv = shlex.split(line.removeprefix("$ "))
+    path = os.pathsep.join([str(REPO / "src"), str(REPO)])  # this checkout's sources, not an installed copy
     process = subprocess.run([sys.executable, "-m", "typed_transformer", *argv[1:]], cwd=REPO, capture_output=True,
-                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+                             text=True, env={**os.environ, "PYTHONPATH": path}, check=False)
     errors = [err for err in process.stderr.splitlines() if err.startswith("typed-transformer:")]
     return "\n".join([line, *process.stdout.rstrip("\n").splitlines(), *errors, f"[exit {process.returncode}]"])
 
@@ -80,7 +81,7 @@ def main() -> int:
     text = PAGE.read_text(encoding="utf-8")
     import torch
 
-    torch.manual_seed(0)  # as tests/test_docs_examples.py runs the page
+    torch.manual_seed(0)  # as tests/docs/test_docs_examples.py runs the page
     with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):  # examples that write files
         sys.path.insert(0, str(REPO))
         new, changed = regenerate(text)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests import _audit_candidates as cands
+from tests.support import audit_candidates as cands
 from typed_transformer import scaled_dot_product_attention
 from typed_transformer.audit import Conventions, audit_attention
 

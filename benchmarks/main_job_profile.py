@@ -123,7 +123,7 @@ def instrument(profile: Profile) -> None:
     profile.wrap(data, "load_text", "data", "reading the text and encoding it (train/val split)")
     profile.wrap(data, "default_corpus", "data", "")
     profile.wrap(data.TextData, "from_text", "data", "")
-    profile.wrap(gpt.GPT, "__init__", "model", "building the model")
+    profile.wrap(gpt.GPT, "__init__", "model", "building the model (first on the meta device: the memory check)")
     profile.wrap(training, "measure_matmul_flops", "peak", "the peak FLOP/s measurement (the MFU baseline)")
     profile.wrap(torch.optim.AdamW, "__init__", "optimizer", "building AdamW (torch imports torch._dynamo then)")
     profile.wrap(training, "evaluate", "eval", "evaluations (20 batches per split; the check before each save)")

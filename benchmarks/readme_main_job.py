@@ -7,7 +7,7 @@ docs/training.md) and the README's ``attention`` command on it (docs/img/attenti
     .venv/bin/python benchmarks/readme_main_job.py            # print the blocks
     .venv/bin/python benchmarks/readme_main_job.py --write    # and replace them in the pages, and the picture
 
-tests/test_docs_generated.py checks that the blocks have the lines the commands print today, in their order, and
+tests/docs/test_docs_generated.py checks that the blocks have the lines the commands print today, in their order, and
 that the pages show the README's commands.
 """
 

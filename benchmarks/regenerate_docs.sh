@@ -2,7 +2,7 @@
 # Every generated block of README.md and docs/, rewritten from a fresh run of the script that owns it, one after
 # the other (the wall times and speeds are part of the figures: run it on an idle machine; about 25 minutes).
 #   bash benchmarks/regenerate_docs.sh path/to/tinyshakespeare.txt
-# tests/test_docs_generated.py and `benchmarks/audit_infer_docs.py --check` say when a block is out of date.
+# tests/docs/test_docs_generated.py and `benchmarks/audit_infer_docs.py --check` say when a block is out of date.
 set -euo pipefail
 data=${1:?usage: bash benchmarks/regenerate_docs.sh TINYSHAKESPEARE.txt}
 cd "$(dirname "$0")/.."

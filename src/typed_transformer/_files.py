@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["NotARegularFile", "is_current", "open_lock", "release_lock", "require_regular_file"]
+__all__ = ["NotARegularFile", "is_current", "is_held", "open_lock", "release_lock", "require_regular_file"]
 
 
 class NotARegularFile(ValueError):
@@ -79,5 +79,26 @@ def release_lock(lock: Path, fd: int) -> None:
             os.unlink(lock)
     except OSError:
         pass  # a lock file left behind is harmless: the next run takes it
+    finally:
+        os.close(fd)
+
+
+def is_held(lock: Path) -> bool:
+    """Whether a live process holds ``lock`` (``fcntl.flock``; released by the kernel when its holder dies,
+    however it dies). A missing lock file, a link or anything but a regular file counts as not held."""
+    import fcntl
+
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False  # taken and released at once: nobody held it
     finally:
         os.close(fd)

@@ -63,6 +63,7 @@ __all__ = [
     "require_free_space",
     "run_directory",
     "save_checkpoint",
+    "saved_iteration",
     "temporary_path",
     "write_atomically",
 ]
@@ -588,6 +589,21 @@ def _read_verified(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
         raise CheckpointError(f"{path}: corrupt checkpoint (integrity check failed: the tensors or metadata were "
                               "modified or damaged after it was written)")
     return tensors, metadata
+
+
+def saved_iteration(path: Path) -> int | None:
+    """The iteration recorded in the checkpoint file ``path`` (its header only: cheap at any model size), or
+    None when there is no readable checkpoint there. For a message naming the last checkpoint, not for loading:
+    :func:`load_checkpoint` verifies the file."""
+    from safetensors import safe_open
+
+    try:
+        require_regular_file(path, "the checkpoint")
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            iteration = (handle.metadata() or {}).get("iteration", "")
+    except Exception:  # any unreadable file: there is no checkpoint to name
+        return None
+    return int(iteration) if iteration.isdigit() else None
 
 
 def _out_of_memory(err: BaseException) -> bool:

@@ -332,6 +332,7 @@ def _distributed(args: argparse.Namespace) -> bool:
 
 def _train(args: argparse.Namespace) -> int:
     from .checkpoint import CHECKPOINT_NAME, run_directory
+    from .training import PeerFailed
 
     _require_train_extra("train")
     distributed = _distributed(args)
@@ -342,6 +343,12 @@ def _train(args: argparse.Namespace) -> int:
                 raise ValueError(f"{args.out / CHECKPOINT_NAME} exists: continue that run with --resume or "
                                  "replace it with --overwrite")
             return _train_locked(args)
+    except PeerFailed:
+        # torchrun now stops the surviving processes with SIGTERM: this one is ending with its line anyway
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, *TERMINATING):
+                signal.signal(signum, signal.SIG_IGN)
+        raise
     finally:
         if distributed:
             import torch.distributed as dist
@@ -663,8 +670,12 @@ def _run_training_command(args: argparse.Namespace) -> int:
     except OSError as err:
         return _fail(f"cannot write: {describe_os_error(err)} (the last checkpoint, if any, is intact)")
     except (RuntimeError, MemoryError) as err:
-        from .training import TrainingDiverged
+        from .training import PeerFailed, TrainingDiverged
 
+        if isinstance(err, PeerFailed):  # one line for the run: rank 0's, or a survivor's when rank 0 is gone
+            if err.report:
+                print(f"typed-transformer: error: {err}", file=sys.stderr, flush=True)
+            return 1
         if isinstance(err, TrainingDiverged):
             print(f"typed-transformer: error: {err}", file=sys.stderr)
             return 1

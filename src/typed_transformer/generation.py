@@ -26,14 +26,14 @@ def default_prompt(tokenizer: CharTokenizer) -> str:
 
 def sample_text(model: GPT, tokenizer: CharTokenizer, tokens: int, *, seed: int, device: str = "cpu",
                 prompt: str | None = None,
-                autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> str:
+                autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> str:
     """``tokens`` sampled characters after ``prompt`` (default :func:`default_prompt`), drawn with a generator
-    seeded with ``seed`` (the global random state is untouched), in eval mode under ``autocast()`` when given;
+    seeded with ``seed`` (the global random state is untouched), in eval mode under ``autocast()`` (default: none);
     the model's training mode is restored. The prompt is not part of the returned text."""
     text = default_prompt(tokenizer) if prompt is None else prompt
     ids = torch.tensor([tokenizer.encode(text)], device=device)
     was_training = model.training
-    with autocast() if autocast is not None else contextlib.nullcontext():
+    with autocast():
         generated = model.eval().generate(ids, tokens, generator=torch.Generator(device=device).manual_seed(seed))
     model.train(was_training)
     return tokenizer.decode(generated[0, ids.shape[1]:].cpu())

@@ -42,6 +42,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from ._activations import Activation, activation_fn, activation_name
+from ._activations import ActivationName as ActivationName  # its earlier home: `from typed_transformer.layers import`
 from .attention import Backend
 from .multihead import MultiHeadAttention
 from .positions import RotaryEmbedding

@@ -42,6 +42,22 @@ def token_label(token: str) -> str:
     return token
 
 
+def _checked_labels(tokens: Sequence[str], key_tokens: Sequence[str] | None, t: int, s: int) -> Sequence[str]:
+    """The key labels, after checking that the query and key labels fit the ``t`` and ``s`` axes of the weights."""
+    if len(tokens) != t:
+        raise_shape_error(_NAME, "tokens", f"has {len(tokens)} tokens, expected {t} (axis t of weights)",
+                          axis="t", actual=len(tokens), expected=t, bound_by="weights")
+    if key_tokens is None:
+        if s != t:
+            raise_shape_error(_NAME, "key_tokens", f"is None, but weights have s={s} keys for t={t} queries: "
+                              "pass the key tokens", axis="s", expected=s, bound_by="weights")
+        key_tokens = tokens
+    if len(key_tokens) != s:
+        raise_shape_error(_NAME, "key_tokens", f"has {len(key_tokens)} tokens, expected {s} (axis s of weights)",
+                          axis="s", actual=len(key_tokens), expected=s, bound_by="weights")
+    return key_tokens
+
+
 def plot_attention(
     weights: Float[Tensor, "h t s"] | Float[Tensor, "l h t s"],
     tokens: Sequence[str],
@@ -78,17 +94,7 @@ def plot_attention(
     """
     grid = weights if weights.ndim == 4 else weights[None]
     layers, heads, t, s = grid.shape
-    if len(tokens) != t:
-        raise_shape_error(_NAME, "tokens", f"has {len(tokens)} tokens, expected {t} (axis t of weights)",
-                          axis="t", actual=len(tokens), expected=t, bound_by="weights")
-    if key_tokens is None:
-        if s != t:
-            raise_shape_error(_NAME, "key_tokens", f"is None, but weights have s={s} keys for t={t} queries: "
-                              "pass the key tokens", axis="s", expected=s, bound_by="weights")
-        key_tokens = tokens
-    if len(key_tokens) != s:
-        raise_shape_error(_NAME, "key_tokens", f"has {len(key_tokens)} tokens, expected {s} (axis s of weights)",
-                          axis="s", actual=len(key_tokens), expected=s, bound_by="weights")
+    key_tokens = _checked_labels(tokens, key_tokens, t, s)
     if not panel_size > 0 or dpi <= 0:
         raise ValueError(f"plot_attention: panel_size and dpi must be positive, got {panel_size} and {dpi}")
     try:

@@ -39,7 +39,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -64,6 +64,7 @@ __all__ = [
     "DTYPES",
     "PRESET_TRAINING",
     "LoopSettings",
+    "PeerFailed",
     "StepLoop",
     "TrainConfig",
     "TrainResult",
@@ -127,15 +128,16 @@ def measure_matmul_flops(device: str = "cpu", dtype: torch.dtype = torch.float32
 
 @torch.no_grad()
 def evaluate(model: GPT, batches: dict[str, list[tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]]], *,
-             autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> dict[str, float]:
-    """Mean loss over fixed batches for each split, in eval mode (under ``autocast()`` when given)."""
+             autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+             ) -> dict[str, float]:
+    """Mean loss over fixed batches for each split, in eval mode under ``autocast()`` (default: none)."""
     was_training = model.training
     model.eval()
     losses = {}
     for split, pairs in batches.items():
         total = 0.0
         for x, y in pairs:
-            with autocast() if autocast is not None else contextlib.nullcontext():
+            with autocast():
                 _, loss = model(x, y)
             assert loss is not None
             total += float(loss)
@@ -181,6 +183,40 @@ class TrainingDiverged(RuntimeError):
         super().__init__(message)
         self.iteration = iteration
         self.checkpoint = checkpoint
+
+
+class PeerFailed(RuntimeError):
+    """Another process of a multi-process run (``torchrun``) stopped, so a collective operation failed.
+
+    ``checkpoint`` is the last checkpoint on disk (None: none yet) and ``iteration`` its iteration; ``report``
+    says whether this process is the one to say so (rank 0, or another rank when rank 0 is the process that
+    stopped), so that the run prints one line, not one per process.
+    """
+
+    def __init__(self, message: str, checkpoint: Path | None, iteration: int | None, report: bool) -> None:
+        super().__init__(message)
+        self.checkpoint, self.iteration, self.report = checkpoint, iteration, report
+
+
+def _is_peer_failure(err: BaseException) -> bool:
+    """Whether ``err`` is a collective operation failing because another process went away (gloo reports
+    it as a plain RuntimeError naming its own source file; NCCL and the store as ``torch.distributed``'s
+    errors)."""
+    import torch.distributed as dist
+
+    if isinstance(err, dist.DistError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("gloo/" in text or "Connection reset by peer" in text
+                                              or "Connection closed by peer" in text)
+
+
+def _cause(err: BaseException) -> str:
+    """The first sentence of a collective's error, without gloo's ``[file.cc:line]`` prefix."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if first.startswith("[") and "] " in first:
+        first = first.split("] ", 1)[1]
+    return first.split(". ", 1)[0].rstrip(".")
 
 
 class _Interrupt:
@@ -253,6 +289,7 @@ def train(
             checkpoint and neither ``resume`` nor ``overwrite`` was given.
         TrainingDiverged: the loss, the gradient norm or the weights became non-finite; the last checkpoint
             (finite) is kept and nothing was saved after it.
+        PeerFailed: another process of a ``torchrun`` run stopped (its message names the last checkpoint).
         ValueError: ``batch_size`` is not divisible by ``world_size * grad_accum``, or float16 on a CPU.
         OSError: a checkpoint or the plot could not be written (the previous checkpoint is intact).
     """
@@ -439,12 +476,18 @@ class StepLoop(Generic[R]):
         return ddp, ddp
 
     def run(self) -> R:
-        """Train to ``max_iters`` (or until Ctrl-C/SIGTERM), evaluate, save; every rank returns the result."""
+        """Train to ``max_iters`` (or until Ctrl-C/SIGTERM), evaluate, save; every rank returns the result.
+
+        Raises:
+            PeerFailed: another process of a multi-process run stopped (killed, crashed): the collective
+                operation that waited for it failed.
+        """
         self.bar = self._progress_bar()
         stop: int | None = None
         path = self.out / CHECKPOINT_NAME
         try:
-            with _Interrupt() as interrupt:
+            # the message is made inside _Interrupt: torchrun's SIGTERM to the survivors only marks a stop there
+            with _Interrupt() as interrupt, self._peers_watched():
                 stop = self._loop(interrupt)
                 if stop is None:
                     self.evaluation(self.iteration)
@@ -453,11 +496,38 @@ class StepLoop(Generic[R]):
         finally:
             if self.bar is not None:
                 self.bar.close()
-        if self.world > 1:  # every rank leaves together, after rank 0's last save (a rank tearing down early can abort)
+        if self.world > 1:  # every rank leaves together, after rank 0's last save (one tearing down early can abort)
             import torch.distributed as dist
 
-            dist.barrier()
+            with self._peers_watched():
+                dist.barrier()
         return self._result(path, stop)
+
+    @contextlib.contextmanager
+    def _peers_watched(self) -> Iterator[None]:
+        """A collective operation that fails because another process stopped raises :class:`PeerFailed`."""
+        try:
+            yield
+        except RuntimeError as err:
+            if self.world > 1 and not isinstance(err, TrainingDiverged) and _is_peer_failure(err):
+                raise self.peer_failed(err) from err
+            raise
+
+    def peer_failed(self, err: BaseException) -> PeerFailed:
+        """The one-line error of a run whose other process stopped: where, why, and the last checkpoint on disk
+        (rank 0 wrote it atomically, so a process killed during a save leaves the one before)."""
+        from ._files import is_held
+        from .checkpoint import LOCK_NAME, saved_iteration
+
+        path = self.out / CHECKPOINT_NAME
+        iteration = self.saved[0] if self.main and self.saved is not None else saved_iteration(path)
+        kept = (f"the last good checkpoint is {path} (iteration {iteration}): continue with --resume"
+                if iteration is not None else "no checkpoint was written yet")
+        message = (f"training stopped at iteration {self.iteration}: another of the run's {self.world} processes "
+                   f"stopped ({_cause(err)}); {kept}")
+        # Rank 0 reports; another rank only when rank 0 is gone (its lock on the run directory is released).
+        report = self.main or not is_held(self.out / LOCK_NAME)
+        return PeerFailed(message, path if iteration is not None else None, iteration, report)
 
     def _progress_bar(self) -> Any:
         if not (self.progress and self.main):

@@ -426,8 +426,10 @@ def rope(run: Run, data: st.DataObject) -> None:
         raise Skip("no rotary embedding declared")
     is_causal = run.adapter.conventions.supports_causal and data.draw(st.booleans(), label="is_causal")
     example = draw_example(run, data, min_len=2, max_len=16, is_causal=is_causal)
+    frequencies = ("frequencies of the module's rotary class" if getattr(run.adapter, "rotary_frequencies", None)
+                   else f"base {run.adapter.rotary[0]:g}")
     compare(run, example, is_causal=is_causal, what=f"rotary embedding ({run.adapter.rotary[1]} pairs, "
-            f"base {run.adapter.rotary[0]:g})")
+            f"{frequencies})")
 
 
 @register("incremental_decoding", kinds=("module",))

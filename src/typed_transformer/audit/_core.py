@@ -248,19 +248,28 @@ DEFAULT_CONVENTIONS = Conventions()
 
 
 def rotate(x: Float[Tensor, "b h t d"], base: float, style: Literal["half", "interleaved"], offset: int = 0, *,
-           tables: torch.dtype = torch.float64) -> Float[Tensor, "b h t d"]:
+           tables: torch.dtype = torch.float64, frequencies: Float[Tensor, " i"] | None = None,
+           magnitude: float = 1.0) -> Float[Tensor, "b h t d"]:
     """The reference rotary embedding of ``x (b, h, t, d)`` at positions ``offset + j``: pairs
     ``(x[i], x[i + d/2])`` (``"half"``, GPT-NeoX / Llama) or ``(x[2i], x[2i + 1])`` (``"interleaved"``, GPT-J,
     the RoFormer paper), angle ``pos * base^(-2i/d)``; computed in float64, returned in ``x``'s dtype. Written out
     here, not with :class:`~typed_transformer.RotaryEmbedding`, so that it stays independent of the code it audits.
     ``tables``: the dtype of the angles and their cos/sin (float32: the tables most libraries build whatever the
-    input dtype, computed as they compute them: ``1 / base^(2i/d)``, times the position, in that dtype)."""
+    input dtype, computed as they compute them: ``1 / base^(2i/d)``, times the position, in that dtype).
+    ``frequencies`` (``d/2`` of them) replace ``base^(-2i/d)`` and ``magnitude`` multiplies cos and sin: a rope
+    type other than the default (Llama 3's, YaRN's), its frequencies read from the module's own rotary class."""
     half = x.shape[-1] // 2
+    if frequencies is not None and frequencies.shape != (half,):
+        raise AuditUsageError(f"rotate: {tuple(frequencies.shape)} frequencies for {x.shape[-1]} rotated features "
+                              f"(expected {half})")
     if tables == torch.float64:
         positions = torch.arange(offset, offset + x.shape[2], dtype=torch.float64)
-        theta = einsum(positions, base ** (-torch.arange(half, dtype=torch.float64) / half), "t, i -> t i")
+        inverse = (base ** (-torch.arange(half, dtype=torch.float64) / half) if frequencies is None
+                   else frequencies.double())
+        theta = einsum(positions, inverse, "t, i -> t i")
     else:
-        inverse = 1.0 / (base ** (torch.arange(0, 2 * half, 2, dtype=torch.int64).to(tables) / (2 * half)))
+        inverse = (1.0 / (base ** (torch.arange(0, 2 * half, 2, dtype=torch.int64).to(tables) / (2 * half)))
+                   if frequencies is None else frequencies.to(tables))
         positions = torch.arange(offset, offset + x.shape[2], dtype=torch.int64).to(tables)
         theta = positions[:, None] * inverse[None, :]
     y = x.double()
@@ -268,7 +277,7 @@ def rotate(x: Float[Tensor, "b h t d"], base: float, style: Literal["half", "int
         first, second = y[..., 0::2], y[..., 1::2]
     else:
         first, second = y[..., :half], y[..., half:]
-    cos, sin = theta.cos().double(), theta.sin().double()
+    cos, sin = theta.cos().double() * magnitude, theta.sin().double() * magnitude
     a, b = first * cos - second * sin, second * cos + first * sin
     if style == "interleaved":
         out = rearrange(torch.stack([a, b], dim=-1), "b h t i two -> b h t (i two)")
@@ -292,18 +301,21 @@ def import_line(obj: Any, as_name: str, *, search: tuple[str, ...] = ()) -> str 
     the modules ``search`` first."""
     import sys
 
+    main = sys.modules.get("__main__")
+    # the script run (and its aliases, such as multiprocessing's __mp_main__) cannot be imported by name
+    scripts = {"__main__", *(name for name, module in list(sys.modules.items()) if module is main)}
     module_name, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
     if isinstance(module_name, str) and isinstance(qualname, str) and "<" not in qualname:
         found: Any = sys.modules.get(module_name)
         for part in qualname.split("."):
             found = getattr(found, part, None)
-        if found is obj and module_name != "__main__":
+        if found is obj and module_name not in scripts:
             top, _, rest = qualname.partition(".")
             return f"from {module_name} import {top}\n{as_name} = {qualname}" if rest else \
                 f"from {module_name} import {top} as {as_name}"
     # the modules named first, then every imported module (in import order: the defining one comes first)
     for name in (*search, *list(sys.modules)):
-        namespace = getattr(sys.modules.get(name), "__dict__", None) if name != "__main__" else None
+        namespace = getattr(sys.modules.get(name), "__dict__", None) if name not in scripts else None
         for attr, value in list((namespace or {}).items()):
             if value is obj and not attr.startswith("__"):
                 return f"from {name} import {attr} as {as_name}"

@@ -246,6 +246,31 @@ def _ignores_rotary(module: nn.Module, call: Callable[..., Tensor]) -> bool:
     return bool(torch.allclose(turned, plain, rtol=0, atol=1e-12))
 
 
+#: rope types whose frequencies the rotary class computes once, at construction (``dynamic`` and ``longrope``
+#: recompute them from the length of each call: not read, a limit of the audit)
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+
+
+def _rope_type(module: nn.Module) -> str:
+    return str(_rope_params(module).get("rope_type", "default") or "default")
+
+
+def _frequencies(rotary_class: type, layer_type: str | None) -> Callable[[Any], tuple[Tensor, float]]:
+    """``frequencies(module)`` for :class:`Rotary`: the inverse frequencies and the cos/sin factor of a rope type
+    other than the default, as the module's own rotary class computes them at construction (its ``inv_freq`` and
+    ``attention_scaling``, or the entry for this layer's type); the reference still turns q and k itself."""
+
+    def read(m: Any) -> tuple[Tensor, float]:
+        embedding = rotary_class(config=m.config)
+        for prefix in ((f"{layer_type}_",) if layer_type else ()) + ("",):
+            inverse = getattr(embedding, f"{prefix}inv_freq", None)
+            if isinstance(inverse, Tensor):
+                return inverse, float(getattr(embedding, f"{prefix}attention_scaling", 1.0) or 1.0)
+        raise AuditUsageError(f"{rotary_class.__name__}: no inv_freq buffer to read its rope frequencies from")
+
+    return read
+
+
 def hf_causes(module: nn.Module) -> list[str]:
     """Known causes of a class computing something else than the reference (each FAIL of such a class is a true
     behaviour of it, and this names why)."""
@@ -277,10 +302,12 @@ def hf_limits(module: nn.Module) -> list[str]:
     not audited: its FAILs would be about the reference, not the class)."""
     config = getattr(module, "config", None)
     limits = []
-    params = _rope_params(module)
     uses_rotary = "position_embeddings" in inspect.signature(type(module).forward).parameters
-    if uses_rotary and params.get("rope_type", "default") not in ("default", None):
-        limits.append(f"rope_type {params['rope_type']!r} (frequencies the 1-D reference rotary does not compute)")
+    kind = _rope_type(module)
+    if uses_rotary and kind not in _STATIC_ROPE:
+        limits.append(f"rope_type {kind!r} (" + ("frequencies recomputed from each call's length"
+                                                 if kind in ("dynamic", "longrope") else
+                                                 "frequencies of a kind the reference does not read") + ")")
     for name in ("attn_logit_softcapping", "logit_softcapping"):
         if getattr(config, name, None):
             limits.append(name)
@@ -417,13 +444,16 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
     window = getattr(module, "sliding_window", None)
     turn, normed = source.find("apply_rotary_pos_emb("), source.find(f"self.{q_norm}(") if q_norm else -1
     v_scale = getattr(module, "v_scale", None)
+    # Llama 3's or YaRN's frequencies: read from the module's own rotary class (the default: from the base alone)
+    frequencies = (_frequencies(rotary_class, _layer_type(module))
+                   if takes_rotary and rotary_class is not None and _rope_type(module) in _STATIC_ROPE[1:] else None)
     spec = ModuleSpec(
         f"hf:{cls.__name__}", forward, _HF if self_attention else _HF_CROSS, num_heads="config.num_attention_heads",
         **({"qkv": "qkv_proj", "q": None, "k": None, "v": None} if fused else {}),  # type: ignore[arg-type]
         num_kv_heads="config.num_key_value_heads" if getattr(config, "num_key_value_heads", None) else None,
         head_dim="head_dim" if hasattr(module, "head_dim") else None,
         scale="scaling" if hasattr(module, "scaling") else None,
-        rotary=(Rotary(theta, _rotary_style(module), fraction=_rotary_fraction(module))
+        rotary=(Rotary(theta, _rotary_style(module), fraction=_rotary_fraction(module), frequencies=frequencies)
                 if (takes_rotary or internal) and theta is not None and not heads else None),
         decode=decode if cache_arg is not None and self_attention else None,
         build=lambda c, overrides: hf_build(c, overrides),

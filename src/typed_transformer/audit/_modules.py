@@ -16,6 +16,7 @@ from jaxtyping import Bool, Float, Float64
 from torch import Tensor, nn
 
 from ..masks import merge_causal
+from ..positions import alibi_slopes
 from ..shapecheck import shape_checked, typechecked
 from ._core import (
     DEFAULT_CONVENTIONS,
@@ -57,6 +58,10 @@ class Rotary:
     #: partial rotary: the fraction of each head rotated, from its first dimension on (a number or an attribute
     #: path, e.g. GPT-NeoX's ``"config.rope_parameters.partial_rotary_factor"``); the rest passes through
     fraction: float | str = 1.0
+    #: a rope type other than the default (Llama 3's, YaRN's): ``frequencies(module)`` gives the inverse
+    #: frequencies (one per rotated pair) and the factor on cos and sin, read from the module's own rotary class;
+    #: the reference still does the rotation itself (``base`` is then only named in messages)
+    frequencies: Callable[[Any], tuple[Tensor, float]] | None = None
 
 
 @shape_checked
@@ -90,12 +95,19 @@ class Weights:
 PositionBias = Callable[[Any, int, int], Tensor]
 
 
-def alibi_bias(h: int, t: int, s: int) -> Float64[Tensor, "{h} {t} {s}"]:
-    """ALiBi's bias ``(h, t, s)``: ``-m_i * |p - j|`` for the query at position ``p`` (the last ``t`` of ``s``),
-    slopes ``m_i = 2^(-8 i / h)``, ``i = 1..h`` (the paper's, for a power-of-two ``h``); float64. Under a causal
-    mask this is the paper's ``-m_i (p - j)``; without one, the symmetric form x-transformers uses."""
-    slopes = 2.0 ** (-8.0 * torch.arange(1, h + 1, dtype=torch.float64) / h)
-    distance = torch.arange(s - t, s, dtype=torch.float64)[:, None] - torch.arange(s, dtype=torch.float64)[None]
+def alibi_bias(h: int, t: int, s: int, *, form: Literal["distance", "key"] = "distance"
+               ) -> Float64[Tensor, "{h} {t} {s}"]:
+    """ALiBi's bias ``(h, t, s)`` for ``t`` queries (the last ``t`` of ``s`` positions) and ``s`` keys, float64,
+    with the paper's head slopes (:func:`~typed_transformer.positions.alibi_slopes`: ``m_i = 2^(-8 i / h)`` for
+    a power-of-two ``h``, the paper's interpolation otherwise). ``form="distance"``: ``-m_i * |p - j|`` for the
+    query at position ``p``; under a causal mask the paper's ``-m_i (p - j)``, without one the symmetric form
+    x-transformers and ours use. ``form="key"``: ``m_i * j``, BLOOM's and MPT's (softmax-equal to the paper's under
+    a causal mask: the two differ by ``-m_i p``, one constant per query row)."""
+    slopes = alibi_slopes(h)
+    keys = torch.arange(s, dtype=torch.float64)[None]
+    if form == "key":
+        return slopes[:, None, None] * keys.expand(t, s)
+    distance = torch.arange(s - t, s, dtype=torch.float64)[:, None] - keys
     return -slopes[:, None, None] * distance.abs()
 
 
@@ -129,8 +141,9 @@ class ModuleSpec:
     queries/keys before the rotary embedding (the reference recomputes LayerNorm, or RMSNorm when the module has
     no bias, from their weights and ``eps``/``variance_epsilon``; over each head, or over every head at once when
     the weight is ``h * d`` wide, as OLMo-2's; Gemma's ``(1 + weight)`` scaling is read from its source);
-    ``qkv_layout``: how a fused projection's outputs are ordered, ``"blocks"`` (``[q; k; v]``) or ``"heads"``
-    (GPT-NeoX's ``(h [q k v] d)``)."""
+    ``qkv_layout``: how a fused projection's outputs are ordered, ``"blocks"`` (``[q; k; v]``), ``"heads"``
+    (GPT-NeoX's ``(h [q k v] d)``) or ``"groups"`` (Falcon's ``(g [q_1 .. q_r k v] d)``: each key/value head after
+    its ``r`` query heads; ``"heads"`` when ``g = h``, ``"blocks"`` when ``g = 1``)."""
 
     name: str
     forward: Forward
@@ -157,7 +170,7 @@ class ModuleSpec:
     window: int | str | None = None
     q_norm: str | None = None
     k_norm: str | None = None
-    qkv_layout: Literal["blocks", "heads"] = "blocks"
+    qkv_layout: Literal["blocks", "heads", "groups"] = "blocks"
     #: the q/k norms apply to the turned queries and keys (HunYuan's order), not before the rotary embedding
     norms_after_rotary: bool = False
 
@@ -212,6 +225,12 @@ def spec_weights(module: Any, spec: ModuleSpec) -> Weights:
                                       f"query heads and equal q, k, v sizes")
             wq, wk, wv = rearrange(w, "(h three d) e -> three (h d) e", h=h, three=3)
             bq, bk, bv = (None, None, None) if b is None else rearrange(b, "(h three d) -> three (h d)", h=h, three=3)
+        elif spec.qkv_layout == "groups":  # Falcon: (g [q_1 .. q_r k v] d), each kv group after its query heads
+            if h % g or sizes[1] != sizes[2] or sizes[0] // h != sizes[1] // g:
+                raise AuditUsageError(f"spec {spec.name!r}: qkv_layout='groups' needs a whole number of query heads "
+                                      f"per key/value head and equal q, k, v head sizes")
+            wq, wk, wv = _split_groups(w, g, h // g)
+            bq, bk, bv = (None, None, None) if b is None else (z[:, 0] for z in _split_groups(b[:, None], g, h // g))
         else:
             wq, wk, wv = torch.split(w, sizes)
             bq, bk, bv = (None, None, None) if b is None else torch.split(b, sizes)
@@ -235,6 +254,13 @@ def spec_weights(module: Any, spec: ModuleSpec) -> Weights:
     scale = 1.0 / math.sqrt(d) if spec.scale is None else float(
         spec.scale if isinstance(spec.scale, float | int) else resolve(module, spec.scale, spec.name))
     return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, g, d, dv, scale)
+
+
+def _split_groups(w: Tensor, g: int, r: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows ``(g [q_1 .. q_r k v] d)`` of a fused projection as ``[q (g r d); k (g d); v (g d)]``."""
+    parts = rearrange(w, "(g n d) e -> g n d e", g=g, n=r + 2)
+    return (rearrange(parts[:, :r], "g r d e -> (g r d) e"), rearrange(parts[:, r], "g d e -> (g d) e"),
+            rearrange(parts[:, r + 1], "g d e -> (g d) e"))
 
 
 def _norm(module: Any, path: str, spec: ModuleSpec) -> Callable[[Tensor], Tensor] | None:
@@ -341,6 +367,8 @@ class ModuleAdapter:
         #: first, the rotary tables and the softmax computed in another dtype
         self.rotary_last = False
         self.rotary_tables = torch.float64
+        #: the inverse frequencies and cos/sin factor of a rope type other than the default (None: ``base``'s)
+        self.rotary_frequencies: tuple[Tensor, float] | None = None
         self.softmax_dtype: torch.dtype | None = None
         if spec.rotary is not None and (spec.rotary.when is None
                                         or resolve(self.original, spec.rotary.when, spec.name) is not None):
@@ -351,6 +379,9 @@ class ModuleAdapter:
             fraction = float(fraction if isinstance(fraction, float | int)
                              else resolve(self.original, fraction, spec.name))
             self.rotary_dims = int(w.d * fraction)
+            if spec.rotary.frequencies is not None:
+                inverse, magnitude = spec.rotary.frequencies(self.original)
+                self.rotary_frequencies = (inverse.detach().double(), float(magnitude))
         window = spec.window
         if isinstance(window, str):
             window = resolve(self.original, window, spec.name)  # None: this module has no window
@@ -418,7 +449,9 @@ class ModuleAdapter:
         assert self.rotary is not None
         d = x.shape[-1]
         low, high = (d - self.rotary_dims, d) if self.rotary_last else (0, self.rotary_dims)
-        rotated = rotate(x[..., low:high], *self.rotary, offset=offset, tables=self.rotary_tables)
+        inverse, magnitude = self.rotary_frequencies or (None, 1.0)
+        rotated = rotate(x[..., low:high], *self.rotary, offset=offset, tables=self.rotary_tables,
+                         frequencies=inverse, magnitude=magnitude)
         return torch.cat([x[..., :low], rotated, x[..., high:]], dim=-1)
 
     def _memory(self, ins: Inputs) -> Inputs:
@@ -552,35 +585,46 @@ def module_setup(module: Any, spec: ModuleSpec) -> str:
     return f"{spec_line}\nmodule = ...  # {name}: build it here (pass a factory to get this line filled in)"
 
 
+#: How the hint names each fused layout.
+_LAYOUTS: dict[str, str] = {"blocks": "in blocks, [q; k; v]", "heads": "per head, (h [q k v] d)",
+                            "groups": "per key/value group, (g [q_1 .. q_r k v] d)"}
+
+
 def layout_hint(adapter: ModuleAdapter, report: AuditReport) -> None:
-    """A failing ``reference`` check of a fused-qkv spec: try the other fused layout on its counterexample and
-    say so in the message when it fits (``[q; k; v]`` blocks against GPT-NeoX's per-head ``(h [q k v] d)``);
-    when the error is huge and no layout could be tried, suspect one. Adds a line to the failing rows."""
+    """A failing ``reference`` check of a fused-qkv spec: try the other fused layouts on its counterexample and
+    say so in the message when one fits (``[q; k; v]`` blocks, GPT-NeoX's per-head ``(h [q k v] d)``, Falcon's
+    per-group ``(g [q_1 .. q_r k v] d)``); when the error is huge and neither a layout nor the diagnosis of its
+    root cause explains it, suspect one. Adds a line to the failing rows."""
     spec = adapter.spec
     failing = [r for r in report.results if r.name == "reference" and r.status == "FAIL"]
     if spec.qkv is None or spec.weights is not None or not failing or failing[0].counterexample is None:
         return
-    other: Literal["blocks", "heads"] = "heads" if spec.qkv_layout == "blocks" else "blocks"
     fields = dict(failing[0].counterexample)
     fields["widths"] = None if fields["widths"] is None else tuple(fields["widths"])
     example = Example(**fields)
     ins, keep = example.inputs(), example.mask()
     hint = None
-    try:
-        alternative = ModuleAdapter(adapter.original, dataclasses.replace(spec, qkv_layout=other),
-                                    conventions=adapter.conventions)
-    except AuditUsageError:  # that layout cannot split these weights (grouped heads, unequal sizes)
-        alternative = None
-    if alternative is not None:
-        out = adapter.call(ins, keep, example.is_causal, example.torch_dtype)
+    out = adapter.call(ins, keep, example.is_causal, example.torch_dtype)
+    own = error(out, adapter.reference(ins, keep, example.is_causal, torch.float64))
+    for other in _LAYOUTS:
+        if other == spec.qkv_layout:
+            continue
+        try:
+            alternative = ModuleAdapter(adapter.original, dataclasses.replace(spec, qkv_layout=other),  # type: ignore[arg-type]
+                                        conventions=adapter.conventions)
+        except AuditUsageError:  # that layout cannot split these weights (head counts, unequal sizes)
+            continue
         ref = alternative.reference(ins, keep, example.is_causal, torch.float64)
+        if torch.equal(alternative.weights.wq, adapter.weights.wq) and torch.equal(alternative.weights.wk,
+                                                                                   adapter.weights.wk):
+            continue  # the same split at these head counts
         scale = max(1.0, float(ref.abs().max()))
-        if error(out, ref) <= 1e-3 * scale < error(out, adapter.reference(ins, keep, example.is_causal,
-                                                                          torch.float64)):
-            layout = "per head, (h [q k v] d)" if other == "heads" else "in blocks, [q; k; v]"
-            hint = (f"hint: the module matches the reference with its fused {spec.qkv!r} weights split {layout}: "
-                    f"declare qkv_layout={other!r} in the spec")
-    elif (failing[0].ratio or 0.0) > 1e3:
+        if error(out, ref) <= 1e-3 * scale < own:
+            hint = (f"hint: the module matches the reference with its fused {spec.qkv!r} weights split "
+                    f"{_LAYOUTS[other]}: declare qkv_layout={other!r} in the spec")
+            break
+    explained = any(cause.diagnosis for cause in report.causes if failing[0] in cause.rows)
+    if hint is None and (failing[0].ratio or 0.0) > 1e3 and not explained:  # no single change explains it either
         hint = "hint: the weights may be split in another layout (per-head qkv?)"
     if hint is not None:
         for row in failing:

@@ -1,7 +1,11 @@
 """Shipped :class:`~typed_transformer.audit.ModuleSpec` s (:data:`SPECS`): ``torch_mha``
 (``nn.MultiheadAttention``), ``typed_transformer`` (our ``MultiHeadAttention``, with rotary and KV cache),
 ``gpt2`` (Hugging Face ``GPT2Attention``), ``bert`` (``BertSelfAttention``), ``llama`` (``LlamaAttention``,
-rotary embedding and KV cache), ``torchtune`` (``torchtune.modules.MultiHeadAttention``) and
+rotary embedding and KV cache), the shapes beyond plain self-attention (``gpt2_cross``, ``bart``, ``whisper``:
+cross-attention with one memory tensor; ``t5``: relative position bias; ``bloom``: ALiBi, fused qkv per head;
+``gpt_neox``, ``phi``: partial rotary; ``falcon``: fused qkv per key/value group; ``mistral``, ``qwen2``:
+sliding window; ``qwen3``, ``olmo2``: q/k norms),
+``torchtune`` (``torchtune.modules.MultiHeadAttention``) and
 ``x_transformers`` (``x_transformers.Attention``). Third-party libraries are imported only when a spec's
 module is called or built.
 
@@ -23,7 +27,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from ._core import AuditUsageError, Conventions
-from ._modules import SHIPPED_SPECS, ModuleSpec, Rotary, Weights, additive_mask, resolve, with_causal
+from ._modules import SHIPPED_SPECS, ModuleSpec, Rotary, Weights, additive_mask, alibi_bias, resolve, with_causal
 
 # ----------------------------------------------------------------------------------------------------
 # nn.MultiheadAttention
@@ -321,15 +325,60 @@ T5 = ModuleSpec("t5", _t5_forward, _HF, q="q", k="k", v="v", out="o", num_heads=
 
 
 # ----------------------------------------------------------------------------------------------------
+# Hugging Face: BLOOM (ALiBi, fused qkv laid out per head)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _bloom_alibi(m: Any, b: int, s: int, dtype: torch.dtype) -> Tensor:
+    """The model's ALiBi tensor ``(b h, 1, s)`` for ``s`` unpadded positions (BLOOM builds it outside the
+    attention class, with ``build_alibi_tensor``: part of the code audited)."""
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    alibi: Tensor = build_alibi_tensor(torch.ones(b, s, dtype=torch.long), m.num_heads, dtype)
+    return alibi
+
+
+def _bloom_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                   is_causal: bool) -> Tensor:
+    """``residual`` zero: the attention class adds it to its output."""
+    b, t = x.shape[0], x.shape[1]
+    out = m(x, torch.zeros_like(x), _bloom_alibi(m, b, t, x.dtype), _hf_mask(x, keep, is_causal))
+    result: Tensor = out[0]
+    return result
+
+
+def _bloom_decode(m: Any, x: Tensor) -> Tensor:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()  # BloomAttention keeps no config
+    outs = []
+    for i in range(x.shape[1]):
+        token = x[:, i:i + 1]
+        # no mask: one query sees every cached key; the ALiBi tensor covers them all
+        outs.append(m(token, torch.zeros_like(token), _bloom_alibi(m, x.shape[0], i + 1, x.dtype), None,
+                      layer_past=cache)[0])
+    return torch.cat(outs, dim=1)
+
+
+BLOOM = ModuleSpec("bloom", _bloom_forward, _HF, q=None, k=None, v=None, qkv="query_key_value", qkv_layout="heads",
+                   out="dense", head_dim="head_dim", scale="inv_norm_factor",
+                   position_bias=lambda m, t, s: alibi_bias(m.num_heads, t, s, form="key"), decode=_bloom_decode,
+                   build=lambda cls, config: _hf_build(cls, "BloomConfig", config, layer_idx=0),
+                   module_type="transformers.models.bloom.modeling_bloom.BloomAttention")
+
+
+# ----------------------------------------------------------------------------------------------------
 # Hugging Face: rotary modules (partial rotary, sliding windows, q/k norms)
 # ----------------------------------------------------------------------------------------------------
 
 
 def _rope_spec(name: str, model: str, config_name: str, prefix: str, cache: str = "cache",
-               **fields: Any) -> ModuleSpec:
+               call: dict[str, Any] | None = None, decode_mask: bool = False, **fields: Any) -> ModuleSpec:
     """A Llama-shaped spec for ``transformers.models.{model}``: ``{prefix}Attention`` called with its own
-    ``{prefix}RotaryEmbedding``'s ``position_embeddings`` and a KV cache built from its config (a sliding-window
-    cache where the config declares a window), passed as keyword ``cache``."""
+    ``{prefix}RotaryEmbedding``'s ``position_embeddings`` (and the keywords ``call``) and a KV cache built from
+    its config (a sliding-window cache where the config declares a window), passed as keyword ``cache``; with
+    ``decode_mask`` each decoded token gets an all-visible additive mask (an eager kernel that adds it always)."""
+    extra = dict(call or {})
     path = f"transformers.models.{model}.modeling_{model}"
 
     def rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
@@ -348,7 +397,7 @@ def _rope_spec(name: str, model: str, config_name: str, prefix: str, cache: str 
             t = x.shape[1]
             inside = (torch.arange(t)[None] > torch.arange(t)[:, None] - int(size))[None, None]
             keep = inside if keep is None else keep & inside
-        out = m(x, position_embeddings=rotary(m, x, 0), attention_mask=_hf_mask(x, keep, is_causal))
+        out = m(x, position_embeddings=rotary(m, x, 0), attention_mask=_hf_mask(x, keep, is_causal), **extra)
         result: Tensor = out[0]
         return result
 
@@ -360,8 +409,9 @@ def _rope_spec(name: str, model: str, config_name: str, prefix: str, cache: str 
         for i in range(x.shape[1]):
             token = x[:, i:i + 1]
             # no mask: one query sees every cached key (a sliding-window cache keeps only the window)
-            outs.append(m(token, position_embeddings=rotary(m, token, i), attention_mask=None,
-                          **{cache: kv_cache})[0])
+            mask = torch.zeros(x.shape[0], 1, 1, i + 1, dtype=x.dtype) if decode_mask else None
+            outs.append(m(token, position_embeddings=rotary(m, token, i), attention_mask=mask,
+                          **{cache: kv_cache}, **extra)[0])
         return torch.cat(outs, dim=1)
 
     defaults: dict[str, Any] = {
@@ -379,8 +429,14 @@ GPT_NEOX = _rope_spec("gpt_neox", "gpt_neox", "GPTNeoXConfig", "GPTNeoX", "layer
                       rotary=_PARTIAL)
 PHI = _rope_spec("phi", "phi", "PhiConfig", "Phi", out="dense", rotary=_PARTIAL, q_norm="q_layernorm?",
                  k_norm="k_layernorm?")
+#: Falcon's three fused layouts are one: per key/value group (``g = h`` without multi-query, ``g = 1`` with it)
+FALCON = _rope_spec("falcon", "falcon", "FalconConfig", "Falcon", "layer_past", call={"alibi": None},
+                    decode_mask=True, q=None, k=None, v=None, qkv="query_key_value", qkv_layout="groups", out="dense",
+                    num_heads="num_heads", num_kv_heads="num_kv_heads", head_dim="head_dim", scale="inv_norm_factor")
 MISTRAL = _rope_spec("mistral", "mistral", "MistralConfig", "Mistral", window="config.sliding_window")
 QWEN2 = _rope_spec("qwen2", "qwen2", "Qwen2Config", "Qwen2", window="sliding_window")
+#: OLMo-2: RMSNorm over every head's queries (and keys) at once, a weight ``h * d`` wide
+OLMO2 = _rope_spec("olmo2", "olmo2", "Olmo2Config", "Olmo2", q_norm="q_norm", k_norm="k_norm")
 QWEN3 = _rope_spec("qwen3", "qwen3", "Qwen3Config", "Qwen3", window="sliding_window", q_norm="q_norm",
                    k_norm="k_norm")
 
@@ -456,9 +512,9 @@ X_TRANSFORMERS = ModuleSpec(
 
 #: The shipped specs by name.
 SPECS: dict[str, ModuleSpec] = {spec.name: spec for spec in (
-    TORCH_MHA, TYPED_TRANSFORMER, GPT2, GPT2_CROSS, BERT, BART, WHISPER, T5, LLAMA, GPT_NEOX, PHI, MISTRAL, QWEN2,
-    QWEN3, TORCHTUNE, X_TRANSFORMERS)}
+    TORCH_MHA, TYPED_TRANSFORMER, GPT2, GPT2_CROSS, BERT, BART, WHISPER, T5, BLOOM, LLAMA, GPT_NEOX, FALCON, PHI,
+    MISTRAL, QWEN2, QWEN3, OLMO2, TORCHTUNE, X_TRANSFORMERS)}
 SHIPPED_SPECS.update(SPECS)  # audit_module(..., spec="name") finds them there (_modules never imports this module)
 
-__all__ = ["BART", "BERT", "GPT2", "GPT2_CROSS", "GPT_NEOX", "LLAMA", "MISTRAL", "PHI", "QWEN2", "QWEN3", "SPECS", "T5",
-           "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER", "WHISPER", "X_TRANSFORMERS"]
+__all__ = ["BART", "BERT", "BLOOM", "FALCON", "GPT2", "GPT2_CROSS", "GPT_NEOX", "LLAMA", "MISTRAL", "OLMO2", "PHI",
+           "QWEN2", "QWEN3", "SPECS", "T5", "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER", "WHISPER", "X_TRANSFORMERS"]

@@ -1,0 +1,118 @@
+"""Repro snippets run as printed in a fresh interpreter: a function's, a shipped spec's (the module rebuilt by the
+command line with the same seeded weights) and a user's spec named by its import path, from the command line
+and from Python."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+from typed_transformer.audit import AuditReport, audit_module
+from typed_transformer.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _repros(text: str) -> list[str]:
+    """Every repro snippet of a printed report: from ``import torch`` to its ``# check`` line."""
+    return re.findall(r"^import torch\n.*?# check \w+$", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def _run(snippet: str) -> float:
+    """Run ``snippet`` in a fresh interpreter at the repository root; the max error it prints."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, f"{snippet}\n---\n{done.stderr}"
+    found = re.search(r"^max error (\S+)$", done.stdout, flags=re.MULTILINE)
+    assert found is not None, done.stdout
+    return float(found.group(1))
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[str]:
+    assert main(["audit", *argv, "--max-examples", "4"]) == 1
+    repros = _repros(capsys.readouterr().out)
+    assert repros
+    return repros
+
+
+def test_a_functions_repro_runs_as_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    repro = _cli(["tests.support.audit_candidates:missing_scale", "--checks", "reference", "--dtypes", "float32"],
+                 capsys)
+    assert _run(repro[0]) > 1e-3  # no 1/sqrt(d): far from the reference
+
+
+def test_a_shipped_specs_repro_rebuilds_the_cli_module(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+    # Llama's float32 rotary table in a float64 audit: an error far above float64's
+    repro = _cli(["--module", "transformers.models.llama.modeling_llama:LlamaAttention", "--spec", "llama",
+                  "--config", '{"hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1}',
+                  "--checks", "reference", "--dtypes", "float64", "--seed", "3"], capsys)
+    assert "randomize_parameters(module, 3)" in repro[0]
+    assert 1e-10 < _run(repro[0]) < 1e-4
+
+
+def test_a_user_specs_repro_imports_it_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+    repro = _cli(["--module", "transformers.models.gpt_neox.modeling_gpt_neox:GPTNeoXAttention", "--spec",
+                  "tests.support.audit_specs:NEOX_AS_BLOCKS", "--config",
+                  '{"hidden_size": 16, "num_attention_heads": 2}', "--checks", "reference", "--dtypes", "float32"],
+                 capsys)
+    assert "import_module('tests.support.audit_specs').NEOX_AS_BLOCKS" in repro[0]
+    assert _run(repro[0]) > 1e-2
+
+
+def _neox() -> nn.Module:
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXAttention
+
+    from typed_transformer.strategies import randomize_parameters
+
+    config = transformers.GPTNeoXConfig(hidden_size=16, num_attention_heads=2)
+    config._attn_implementation = "eager"
+    return randomize_parameters(GPTNeoXAttention(config, layer_idx=0), 0)  # type: ignore[no-untyped-call]
+
+
+def test_a_user_spec_and_factory_passed_in_python_are_named_by_their_import_paths() -> None:
+    from tests.support.audit_specs import NEOX_AS_BLOCKS
+
+    report: AuditReport = audit_module(_neox, NEOX_AS_BLOCKS, checks=["reference"], max_examples=3)
+    repro = report["reference"].repro
+    assert repro is not None
+    assert "from tests.support.audit_specs import NEOX_AS_BLOCKS as spec" in repro
+    assert "from tests.toolkit.audit.test_audit_repro import _neox as factory" in repro
+    assert _run(repro) > 1e-2
+
+
+def test_a_module_object_leaves_one_line_to_fill_in() -> None:
+    from tests.support.audit_specs import NEOX_AS_BLOCKS
+
+    repro = audit_module(_neox(), NEOX_AS_BLOCKS, checks=["reference"], max_examples=3)["reference"].repro
+    assert repro is not None
+    assert "module = ...  # the GPTNeoXAttention you audited: build it here" in repro
+
+
+def test_a_spec_defined_in_a_script_is_not_imported_from_the_script() -> None:
+    """A script's own names cannot be imported in a fresh interpreter, under ``__main__`` or its aliases (importing
+    the audit registers multiprocessing's ``__mp_main__``, the same module): the repro says what to fill in."""
+    script = (
+        "from torch import nn\n"
+        "from typed_transformer.audit import SPECS, audit_module\n"
+        "import dataclasses\n"
+        "def doubled(m, x, key, value, keep, is_causal):  # planted: twice the output\n"
+        "    return 2 * SPECS['torch_mha'].forward(m, x, key, value, keep, is_causal)\n"
+        "spec = dataclasses.replace(SPECS['torch_mha'], name='mine', forward=doubled)\n"
+        "module = nn.MultiheadAttention(8, 2, batch_first=True)\n"
+        "report = audit_module(module, spec, checks=['reference'], max_examples=3)\n"
+        "print(report['reference'].repro)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "__main__" not in done.stdout, done.stdout
+    assert "__mp_main__" not in done.stdout, done.stdout
+    assert "spec = ...  # the ModuleSpec 'mine' you passed: define or import it here" in done.stdout
