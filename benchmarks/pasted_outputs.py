@@ -9,7 +9,7 @@ part of the figures):
 
 A block stands between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in its page. The text a command reads is
 Tiny Shakespeare, copied into the temporary directory as ``tinyshakespeare.txt`` so that the command shown is the
-command run. tests/test_docs_generated.py checks that each block shows its command and that the commands and
+command run. tests/docs/test_docs_generated.py checks that each block shows its command and that the commands and
 targets it shows are ones this version has.
 """
 

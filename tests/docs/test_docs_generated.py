@@ -208,7 +208,7 @@ def test_the_readme_s_reproducibility_claim_same_seed_and_thread_count_same_loss
 
     def losses(out: str, seed: str) -> list[str]:
         done = subprocess.run(
-            [sys.executable, "-m", "typed_transformer", "train", "--data", str(text), "--max-iters", "30",
+            [sys.executable, "-m", "typed_transformer", "train", "--data", str(text), "--max-iters", "20",
              "--eval-interval", "10", "--eval-iters", "2", "--block-size", "16", "--batch-size", "8",
              "--sample-tokens", "40", "--no-progress", "--threads", "2", "--seed", seed, "--out", str(tmp_path / out)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=600, check=True)
@@ -216,6 +216,6 @@ def test_the_readme_s_reproducibility_claim_same_seed_and_thread_count_same_loss
         return [line for line in printed[0].splitlines() if line.startswith("iter")] + [printed[1]]
 
     first = losses("a", "1337")
-    assert len(first) == 5
+    assert len(first) == 4  # iter 0, 10, 20 and the sample
     assert losses("b", "1337") == first
     assert losses("c", "7")[:-1] != first[:-1]
