@@ -10,7 +10,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["REPO", "Run", "busy_core", "data_file", "main_job", "reference", "run_timed"]
+__all__ = ["REPO", "Run", "busy_core", "data_file", "main_job", "reference", "run_timed", "write_between",
+           "write_readme_line"]
 
 REPO = Path(__file__).resolve().parents[1]
 #: The benchmark corpus, beside the checkout when present (never committed).
@@ -101,3 +102,9 @@ def write_between(page: Path, begin: str, end: str, block: str) -> None:
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     page.write_text(f"{head}{begin}\n{block}\n{end}{tail}", encoding="utf-8")
+
+
+def write_readme_line(page: Path, name: str, line: str) -> None:
+    """Replace the line between ``page``'s two ``<!-- name -->`` markers (README.md's summary of a target)."""
+    marker = f"<!-- {name} -->"
+    write_between(page, marker, marker, line)

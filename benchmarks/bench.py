@@ -14,6 +14,7 @@ the variant at this process's thread count.
 import argparse
 import functools
 import math
+import os
 import random
 import statistics
 import sys
@@ -50,6 +51,8 @@ class AttentionCase:
     h: int
 
 
+#: The markers around the attention table in docs/lab/benchmarks.md (``--write``).
+ATTENTION_MARKER = "<!-- attention-bench -->"
 SMALL = AttentionCase("small", b=1, t=4, d_model=64, h=4)
 TRAINING = AttentionCase("training", b=8, t=256, d_model=384, h=6)
 
@@ -170,8 +173,8 @@ def thread_probe(which: str) -> Callable[[], None]:
 
 def format_attention_table(rows: list[Row]) -> str:
     lines = [
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; median of interleaved rounds; "
-        "ratio = time / torch's time",
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f} at "
+        "the end; median of interleaved rounds; ratio = time / torch's time",
         "",
         f"{'size':<34} {'variant':<28} {'forward ms':>11} {'ratio':>6} {'fwd+bwd ms':>11} {'ratio':>6}",
     ]
@@ -200,6 +203,17 @@ def format_attention_table(rows: list[Row]) -> str:
                          f"({ours:.2f} ms / {theirs:.2f} ms; target <= {target}); checks on / off = {overhead:.3f}x "
                          "(target < 1.05x)")
     return "\n".join(lines)
+
+
+def readme_attention_line(rows: list[Row]) -> str:
+    """README.md's line: forward+backward at the training size, ours (checks on) against torch's module."""
+    by_variant = {r.variant: r for r in rows if r.case == TRAINING and r.mode == "forward+backward"}
+    ours, theirs = by_variant["ours sdpa, checks on"], by_variant["torch nn.MultiheadAttention"]
+    c = TRAINING
+    return (f"Attention: `MultiHeadAttention` forward+backward (shape checks on) takes {ours.ratio:.2f}x the time of "
+            f"`torch.nn.MultiheadAttention` at b={c.b}, t={c.t}, d={c.d_model}, h={c.h} ({ours.median_ms:.1f} ms / "
+            f"{theirs.median_ms:.1f} ms; target <= 0.80x; `python benchmarks/bench.py attention`, "
+            f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}).")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -623,6 +637,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help="rough time budget per size and mode (default 2)")
     attention.add_argument("--size", choices=["small", "training", "both"], default="both",
                            help="small: one short batch; training: the baby run's batch; both (default)")
+    attention.add_argument("--write", type=Path, default=None,
+                           help=f"also replace the block between a page's two {ATTENTION_MARKER} markers "
+                                "(docs/lab/benchmarks.md) with the table")
+    attention.add_argument("--readme", type=Path, default=None,
+                           help="also replace the line between a page's two <!-- attention-speed --> markers "
+                                "(README.md) with the training-size forward+backward target")
     gpt = which.add_parser("gpt", help="GPT training step against a nanoGPT-style baseline; KV-cache generation")
     gpt.add_argument("--presets", default=",".join(PRESETS),
                      help=f"comma-separated presets to time (default {','.join(PRESETS)})")
@@ -677,7 +697,17 @@ def main(argv: list[str] | None = None) -> int:
     elif args.which == "attention":
         settle_threads(args.threads, thread_probe(args.which))
         cases = {"small": [SMALL], "training": [TRAINING], "both": [SMALL, TRAINING]}[args.size]
-        print(format_attention_table(bench_attention(cases, seconds=args.seconds)))
+        rows = bench_attention(cases, seconds=args.seconds)
+        table = format_attention_table(rows)
+        print(table)
+        if args.write is not None:
+            from benchmarks._runs import write_between
+
+            write_between(args.write, ATTENTION_MARKER, ATTENTION_MARKER, f"```\n{table}\n```")
+        if args.readme is not None and any(r.case == TRAINING for r in rows):
+            from benchmarks._runs import write_readme_line
+
+            write_readme_line(args.readme, "attention-speed", readme_attention_line(rows))
     else:
         settle_threads(args.threads, thread_probe(args.which))
         print(bench_checks(seconds=args.seconds))

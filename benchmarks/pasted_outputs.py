@@ -61,7 +61,6 @@ BLOCKS: dict[str, Block] = {
                    "--data", DATA, "--max-iters", "100", "--eval-interval", "50", "--sample-tokens", "120",
                    "--no-progress", "--out", "runs/ddp"),)),
     "train-table": Block("docs/training.md", commands=(("bash", "benchmarks/train_table.sh", DATA),)),
-    "bench-attention": Block("docs/lab/benchmarks.md", commands=(("python", "benchmarks/bench.py", "attention"),)),
     "bench-gpt": Block("docs/lab/benchmarks.md", commands=(("python", "benchmarks/bench.py", "gpt"),)),
     "bench-checks": Block("docs/shape-checking.md", commands=(("python", "benchmarks/bench.py", "checks"),)),
     "test-count": Block("docs/testing.md", commands=(

@@ -23,6 +23,7 @@ bound, by up to 250 iterations.
 """
 
 import argparse
+import os
 import re
 import shlex
 import statistics
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
-from benchmarks._runs import Run, data_file, main_job, reference, run_timed, write_between
+from benchmarks._runs import Run, data_file, main_job, reference, run_timed, write_between, write_readme_line
 
 #: Targets: the main job reaches the reference's final val loss in <= this fraction of the reference's wall
 #: time, and reaches GOOD_VAL within the reference's wall time.
@@ -64,9 +65,16 @@ def report(reference_runs: list[Run], ours: list[Run], *, name: str, extra: str)
     ref_val = statistics.median(evaluations(r)[-1][2] for r in reference_runs)
     our_wall = statistics.median(r.seconds for r in ours)
     our_val = statistics.median(evaluations(r)[-1][2] for r in ours)
+
+    def every(run: Run) -> int:
+        points = evaluations(run)
+        return points[1][1] - points[0][1] if len(points) > 1 else 0
+
     lines = [f"time to quality: nanoGPT's CPU baby configuration on {name} (4 layers, 4 heads, 128 wide, block 64, "
-             f"batch 12, 2000 iterations), torch {torch.__version__}; wall time from launch; median of "
-             f"{len(ours)} round(s); evaluation every 250 iterations (times to quality are upper bounds)",
+             f"batch 12, 2000 iterations), torch {torch.__version__}, load average {os.getloadavg()[0]:.2f} at the "
+             f"end; wall time from launch; median of {len(ours)} round(s); evaluations every "
+             f"{every(reference_runs[-1])} iterations (the reference) and {every(ours[-1])} (the main job): times to "
+             "quality are upper bounds",
              f"main job: typed-transformer train --data {name}{' ' + extra if extra else ''}",
              f"reference (nanoGPT-style loop, torch's default threads): final val {ref_val:.4f}, wall {ref_wall:.1f} s",
              f"main job: final val {our_val:.4f}, wall {our_wall:.1f} s"]
@@ -87,12 +95,24 @@ def report(reference_runs: list[Run], ours: list[Run], *, name: str, extra: str)
     return lines
 
 
+def readme_line(lines: list[str]) -> str:
+    """README.md's line: the two time-to-quality targets, from the report's lines."""
+    reference_line = next(line for line in lines if line.startswith("reference (")).split(": ", 1)[1]
+    hits = [line.split(": ", 1)[1] for line in lines if line.startswith("main job to ")]
+    goals = [line.split(":", 1)[0].removeprefix("main job to ") for line in lines if line.startswith("main job to ")]
+    return (f"Time to quality on Tiny Shakespeare, against a nanoGPT-style loop of the same model and settings "
+            f"({reference_line}): the main job reached {goals[0]} in {hits[0]}, and {goals[1]}: {hits[1]} "
+            f"(`python benchmarks/time_to_quality.py`, load average {os.getloadavg()[0]:.2f}).")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=None)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--extra", default="", help="flags added to the main job's command (quoted)")
     parser.add_argument("--write", type=Path, default=None, help="a page with two time-to-quality markers")
+    parser.add_argument("--readme", type=Path, default=None,
+                        help="a page (README.md) whose line between two <!-- quality-speed --> markers to rewrite")
     args = parser.parse_args()
     reference_runs: list[Run] = []
     ours: list[Run] = []
@@ -106,6 +126,8 @@ def main() -> int:
     print("\n".join(lines))
     if args.write is not None:
         write_between(args.write, MARKER, MARKER, "```\n" + "\n".join(lines) + "\n```")
+    if args.readme is not None:
+        write_readme_line(args.readme, "quality-speed", readme_line(lines))
     return 0
 
 

@@ -181,7 +181,7 @@ def stale_targets(block: str, source: str) -> list[str]:
             if match.group(0) not in source and f'"{match.group(1)}"' not in source]
 
 
-@pytest.mark.parametrize("name", ["bench-attention", "bench-gpt", "bench-checks"])
+@pytest.mark.parametrize("name", ["bench-gpt", "bench-checks"])
 def test_a_pasted_benchmark_shows_only_targets_it_prints_today(name: str) -> None:
     source = (ROOT / "benchmarks" / "bench.py").read_text(encoding="utf-8")
     assert stale_targets(_pasted_block(name), source) == []
