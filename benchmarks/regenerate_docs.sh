@@ -7,8 +7,9 @@ set -euo pipefail
 data=${1:?usage: bash benchmarks/regenerate_docs.sh TINYSHAKESPEARE.txt}
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
-$py benchmarks/readme_main_job.py --write             # README.md and docs/training.md: the main job
+$py benchmarks/readme_main_job.py --write             # README.md, docs/training.md: the main job, its sample, maps
 $py benchmarks/seq2seq_runs.py --write                # docs/training.md: train-seq2seq and translate
+$py benchmarks/pasted_outputs.py --data "$data" --write   # every other pasted output: DDP, bench, training table
 $py benchmarks/audit_infer_docs.py                    # docs/audit.md: the --infer example and its timing
 $py benchmarks/audit_docs_tables.py                   # docs/audit.md: every other printed report
 $py benchmarks/audit_findings.py                      # docs/audit-findings.md: every finding re-checked
