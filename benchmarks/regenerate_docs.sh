@@ -1,14 +1,15 @@
 #!/bin/bash
 # Every generated block of README.md and docs/, rewritten from a fresh run of the script that owns it, one after
-# the other (the wall times and speeds are part of the figures: run it on an idle machine; about 25 minutes).
+# the other (the wall times and speeds are part of the figures: run it on an idle machine; about 30 minutes).
 #   bash benchmarks/regenerate_docs.sh path/to/tinyshakespeare.txt
 # tests/docs/test_docs_generated.py and `benchmarks/audit_infer_docs.py --check` say when a block is out of date.
 set -euo pipefail
 data=${1:?usage: bash benchmarks/regenerate_docs.sh TINYSHAKESPEARE.txt}
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
-$py benchmarks/readme_main_job.py --write             # README.md and docs/training.md: the main job
+$py benchmarks/readme_main_job.py --write             # README.md, docs/training.md: the main job, its sample, maps
 $py benchmarks/seq2seq_runs.py --write                # docs/training.md: train-seq2seq and translate
+$py benchmarks/pasted_outputs.py --data "$data" --write   # every other pasted output: DDP, bench, training table
 $py benchmarks/audit_infer_docs.py                    # docs/audit.md: the --infer example and its timing
 $py benchmarks/audit_docs_tables.py                   # docs/audit.md: every other printed report
 $py benchmarks/audit_findings.py                      # docs/audit-findings.md: every finding re-checked
@@ -17,3 +18,4 @@ $py benchmarks/main_job_profile.py --data "$data" --write docs/lab/time-to-quali
 $py benchmarks/contention.py --data "$data" --rounds 3 --write docs/training.md --readme README.md  # busy machine
 $py benchmarks/bench.py attention --write docs/lab/benchmarks.md --readme README.md          # MHA vs torch's
 $py benchmarks/audit_hf_sweep.py --jobs 2             # docs/audit-hf-sweep.md
+$py benchmarks/reliability_cases.py --write          # docs/reliability.md: every case tried (as root: all rows)

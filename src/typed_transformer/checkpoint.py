@@ -563,8 +563,12 @@ def _read_verified(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
     """The tensors and metadata of the checkpoint file ``path``, after the format and integrity checks."""
     from safetensors import SafetensorError, safe_open
 
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such checkpoint")
+    try:
+        path.stat()  # not path.exists(): a directory the user cannot enter raises, and is no "write" error
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such checkpoint") from None
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot be read ({err.strerror})") from None
     try:
         require_regular_file(path, "the checkpoint")  # a FIFO or a device would block or never end
         with open(path, "rb"):  # the real cause of an unreadable file (safetensors reports another)
@@ -688,8 +692,9 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
             or a field out of range (one line naming the path and the field).
     """
     path = Path(path)
-    if path.is_dir():
-        path = path / CHECKPOINT_NAME
+    with contextlib.suppress(OSError):  # a path that cannot be looked at: _read_verified names why
+        if path.is_dir():
+            path = path / CHECKPOINT_NAME
     tensors, metadata = _read_verified(path)
     try:
         unknown = sorted(set(metadata) - {*_METADATA_KEYS, "sha256"})

@@ -219,7 +219,7 @@ class ALiBiPositionalBias(nn.Module):
 
     def forward(self, t: int, s: int | None = None, *, dtype: torch.dtype | None = None
                 ) -> Float[Tensor, "1 {self.num_heads} t s"]:
-        """The bias ``(1, num_heads, t, s)`` (``s`` defaults to ``t``), in ``dtype`` (default float32).
+        """The bias ``(1, num_heads, t, s)`` (``s`` defaults to ``t``), computed in ``dtype`` (default float32).
 
         Raises:
             ValueError: ``t`` or ``s`` negative.
@@ -227,12 +227,15 @@ class ALiBiPositionalBias(nn.Module):
         s = t if s is None else s
         if t < 0 or s < 0:
             raise ValueError(f"ALiBiPositionalBias: sizes must be non-negative, got t={t}, s={s}")
-        device = self.slopes.device
+        device, dtype = self.slopes.device, torch.float32 if dtype is None else dtype
         query_pos = torch.arange(s - t, s, device=device)
         key_pos = torch.arange(s, device=device)
-        distance = (query_pos[:, None] - key_pos[None, :]).abs().to(torch.float32)
-        bias = 0.0 - self.slopes[:, None, None].float() * distance  # 0.0 - x: +0 on the diagonal, not -0
-        return bias[None].to(torch.float32 if dtype is None else dtype)
+        distance = (query_pos[:, None] - key_pos[None, :]).abs().to(dtype)
+        # Computed in the dtype asked for, from slopes in float64 (not the buffer, which a module's .float()
+        # rounds): a float64 bias is exact to float64, as a float64 reference needs.
+        slopes = alibi_slopes(self.num_heads).to(device=device, dtype=dtype)
+        bias = 0.0 - slopes[:, None, None] * distance  # 0.0 - x: +0 on the diagonal, not -0
+        return bias[None]
 
     if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
         __call__ = forward

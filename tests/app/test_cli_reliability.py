@@ -506,3 +506,22 @@ def test_train_refuses_a_model_whose_training_state_does_not_fit(monkeypatch: py
     assert not (tmp_path / "run" / CHECKPOINT_NAME).exists()
     monkeypatch.setattr(_memory, "available_bytes", lambda: 12 * count)
     assert train(model, data, config, tmp_path / "run", progress=False, on_step=steps.append).iteration == 2
+
+
+def test_every_case_of_the_reliability_script_is_a_row_of_the_page() -> None:
+    """docs/reliability.md's tables are benchmarks/reliability_cases.py's output: a case added to the script (or
+    renamed, or moved) without regenerating the page fails here."""
+    from benchmarks import reliability_cases as script
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text(encoding="utf-8")
+    assert page.count(script.BEGIN) == 1
+    assert page.count(script.END) == 1
+    block = page.split(script.BEGIN, 1)[1].split(script.END, 1)[0]
+    assert "Made by `benchmarks/reliability_cases.py` on " in block
+    sections = [line.removeprefix("### ") for line in block.splitlines() if line.startswith("### ")]
+    assert sections == script.SECTIONS
+    assert block.count(script.HEADER) == len(script.SECTIONS)
+    rows = [line for line in block.splitlines() if line.startswith("| ") and not line.startswith("| Case |")]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows] == [case.name for case in script.CASES]
+    assert [row.split(" | ")[1] for row in rows] == [f"`{script.shown(case)}`" for case in script.CASES]
+    assert "(the script failed: " not in block

@@ -3,7 +3,9 @@ config files must be regular files (a FIFO or a device is refused in one line in
 
 import os
 import re
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -106,11 +108,69 @@ def test_dev_zero_as_data_is_refused_in_one_line(tmp_path: Path, capsys: pytest.
                                                  "device, not a regular file")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_an_unreadable_checkpoint_says_permission_denied(trained: tuple[Path, Path], tmp_path: Path) -> None:
+def _as_nobody(call: Callable[[], str]) -> str:
+    """``call()`` in a forked child that is the unprivileged user ``nobody`` when the tests run as root (for whom
+    every file is readable); its result, or the exception it raised, as text."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        try:
+            os.close(read)
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            said = call()
+        except BaseException as err:
+            said = f"{type(err).__name__}: {err}"
+        os.write(write, said.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, encoding="utf-8") as stream:
+        said = stream.read()
+    os.waitpid(pid, 0)
+    return said
+
+
+def _refusal(path: Path) -> Callable[[], str]:
+    def load() -> str:
+        try:
+            load_checkpoint(path)
+        except CheckpointError as err:
+            return f"CheckpointError: {err}"
+        return "loaded"
+    return load
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory the unprivileged user can enter (pytest's tmp_path is private to its owner)."""
+    root = Path(tempfile.mkdtemp(prefix="typed-transformer-run-files-"))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        for path in root.rglob("*"):
+            path.chmod(0o700)
+        shutil.rmtree(root)
+
+
+def test_an_unreadable_checkpoint_says_permission_denied(trained: tuple[Path, Path], shared_dir: Path) -> None:
+    # (as root, as the user nobody: the file is root's, mode 600)
     _, out = trained
-    copy = tmp_path / CHECKPOINT_NAME
+    copy = shared_dir / CHECKPOINT_NAME
     copy.write_bytes((out / CHECKPOINT_NAME).read_bytes())
-    copy.chmod(0)
-    with pytest.raises(CheckpointError, match=re.escape(f"{copy}: cannot be read (Permission denied)")):
-        load_checkpoint(copy)
+    copy.chmod(0o600 if os.geteuid() == 0 else 0)
+    assert _as_nobody(_refusal(copy)) == f"CheckpointError: {copy}: cannot be read (Permission denied)"
+
+
+def test_a_checkpoint_in_a_directory_that_cannot_be_entered_is_not_a_write_error(trained: tuple[Path, Path],
+                                                                                shared_dir: Path) -> None:
+    # path.exists() and path.is_dir() raise PermissionError there: the command said "cannot write: ...".
+    _, out = trained
+    private = shared_dir / "private"
+    private.mkdir()
+    (private / CHECKPOINT_NAME).write_bytes((out / CHECKPOINT_NAME).read_bytes())
+    private.chmod(0o700 if os.geteuid() == 0 else 0)
+    for given in (private / CHECKPOINT_NAME, private):
+        said = _as_nobody(_refusal(given))
+        assert said == f"CheckpointError: {private / CHECKPOINT_NAME}: cannot be read (Permission denied)"
