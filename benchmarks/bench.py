@@ -173,7 +173,7 @@ def thread_probe(which: str) -> Callable[[], None]:
 
 def format_attention_table(rows: list[Row]) -> str:
     lines = [
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f} at "
+        f"torch {torch.__version__}, {_threads_phrase()}, load average {os.getloadavg()[0]:.2f} at "
         "the end; median of interleaved rounds; ratio = time / torch's time",
         "",
         f"{'size':<34} {'variant':<28} {'forward ms':>11} {'ratio':>6} {'fwd+bwd ms':>11} {'ratio':>6}",
@@ -205,6 +205,11 @@ def format_attention_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _threads_phrase() -> str:
+    count = torch.get_num_threads()
+    return f"{count} thread{'s' if count != 1 else ''}"
+
+
 def readme_attention_line(rows: list[Row]) -> str:
     """README.md's line: forward+backward at the training size, ours (checks on) against torch's module."""
     by_variant = {r.variant: r for r in rows if r.case == TRAINING and r.mode == "forward+backward"}
@@ -213,7 +218,7 @@ def readme_attention_line(rows: list[Row]) -> str:
     return (f"Attention: `MultiHeadAttention` forward+backward (shape checks on) takes {ours.ratio:.2f}x the time of "
             f"`torch.nn.MultiheadAttention` at b={c.b}, t={c.t}, d={c.d_model}, h={c.h} ({ours.median_ms:.1f} ms / "
             f"{theirs.median_ms:.1f} ms; target <= 0.80x; `python benchmarks/bench.py attention`, "
-            f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}).")
+            f"{_threads_phrase()}, load average {os.getloadavg()[0]:.2f}).")
 
 
 # ----------------------------------------------------------------------------------------------------

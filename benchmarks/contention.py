@@ -36,7 +36,8 @@ MARKER = "<!-- contention -->"
 
 def _threads_of(run: Run) -> str:
     """What ``--threads auto`` chose last in a main-job run ('threads: 1 (...)' lines), else the batch line's."""
-    chosen = run.last("threads: ")
+    chosen = next((line for _, line in reversed(run.lines)  # a choice, not a "step time drifted" notice
+                   if line.startswith("threads: ") and line.removeprefix("threads: ")[:1].isdigit()), None)
     if chosen is not None:
         return chosen.removeprefix("threads: ").split(" (")[0] + " (auto)"
     setting = (run.last("batch: ") or "").rsplit("; ", 1)[-1].removeprefix("threads ")

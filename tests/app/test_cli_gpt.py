@@ -38,8 +38,7 @@ def test_train_writes_a_checkpoint_and_a_plot(trained: tuple[Path, Path]) -> Non
                                "text_sha256": hashlib.sha256(TEXT.encode()).hexdigest()}
     assert checkpoint.train_config["max_iters"] == 20
     assert checkpoint.train_config["batch_size"] == 4
-    assert (checkpoint.train_config["learning_rate"], checkpoint.train_config["min_lr"]) == (6e-3, 6e-4)  # baby's
-    assert checkpoint.train_config["warmup_iters"] == 30
+    assert (checkpoint.train_config["learning_rate"], checkpoint.train_config["min_lr"]) == (3e-3, 3e-4)  # baby's
 
 
 def test_train_prints_the_summary_and_a_sample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -170,9 +170,9 @@ def test_resume_accepts_the_same_preset_and_the_changeable_options(copy: tuple[P
     err = capsys.readouterr().err
     assert "model: baby preset" in err
     # max_iters 10 -> 12 without lr_decay_iters: the schedule is stretched, and the command says so.
-    # (Both still in the baby preset's 30-iteration warm-up: 1e-3 * 11 / 31 with the new --lr, 6e-3 * 11 / 31 before.)
-    assert ("note: the learning rate now decays over 12 iterations instead of 10: 0.000355 at iteration 10 (the "
-            "shorter schedule had 0.00213); see docs/reliability.md") in err
+    # (Both still in the 100-iteration warm-up: 1e-3 * 11 / 101 with the new --lr, 3e-3 * 11 / 101 before.)
+    assert ("note: the learning rate now decays over 12 iterations instead of 10: 0.000109 at iteration 10 (the "
+            "shorter schedule had 0.000327); see docs/reliability.md") in err
     saved = load_checkpoint(out)
     assert saved.iteration == 12
     assert (saved.train_config["learning_rate"], saved.train_config["batch_size"]) == (1e-3, 3)
