@@ -212,7 +212,8 @@ class ALiBiPositionalBias(nn.Module):
     def __init__(self, num_heads: int) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.register_buffer("slopes", alibi_slopes(num_heads).to(torch.float32), persistent=False)
+        # float64, as alibi_slopes gives them (a module-wide .float() or .half() rounds them as it rounds weights).
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"
@@ -231,10 +232,8 @@ class ALiBiPositionalBias(nn.Module):
         query_pos = torch.arange(s - t, s, device=device)
         key_pos = torch.arange(s, device=device)
         distance = (query_pos[:, None] - key_pos[None, :]).abs().to(dtype)
-        # Computed in the dtype asked for, from slopes in float64 (not the buffer, which a module's .float()
-        # rounds): a float64 bias is exact to float64, as a float64 reference needs.
-        slopes = alibi_slopes(self.num_heads).to(device=device, dtype=dtype)
-        bias = 0.0 - slopes[:, None, None] * distance  # 0.0 - x: +0 on the diagonal, not -0
+        # Computed in the dtype asked for, from the float64 slopes: a float64 bias is exact to float64.
+        bias = 0.0 - self.slopes[:, None, None].to(dtype) * distance  # 0.0 - x: +0 on the diagonal, not -0
         return bias[None]
 
     if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
