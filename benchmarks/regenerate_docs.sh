@@ -1,6 +1,6 @@
 #!/bin/bash
 # Every generated block of README.md and docs/, rewritten from a fresh run of the script that owns it, one after
-# the other (the wall times and speeds are part of the figures: run it on an idle machine; about 30 minutes).
+# the other (the wall times and speeds are part of the figures: run it on an idle machine; about 45 minutes).
 #   bash benchmarks/regenerate_docs.sh path/to/tinyshakespeare.txt
 # tests/docs/test_docs_generated.py and `benchmarks/audit_infer_docs.py --check` say when a block is out of date.
 set -euo pipefail
@@ -19,3 +19,4 @@ $py benchmarks/contention.py --data "$data" --rounds 3 --write docs/training.md 
 $py benchmarks/bench.py attention --write docs/lab/benchmarks.md --readme README.md          # MHA vs torch's
 $py benchmarks/audit_hf_sweep.py --jobs 2             # docs/audit-hf-sweep.md
 $py benchmarks/reliability_cases.py --write          # docs/reliability.md: every case tried (as root: all rows)
+$py benchmarks/lr_sweep.py --data "$data" --jobs 2 --write    # docs/lab/lr-sweep.md: the learning-rate sweep (one thread a run: load-independent)
