@@ -108,3 +108,18 @@ def write_readme_line(page: Path, name: str, line: str) -> None:
     """Replace the line between ``page``'s two ``<!-- name -->`` markers (README.md's summary of a target)."""
     marker = f"<!-- {name} -->"
     write_between(page, marker, marker, line)
+
+
+def torchrun_workers(launcher: int) -> dict[int, int]:
+    """rank -> pid of the processes that the launcher ``launcher`` started (from /proc)."""
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher:
+                continue
+            environ = dict(v.split("=", 1) for v in (entry / "environ").read_text().split("\0") if "=" in v)
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+        if "RANK" in environ:
+            found[int(environ["RANK"])] = int(entry.name)
+    return found

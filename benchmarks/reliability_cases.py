@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
-from benchmarks._runs import write_between
+from benchmarks._runs import torchrun_workers, write_between
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "reliability.md"
@@ -364,20 +364,6 @@ def torchrun_refusal(lab: Lab, case: Case) -> Outcome:
     return Outcome(done.returncode, ours, note)
 
 
-def _workers(launcher: int) -> dict[int, int]:
-    found: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            if not entry.name.isdigit() or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher:
-                continue
-            environ = dict(v.split("=", 1) for v in (entry / "environ").read_text().split("\0") if "=" in v)
-        except (OSError, IndexError, ValueError):
-            continue
-        if "RANK" in environ:
-            found[int(environ["RANK"])] = int(entry.name)
-    return found
-
-
 def torchrun_killed(rank: int) -> Callable[[Lab, Case], Outcome]:
     """Two processes, a checkpoint every 20 iterations; ``kill -9`` of rank ``rank`` after the first save."""
     def run(lab: Lab, case: Case) -> Outcome:
@@ -389,7 +375,7 @@ def torchrun_killed(rank: int) -> Callable[[Lab, Case], Outcome]:
             while not (out / "checkpoint.safetensors").exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
             time.sleep(1.0)  # a few steps past the save
-            os.kill(_workers(launcher.pid)[rank], signal.SIGKILL)
+            os.kill(torchrun_workers(launcher.pid)[rank], signal.SIGKILL)
             _, stderr = launcher.communicate(timeout=300)
         finally:
             if launcher.poll() is None:

@@ -16,6 +16,7 @@ import torch
 from jaxtyping import TypeCheckError
 from torch.multiprocessing.spawn import spawn
 
+from benchmarks._runs import torchrun_workers
 from tests.support.cli import run
 from tests.support.ddp_worker import run_rank, tiny_model
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
@@ -302,21 +303,6 @@ def test_resume_of_a_torchrun_run(text: Path, tmp_path: Path) -> None:
     assert [h["iter"] for h in a.history] == [0, 3, 5]
 
 
-def _workers(launcher: int) -> dict[int, int]:
-    """rank -> pid of the processes that the launcher ``launcher`` started (from /proc)."""
-    found: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            if not entry.name.isdigit() or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher:
-                continue
-            environ = dict(v.split("=", 1) for v in (entry / "environ").read_text().split("\0") if "=" in v)
-        except (OSError, IndexError, ValueError):
-            continue  # ended meanwhile
-        if "RANK" in environ:
-            found[int(environ["RANK"])] = int(entry.name)
-    return found
-
-
 @pytest.mark.parametrize("killed", [1, 0])
 def test_a_torchrun_process_killed_leaves_one_line_naming_the_last_checkpoint(killed: int, text: Path,
                                                                               tmp_path: Path) -> None:
@@ -333,7 +319,7 @@ def test_a_torchrun_process_killed_leaves_one_line_naming_the_last_checkpoint(ki
         deadline = time.monotonic() + 240
         while not (out / CHECKPOINT_NAME).exists() and time.monotonic() < deadline and launcher.poll() is None:
             time.sleep(0.05)
-        workers = _workers(launcher.pid)
+        workers = torchrun_workers(launcher.pid)
         assert sorted(workers) == [0, 1], launcher.poll()
         os.kill(workers[killed], signal.SIGKILL)
         stdout, stderr = launcher.communicate(timeout=240)
