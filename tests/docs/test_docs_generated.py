@@ -219,3 +219,21 @@ def test_the_readme_s_reproducibility_claim_same_seed_and_thread_count_same_loss
     assert len(first) == 4  # iter 0, 10, 20 and the sample
     assert losses("b", "1337") == first
     assert losses("c", "7")[:-1] != first[:-1]
+
+
+def test_the_lr_sweep_table_is_in_the_format_lr_sweep_prints_today() -> None:
+    """docs/lab/lr-sweep.md's block: the header and one row per rate that benchmarks/lr_sweep.py's table gives
+    (the figures themselves are the script's run), and the line naming the unseen seeds."""
+    from benchmarks import lr_sweep
+
+    preset = lr_sweep.TrainConfig.for_preset("baby").learning_rate
+    runs = [(lr, seed) for lr, _ in lr_sweep.RATES for seed in lr_sweep.SEEDS]
+    runs += [(preset, seed) for seed in lr_sweep.UNSEEN]
+    expected = lr_sweep.table([(lr, 1.0, 1.0, seed) for lr, seed in runs])
+    text = lr_sweep.PAGE.read_text(encoding="utf-8")
+    block = text[text.index(lr_sweep.BEGIN) + len(lr_sweep.BEGIN): text.index(lr_sweep.END)].strip().splitlines()
+    assert block[0].startswith("Made by `python benchmarks/lr_sweep.py")
+    shown = block[2:]
+    assert len(shown) == len(expected)
+    number = re.compile(r"\d+\.\d{4}")
+    assert [number.sub("X", line) for line in shown] == [number.sub("X", line) for line in expected]
