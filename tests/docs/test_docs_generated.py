@@ -225,8 +225,9 @@ def test_the_lr_sweep_table_is_in_the_format_lr_sweep_prints_today() -> None:
     """docs/lab/lr-sweep.md's block: the header and one row per rate that benchmarks/lr_sweep.py's table gives
     (the figures themselves are the script's run), and the line naming the unseen seeds."""
     from benchmarks import lr_sweep
+    from typed_transformer.config import TrainConfig
 
-    preset = lr_sweep.TrainConfig.for_preset("baby").learning_rate
+    preset = TrainConfig.for_preset("baby").learning_rate
     runs = [(lr, seed) for lr, _ in lr_sweep.RATES for seed in lr_sweep.SEEDS]
     runs += [(preset, seed) for seed in lr_sweep.UNSEEN]
     expected = lr_sweep.table([(lr, 1.0, 1.0, seed) for lr, seed in runs])
