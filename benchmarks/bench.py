@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.benchmark import Timer
 
@@ -76,12 +77,31 @@ def _median_ms(fn: Callable[[], object], rounds: int, inner: int) -> list[float]
     return samples
 
 
+class BareTorchAttention(nn.Module):
+    """The same computation as bare torch calls, no module machinery and no checks: ``F.linear`` with torch's
+    fused ``in_proj``, the heads as views, ``F.scaled_dot_product_attention``, ``F.linear`` out. What torch's own
+    kernels cost for this math: the floor of any implementation built on them (the ``bare torch ops`` row)."""
+
+    def __init__(self, reference: nn.MultiheadAttention) -> None:
+        super().__init__()
+        self.reference, self.h = reference, reference.num_heads
+
+    def forward(self, x: Tensor) -> tuple[Tensor, None]:
+        r = self.reference
+        b, t, width = x.shape
+        qkv = F.linear(x, r.in_proj_weight, r.in_proj_bias).view(b, t, 3, self.h, width // self.h)
+        q, k, v = (part.transpose(1, 2) for part in qkv.unbind(2))
+        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, width)
+        return F.linear(out, r.out_proj.weight, r.out_proj.bias), None
+
+
 def _variants(case: AttentionCase, x: Tensor) -> dict[str, tuple[nn.Module, Callable[[nn.Module], Tensor], bool]]:
     """name -> (module, call, checks on?)"""
     torch.manual_seed(0)
     reference = nn.MultiheadAttention(case.d_model, case.h, batch_first=True)
     sdpa = from_torch(reference, backend="sdpa")
     einsum = from_torch(reference, backend="reference")
+    bare = BareTorchAttention(reference)
 
     def call_torch(m: nn.Module) -> Tensor:
         out: Tensor = m(x, x, x, need_weights=False)[0]
@@ -97,6 +117,7 @@ def _variants(case: AttentionCase, x: Tensor) -> dict[str, tuple[nn.Module, Call
         "ours sdpa, checks off": (sdpa, call_ours, False),
         "ours reference, checks on": (einsum, call_ours, True),
         "ours reference, checks off": (einsum, call_ours, False),
+        "bare torch ops (the floor)": (bare, call_ours, False),
     }
 
 
@@ -202,6 +223,12 @@ def format_attention_table(rows: list[Row]) -> str:
             lines.append(f"training size, {mode:<16}: sdpa path with checks / torch = {sdpa_ratio:.3f}x "
                          f"({ours:.2f} ms / {theirs:.2f} ms; target <= {target}); checks on / off = {overhead:.3f}x "
                          "(target < 1.05x)")
+        bare = get("bare torch ops (the floor)", "forward+backward")
+        ours = get("ours sdpa, checks on", "forward+backward")
+        theirs = get("torch nn.MultiheadAttention", "forward+backward")
+        lines.append(f"training size, forward+backward, the floor: the same math as bare torch calls (F.linear, "
+                     f"F.scaled_dot_product_attention) = {bare / theirs:.3f}x torch's module ({bare:.2f} ms / "
+                     f"{theirs:.2f} ms); ours / bare = {ours / bare:.3f}x ({ours:.2f} ms / {bare:.2f} ms)")
     return "\n".join(lines)
 
 

@@ -6,8 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
-from benchmarks.bench import main
+from benchmarks.bench import BareTorchAttention, main
 from typed_transformer.cli import main as cli_main
 
 
@@ -17,6 +19,21 @@ def test_bench_attention_prints_ratios(capsys: pytest.CaptureFixture[str]) -> No
     assert "torch nn.MultiheadAttention" in out
     assert "ours sdpa, checks on" in out
     assert "1.00x" in out  # torch against itself
+    assert "bare torch ops (the floor)" in out
+
+
+def test_the_floor_row_computes_what_torchs_module_computes() -> None:
+    """The bench's floor is the same math as bare torch calls: outputs and weight gradients equal torch's module."""
+    torch.manual_seed(0)
+    reference = nn.MultiheadAttention(64, 4, batch_first=True)
+    x = torch.randn(3, 7, 64)
+    bare = BareTorchAttention(reference)(x)[0]
+    torch.testing.assert_close(bare, reference(x, x, x, need_weights=False)[0])
+    grads = torch.autograd.grad(bare.square().sum(), [reference.in_proj_weight, reference.out_proj.weight])
+    expected = torch.autograd.grad(reference(x, x, x, need_weights=False)[0].square().sum(),
+                                   [reference.in_proj_weight, reference.out_proj.weight])
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("argv", [[], ["attention", "--seconds", "-1"], ["attention", "--threads", "x"],
