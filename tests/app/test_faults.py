@@ -13,7 +13,6 @@ import random
 import resource
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from multiprocessing.context import ForkServerContext
@@ -229,31 +228,15 @@ def test_a_second_run_into_the_same_directory_refuses(forkserver: ForkServerCont
         first.kill()
 
 
-@pytest.fixture
-def shared_root() -> Iterator[Path]:
-    """A directory that an unprivileged user can read (pytest's tmp_path is private to its owner)."""
-    root = Path(tempfile.mkdtemp(prefix="typed-transformer-faults-"))
-    root.chmod(0o755)
-    try:
-        yield root
-    finally:
-        for path in sorted(root.rglob("*"), reverse=True):
-            with contextlib.suppress(OSError):
-                path.chmod(0o755) if path.is_dir() else None
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def test_a_read_only_out_fails_before_the_first_step(forkserver: ForkServerContext, shared_root: Path) -> None:
-    text = shared_root / "input.txt"
+def test_a_read_only_out_fails_before_the_first_step(forkserver: ForkServerContext, shared_dir: Path) -> None:
+    text = shared_dir / "input.txt"
     text.write_text(TEXT, encoding="utf-8")
     text.chmod(0o644)
-    out = shared_root / "read-only"
+    out = shared_dir / "read-only"
     out.mkdir()
     out.chmod(0o555)
     as_root = os.geteuid() == 0
-    run = Run(forkserver, shared_root, argv(text, out), mode="nobody" if as_root else "")
+    run = Run(forkserver, shared_dir, argv(text, out), mode="nobody" if as_root else "")
     code = run.wait()
     line = one_line(run.stderr)
     assert code == 2

@@ -3,9 +3,7 @@ config files must be regular files (a FIFO or a device is refused in one line in
 
 import os
 import re
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -139,19 +137,6 @@ def _refusal(path: Path) -> Callable[[], str]:
             return f"CheckpointError: {err}"
         return "loaded"
     return load
-
-
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A directory the unprivileged user can enter (pytest's tmp_path is private to its owner)."""
-    root = Path(tempfile.mkdtemp(prefix="typed-transformer-run-files-"))
-    root.chmod(0o755)
-    try:
-        yield root
-    finally:
-        for path in root.rglob("*"):
-            path.chmod(0o700)
-        shutil.rmtree(root)
 
 
 def test_an_unreadable_checkpoint_says_permission_denied(trained: tuple[Path, Path], shared_dir: Path) -> None:
