@@ -123,9 +123,10 @@ def instrument(profile: Profile) -> None:
     profile.wrap(data, "load_text", "data", "reading the text and encoding it (train/val split)")
     profile.wrap(data, "default_corpus", "data", "")
     profile.wrap(data.TextData, "from_text", "data", "")
-    profile.wrap(gpt.GPT, "__init__", "model", "building the model (first on the meta device: the memory check)")
+    profile.wrap(gpt.GPT, "__init__", "model", "building the model (its meta-device twin imports torch._dynamo)")
     profile.wrap(training, "measure_matmul_flops", "peak", "the peak FLOP/s measurement (the MFU baseline)")
-    profile.wrap(torch.optim.AdamW, "__init__", "optimizer", "building AdamW (torch imports torch._dynamo then)")
+    profile.wrap(torch.optim.AdamW, "__init__", "optimizer",
+                 "building AdamW (would import torch._dynamo, if not yet imported)")
     profile.wrap(training, "evaluate", "eval", "evaluations (20 batches per split; the check before each save)")
     profile.wrap(training.Trainer, "next_batch", "batch", "drawing the training batches")
     profile.wrap(training.Trainer, "_backward", "backward", "training steps: forward and backward")
