@@ -19,10 +19,12 @@ Where the main job's own time goes, phase by phase, is ``benchmarks/main_job_pro
 
 The runs leave ``OMP_NUM_THREADS`` unset (each picks its own count, as a user's would). Evaluations happen every
 250 iterations, so a time to quality is the stamp of the first evaluation at or below the target: an upper
-bound, by up to 250 iterations.
+bound, by up to 250 iterations; the line adds the time linear between that evaluation and the one before it,
+marked as an estimate.
 """
 
 import argparse
+import itertools
 import os
 import re
 import shlex
@@ -59,6 +61,16 @@ def first_at_or_below(points: list[tuple[float, int, float]], target: float) -> 
     return next(((s, i) for s, i, v in points if v <= target), None)
 
 
+def linear_crossing(points: list[tuple[float, int, float]], target: float) -> float | None:
+    """The seconds at which val loss crossed ``target``, linear between the last evaluation above it and the first
+    at or below it (an estimate, not a measured time: the first at or below is the upper bound); None if the
+    first evaluation is already at or below, or none is."""
+    for (s0, _, v0), (s1, _, v1) in itertools.pairwise(points):
+        if v1 <= target < v0:
+            return s0 + (s1 - s0) * (v0 - target) / (v0 - v1)
+    return None
+
+
 def report(reference_runs: list[Run], ours: list[Run], *, name: str, extra: str) -> list[str]:
     """The lines to print (and paste): medians over the rounds, and the last round's evaluation lines."""
     ref_wall = statistics.median(r.seconds for r in reference_runs)
@@ -86,9 +98,15 @@ def report(reference_runs: list[Run], ours: list[Run], *, name: str, extra: str)
         seconds = statistics.median(hit[0] for hit in hits if hit is not None)
         iteration = max(hit[1] for hit in hits if hit is not None)
         goal = (f"target <= {FRACTION:.2f}x" if target == ref_val else "target <= 1.00x")
+        found = [linear_crossing(evaluations(r), target) for r in ours]
+        crossings = [e for e in found if e is not None]
+        middle = statistics.median(crossings) if crossings and len(crossings) == len(found) else None
+        estimate = ("" if middle is None else
+                    f"; linear between the evaluations around it about {middle:.1f} s = {middle / ref_wall:.2f}x, "
+                    "an estimate")
         lines.append(f"main job to {label}: {seconds:.1f} s (by iteration {iteration}) = "
                      f"{seconds / ref_wall:.2f}x the reference's wall time "
-                     f"({seconds:.1f} s / {ref_wall:.1f} s; {goal})")
+                     f"({seconds:.1f} s / {ref_wall:.1f} s; {goal}{estimate})")
     for title, run in (("reference", reference_runs[-1]), ("main job", ours[-1])):
         lines.append(f"{title} evaluations (seconds since launch: iteration, val loss): " + ", ".join(
             f"{s:.1f} s: {i}, {v:.4f}" for s, i, v in evaluations(run)))

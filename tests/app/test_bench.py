@@ -134,3 +134,13 @@ def test_main_job_profile_times_every_phase_and_restores_what_it_wrapped(tmp_pat
     lines = main_job_profile.report(profile, wall, cpu, output, name="input.txt", extra=[], max_iters=2, start=0.01)
     assert lines[-1].split()[0] == "total"
     assert len(lines) == 2 + 3 + len(calls) + 2  # header, titles, start and imports, phases, rest, total
+
+
+def test_time_to_quality_takes_the_first_evaluation_at_or_below_and_estimates_between() -> None:
+    from benchmarks.time_to_quality import first_at_or_below, linear_crossing
+
+    points = [(3.0, 0, 4.2), (13.0, 250, 2.4), (55.0, 1250, 1.9), (65.0, 1500, 1.8), (75.0, 1750, 1.95)]
+    assert first_at_or_below(points, 1.886) == (65.0, 1500)
+    assert linear_crossing(points, 1.886) == pytest.approx(55.0 + 10.0 * 0.014 / 0.1)
+    assert linear_crossing(points, 1.7) is None  # never reached
+    assert linear_crossing(points, 4.5) is None  # already at or below at the first evaluation
