@@ -507,7 +507,7 @@ def _describe_run(args: argparse.Namespace, model: "GPT", config: "TrainConfig",
     import torch
 
     from .threads import resolve_threads
-    from .training import DTYPES, measure_matmul_flops
+    from .training import DTYPES, measure_peak_flops
 
     print(f"data: {source}: {len(text):,} characters, vocabulary {data.tokenizer.vocab_size}, "
           f"train {len(data.train):,} / val {len(data.val):,} tokens", file=err)
@@ -529,11 +529,11 @@ def _describe_run(args: argparse.Namespace, model: "GPT", config: "TrainConfig",
     peak: float | None = args.peak_flops
     if peak is None and main:
         kind = torch.float32 if not args.device.startswith("cuda") else DTYPES[config.dtype]
-        if threads.count is not None and threads.source == "--threads":
-            torch.set_num_threads(threads.count)
-        peak = measure_matmul_flops(args.device, kind)
-        print(f"peak: {peak / 1e9:,.1f} GFLOP/s per process ({str(kind).removeprefix('torch.')} matmul at "
-              f"{torch.get_num_threads()} threads, measured; MFU is against this, or --peak-flops)", file=err)
+        peak, count = measure_peak_flops(args.device, kind, config.threads)
+        fastest = threads.count is None and torch.device(args.device).type == "cpu"
+        how = f"at {count} threads" + (", the fastest count now" if fastest else "")
+        print(f"peak: {peak / 1e9:,.1f} GFLOP/s per process ({str(kind).removeprefix('torch.')} matmul {how}, "
+              "measured; MFU is against this, or --peak-flops)", file=err)
     return peak
 
 

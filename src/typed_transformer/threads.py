@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["AUTO", "ThreadChoice", "ThreadTuner", "apply_threads", "candidate_counts", "resolve_threads",
-           "settle_threads", "tune_threads", "usable_cores"]
+__all__ = ["AUTO", "ThreadChoice", "ThreadTuner", "apply_threads", "at_each_count", "candidate_counts",
+           "resolve_threads", "settle_threads", "tune_threads", "usable_cores"]
 
 AUTO = "auto"
 
@@ -258,6 +258,21 @@ def tune_threads(step: Callable[[], object], candidates: Sequence[int] | None = 
         tuner.end()
     assert tuner.count is not None
     return tuner.count
+
+
+def at_each_count(measure: Callable[[], float], counts: Sequence[int] | None = None) -> dict[int, float]:
+    """``measure()`` at each thread count of ``counts`` (default :func:`candidate_counts`), then torch's count as it
+    was (so a later ``"auto"`` still tunes: the counts set here are not the user's)."""
+    before = torch.get_num_threads()
+    results: dict[int, float] = {}
+    try:
+        for count in candidate_counts() if counts is None else counts:
+            _set_threads(count)
+            results[count] = measure()
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+    return results
 
 
 def apply_threads(requested: int | str | None, *, log: Callable[[str], None] | None = None

@@ -58,7 +58,7 @@ from .generation import sample_text
 from .gpt import GPT
 from .plot import plot_history
 from .shapecheck import shape_checked, typechecked
-from .threads import apply_threads
+from .threads import apply_threads, at_each_count, resolve_threads
 
 __all__ = [
     "DTYPES",
@@ -74,8 +74,25 @@ __all__ = [
     "flops_per_token",
     "learning_rate",
     "measure_matmul_flops",
+    "measure_peak_flops",
     "train",
 ]
+
+def measure_peak_flops(device: str, dtype: torch.dtype, threads: int | str | None) -> tuple[float, int]:
+    """The peak FLOP/s that MFU is reported against, and the thread count it was measured at: with a fixed
+    count (``threads`` an int, or the user's ``OMP_NUM_THREADS``/``torch.set_num_threads``), at that count; with
+    ``"auto"`` on CPU, the fastest of the candidate counts (:func:`~typed_transformer.threads.at_each_count`),
+    since the steps will run at the fastest count too (one thread when another process holds a core, where the
+    default count's matmuls collapse and would make MFU read several hundred percent)."""
+    choice = resolve_threads(threads)
+    if choice.count is not None or torch.device(device).type != "cpu":
+        if choice.source == "--threads" and choice.count is not None:
+            torch.set_num_threads(choice.count)
+        return measure_matmul_flops(device, dtype), torch.get_num_threads()
+    rates = at_each_count(lambda: measure_matmul_flops(device, dtype))
+    best = max(rates, key=lambda count: rates[count])
+    return rates[best], best
+
 
 def learning_rate(config: TrainConfig, iteration: int) -> float:
     """The learning rate at ``iteration`` (see the module docstring)."""
@@ -693,8 +710,8 @@ class Trainer(StepLoop[TrainResult]):
 
     def peak(self, peak_flops: float | None) -> float | None:
         if self.main and peak_flops is None:
-            peak_flops = measure_matmul_flops(self.device, torch.float32 if self.device_type == "cpu"
-                                              else self.amp_dtype)
+            peak_flops, _ = measure_peak_flops(self.device, torch.float32 if self.device_type == "cpu"
+                                               else self.amp_dtype, self.config.threads)
         return peak_flops
 
     def learning_rate(self, iteration: int) -> float:

@@ -425,3 +425,27 @@ def test_resume_with_the_preset_and_its_size_flags(text: Path, tmp_path: Path,
     assert run(["train", "--preset", "seed", "--data", str(text), "--max-iters", "3", *TINY, "--resume",
                 "--out", str(out)]) == 2
     assert "--preset seed differs from the checkpoint's model (baby: n_layer=1" in capsys.readouterr().err
+
+
+def test_with_threads_auto_the_peak_is_the_fastest_count_and_the_count_is_left_as_it_was(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a busy machine the default count's matmuls collapse: a peak measured there made MFU read 391%."""
+    import torch
+
+    from typed_transformer import threads, training
+
+    rates = {1: 90e9, 2: 17e9}  # one core held by another process: two threads far slower than one
+    monkeypatch.setattr(threads, "candidate_counts", lambda cores=None: [1, 2])
+    monkeypatch.setattr(training, "measure_matmul_flops", lambda device, dtype: rates[torch.get_num_threads()])
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "_THREADS_AT_IMPORT", 2)  # torch's default on two cores, nobody set a count
+    torch.set_num_threads(2)
+    try:
+        assert training.measure_peak_flops("cpu", torch.float32, "auto") == (90e9, 1)
+        assert torch.get_num_threads() == 2
+        assert threads.resolve_threads("auto").count is None  # the counts it tried are not taken for the user's
+        assert training.measure_peak_flops("cpu", torch.float32, 2) == (17e9, 2)  # an explicit count: that count
+    finally:
+        torch.set_num_threads(before)
