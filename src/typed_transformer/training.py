@@ -78,6 +78,7 @@ __all__ = [
     "train",
 ]
 
+
 def measure_peak_flops(device: str, dtype: torch.dtype, threads: int | str | None) -> tuple[float, int]:
     """The peak FLOP/s that MFU is reported against, and the thread count it was measured at: with a fixed
     count (``threads`` an int, or the user's ``OMP_NUM_THREADS``/``torch.set_num_threads``), at that count; with
@@ -297,8 +298,9 @@ def train(
     Inside an initialised ``torch.distributed`` group (``torchrun``) every process calls this with the same
     arguments; the model is wrapped in ``DistributedDataParallel`` and rank 0 alone evaluates, prints, holds the
     run directory's lock and writes files (see the module docstring). ``peak_flops`` (FLOP/s of one process) is
-    what MFU is reported against; by default it is measured (:func:`measure_matmul_flops`, in float32 on CPU,
-    in ``config.dtype`` on CUDA). ``compile_backend`` is ``torch.compile``'s backend when ``config.compile``.
+    what MFU is reported against; by default it is measured (:func:`measure_peak_flops`, in float32 on CPU at
+    the fastest thread count with ``threads="auto"``, in ``config.dtype`` on CUDA). ``compile_backend`` is
+    ``torch.compile``'s backend when ``config.compile``.
 
     Raises:
         RunDirectoryError: ``out_dir`` is unusable (a file, not writable, locked by another run, too little free
