@@ -100,7 +100,7 @@ def report(reference_runs: list[Run], ours: list[Run], *, name: str, extra: str)
         goal = (f"target <= {FRACTION:.2f}x" if target == ref_val else "target <= 1.00x")
         found = [linear_crossing(evaluations(r), target) for r in ours]
         crossings = [e for e in found if e is not None]
-        middle = statistics.median(crossings) if crossings and len(crossings) == len(found) else None
+        middle = statistics.median(crossings) if len(crossings) == len(found) else None  # one in every round
         estimate = ("" if middle is None else
                     f"; linear between the evaluations around it about {middle:.1f} s = {middle / ref_wall:.2f}x, "
                     "an estimate")

@@ -430,8 +430,6 @@ def test_resume_with_the_preset_and_its_size_flags(text: Path, tmp_path: Path,
 def test_with_threads_auto_the_peak_is_the_fastest_count_and_the_count_is_left_as_it_was(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """On a busy machine the default count's matmuls collapse: a peak measured there made MFU read 391%."""
-    import torch
-
     from typed_transformer import threads, training
 
     rates = {1: 90e9, 2: 17e9}  # one core held by another process: two threads far slower than one
@@ -441,6 +439,7 @@ def test_with_threads_auto_the_peak_is_the_fastest_count_and_the_count_is_left_a
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     before = torch.get_num_threads()
     monkeypatch.setattr(threads, "_THREADS_AT_IMPORT", 2)  # torch's default on two cores, nobody set a count
+    monkeypatch.setattr(threads, "_OURS", set())  # the counts it records stay in this test
     torch.set_num_threads(2)
     try:
         assert training.measure_peak_flops("cpu", torch.float32, "auto") == (90e9, 1)
