@@ -513,6 +513,8 @@ def _describe_run(args: argparse.Namespace, model: "GPT", config: "TrainConfig",
           f"train {len(data.train):,} / val {len(data.val):,} tokens", file=err)
     print(f"model: {preset} preset, {model.num_parameters():,} parameters (without positions), "
           f"{model.config}", file=err)
+    if preset == "seed":  # and the count as the tutorial prints it: every parameter, the position table included
+        print(model.num_parameters(non_embedding=False) / 1e6, "M parameters", file=err)
     if args.verbose:
         print(model, file=err)  # the module tree, as the original tutorial's log prints its model
     print(f"train: {config}", file=err)

@@ -1,7 +1,7 @@
 """A decoder-only, character-level GPT (the original tutorial's; nanoGPT's ``model.py`` as the style anchor).
 
-    x_0 = E[idx] + P              token embedding plus positions (learned, sinusoidal; or none here and
-                                  RoPE or ALiBi's bias inside attention)
+    x_0 = Dropout(E[idx] + P)     token embedding plus positions (learned, sinusoidal; or none here and
+                                  RoPE or ALiBi's bias inside attention); dropout rate embd_dropout
     x_l = x_{l-1} + Attn(LN(x_{l-1}))         pre-LN blocks with causal self-attention
     x_l = x_l + MLP(LN(x_l))                  MLP(x) = W_2 act(W_1 x), width 4 * n_embd (FeedForward; GELU or ReLU)
     logits = LN_f(x_L) E^T                    output head tied to the token embedding (by default)
@@ -71,6 +71,9 @@ class GPTConfig:
         "group": _SIZE})
     n_embd: int = field(default=128, metadata={"help": "model width", "range": (1, 65536), "group": _SIZE})
     dropout: float = field(default=0.0, metadata={"help": "default: the preset's", "interval": "[0, 1)"})
+    embd_dropout: float | None = field(default=None, metadata={  # None: as dropout
+        "help": "dropout on the token and position embeddings (default: as --dropout, as nanoGPT; 0 in the seed "
+                "preset, whose printed model has none)", "interval": "[0, 1)"})
     bias: bool = field(default=False, metadata={
         "help": "biases in the layer norms, attention output projections and feed-forward layers (default: no, "
                 "or the preset's)", "group": _SIZE})
@@ -99,9 +102,12 @@ class GPTConfig:
         for name in ("bias", "lm_head_bias", "tie_weights"):
             if not isinstance(getattr(self, name), bool):  # bool("false") is True: refuse strings and numbers
                 raise ValueError(f"GPTConfig: {name} must be True or False, got {getattr(self, name)!r}")
-        if not isinstance(self.dropout, int | float) or isinstance(self.dropout, bool) \
-                or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout!r}")
+        for name in ("dropout", "embd_dropout"):
+            rate = getattr(self, name)
+            if rate is None and name == "embd_dropout":
+                continue
+            if not isinstance(rate, int | float) or isinstance(rate, bool) or not 0.0 <= rate < 1.0:
+                raise ValueError(f"GPTConfig: {name} must be in [0, 1), got {rate!r}")
         eps = self.layer_norm_eps
         if not isinstance(eps, int | float) or isinstance(eps, bool) or not (eps > 0 and math.isfinite(eps)):
             raise ValueError(f"GPTConfig: layer_norm_eps must be a positive finite number, got {eps!r}")
@@ -113,6 +119,11 @@ class GPTConfig:
     @property
     def kv_heads(self) -> int:
         return self.n_head if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def embedding_dropout(self) -> float:
+        """The dropout rate on the embeddings (``embd_dropout``, else ``dropout``)."""
+        return self.dropout if self.embd_dropout is None else self.embd_dropout
 
     @property
     def qkv_has_bias(self) -> bool:
@@ -140,12 +151,13 @@ class GPTConfig:
 
 #: ``baby``: nanoGPT's CPU shakespeare_char config (4 layers, 4 heads, 128 wide, block 64, no dropout).
 #: ``seed``: the original tutorial's model as it prints it (6 layers, 6 heads, 384 wide, block 256, dropout
-#: 0.2, a ReLU feed-forward, no biases on the key/query/value projections but biases everywhere else, an untied
-#: ``lm_head`` with a bias): 10,788,929 parameters with the position table for 65 characters.
+#: 0.2 on the attention weights and both residual branches and none on the embeddings, a ReLU feed-forward, no
+#: biases on the key/query/value projections but biases everywhere else, an untied ``lm_head`` with a bias):
+#: 10,788,929 parameters with the position table for 65 characters.
 PRESETS: dict[str, dict[str, Any]] = {
     "baby": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "dropout": 0.0},
-    "seed": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "dropout": 0.2, "activation": "relu",
-             "bias": True, "qkv_bias": False, "lm_head_bias": True, "tie_weights": False},
+    "seed": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "dropout": 0.2, "embd_dropout": 0.0,
+             "activation": "relu", "bias": True, "qkv_bias": False, "lm_head_bias": True, "tie_weights": False},
 }
 
 
@@ -205,7 +217,7 @@ class GPT(nn.Module):
         self.pos: nn.Module | None = positions.embedding
         self.alibi: ALiBiPositionalBias | None = positions.alibi
         rotary = positions.rotary
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = nn.Dropout(config.embedding_dropout)
         self.blocks = nn.ModuleList(Block(config, rotary) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.lm_head_bias)
@@ -329,6 +341,11 @@ class GPT(nn.Module):
     """``GPT.from_hf_gpt2(model_or_state_dict, *, n_head=None)``: load Hugging Face GPT-2 weights. An alias of
     :func:`typed_transformer.hf.gpt_from_hf_gpt2`, attached to the class by that module, which imports this one
     (this module never imports it; ``import typed_transformer`` loads both)."""
+
+    from_tutorial_state_dict: ClassVar[Callable[..., "GPT"]]
+    """``GPT.from_tutorial_state_dict(state_dict)``: load the original tutorial's trained weights (its six
+    per-head key/query/value ``Linear``s per block fused into ``in_proj``). An alias of
+    :func:`typed_transformer.tutorial.gpt_from_tutorial_state_dict`, attached to the class by that module."""
 
     def new_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per layer, each with room for ``block_size`` positions."""

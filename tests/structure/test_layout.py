@@ -27,7 +27,7 @@ END = "<!-- end of import graph -->"
 
 WINGS: dict[str, list[str]] = {
     "core": ["_deprecation", "_activations", "shapecheck", "validation", "masks", "attention", "positions",
-             "multihead", "layers", "interop", "seq2seq", "gpt", "hf"],
+             "multihead", "layers", "interop", "seq2seq", "gpt", "hf", "tutorial"],
     "toolkit": ["strategies", "audit", "audit._core", "audit._checks", "audit._causes", "audit._infer",
                 "audit._functions", "audit._modules", "audit._hf", "audit.specs"],
     "app": ["_signals", "_paths", "_files", "_install", "_options", "_memory", "threads", "plot", "data",
