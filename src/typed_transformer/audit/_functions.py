@@ -37,7 +37,16 @@ from ._core import (
     repro_comparison,
     run_check,
 )
-from ._infer import INFERRED, Inference, check_known, contradictions, infer_adapter, with_inference, with_known
+from ._infer import (
+    INFERRED,
+    Inference,
+    check_known,
+    contradictions,
+    infer_adapter,
+    with_differences,
+    with_inference,
+    with_known,
+)
 
 Candidate = Callable[..., Any]
 #: ``q``, ``k``, ``v`` as the candidate takes them: its layout (``b h t d`` or ``b t h d``), head order and dtype.
@@ -368,4 +377,4 @@ def infer_function_conventions(candidate: Callable[..., Any], *, seed: int = 0, 
     check_known(known)
     adapter = FunctionAdapter(candidate, Conventions(**constraints), name or name_of(candidate))
     inference = infer_adapter(adapter, seed=seed, candidate=candidate)
-    return with_known(inference, known) if known else inference
+    return with_differences(with_known(inference, known) if known else inference, known)
