@@ -15,8 +15,8 @@ Bad arguments, bad files and bad checkpoints give one line on stderr and exit co
 Exit codes (docs/reliability.md has the full table): 0 done; 1 a failed audit check or a diverged training run
 (the last finite checkpoint is kept); 3 an ``audit --infer`` whose checks all passed but whose inferred
 conventions differ from the paper's attention in ways not declared with ``--expect``; 2 bad input (arguments,
-files, checkpoints, an unusable or locked --out, a file-system error, out of memory); 130 Ctrl-C (SIGINT); 143 SIGTERM. ``train`` saves on the first Ctrl-C or
-SIGTERM and stops at once on a second one.
+files, checkpoints, an unusable or locked --out, a file-system error, out of memory); 130 Ctrl-C (SIGINT); 143
+SIGTERM. ``train`` saves on the first Ctrl-C or SIGTERM and stops at once on a second one.
 """
 
 import argparse
