@@ -29,6 +29,7 @@ from ._core import (
     Difference,
     Example,
     error,
+    reference_attention,
 )
 
 #: probes run in float64; a candidate computing in float32 inside still matches within this relative error
@@ -254,11 +255,11 @@ def _close(a: float, b: float) -> bool:
 
 
 #: the probes' (head size, key length): two head sizes at one length, two lengths at one head size
-_SCALE_PROBES = ((2, 3), (8, 3), (2, 7))
+_SCALE_PROBES = ((2, 4), (8, 4), (2, 7))
 
 
 def _scale(p: _Prober) -> bool:
-    """``scale``: ``1/sqrt(d)`` at (d, s) = (2, 3), (8, 3) and (2, 7), or one constant (the last query against
+    """``scale``: ``1/sqrt(d)`` at (d, s) = (2, 4), (8, 4) and (2, 7), or one constant (the last query against
     every key, in the first layout where that call gives a weighted mean). A scale that depends on the key
     length (``1/sqrt(s)``) is a finding named so, and stops inference. False when nothing further can be
     inferred."""
@@ -279,27 +280,32 @@ def _scale(p: _Prober) -> bool:
         assert failure is not None
         layout, example, out = failure
         p.conv = dataclasses.replace(p.conv, layout="bhtd")
-        p.find("scale", f"queries against {example.s} keys (h=1, {layout}) {_describe(out)}"
-               + ("" if isinstance(out, Exception) else " (not a softmax-weighted mean of the values)"), p.conv,
-               example)
+        if isinstance(out, Tensor) and out.shape == (1, 1, example.s, example.s) and bool(out.isfinite().all()):
+            weights = torch.linalg.solve(example.inputs()[2][0, 0].T, out[0, 0, -1].double())
+            p.find("reference", f"the last query against s={example.s} keys (d={example.d}, no mask, no is_causal) "
+                   f"is no softmax-weighted mean of the values: its weights solve to ["
+                   + ", ".join(f"{w:.3g}" for w in weights.tolist()) + "]: not a convention, a bug "
+                   "(the checks show where the output differs)", p.conv, example)
+        else:
+            p.find("scale", f"queries against {example.s} keys (h=1, {layout}) {_describe(out)}", p.conv, example)
         return False
-    (s2, _), (s8, e8), (s27, e27) = estimates[2, 3], estimates[8, 3], estimates[2, 7]
+    (s2, _), (s8, e8), (s27, e27) = estimates[2, 4], estimates[8, 4], estimates[2, 7]
     if _close(s2, 1 / math.sqrt(2)) and _close(s8, 1 / math.sqrt(8)) and _close(s27, 1 / math.sqrt(2)):
-        p.decide("scale", None, f"logit scale {s2:.4g} at d=2 and {s8:.4g} at d=8 (s=3), {s27:.4g} at s=7 (d=2): "
+        p.decide("scale", None, f"logit scale {s2:.4g} at d=2 and {s8:.4g} at d=8 (s=4), {s27:.4g} at s=7 (d=2): "
                  f"1/sqrt(d)", p.conv, e8)
     elif not _close(s2, s27):
         named = (": 1/sqrt(s), the key length where the paper has the head size d"
-                 if _close(s2, 1 / math.sqrt(3)) and _close(s27, 1 / math.sqrt(7)) else "")
-        also = "" if _close(s2, s8) else f"; and on the head size: {s2:.4g} at d=2, {s8:.4g} at d=8 (s=3)"
-        p.find("scale", f"the scale depends on the key length: logit scale {s2:.4g} at s=3 and {s27:.4g} at s=7 "
+                 if _close(s2, 1 / math.sqrt(4)) and _close(s27, 1 / math.sqrt(7)) else "")
+        also = "" if _close(s2, s8) else f"; and on the head size: {s2:.4g} at d=2, {s8:.4g} at d=8 (s=4)"
+        p.find("scale", f"the scale depends on the key length: logit scale {s2:.4g} at s=4 and {s27:.4g} at s=7 "
                f"(d=2){named}{also}", p.conv, e27)
         p.conv = dataclasses.replace(p.conv, scale=None)
         return False  # every later probe has its own key length: they would only blame other fields
     elif _close(s2, s8):
-        p.decide("scale", round(s8, 6), f"logit scale {s8:.6g} at d=2 and d=8, s=3 and s=7: a constant, not "
+        p.decide("scale", round(s8, 6), f"logit scale {s8:.6g} at d=2 and d=8, s=4 and s=7: a constant, not "
                  f"1/sqrt(d)", p.conv, e8)
     else:
-        p.find("scale", f"logit scale {s2:.4g} at d=2 and {s8:.4g} at d=8 (s=3): neither 1/sqrt(d) nor a constant",
+        p.find("scale", f"logit scale {s2:.4g} at d=2 and {s8:.4g} at d=8 (s=4): neither 1/sqrt(d) nor a constant",
                p.conv, e8)
         p.conv = dataclasses.replace(p.conv, scale=None)
     return True
@@ -382,6 +388,10 @@ def _causal(p: _Prober) -> None:
     if not p.matches(plain, p.reference(conv, square)) and p.matches(plain, p.reference(causal_conv, square)):
         p.decide("always_causal", True, "t=s=3 without is_causal: query i sees keys j <= i only", causal_conv, square)
         conv = p.conv
+    elif not p.matches(plain, p.reference(conv, square)):  # not causality's: no causal finding to blame it on
+        p.find("reference", f"t=s=3 without mask or is_causal {_describe(plain)} from the reference, plain or "
+               f"always causal: not a convention, a bug (the checks show where the output differs)", conv, square)
+        return
     else:
         p.decide("always_causal", False, "t=s=3 without is_causal: every query sees every key", conv, square)
     if not conv.supports_causal and not conv.always_causal:
@@ -440,37 +450,20 @@ _MASK2 = torch.tensor([[True, True, False, True], [True, False, True, True], [Fa
 
 
 def _mask(p: _Prober) -> bool:
-    """``mask_kind`` and ``mask_polarity`` (a (1, 1, t, s) mask, t=3, s=4), then per-head masks."""
+    """``mask_kind`` and ``mask_polarity`` (a (1, 1, t, s) mask, t=3, s=4: a function is probed with a boolean
+    and a float mask, see :func:`_mask_kinds`), then per-head masks."""
     conv = p.conv
     t, s = (4, 4) if p.tied else (3, 4)
     keep = _MASK[:t, :s][None, None]
     example = p.example(t=t, s=s, keep=keep, offset=4)
-    trials: list[tuple[str, str]] = [("bool", "keep"), ("bool", "drop"), ("additive", "keep")]
-    if p.adapter.fixed is not None:  # a module's spec converts masks itself
-        trials = [(conv.mask_kind, conv.mask_polarity)]
-    outs = []
-    for kind, polarity in trials:
-        trial = dataclasses.replace(conv, mask_kind=kind, mask_polarity=polarity)  # type: ignore[arg-type]
-        out = p.call(trial, example)
-        outs.append(out)
-        if p.matches(out, p.reference(trial, example)):
-            if p.adapter.fixed is None:
-                what = "True = may attend" if polarity == "keep" else "True = masked out"
-                p.decide("mask_kind", kind, f"a {'boolean' if kind == 'bool' else '0/-inf float'} mask is applied",
-                         trial, example)
-                if kind == "bool":
-                    p.decide("mask_polarity", polarity, f"a boolean mask (1, 1, 3, 4) with {what}", trial, example)
-            break
-    else:
-        ignored = any(p.matches(out, p.reference(conv, example, keep=torch.ones_like(keep))) for out in outs)
-        if ignored:
-            p.find("supports_mask", "attn_mask is accepted and ignored (the output is the unmasked one, whatever "
-                   "the mask)", conv, example)
-        else:
-            p.find("mask_polarity", "attn_mask (1, 1, t, s) masks under no convention: neither boolean True = may "
-                   "attend, boolean True = masked out, nor additive 0/-inf (" + "; ".join(map(_describe, outs))
-                   + ")", conv, example)
-        return False
+    if p.adapter.fixed is None:
+        if not _mask_kinds(p, example):
+            return False
+    else:  # a module's spec converts masks itself
+        out = p.call(conv, example)
+        if not p.matches(out, p.reference(conv, example)):
+            _unmasked(p, conv, example, [out], f"the spec's {conv.mask_kind} mask")
+            return False
     conv = p.conv
     if p.adapter.fixed is not None and p.adapter.fixed["h"] < 2:
         return True
@@ -489,6 +482,79 @@ def _mask(p: _Prober) -> bool:
         p.find("per_head_masks", f"a per-head mask (1, {heads}, {t}, {s}) is accepted but not applied head by head",
                conv, example)
     return True
+
+
+def _added_as_numbers(p: _Prober, conv: Conventions, example: Example, out: Tensor | Exception) -> bool:
+    """``out`` is the unmasked attention with the boolean mask added to its scaled logits as +1/+0 (the silent
+    bug of an "eager" path given a boolean mask where it expects a float one)."""
+    if not isinstance(out, Tensor) or example.keep is None:
+        return False
+    q, k, v = example.inputs()
+    ref = reference_attention(q, k, v, None, conventions=dataclasses.replace(conv, always_causal=False),
+                              bias=example.mask().to(torch.float64))  # type: ignore[union-attr]
+    return p.matches(out, ref)
+
+
+def _unmasked(p: _Prober, conv: Conventions, example: Example, outs: list[Tensor | Exception], what: str) -> None:
+    """The finding of a mask that matches no convention: ignored, added as numbers, or neither."""
+    keep = example.mask()
+    assert keep is not None
+    if any(p.matches(out, p.reference(conv, example, keep=torch.ones_like(keep))) for out in outs):
+        p.find("supports_mask", "attn_mask is accepted and ignored (the output is the unmasked one, whatever "
+               "the mask)", conv, example)
+    elif any(_added_as_numbers(p, conv, example, out) for out in outs):
+        p.find("mask_kind", f"{what} is added to the logits as +1/+0 (True -> +1): it masks nothing (a boolean mask "
+               f"given to a path that adds float masks)", conv, example)
+    else:
+        p.find("mask_polarity", "attn_mask (1, 1, t, s) masks under no convention: neither boolean True = may "
+               "attend, boolean True = masked out, nor additive 0/-inf (" + "; ".join(map(_describe, outs))
+               + ")", conv, example)
+
+
+def _mask_kinds(p: _Prober, example: Example) -> bool:
+    """A function's ``mask_kind`` and ``mask_polarity``: one boolean mask and one float 0/-inf mask, each must
+    match a documented convention when accepted, and both must agree: a boolean mask added as +1/+0 while the
+    float mask works is a finding (not "additive"), and so is a boolean path flipped against the float path
+    (True = masked out beside 0 = may attend: a finding unless ``known`` says ``mask_polarity="drop"``,
+    nn.MultiheadAttention's)."""
+    conv = p.conv
+    trials = {(kind, polarity): dataclasses.replace(conv, mask_kind=kind, mask_polarity=polarity)  # type: ignore[arg-type]
+              for kind, polarity in (("bool", "keep"), ("bool", "drop"), ("additive", "keep"))}
+    outs = {key: p.call(trial, example) for key, trial in trials.items()}
+    ok = {key: p.matches(outs[key], p.reference(trial, example)) for key, trial in trials.items()}
+    additive, shape = ok["additive", "keep"], tuple(example.mask().shape)  # type: ignore[union-attr]
+    both = " (a float 0/-inf mask is applied too)" if additive else ""
+    if ok["bool", "keep"] or ok["bool", "drop"]:
+        polarity = "keep" if ok["bool", "keep"] else "drop"
+        trial = trials["bool", polarity]
+        p.decide("mask_kind", "bool", f"a boolean mask is applied{both}", trial, example)
+        what = "True = may attend" if polarity == "keep" else "True = masked out"
+        p.decide("mask_polarity", polarity, f"a boolean mask {shape} with {what}{both}", trial, example)
+        if polarity == "drop" and additive:
+            p.find("mask_polarity", f"the boolean path is flipped against the float one: a boolean mask {shape} "
+                   f"applies True = masked out, a float mask 0 = may attend (if True = masked out is intended, as in "
+                   f"nn.MultiheadAttention, declare known={{'mask_polarity': 'drop'}} / --expect "
+                   f"mask_polarity=drop)", trial, example, declarable=("mask_polarity", "drop"))
+        elif not additive and not isinstance(outs["additive", "keep"], Exception):
+            p.find("mask_kind", f"a float 0/-inf mask {shape} is accepted but not added to the logits "
+                   f"({_describe(outs['additive', 'keep'])}); the boolean mask is applied with {what}",
+                   trials["additive", "keep"], example)
+        return True
+    if additive:
+        p.decide("mask_kind", "additive", "a 0/-inf float mask is applied", trials["additive", "keep"], example)
+        if not isinstance(outs["bool", "keep"], Exception):  # a boolean mask accepted, and wrong
+            bool_conv = trials["bool", "keep"]
+            if _added_as_numbers(p, bool_conv, example, outs["bool", "keep"]):
+                p.find("mask_kind", f"a boolean mask {shape} is added to the logits as +1/+0 (True -> +1), "
+                       f"masking nothing, while a float 0/-inf mask is applied: the silent bug of a path that adds "
+                       f"masks given a boolean one", bool_conv, example)
+            else:
+                p.find("mask_polarity", f"a boolean mask {shape} is accepted but masks under no convention "
+                       f"({_describe(outs['bool', 'keep'])}), while a float 0/-inf mask is applied",
+                       bool_conv, example)
+        return True
+    _unmasked(p, conv, example, list(outs.values()), "a boolean mask")
+    return False
 
 
 def _fully_masked(p: _Prober, masks: bool) -> None:
