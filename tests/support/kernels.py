@@ -72,3 +72,22 @@ def paper_kernel(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = 
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         return _attention(q, k, v, None, attn_mask, is_causal, 1 / math.sqrt(q.shape[-1]))
     return _attention(q, k, v, attn_mask, None, is_causal, 1 / math.sqrt(q.shape[-1]))
+
+
+class _ScaledBackward(torch.autograd.Function):
+    """The identity forward; the backward halves the gradient (a hand-written backward's slip)."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: Tensor) -> Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: Tensor) -> Tensor:
+        return grad * 0.5
+
+
+def half_value_gradient(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                        is_causal: bool = False) -> Tensor:
+    """A right forward whose backward gives half of dv (the bug): only a gradients check sees it."""
+    v = _ScaledBackward.apply(v)  # type: ignore[no-untyped-call]
+    return _attention(q, k, v, None, attn_mask, is_causal, 1 / math.sqrt(q.shape[-1]))

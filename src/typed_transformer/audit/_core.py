@@ -323,7 +323,24 @@ def import_line(obj: Any, as_name: str, *, search: tuple[str, ...] = ()) -> str 
 
 
 def repro_comparison(check: str) -> str:
-    """The repro's last lines: the candidate's output against the float64 reference."""
+    """The repro's last lines: the candidate's output against the float64 reference (for ``gradients``: the
+    gradients of both, against one seeded output gradient, and their differences)."""
+    if check == "gradients":
+        return ("def leaves(dtype):  # the inputs as leaves in dtype (one tensor for all three with one input)\n"
+                "    xs = [x.to(dtype).requires_grad_(True) for x in example.inputs()[:1 if example.tied else 3]]\n"
+                "    return xs, tuple(xs * 3 if example.tied else xs)\n"
+                "theirs, ins = leaves(example.torch_dtype)\n"
+                "out = adapter.call(ins, example.mask(), example.is_causal, example.torch_dtype)\n"
+                "ours, ins = leaves(torch.float64)\n"
+                "ref = adapter.reference(ins, example.mask(), example.is_causal, torch.float64)\n"
+                "cotangent = torch.randn(tuple(ref.shape), generator=torch.Generator().manual_seed(example.seed + 4), "
+                "dtype=torch.float64)\n"
+                "(ref.nan_to_num(0.0) * cotangent).sum().backward()\n"
+                "(out.double().nan_to_num(0.0) * cotangent).sum().backward()\n"
+                "errors = {n: float((b.grad.double() - a.grad).abs().max()) for n, a, b in zip(('x', 'key', 'value'), "
+                "ours, theirs)}\n"
+                "print('gradient errors', errors)\n"
+                f"print('max error', max(errors.values()))  # check {check}")
     return (f"out = adapter.call(example.inputs(), example.mask(), example.is_causal, example.torch_dtype)\n"
             f"ref = adapter.reference(example.inputs(), example.mask(), example.is_causal, torch.float64)\n"
             f"print('max error', float((out.double() - ref).abs().max()))  # check {check}")
