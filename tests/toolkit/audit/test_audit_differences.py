@@ -49,7 +49,8 @@ def _max_error(printed: str) -> float:
 def test_a_missing_scale_is_an_undeclared_difference_that_says_what_to_declare() -> None:
     report = _infer(kernels.no_scale)
     assert report.failed == []  # every check passes under scale = 1 ...
-    assert report.undeclared == ["scale"] and not report.passed  # ... but it is not the paper's
+    assert report.undeclared == ["scale"]
+    assert not report.passed
     text = report.table()
     first = text.splitlines()[1:3]
     assert first[0].startswith("differences from the paper's attention (1, 1 not declared")
@@ -57,7 +58,8 @@ def test_a_missing_scale_is_an_undeclared_difference_that_says_what_to_declare()
     assert "NOT DECLARED: if intended, declare known={'scale': 1.0} (command line: --expect scale=1)" in first[1]
     assert text.endswith("not passed: undeclared difference from the paper's attention (scale)")
     declared = _infer(kernels.no_scale, scale=1.0)
-    assert declared.passed and declared.undeclared == []
+    assert declared.passed
+    assert declared.undeclared == []
     assert declared.differences[0].declared
 
 
@@ -66,7 +68,8 @@ def test_a_key_length_scale_is_named_so() -> None:
     message = _finding(report)
     assert message.startswith("scale: the scale depends on the key length: logit scale 0.5 at s=4 and 0.378 at s=7")
     assert "1/sqrt(s), the key length where the paper has the head size d" in message
-    assert "0.707" not in message and "layout" not in message
+    assert "0.707" not in message
+    assert "layout" not in message
 
 
 def test_a_boolean_mask_added_as_numbers_is_a_finding_not_additive() -> None:
@@ -86,7 +89,8 @@ def test_a_flipped_boolean_path_is_a_finding_unless_declared() -> None:
 
 def test_a_correct_kernel_taking_both_mask_kinds_passes() -> None:
     report = _infer(kernels.paper_kernel)
-    assert report.passed and report.differences == []
+    assert report.passed
+    assert report.differences == []
     assert any("(a float 0/-inf mask is applied too)" in line for line in report.inferred)
 
 
@@ -97,7 +101,8 @@ def test_a_dropped_key_is_not_blamed_on_the_causal_alignment() -> None:
     assert "causal_alignment" not in report.table()
     assert report.causes[0].summary == "the output differs from the reference with no mask and no causal flag"
     shown = report.causes[0].shown
-    assert shown.counterexample is not None and shown.counterexample["s"] % 2 == 1
+    assert shown.counterexample is not None
+    assert shown.counterexample["s"] % 2 == 1
     assert all(input_size(shown) <= input_size(row) for row in report.causes[0].rows if row.name == shown.name)
 
 
@@ -130,7 +135,8 @@ def test_a_findings_repro_is_a_plain_call_that_prints_the_difference() -> None:
     report = _infer(kernels.bool_mask_added)
     repro = report["conventions"].repro
     assert repro is not None
-    assert "adapter" not in repro and "Example(" not in repro  # no audit internals written out
+    assert "adapter" not in repro
+    assert "Example(" not in repro
     assert "out = candidate(qc, kc, vc, attn_mask=keep)" in repro
     assert "ref = scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal=False)" in repro
     assert _max_error(_run(repro)) > 1e-2
@@ -139,10 +145,13 @@ def test_a_findings_repro_is_a_plain_call_that_prints_the_difference() -> None:
 def test_a_gradients_repro_prints_the_gradient_difference() -> None:
     report = audit_attention(kernels.half_value_gradient, checks=["gradients"], **QUICK)  # type: ignore[arg-type]
     repro = report["gradients"].repro
-    assert repro is not None and report["gradients"].status == "FAIL"
+    assert repro is not None
+    assert report["gradients"].status == "FAIL"
     printed = _run(repro)
     errors = re.search(r"^gradient errors \{'q': (\S+), 'k': (\S+), 'v': (\S+)\}$", printed, flags=re.MULTILINE)
     assert errors is not None, printed
     dq, dk, dv = (float(x) for x in errors.groups())
-    assert dq < 1e-12 and dk < 1e-12 and dv > 1e-2  # the forward is right: only dv is wrong
+    assert dq < 1e-12
+    assert dk < 1e-12
+    assert dv > 1e-2
     assert _max_error(printed) == dv
