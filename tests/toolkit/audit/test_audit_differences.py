@@ -155,3 +155,25 @@ def test_a_gradients_repro_prints_the_gradient_difference() -> None:
     assert dk < 1e-12
     assert dv > 1e-2
     assert _max_error(printed) == dv
+
+
+def test_a_module_grouped_by_repeat_is_diagnosed_as_the_other_grouping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama's key/value heads repeated with ``.repeat`` where it means ``repeat_interleave``: the module matches
+    the reference under the other documented grouping, and its root cause says which."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+    from transformers.models.llama import modeling_llama
+
+    from typed_transformer.audit import audit_module
+
+    def repeat(hidden: torch.Tensor, n_rep: int) -> torch.Tensor:
+        return hidden.repeat(1, n_rep, 1, 1)  # head i uses kv head i % g
+
+    monkeypatch.setattr(modeling_llama, "repeat_kv", repeat)
+    config = transformers.LlamaConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2)
+    module = modeling_llama.LlamaAttention(config, layer_idx=0)
+    report = audit_module(module, "llama", checks=["reference"], dtypes=[torch.float32], max_examples=3)
+    assert report.failed == ["reference"]
+    assert report.causes[0].diagnosis == (
+        "the module matches the reference when its key/value heads are grouped 'r g' (head i uses kv head i % g: "
+        ".repeat) where the spec says 'g r' (head i uses kv head i // r: repeat_interleave): declare grouping='r g' "
+        "in the spec if intended")
