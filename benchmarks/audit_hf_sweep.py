@@ -125,6 +125,9 @@ def audit_class(item: tuple[str, str], max_examples: int = 5) -> dict[str, Any]:
         row["unmodelled"] = limits
         row["unmodelled_checks"] = [f["check"] for f in fails]
         fails = []
+    # an inferred convention that differs from the paper's and from what the spec declares: a FAIL of its own
+    fails += [{"check": "conventions", "message": f"undeclared difference from the paper's attention: {d.line()}",
+               "repro": ""} for d in report.differences if not d.declared]
     row["fails"] = fails
     row["seconds"] = time.perf_counter() - start
     return row

@@ -13,9 +13,10 @@
 
 Bad arguments, bad files and bad checkpoints give one line on stderr and exit code 2, never a traceback.
 Exit codes (docs/reliability.md has the full table): 0 done; 1 a failed audit check or a diverged training run
-(the last finite checkpoint is kept); 2 bad input (arguments, files, checkpoints, an unusable or locked --out, a
-file-system error, out of memory); 130 Ctrl-C (SIGINT); 143 SIGTERM. ``train`` saves on the first Ctrl-C or
-SIGTERM and stops at once on a second one.
+(the last finite checkpoint is kept); 3 an ``audit --infer`` whose checks all passed but whose inferred
+conventions differ from the paper's attention in ways not declared with ``--expect``; 2 bad input (arguments,
+files, checkpoints, an unusable or locked --out, a file-system error, out of memory); 130 Ctrl-C (SIGINT); 143
+SIGTERM. ``train`` saves on the first Ctrl-C or SIGTERM and stops at once on a second one.
 """
 
 import argparse
@@ -238,6 +239,10 @@ def _audit_parser(commands: Any, conventions: bool) -> None:
                             "module's behavioural ones; its --spec says where the weights live); the report "
                             "starts with them and the input that decided each. Conventions flags given with it "
                             "are what you know: inference does the rest and a contradiction FAILs with its witness")
+    audit.add_argument("--expect", action="append", default=[], metavar="NAME=VALUE",
+                       help="with --infer: a difference from the paper's attention that is intended (repeat it for "
+                            "several), e.g. --expect scale=1 (T5), --expect causal_alignment=top-left; an "
+                            "undeclared difference makes the exit status 3 when every check passed")
     audit.add_argument("--checks", default=None, help="comma-separated subset of the checks")
     audit.add_argument("--dtypes", default="float32,float64", help="comma-separated (default float32,float64)")
     audit.add_argument("--max-examples", type=_positive_int, default=20,
@@ -762,8 +767,42 @@ def _audit_options(args: argparse.Namespace, known: Any) -> dict[str, Any] | str
     if checks is not None and (not checks or any(c not in known for c in checks)):
         unknown = next((c for c in checks if c not in known), "")
         return f"--checks: unknown check {unknown!r} (choose {', '.join(known)})"
+    expect = _expectations(args.expect)
+    if isinstance(expect, str):
+        return expect
+    if expect and not args.infer:
+        return "--expect goes with --infer (declared conventions flags already say every field)"
     return {"checks": checks, "dtypes": [names[d] for d in dtypes], "max_examples": args.max_examples,
-            "seed": args.seed}
+            "seed": args.seed, "expect": expect}
+
+
+def _expectations(pairs: list[str]) -> dict[str, Any] | str:
+    """``--expect NAME=VALUE`` flags as ``known`` fields (scale a number or none, true/false for flags), or the
+    error message."""
+    from .audit import INFERRED, Conventions
+
+    known: dict[str, Any] = {}
+    for pair in pairs:
+        name, equals, text = pair.partition("=")
+        name = name.strip().replace("-", "_")
+        if not equals or name not in INFERRED:
+            return f"--expect: give NAME=VALUE with NAME among {', '.join(INFERRED)}; got {pair!r}"
+        value: Any = text.strip()
+        if name == "scale":
+            try:
+                value = None if value.lower() == "none" else float(value)
+            except ValueError:
+                return f"--expect scale: a number or none; got {text!r}"
+        elif isinstance(getattr(Conventions(), name), bool):
+            if value.lower() not in ("true", "false"):
+                return f"--expect {name}: true or false; got {text!r}"
+            value = value.lower() == "true"
+        try:
+            Conventions(**{name: value})
+        except (ValueError, TypeError) as err:
+            return f"--expect: {str(err).splitlines()[0]}"
+        known[name] = value
+    return known
 
 
 def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, options: dict[str, Any]) -> Any:
@@ -800,7 +839,9 @@ def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, optio
     name = f"{target} (spec {spec.name})"
     if args.infer:
         known = {} if args.fully_masked is None else {"fully_masked": args.fully_masked}
+        known.update(options.pop("expect"))
         return audit_module(module, spec, conventions="infer", name=name, known=known, **options)
+    options.pop("expect")
     return audit_module(module, spec, fully_masked=args.fully_masked, name=name, **options)
 
 
@@ -845,9 +886,11 @@ def _audit(args: argparse.Namespace) -> int:
             report = _audit_a_module(args, candidate, target, options)
             if isinstance(report, str):
                 return _fail(report)
-        elif args.infer:  # the conventions flags given beside --infer are what the user knows
-            report = audit_attention(candidate, conventions="infer", name=target, known=declared, **options)
+        elif args.infer:  # the conventions flags given beside --infer (and --expect) are what the user knows
+            known = {**declared, **options.pop("expect")}
+            report = audit_attention(candidate, conventions="infer", name=target, known=known, **options)
         else:
+            options.pop("expect")
             gqa = declared.get("supports_gqa", False)
             conventions = Conventions(**declared, enable_gqa=gqa and takes_enable_gqa(candidate))
             report = audit_attention(candidate, conventions=conventions, name=target, **options)
@@ -859,7 +902,20 @@ def _audit(args: argparse.Namespace) -> int:
             report.to_json(str(args.json))
         except OSError as err:
             return _fail(f"--json: cannot write {args.json}: {err.strerror}")
-    return 0 if report.passed else 1
+    return audit_exit_status(report)
+
+
+#: ``audit``'s exit status when every check passed but inference found undeclared differences from the paper's
+#: attention (a scale of 1, top-left causal alignment, ...): declare them with ``--expect`` if they are intended.
+UNDECLARED_DIFFERENCES = 3
+
+
+def audit_exit_status(report: Any) -> int:
+    """0 passed; 1 a check failed; :data:`UNDECLARED_DIFFERENCES` every check passed but the inferred conventions
+    differ from the paper's attention in ways not declared."""
+    if report.failed:
+        return 1
+    return UNDECLARED_DIFFERENCES if report.undeclared else 0
 
 
 def main(argv: list[str] | None = None) -> int:

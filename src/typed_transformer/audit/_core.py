@@ -323,7 +323,24 @@ def import_line(obj: Any, as_name: str, *, search: tuple[str, ...] = ()) -> str 
 
 
 def repro_comparison(check: str) -> str:
-    """The repro's last lines: the candidate's output against the float64 reference."""
+    """The repro's last lines: the candidate's output against the float64 reference (for ``gradients``: the
+    gradients of both, against one seeded output gradient, and their differences)."""
+    if check == "gradients":
+        return ("def leaves(dtype):  # the inputs as leaves in dtype (one tensor for all three with one input)\n"
+                "    xs = [x.to(dtype).requires_grad_(True) for x in example.inputs()[:1 if example.tied else 3]]\n"
+                "    return xs, tuple(xs * 3 if example.tied else xs)\n"
+                "theirs, ins = leaves(example.torch_dtype)\n"
+                "out = adapter.call(ins, example.mask(), example.is_causal, example.torch_dtype)\n"
+                "ours, ins = leaves(torch.float64)\n"
+                "ref = adapter.reference(ins, example.mask(), example.is_causal, torch.float64)\n"
+                "cotangent = torch.randn(tuple(ref.shape), generator=torch.Generator().manual_seed(example.seed + 4), "
+                "dtype=torch.float64)\n"
+                "(ref.nan_to_num(0.0) * cotangent).sum().backward()\n"
+                "(out.double().nan_to_num(0.0) * cotangent).sum().backward()\n"
+                "errors = {n: float((b.grad.double() - a.grad).abs().max()) for n, a, b in zip(('x', 'key', 'value'), "
+                "ours, theirs)}\n"
+                "print('gradient errors', errors)\n"
+                f"print('max error', max(errors.values()))  # check {check}")
     return (f"out = adapter.call(example.inputs(), example.mask(), example.is_causal, example.torch_dtype)\n"
             f"ref = adapter.reference(example.inputs(), example.mask(), example.is_causal, torch.float64)\n"
             f"print('max error', float((out.double() - ref).abs().max()))  # check {check}")
@@ -500,6 +517,52 @@ class CheckResult:
     traceback: str | None = None
 
 
+#: What the paper's attention (and this library's API) does, for each inferred field that changes what the
+#: attention computes: an inferred value other than this is a *difference*, listed first in the report.
+PAPER: dict[str, tuple[Any, str]] = {
+    "scale": (None, "1/sqrt(d), d the head size"),
+    "mask_polarity": ("keep", "True = may attend"),
+    "causal_alignment": ("bottom-right", "with t != s, query i sees keys j <= i + s - t"),
+    "fully_masked": ("zero", "a query row without any allowed key gives zeros"),
+    "decode_sees_all": (False, "one query sees the keys the causal alignment gives it"),
+    "always_causal": (False, "causal only when told is_causal=True"),
+}
+
+
+def expect_value(value: Any) -> str:
+    """How ``--expect NAME=VALUE`` spells ``value`` (``1``, ``top-left``, ``true``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "none" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """An inferred convention that differs from the paper's attention (:data:`PAPER`): ``field`` behaves as
+    ``value`` (``seen`` says on which input), where the paper has ``paper``. ``declared``: the user said so
+    (``known=`` / ``--expect``), or a module's spec does; an undeclared difference fails the audit's
+    :attr:`AuditReport.passed` (exit status 3 on the command line when every check passed)."""
+
+    field: str
+    value: Any
+    paper: str
+    seen: str
+    declared: bool
+
+    def declaration(self) -> str:
+        """What to declare when the difference is intended."""
+        return (f"known={{{self.field!r}: {self.value!r}}} (command line: --expect "
+                f"{self.field}={expect_value(self.value)})")
+
+    def line(self) -> str:
+        head = f"{self.field} = {self.value!r} (the paper: {self.paper}): {self.seen}"
+        if self.declared:
+            return f"{head}; declared"
+        return f"{head}; NOT DECLARED: if intended, declare {self.declaration()}"
+
+
 @dataclass
 class Cause:
     """One root cause: the rows it explains (references to the report's rows), the row whose counterexample and
@@ -538,9 +601,10 @@ class Cause:
                 "explains": [[r.name, r.dtype] for r in self.rows], "shown": [self.shown.name, self.shown.dtype]}
 
 
-def closing_line(results: Sequence[CheckResult], causes: Sequence[Cause], dtypes: Sequence[str]) -> str:
+def closing_line(results: Sequence[CheckResult], causes: Sequence[Cause], dtypes: Sequence[str],
+                 undeclared: Sequence[str] = ()) -> str:
     """What was run, per dtype: ``float32: 12 passed; float64: 1 passed, 11 failed; 2 checks skipped; 1 root
-    cause`` (the inferred ``conventions`` row first when there is one)."""
+    cause`` (the inferred ``conventions`` row first when there is one; the undeclared differences last)."""
     parts = []
     conventions = [r for r in results if r.name == "conventions"]
     if conventions:
@@ -557,6 +621,9 @@ def closing_line(results: Sequence[CheckResult], causes: Sequence[Cause], dtypes
         parts.append(f"{skipped} check{'s' if skipped != 1 else ''} skipped")
     if causes:
         parts.append(f"{len(causes)} root cause{'s' if len(causes) != 1 else ''}")
+    if undeclared:
+        parts.append(f"not passed: undeclared difference{'s' if len(undeclared) != 1 else ''} from the paper's "
+                     f"attention ({', '.join(undeclared)})")
     return "; ".join(parts)
 
 
@@ -580,11 +647,20 @@ class AuditReport:
     contradictions: list[str] = field(default_factory=list)
     #: the failing rows grouped by root cause, each printed once with one counterexample and its repro
     causes: list[Cause] = field(default_factory=list)
+    #: inferred conventions that differ from the paper's attention (``conventions="infer"`` only), printed first
+    differences: list[Difference] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        """No check failed (SKIPs are allowed)."""
-        return not self.failed
+        """No check failed (SKIPs are allowed) and every difference from the paper's attention that inference
+        found was declared (``known=``, ``--expect``, or a module's spec). :attr:`failed` names the failed checks,
+        :attr:`undeclared` the undeclared differences."""
+        return not self.failed and not self.undeclared
+
+    @property
+    def undeclared(self) -> list[str]:
+        """The fields whose inferred value differs from the paper's attention and was not declared."""
+        return [d.field for d in self.differences if not d.declared]
 
     @property
     def failed(self) -> list[str]:
@@ -636,13 +712,14 @@ class AuditReport:
         if self.untested:
             how = "inferred" if self.inferred and self.inferred[0].startswith("inferred") else "declared"
             lines += ["", f"not tested ({how} unsupported):"] + [f"  - {note}" for note in self.untested]
-        lines += ["", closing_line(self.results, self.causes, self.dtypes)]
+        lines += ["", closing_line(self.results, self.causes, self.dtypes, self.undeclared)]
         return "\n".join(lines)
 
     __str__ = table
 
     def to_dict(self) -> dict[str, Any]:
         return {"candidate": self.candidate, "checks_version": CHECKS_VERSION, "passed": self.passed,
+                "undeclared": self.undeclared, "differences": [dataclasses.asdict(d) for d in self.differences],
                 "conventions": self.conventions, "seed": self.seed, "max_examples": self.max_examples,
                 "dtypes": self.dtypes, "tolerance": self.tolerance, "environment": self.environment,
                 "untested": self.untested, "inferred": self.inferred, "contradictions": self.contradictions,

@@ -37,7 +37,15 @@ from ._core import (
     rotate,
 )
 from ._functions import infer_function_conventions, run_audit
-from ._infer import Inference, check_known, contradictions, infer_adapter, with_inference, with_known
+from ._infer import (
+    Inference,
+    check_known,
+    contradictions,
+    infer_adapter,
+    with_differences,
+    with_inference,
+    with_known,
+)
 
 #: ``forward(module, x, key, value, keep, is_causal) -> (b, t, e)``: call the module on ``x (b, t, eq)`` (and
 #: ``key (b, s, ek)``, ``value (b, s, ev)``; both None for a self-attention spec) with the canonical keep-mask
@@ -631,6 +639,13 @@ def layout_hint(adapter: ModuleAdapter, report: AuditReport) -> None:
             row.message = f"{row.message}; {hint}"
 
 
+def spec_differences(adapter: ModuleAdapter, inference: Inference, known: dict[str, Any]) -> Inference:
+    """``inference``'s differences from the paper's attention, declared where the spec's conventions (or
+    ``known``) give the inferred value: a module's spec describes its library's own conventions."""
+    declared = {**dataclasses.asdict(adapter.conventions), **known}
+    return with_differences(inference, declared, head_size=None if adapter.fixed is None else adapter.fixed["d"])
+
+
 def audit_module(
     module: nn.Module | Callable[[], nn.Module],
     spec: "ModuleSpec | str",
@@ -685,7 +700,8 @@ def audit_module(
     inference = infer_adapter(adapter, seed=seed) if infer else None
     if inference is not None and known:
         inference = with_known(inference, dict(known))
-    if inference is not None:
+    if inference is not None:  # the spec's conventions are the module's declared ones
+        inference = spec_differences(adapter, inference, dict(known or {}))
         adapter.conventions = inference.conventions
     described = {"spec": spec.name, **dataclasses.asdict(adapter.conventions)}
     report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
@@ -724,6 +740,7 @@ def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str
     if spec is not None:
         module_spec = SHIPPED_SPECS[spec] if isinstance(spec, str) else spec
         check_known(options)
-        inference = infer_adapter(ModuleAdapter(candidate, module_spec, name=name), seed=seed)  # type: ignore[arg-type]
-        return with_known(inference, options) if options else inference
+        adapter = ModuleAdapter(candidate, module_spec, name=name)  # type: ignore[arg-type]
+        inference = infer_adapter(adapter, seed=seed)
+        return spec_differences(adapter, with_known(inference, options) if options else inference, options)
     return infer_function_conventions(candidate, seed=seed, name=name, **options)
