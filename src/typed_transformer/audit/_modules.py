@@ -86,6 +86,12 @@ class Weights:
     #: ``add_bias_kv`` then ``add_zero_attn``): ``(n, g d)`` and ``(n, g dv)``; always visible
     extra_k: Float64[Tensor, "n gd"] | None = None
     extra_v: Float64[Tensor, "n gdv"] | None = None
+    #: an output gate's projection of the query input, ``(h, eq)`` (one gate per head) or ``(h dv, eq)`` (one per
+    #: output feature), query heads in canonical order: the attention output is multiplied by ``sigmoid(x wg^T + bg)``
+    wg: Float64[Tensor, "ng eq"] | None = None
+    bg: Float64[Tensor, " ng"] | None = None
+    #: attention sinks: one learned logit per query head (canonical order), in each row's softmax denominator
+    sinks: Float64[Tensor, " nh"] | None = None
 
     __shape_checked__ = ("__init__",)
 
@@ -173,6 +179,33 @@ class ModuleSpec:
     qkv_layout: Literal["blocks", "heads", "groups"] = "blocks"
     #: the q/k norms apply to the turned queries and keys (HunYuan's order), not before the rotary embedding
     norms_after_rotary: bool = False
+    #: logit soft-capping (Gemma 2): the cap ``c`` (a number or an attribute path; None there: no cap), the scaled
+    #: logits become ``c * tanh(l / c)`` before the bias and the mask
+    softcap: float | str | None = None
+    #: attention sinks (gpt-oss): the attribute holding one learned logit per query head
+    sinks: str | None = None
+    #: an output gate: ``out * sigmoid(gate(x))`` on the attention output before the output projection
+    gate: "OutputGate | None" = None
+    #: a norm on the attention output ``(b, t, h dv)`` before the gate and the output projection (BitNet's
+    #: ``attn_sub_norm``): recomputed as the q/k norms are, over every head when its weight is ``h dv`` wide
+    sub_norm: str | None = None
+    #: q/k norms the spec computes itself, from the module: ``norms(module) -> {"q": f, "k": f}`` with ``f`` on
+    #: ``(b, h or g, t, d)`` heads in canonical order (x-transformers' l2 ``qk_norm``); before the rotary embedding
+    norms: Callable[[Any], dict[str, Callable[[Tensor], Tensor]]] | None = None
+    #: ``unmodelled(module)``: the constructor options this module was built with that the spec does not model,
+    #: each named (``"sparse_topk=2"``); a module with any is refused before any check runs
+    unmodelled: Callable[[Any], list[str]] | None = None
+
+
+@dataclass(frozen=True)
+class OutputGate:
+    """An output gate (Qwen3-Next, AFMoE, Step 3.7, LFM 3): the attention output ``o (b, t, h, dv)`` times
+    ``sigmoid(x W_g^T + b_g)``, one gate per head or per output feature as the gate projection's width says (``h`` or
+    ``h dv`` outputs). ``proj``: the gate's linear layer; ``in_query=True``: the gate is the second half of each
+    head's rows of the query projection (Qwen3-Next's ``q_proj`` of ``h * 2d`` outputs, chunked per head)."""
+
+    proj: str = "gate_proj"
+    in_query: bool = False
 
 
 def resolve(module: Any, path: str, spec: str) -> Any:
@@ -240,20 +273,37 @@ def spec_weights(module: Any, spec: ModuleSpec) -> Weights:
                 raise AuditUsageError(f"spec {spec.name!r}: give qkv or all of q, k and v")
         (wq, bq), (wk, bk), (wv, bv) = (_linear(module, getattr(spec, n), spec) for n in ("q", "k", "v"))
     wo, bo = (None, None) if spec.out is None else _linear(module, spec.out, spec)
+    wg, bg = None, None
+    if spec.gate is not None and spec.gate.in_query:  # Qwen3-Next: q_proj rows (h [query gate] d)
+        wq, wg = rearrange(wq, "(h two d) e -> two (h d) e", h=h, two=2)
+        bq, bg = (None, None) if bq is None else rearrange(bq, "(h two d) -> two (h d)", h=h, two=2)
+    elif spec.gate is not None and resolve(module, spec.gate.proj, spec.name) is not None:  # None: no gate
+        wg, bg = _linear(module, spec.gate.proj, spec)
     d = wq.shape[0] // h if spec.head_dim is None else int(resolve(module, spec.head_dim, spec.name))
     if wq.shape[0] != h * d or wk.shape[0] % g or wv.shape[0] % g or wk.shape[0] // g != d:
         raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: projections of "
                               f"{wq.shape[0]}/{wk.shape[0]}/{wv.shape[0]} outputs do not split into {h} query heads "
                               f"and {g} key/value heads of size {d}")
     dv = wv.shape[0] // g
+    sinks = None if spec.sinks is None else resolve(module, spec.sinks, spec.name).detach().double().reshape(-1)
+    if sinks is not None and sinks.shape[0] != h:
+        raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: {spec.sinks!r} holds "
+                              f"{sinks.shape[0]} sink logits, expected one per query head ({h})")
+    if wg is not None and wg.shape[0] not in (h, h * dv):
+        raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: the output gate has "
+                              f"{wg.shape[0]} outputs, expected one per head ({h}) or per feature ({h * dv})")
     if spec.grouping == "r g" and g != h:  # to canonical (g r) order
         wq = rearrange(wq, "(r g d) e -> (g r d) e", g=g, d=d)
         bq = None if bq is None else rearrange(bq, "(r g d) -> (g r d)", g=g, d=d)
         if wo is not None:
             wo = rearrange(wo, "o (r g dv) -> o (g r dv)", g=g, dv=dv)
+        sinks = None if sinks is None else rearrange(sinks, "(r g) -> (g r)", g=g)
+        if wg is not None:
+            wg = rearrange(wg, "(r g n) e -> (g r n) e", g=g, r=h // g)
+            bg = None if bg is None else rearrange(bg, "(r g n) -> (g r n)", g=g, r=h // g)
     scale = 1.0 / math.sqrt(d) if spec.scale is None else float(
         spec.scale if isinstance(spec.scale, float | int) else resolve(module, spec.scale, spec.name))
-    return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, g, d, dv, scale)
+    return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, g, d, dv, scale, wg=wg, bg=bg, sinks=sinks)
 
 
 def _split_groups(w: Tensor, g: int, r: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -350,6 +400,11 @@ class ModuleAdapter:
             raise AuditUsageError(f"{type(module).__module__}.{type(module).__qualname__} does not match spec "
                                   f"{spec.name!r}: expected a {spec.module_type} (a class of the same shape: reuse "
                                   f"the spec as dataclasses.replace(SPECS[{spec.name!r}], module_type=''))")
+        unmodelled = [] if spec.unmodelled is None else spec.unmodelled(module)
+        if unmodelled:
+            raise AuditUsageError(f"spec {spec.name!r} does not model {type(module).__qualname__}'s option"
+                                  f"{'s' if len(unmodelled) > 1 else ''} {', '.join(unmodelled)}: the audit would "
+                                  f"compare it with attention it does not compute (write a spec that models it)")
         self.spec = spec
         self.original = copy.deepcopy(module).eval()
         self.weights = spec_weights(self.original, spec)
@@ -391,6 +446,13 @@ class ModuleAdapter:
             norm = None if path is None else _norm(self.original, path, spec)
             if norm is not None:
                 self.norms[which] = norm
+        if spec.norms is not None:
+            self.norms.update(spec.norms(self.original))
+        cap = spec.softcap if spec.softcap is None or isinstance(spec.softcap, float | int) else resolve(
+            self.original, spec.softcap, spec.name)
+        #: the logit cap (None: no soft-capping; a config's 0 or None switches it off)
+        self.softcap: float | None = float(cap) if cap else None
+        self.sub_norm = None if spec.sub_norm is None else _norm(self.original, spec.sub_norm, spec)
         positional = [what for what, present in (("rotary positions", self.rotary is not None),
                                                   ("a position bias", spec.position_bias is not None),
                                                   ("a sliding window", self.window is not None)) if present]
@@ -492,13 +554,19 @@ class ModuleAdapter:
         bias = self.bias(t, s, dtype)
         if bias is not None and self.weights.extra_k is not None:
             bias = torch.cat([bias, bias.new_zeros(*bias.shape[:-1], self.weights.extra_k.shape[0])], dim=-1)
-        if self.softmax_dtype is None:
-            out = reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions, bias=bias)
-        else:  # a variant the diagnosis tries: the softmax in a lower precision, as many libraries compute it
-            out = _lowp_softmax_attention(q, k, v, effective_keep(keep, is_causal, t, k.shape[2], self.conventions),
-                                          self.weights.scale, bias, self.softmax_dtype)
-        out = rearrange(out, "b h t dv -> b t (h dv)")
         w = self.weights
+        # softmax_dtype: a variant the diagnosis tries, the softmax in a lower precision as many libraries compute it
+        out = reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions, bias=bias,
+                                  softcap=self.softcap, sinks=None if w.sinks is None else w.sinks.to(dtype),
+                                  softmax_dtype=self.softmax_dtype)
+        if self.sub_norm is not None:
+            out = self.sub_norm(out)
+        out = rearrange(out, "b h t dv -> b t (h dv)")
+        if w.wg is not None:
+            x = ins[0].to(dtype)
+            gate = torch.sigmoid(einsum(x, w.wg.to(dtype), "b t e, n e -> b t n")
+                                 + (0.0 if w.bg is None else w.bg.to(dtype)))
+            out = out * (gate.repeat_interleave(w.dv, dim=-1) if gate.shape[-1] == w.h else gate)
         if w.wo is None:
             return out
         out = einsum(out, w.wo.to(dtype), "b t i, o i -> b t o")
@@ -547,21 +615,6 @@ class ModuleAdapter:
                 f"example = Example({fields})\n"
                 f"adapter = ModuleAdapter(module, spec, conventions={self.conventions!r})\n"
                 + repro_comparison(check))
-
-
-def _lowp_softmax_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, scale: float, bias: Tensor | None,
-                            softmax_dtype: torch.dtype) -> Tensor:
-    """Attention whose softmax runs in ``softmax_dtype`` (Hugging Face's eager kernels: ``softmax(..., dtype=
-    torch.float32)``), everything else in ``q``'s dtype; ``(b, h, t, dv)``."""
-    r = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
-    logits = einsum(q, k, "b h t d, b h s d -> b h t s") * scale
-    if bias is not None:
-        logits = logits + bias.to(logits.dtype)
-    if keep is not None:
-        logits = logits.masked_fill(~keep, -math.inf)
-    weights = logits.softmax(dim=-1, dtype=softmax_dtype).to(q.dtype)
-    return einsum(weights, v, "b h t s, b h s dv -> b h t dv")
 
 
 def module_setup(module: Any, spec: ModuleSpec) -> str:
