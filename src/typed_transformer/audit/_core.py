@@ -268,10 +268,7 @@ def _written_out(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, scale: fl
     if sinks is not None:
         column = sinks.to(logits.dtype)[None, :, None, None].expand(*logits.shape[:-1], 1)
         logits = torch.cat([logits, column], dim=-1)
-    logits = logits.to(softmax_dtype)
-    top = logits.amax(dim=-1, keepdim=True).nan_to_num(0.0, neginf=0.0)  # a row all -inf: weights 0, not NaN
-    weights = (logits - top).exp()
-    weights = (weights / weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(softmax_dtype).tiny)).to(q.dtype)
+    weights = logits.softmax(dim=-1, dtype=softmax_dtype).nan_to_num(0.0).to(q.dtype)  # a row all -inf: zeros
     if sinks is not None:
         weights = weights[..., :-1]
     return einsum(weights, v, "b h t s, b h s dv -> b h t dv")

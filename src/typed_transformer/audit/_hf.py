@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ._core import AuditUsageError, Conventions
-from ._modules import ModuleSpec, OutputGate, Rotary, Weights, additive_mask, spec_weights, with_causal
+from ._modules import REBUILDS, ModuleSpec, OutputGate, Rotary, Weights, additive_mask, spec_weights, with_causal
 
 #: the sizes of the tiny config (set where the config has the field): 4 query heads on 2 key/value heads of 4
 #: (Zamba's attention reads ``attention_hidden_size``, twice the hidden size: its input is two states side by side)
@@ -541,6 +541,7 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
             return dataclasses.replace(w, wv=w.wv * float(v_scale), bv=None if w.bv is None else w.bv * float(v_scale))
 
         spec = dataclasses.replace(spec, weights=scaled)
+    REBUILDS[spec] = "from typed_transformer.audit import hf_spec\nspec = hf_spec(module)"  # for repros
     return spec
 
 

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import inspect
 import math
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -195,6 +196,11 @@ class ModuleSpec:
     #: ``unmodelled(module)``: the constructor options this module was built with that the spec does not model,
     #: each named (``"sparse_topk=2"``); a module with any is refused before any check runs
     unmodelled: Callable[[Any], list[str]] | None = None
+
+
+#: Python lines that rebuild a spec in a fresh interpreter once ``module`` is defined (``hf_spec`` registers
+#: ``spec = hf_spec(module)`` for the specs it makes; a spec changed afterwards is another key, not found here)
+REBUILDS: "weakref.WeakKeyDictionary[ModuleSpec, str]" = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -458,8 +464,19 @@ class ModuleAdapter:
                                                   ("a sliding window", self.window is not None)) if present]
         self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
-        #: lines defining ``module`` and ``spec`` for :meth:`repro`
-        self.setup = module_setup(module, spec)
+        self._setup: str | None = None
+        self._given = module
+
+    @property
+    def setup(self) -> str:
+        """Lines defining ``module`` and ``spec`` for :meth:`repro` (made when first asked for)."""
+        if self._setup is None:
+            self._setup = module_setup(self._given, self.spec)
+        return self._setup
+
+    @setup.setter
+    def setup(self, lines: str) -> None:
+        self._setup = lines
 
     def module(self, dtype: torch.dtype) -> nn.Module:
         """The module copy in ``dtype`` (made once)."""
@@ -618,11 +635,16 @@ class ModuleAdapter:
 
 
 def module_setup(module: Any, spec: ModuleSpec) -> str:
-    """Lines that define ``spec`` and ``module`` in a fresh interpreter: a shipped spec by name, a user's spec
-    by the module-level name it has where its forward is defined; a module by the factory that built it when
-    the factory can be imported. What cannot be imported is left for the reader, with a comment that says so."""
+    """Lines that define ``module`` and ``spec`` in a fresh interpreter. The module: by the factory that built it
+    when the factory can be imported, else rebuilt from its class and constructor arguments where the library
+    keeps them (a Hugging Face class from its config; ``nn.MultiheadAttention`` from its attributes) with its
+    weights (:func:`weights_lines`). The spec: a shipped one by name, one that says how to rebuild itself
+    (``hf_spec``) that way, a user's by the module-level name it has (where its forward is defined first). What
+    cannot be rebuilt is left for the reader, with a comment that says so."""
     if SHIPPED_SPECS.get(spec.name) is spec:
         spec_line = f"from typed_transformer.audit import SPECS\nspec = SPECS[{spec.name!r}]"
+    elif spec in REBUILDS:
+        spec_line = REBUILDS[spec]
     else:
         search = tuple(dict.fromkeys(getattr(f, "__module__", "") for f in (spec.forward, spec.weights, spec.build)
                                      if f is not None))
@@ -632,10 +654,70 @@ def module_setup(module: Any, spec: ModuleSpec) -> str:
     if not isinstance(module, nn.Module):  # a factory
         line = import_line(module, "factory")
         if line is not None:
-            return f"{spec_line}\n{line}\nmodule = factory()"
-        module = None
-    name = "a module" if module is None else f"the {type(module).__qualname__} you audited"
-    return f"{spec_line}\nmodule = ...  # {name}: build it here (pass a factory to get this line filled in)"
+            return f"{line}\nmodule = factory()\n{spec_line}"
+        return f"module = ...  # a module: build it here (the factory you passed cannot be imported)\n{spec_line}"
+    built = _constructor_lines(module)
+    if built is None:
+        return (f"module = ...  # the {type(module).__qualname__} you audited: build it here (its constructor "
+                f"arguments are not kept by its class; pass an importable factory to get this line filled in)\n"
+                f"{spec_line}")
+    return f"{built}\n{weights_lines(module)}\n{spec_line}"
+
+
+def _constructor_lines(module: nn.Module) -> str | None:
+    """Lines that build a module of ``module``'s class with its constructor arguments, or None where its class
+    does not keep them: a Hugging Face attention class ``(config[, layer_idx])`` from its config (eager
+    attention), ``nn.MultiheadAttention`` from its attributes."""
+    cls_line = import_line(type(module), "Module")
+    if cls_line is None:
+        return None
+    if type(module) is nn.MultiheadAttention:
+        m = module
+        return (f"{cls_line}\nmodule = Module({m.embed_dim}, {m.num_heads}, bias={m.in_proj_bias is not None}, "
+                f"add_bias_kv={m.bias_k is not None}, add_zero_attn={m.add_zero_attn}, kdim={m.kdim}, "
+                f"vdim={m.vdim}, batch_first={m.batch_first})")
+    config = getattr(module, "config", None)
+    to_json = getattr(config, "to_json_string", None)
+    config_line = None if config is None else import_line(type(config), "Config")
+    params = list(inspect.signature(type(module)).parameters)
+    if to_json is None or config_line is None or params[:1] != ["config"] or not set(params[1:]) <= {"layer_idx"}:
+        return None
+    layer = f", layer_idx={getattr(module, 'layer_idx', 0) or 0}" if "layer_idx" in params else ""
+    return (f"import json\n{config_line}\n{cls_line}\n"
+            f"config = Config()\n"
+            f"for key, value in json.loads({to_json(use_diff=False)!r}).items():\n"
+            f"    setattr(config, key, value)  # as built (a tiny config need not pass from_dict's validation)\n"
+            f"config._attn_implementation = 'eager'\nmodule = Module(config{layer})")
+
+
+#: the largest module whose weights a repro carries in its text (more: the repro draws its own and says so)
+REPRO_WEIGHTS = 8192
+
+
+def weights_lines(module: nn.Module) -> str:
+    """The line that gives a rebuilt ``module`` the audited one's weights: ``randomize_parameters(module, seed)``
+    when that is what they are (seeds 0-9), else the state dict itself, base64 in the text, for a module of at
+    most :data:`REPRO_WEIGHTS` values; else random weights, with a comment that says they are not the audited ones."""
+    params = list(module.parameters())
+    for seed in range(10):
+        generator = torch.Generator().manual_seed(seed)
+        if all(torch.equal(p.detach().cpu(), (torch.randn(p.shape, generator=generator, dtype=torch.float64) * 0.5
+                                              ).to(p.dtype)) for p in params):
+            return (f"from typed_transformer.strategies import randomize_parameters\n"
+                    f"module = randomize_parameters(module, {seed})")
+    state = module.state_dict()
+    if sum(t.numel() for t in state.values()) <= REPRO_WEIGHTS:
+        import base64
+        import io
+
+        buffer = io.BytesIO()
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, buffer)
+        text = base64.b64encode(buffer.getvalue()).decode()
+        return (f"import base64, io\nmodule.load_state_dict(torch.load(io.BytesIO(base64.b64decode({text!r}))))"
+                f"  # the audited weights")
+    return ("from typed_transformer.strategies import randomize_parameters\n"
+            "module = randomize_parameters(module, 0)  # NOT the audited weights (too many to carry): a bug of the "
+            "code shows with these too")
 
 
 #: How the hint names each fused layout.
