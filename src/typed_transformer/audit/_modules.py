@@ -5,6 +5,7 @@ weights into the reference and runs every check on a deep copy of the module."""
 import copy
 import dataclasses
 import inspect
+import json
 import math
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -643,8 +644,8 @@ def module_setup(module: Any, spec: ModuleSpec) -> str:
     cannot be rebuilt is left for the reader, with a comment that says so."""
     if SHIPPED_SPECS.get(spec.name) is spec:
         spec_line = f"from typed_transformer.audit import SPECS\nspec = SPECS[{spec.name!r}]"
-    elif spec in REBUILDS:
-        spec_line = REBUILDS[spec]
+    elif _rebuild(spec) is not None:
+        spec_line = str(_rebuild(spec))
     else:
         search = tuple(dict.fromkeys(getattr(f, "__module__", "") for f in (spec.forward, spec.weights, spec.build)
                                      if f is not None))
@@ -662,6 +663,13 @@ def module_setup(module: Any, spec: ModuleSpec) -> str:
                 f"arguments are not kept by its class; pass an importable factory to get this line filled in)\n"
                 f"{spec_line}")
     return f"{built}\n{weights_lines(module)}\n{spec_line}"
+
+
+def _rebuild(spec: ModuleSpec) -> str | None:
+    try:
+        return REBUILDS.get(spec)
+    except TypeError:  # a spec with an unhashable field is in no registry
+        return None
 
 
 def _constructor_lines(module: nn.Module) -> str | None:
@@ -683,9 +691,10 @@ def _constructor_lines(module: nn.Module) -> str | None:
     if to_json is None or config_line is None or params[:1] != ["config"] or not set(params[1:]) <= {"layer_idx"}:
         return None
     layer = f", layer_idx={getattr(module, 'layer_idx', 0) or 0}" if "layer_idx" in params else ""
+    fields = json.dumps(json.loads(to_json(use_diff=True)), separators=(",", ":"))  # what differs from the defaults
     return (f"import json\n{config_line}\n{cls_line}\n"
             f"config = Config()\n"
-            f"for key, value in json.loads({to_json(use_diff=False)!r}).items():\n"
+            f"for key, value in json.loads({fields!r}).items():\n"
             f"    setattr(config, key, value)  # as built (a tiny config need not pass from_dict's validation)\n"
             f"config._attn_implementation = 'eager'\nmodule = Module(config{layer})")
 
