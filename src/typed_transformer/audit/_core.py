@@ -215,11 +215,18 @@ def reference_attention(
     is_causal: bool = False,
     conventions: Conventions = Conventions(),
     bias: Float[Tensor, "#b #h #t s"] | None = None,
+    softcap: float | None = None,
+    sinks: Float[Tensor, " h"] | None = None,
+    softmax_dtype: torch.dtype | None = None,
 ) -> Float[Tensor, "b h t dv"]:
     """Our reference in the candidate's semantics (canonical ``bhtd`` layout with ``h = (g r)``, keep-mask
     ``keep``), computed in the dtype of ``q``. A query row without any allowed key gives what the conventions
     declare: zeros (``"zero"`` and ``"any"``), NaN, or the mean of the values (``"uniform"``). ``bias``: an
-    additive position bias on the scaled logits (T5's relative bias, ALiBi), the attention core's ``attn_bias``."""
+    additive position bias on the scaled logits (T5's relative bias, ALiBi), the attention core's ``attn_bias``.
+    ``softcap``: Gemma 2's logit soft-capping, ``c * tanh(l / c)`` on the scaled logits before the bias and the
+    mask; ``sinks``: gpt-oss's learned per-head logits, one more term in each row's softmax denominator that takes
+    no value (``exp(l_j) / (exp(z_h) + sum_i exp(l_i))``); ``softmax_dtype``: the softmax alone in that dtype (a
+    variant the diagnosis of a failure tries). With any of the three the reference writes the softmax out."""
     t, s = q.shape[2], k.shape[2]
     keep = effective_keep(keep, is_causal, t, s, conventions)
     dead: Tensor | None = None
@@ -232,12 +239,39 @@ def reference_attention(
             keep = keep | dead
             if bias is not None:  # a fill of finfo.min swamps the bias: the row is uniform
                 bias = bias.masked_fill(dead_rows, 0.0)
-    out = scaled_dot_product_attention(q, k, v, attn_mask=keep, attn_bias=None if bias is None else bias.to(q.dtype),
-                                       scale=conventions.scale)
-    assert isinstance(out, Tensor)
+    if softcap is None and sinks is None and softmax_dtype is None:
+        out = scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=conventions.scale,
+                                           attn_bias=None if bias is None else bias.to(q.dtype))
+        assert isinstance(out, Tensor)
+    else:
+        out = _written_out(q, k, v, keep, conventions.scale, bias, softcap, sinks, softmax_dtype or q.dtype)
     if dead is not None and conventions.fully_masked == "nan":
         out = out.masked_fill(dead.expand(out.shape[0], out.shape[1], t, 1), math.nan)
     return out
+
+
+def _written_out(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, scale: float | None, bias: Tensor | None,
+                 softcap: float | None, sinks: Tensor | None, softmax_dtype: torch.dtype) -> Tensor:
+    """The attention of :func:`reference_attention` with its softmax written out (the variants need it): logits
+    ``s q.k``, soft-capped, plus the bias, masked to -inf, a sink column appended to each row's softmax and
+    dropped after it; ``(b, h, t, dv)`` in ``q``'s dtype. A row whose keys are all masked gives zeros (or, with a
+    sink, the sink takes all its weight: zeros too)."""
+    r = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
+    logits = einsum(q, k, "b h t d, b h s d -> b h t s") * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    if bias is not None:
+        logits = logits + bias.to(logits.dtype)
+    if keep is not None:
+        logits = logits.masked_fill(~keep, -math.inf)
+    if sinks is not None:
+        column = sinks.to(logits.dtype)[None, :, None, None].expand(*logits.shape[:-1], 1)
+        logits = torch.cat([logits, column], dim=-1)
+    weights = logits.softmax(dim=-1, dtype=softmax_dtype).nan_to_num(0.0).to(q.dtype)  # a row all -inf: zeros
+    if sinks is not None:
+        weights = weights[..., :-1]
+    return einsum(weights, v, "b h t s, b h s dv -> b h t dv")
 
 
 reference_attention = typechecked(reference_attention)

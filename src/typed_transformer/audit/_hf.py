@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ._core import AuditUsageError, Conventions
-from ._modules import ModuleSpec, Rotary, Weights, additive_mask, spec_weights, with_causal
+from ._modules import REBUILDS, ModuleSpec, OutputGate, Rotary, Weights, additive_mask, spec_weights, with_causal
 
 #: the sizes of the tiny config (set where the config has the field): 4 query heads on 2 key/value heads of 4
 #: (Zamba's attention reads ``attention_hidden_size``, twice the hidden size: its input is two states side by side)
@@ -150,7 +150,7 @@ def _rotate_source(module: nn.Module) -> str:
         apply = inspect.getsource(modeling.apply_rotary_pos_emb)
     except (AttributeError, OSError, TypeError):
         apply = "rotate_half("
-    names = re.findall(r"\b(rotate_half\w*)\(", apply) or ["rotate_half"]
+    names = re.findall(r"\b(rotate_half\w*|_apply_rotary_emb)\(", apply) or ["rotate_half"]  # gpt-oss: the latter
     return _source(getattr(modeling, names[0], None))
 
 
@@ -271,6 +271,74 @@ def _frequencies(rotary_class: type, layer_type: str | None) -> Callable[[Any], 
     return read
 
 
+def _forward_source(module: nn.Module) -> str:
+    return _source(type(module).forward)
+
+
+def _softcap(module: nn.Module) -> str | None:
+    """Logit soft-capping (Gemma 2, T5Gemma, VaultGemma): the attribute the class passes to its attention function
+    as ``softcap=self.<path>``, when it holds a cap."""
+    found = re.search(r"\bsoftcap=self\.([\w.]+)", _forward_source(module))
+    if found is None:
+        return None
+    try:
+        value: Any = module
+        for part in found.group(1).split("."):
+            value = getattr(value, part)
+    except AttributeError:
+        return None
+    return found.group(1) if value else None
+
+
+def _sinks(module: nn.Module) -> str | None:
+    """Attention sinks (gpt-oss, Granite SWA, Flint): the per-head parameter the class passes to its attention
+    function as ``s_aux=self.<name>``."""
+    found = re.search(r"\bs_aux=self\.(\w+)", _forward_source(module))
+    return found.group(1) if found is not None and isinstance(getattr(module, found.group(1), None), Tensor) else None
+
+
+#: the output gate's forms the reference computes, each ``out * sigmoid(proj(hidden_states))`` with nothing else
+#: on the gate (Dory's scaled gate and Beam's gate bias do not match: they stay set aside)
+_GATE_FORMS = (
+    r"(?P<var>\w+) = self\.(?P<proj>g_proj|gate_proj)\(hidden_states\)(\.view\(hidden_shape\))?\n[\s\S]*"
+    r"(torch\.sigmoid\((?P=var)\)|(?P=var)\.unsqueeze\(-1\)\.sigmoid\(\))",
+    r"torch\.sigmoid\(self\.(?P<proj>g_proj|gate_proj)\(hidden_states\)\)",
+)
+
+
+def _output_gate(module: nn.Module) -> OutputGate | None:
+    """An output gate ``sigmoid(W_g x)`` on the attention output: a ``gate_proj``/``g_proj`` linear layer in one of
+    :data:`_GATE_FORMS` (AFMoE, HRM, Step 3.7, LFM 3), or Qwen3-Next's gate chunked from each head's query rows."""
+    source = _forward_source(module)
+    if re.search(r"torch\.chunk\(\s*self\.q_proj\(hidden_states\)[^\n]*head_dim \* 2\), 2", source) and (
+            "torch.sigmoid(gate)" in source):
+        return OutputGate("q_proj", in_query=True)
+    for form in _GATE_FORMS:
+        found = re.search(form, source)
+        if found is not None and isinstance(getattr(module, found.group("proj"), None), nn.Linear):
+            return OutputGate(found.group("proj"))
+    return None
+
+
+def _sub_norm(module: nn.Module) -> str | None:
+    """A norm on the attention output before the output projection (BitNet's ``attn_sub_norm``): an RMSNorm or
+    LayerNorm child the class applies as ``attn_output = self.<name>(attn_output)``."""
+    found = re.search(r"attn_output = self\.(\w+)\(attn_output\)", _forward_source(module))
+    norm = None if found is None else getattr(module, found.group(1), None)
+    if isinstance(norm, nn.LayerNorm) or type(norm).__name__.endswith("RMSNorm"):
+        return found.group(1) if found is not None else None
+    return None
+
+
+def _split_scale(module: nn.Module) -> float | None:
+    """The logit scale of a class that multiplies its queries and its keys each by ``scaling`` and calls its
+    attention function with ``scaling=1.0`` (OpenAI's privacy filter: ``d^-1/4`` twice): ``scaling**2``."""
+    source = _forward_source(module)
+    scaling = getattr(module, "scaling", None)
+    both = all(f"{z}_states = {z}_states * self.scaling" in source for z in ("query", "key"))
+    return float(scaling) ** 2 if both and "scaling=1.0" in source and isinstance(scaling, float | int) else None
+
+
 def hf_causes(module: nn.Module) -> list[str]:
     """Known causes of a class computing something else than the reference (each FAIL of such a class is a true
     behaviour of it, and this names why)."""
@@ -309,11 +377,13 @@ def hf_limits(module: nn.Module) -> list[str]:
                                                  if kind in ("dynamic", "longrope") else
                                                  "frequencies of a kind the reference does not read") + ")")
     for name in ("attn_logit_softcapping", "logit_softcapping"):
-        if getattr(config, name, None):
+        if getattr(config, name, None) and _softcap(module) is None:
             limits.append(name)
-    if getattr(module, "sinks", None) is not None:
+    if getattr(module, "sinks", None) is not None and _sinks(module) is None:
         limits.append("attention sinks")
-    read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module)}
+    gate = _output_gate(module)
+    read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module),
+            gate.proj if gate is not None else "", _sub_norm(module) or ""}
     for name, child in module.named_children():
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity):
             limits.append(f"submodule {name!r} ({type(child).__name__}) the spec does not read")
@@ -379,6 +449,8 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
         kwargs: dict[str, Any] = {"attention_mask": mask}
         if takes_rotary:
             kwargs["position_embeddings"] = rotary(m, x, offset)
+        elif "position_embeddings" in signature:  # required but unused by this layer (Flint's full-attention layers)
+            kwargs["position_embeddings"] = None
         if "position_ids" in signature:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
         if "layer_idx" in signature:
@@ -452,14 +524,15 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
         **({"qkv": "qkv_proj", "q": None, "k": None, "v": None} if fused else {}),  # type: ignore[arg-type]
         num_kv_heads="config.num_key_value_heads" if getattr(config, "num_key_value_heads", None) else None,
         head_dim="head_dim" if hasattr(module, "head_dim") else None,
-        scale="scaling" if hasattr(module, "scaling") else None,
+        scale=_split_scale(module) or ("scaling" if hasattr(module, "scaling") else None),
         rotary=(Rotary(theta, _rotary_style(module), fraction=_rotary_fraction(module), frequencies=frequencies)
                 if (takes_rotary or internal) and theta is not None and not heads else None),
         decode=decode if cache_arg is not None and self_attention else None,
         build=lambda c, overrides: hf_build(c, overrides),
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
         q_norm=q_norm, k_norm=k_norm, window=None if window is None else int(window),
-        norms_after_rotary=0 <= turn < normed)  # HunYuan and nanochat normalise the turned q and k
+        norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
+        softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module))
     if isinstance(v_scale, float | int) and v_scale != 1:  # MiMo-V2-Flash scales its values by a constant
         plain = spec
 
@@ -468,6 +541,7 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
             return dataclasses.replace(w, wv=w.wv * float(v_scale), bv=None if w.bv is None else w.bv * float(v_scale))
 
         spec = dataclasses.replace(spec, weights=scaled)
+    REBUILDS[spec] = "from typed_transformer.audit import hf_spec\nspec = hf_spec(module)"  # for repros
     return spec
 
 

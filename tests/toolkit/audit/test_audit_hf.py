@@ -245,9 +245,10 @@ def test_classes_the_generic_call_cannot_describe_are_refused_with_the_reason() 
 
 
 def test_what_the_reference_does_not_model_is_listed() -> None:
-    from transformers.models.gemma2.modeling_gemma2 import Gemma2Attention
+    from transformers.models.dory.modeling_dory import DoryAttention  # a gate scaled by learned factors
 
-    assert hf_limits(hf_build(Gemma2Attention)) == ["attn_logit_softcapping"]
+    assert hf_limits(hf_build(DoryAttention)) == ["submodule 'gate_proj' (Linear) the spec does not read",
+                                                  "submodule 'attn_sub_norm' (DoryL2Norm) the spec does not read"]
 
 
 @pytest.mark.parametrize(("model", "name"), [
