@@ -217,8 +217,6 @@ def _variants(adapter: Any, dtype: torch.dtype) -> list[Variant]:
 def _convention_variants(adapter: Any) -> list[Variant]:
     """Another documented convention than the spec's: the other key/value head grouping (``.repeat`` in place of
     ``repeat_interleave`` gives ``"r g"``), the other causal alignment."""
-    from ._modules import spec_weights  # (imports this module)
-
     variants: list[Variant] = []
     w, spec = adapter.weights, adapter.spec
     if 1 < w.g < w.h:
@@ -226,9 +224,9 @@ def _convention_variants(adapter: Any) -> list[Variant]:
         how = {"g r": "'g r' (head i uses kv head i // r: repeat_interleave)",
                "r g": "'r g' (head i uses kv head i % g: .repeat)"}
 
-        def regroup(a: Any) -> None:
+        def regroup(a: Any) -> None:  # the module's weights read again under the other grouping
             a.spec = dataclasses.replace(spec, grouping=other)
-            a.weights = spec_weights(a.original, a.spec)
+            a.weights = type(a)(a.original, a.spec, conventions=a.conventions).weights
 
         variants.append(("other", f"its key/value heads are grouped {how[other]} where the spec says "
                          f"{how[spec.grouping]}: declare grouping={other!r} in the spec if intended", regroup))

@@ -744,7 +744,7 @@ class AuditReport:
         for index, cause in enumerate(self.causes, start=1):
             lines += ["", *cause.lines(index, len(self.causes))]
         if self.untested:
-            how = "inferred" if self.inferred and self.inferred[0].startswith("inferred") else "declared"
+            how = "inferred" if any(line.startswith("inferred") for line in self.inferred) else "declared"
             lines += ["", f"not tested ({how} unsupported):"] + [f"  - {note}" for note in self.untested]
         lines += ["", closing_line(self.results, self.causes, self.dtypes, self.undeclared)]
         return "\n".join(lines)

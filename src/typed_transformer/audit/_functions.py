@@ -272,7 +272,7 @@ def function_repro(example: Example, conventions: Conventions, import_candidate:
     if check != "gradients":
         lines += [reference, *_candidate_lines(example, conventions, "(q, k, v)"),
                   f"print('max error', float((out.double() - ref).abs().max()))  # check {check}"]
-        return "\n".join(lines)
+        return _without_unused_einops(lines)
     lines += ["ours = [x.clone().requires_grad_(True) for x in (q, k, v)]",
               f"theirs = [x.to(torch.{example.dtype}).requires_grad_(True) for x in (q, k, v)]",
               reference.replace("(q, k, v,", "(*ours,"),
@@ -283,6 +283,13 @@ def function_repro(example: Example, conventions: Conventions, import_candidate:
               "errors = {n: float((b.grad.double() - a.grad).abs().max()) for n, a, b in zip('qkv', ours, theirs)}",
               "print('gradient errors', errors)",
               f"print('max error', max(errors.values()))  # check {check}"]
+    return _without_unused_einops(lines)
+
+
+def _without_unused_einops(lines: list[str]) -> str:
+    """The repro's lines, without the einops import when no line rearranges."""
+    if not any("rearrange(" in line for line in lines):
+        lines = [line for line in lines if line != "from einops import rearrange"]
     return "\n".join(lines)
 
 
