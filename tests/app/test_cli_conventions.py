@@ -13,6 +13,7 @@ import pytest
 import typed_transformer
 import typed_transformer._install as install
 from tests.support.cli import TEXT, one_line, run, train_run
+from tests.support.limits import HANG_SECONDS
 from typed_transformer.checkpoint import CHECKPOINT_NAME
 from typed_transformer.cli import build_parser, main
 
@@ -119,7 +120,7 @@ def test_a_core_install_imports_without_numpy_s_warning() -> None:
     pyproject = tomllib.loads((Path(install.__file__).parents[2] / "pyproject.toml").read_text(encoding="utf-8"))
     assert any(d.startswith("numpy") for d in pyproject["project"]["dependencies"])
     result = subprocess.run([sys.executable, "-W", "error", "-c", "import typed_transformer"], capture_output=True,
-                            text=True, timeout=120, check=False)
+                            text=True, timeout=HANG_SECONDS, check=False)
     assert result.returncode == 0
     assert "NumPy" not in result.stderr
 
@@ -214,3 +215,19 @@ def test_generated_flags_keep_the_one_line_messages(flag: str, value: str, messa
     assert run(["train", flag, value, "--out", str(tmp_path / "run")]) == 2
     line = one_line(capsys.readouterr().err)
     assert line.startswith(f"typed-transformer train: error: {message.split(' (choose')[0]}")
+
+
+@pytest.mark.parametrize("command", ["train", "train-seq2seq"])
+def test_the_config_help_names_a_key_that_command_accepts(command: str, tmp_path: Path) -> None:
+    import re
+
+    from typed_transformer._options import read_config
+    from typed_transformer.cli import _command_flags
+
+    (parser,) = [child for name, child in _parsers(build_parser(), "") if name == f" {command}"]
+    (action,) = [action for action in parser._actions if "--config" in action.option_strings]
+    example = re.search(r"e\.g\. (\w+ = \w+)", action.help or "")
+    assert example is not None, action.help
+    config = tmp_path / "config.toml"
+    config.write_text(example.group(1) + "\n")
+    assert read_config(config, _command_flags(command))  # an unknown key would raise ValueError

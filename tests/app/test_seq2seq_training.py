@@ -300,22 +300,22 @@ def test_a_bad_config_file_is_one_line(toml: str, message: str, tmp_path: Path,
 @pytest.mark.parametrize("threads", ["1", "auto"])
 def test_threads_fixed_or_timed_on_the_steps(threads: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import typed_transformer.training as training
-    from typed_transformer.threads import apply_threads
+    from typed_transformer.threads import RunThreads, ThreadChoice, fix_threads
 
     requested: list[int | str | None] = []
     observed: list[float] = []
 
-    class Tuner:
+    class Schedule(RunThreads):
         def observe(self, seconds: float) -> None:
             observed.append(seconds)
+            super().observe(seconds)
 
-    def spy(value: int | str | None, **kwargs: Any) -> tuple[Any, Any]:
+    def spy(value: int | str | None) -> Any:
         requested.append(value)
-        if value == "auto":
-            return None, Tuner()
-        return apply_threads(value, **kwargs)
+        return ThreadChoice(None, "auto") if value == "auto" else fix_threads(value)  # auto, whatever the suite set
 
-    monkeypatch.setattr(training, "apply_threads", spy)
+    monkeypatch.setattr(training, "fix_threads", spy)
+    monkeypatch.setattr(training, "RunThreads", Schedule)
     before = torch.get_num_threads()
     try:
         assert run(["train-seq2seq", *TINY, "--max-iters", "6", "--threads", threads,

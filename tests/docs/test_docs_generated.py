@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import TEXT
+from tests.support.limits import HANG_SECONDS
 from typed_transformer.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,7 +212,7 @@ def test_the_readme_s_reproducibility_claim_same_seed_and_thread_count_same_loss
             [sys.executable, "-m", "typed_transformer", "train", "--data", str(text), "--max-iters", "20",
              "--eval-interval", "10", "--eval-iters", "2", "--block-size", "16", "--batch-size", "8",
              "--sample-tokens", "40", "--no-progress", "--threads", "2", "--seed", seed, "--out", str(tmp_path / out)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=600, check=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=HANG_SECONDS, check=True)
         printed = done.stdout.split("\nsample:\n")
         return [line for line in printed[0].splitlines() if line.startswith("iter")] + [printed[1]]
 

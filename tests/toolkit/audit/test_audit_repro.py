@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from torch import nn
 
+from tests.support.limits import HANG_SECONDS
 from typed_transformer.audit import AuditReport, audit_module
 from typed_transformer.cli import main
 
@@ -26,7 +27,7 @@ def _run(snippet: str) -> float:
     """Run ``snippet`` in a fresh interpreter at the repository root; the max error it prints."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+                          timeout=HANG_SECONDS, check=False)
     assert done.returncode == 0, f"{snippet}\n---\n{done.stderr}"
     found = re.search(r"^max error (\S+)$", done.stdout, flags=re.MULTILINE)
     assert found is not None, done.stdout
@@ -111,7 +112,7 @@ def test_a_spec_defined_in_a_script_is_not_imported_from_the_script() -> None:
         "print(report['reference'].repro)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+                          timeout=HANG_SECONDS, check=False)
     assert done.returncode == 0, done.stderr
     assert "__main__" not in done.stdout, done.stdout
     assert "__mp_main__" not in done.stdout, done.stdout
