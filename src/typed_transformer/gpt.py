@@ -452,7 +452,7 @@ class GPT(nn.Module):
             sampling = ~in_prompt & (produced < max_new_tokens)
             next_id = aligned[:, min(position, t - 1)].clone()
             next_id[~in_prompt] = 0  # rows done with max_new_tokens keep feeding a valid id; never returned
-            rows = sampling.nonzero().flatten().tolist()
+            rows = [i for i, draws in enumerate(sampling.tolist()) if draws]
             if rows and generators is not None and not greedy:
                 for i in rows:
                     next_id[i] = sample(logits[i:i + 1, -1], temperature=temperature, top_k=top_k, top_p=top_p,
@@ -463,11 +463,11 @@ class GPT(nn.Module):
                 next_id[rows] = drawn[:, 0]
             new[rows, produced[rows]] = next_id[rows]
             produced += sampling.long()
-            context = torch.cat([context, next_id[:, None]], dim=1)
+            context = torch.cat([context, rearrange(next_id, "b -> b 1")], dim=1)
             if step == steps - 1:
                 break
             if caches is not None and caches[0].length < block:
-                logits, _ = self(next_id[:, None], kv_caches=caches)
+                logits, _ = self(rearrange(next_id, "b -> b 1"), kv_caches=caches)
             else:
                 caches = self.new_caches() if use_cache else None
                 logits, _ = self(context[:, -block:], kv_caches=caches)
