@@ -594,7 +594,7 @@ def _generate(args: argparse.Namespace) -> int:
     _require_train_extra("generate")
     from .checkpoint import load_checkpoint
     from .data import read_prompts
-    from .generation import continue_prompts
+    from .generation import continue_prompts, stream_prompt
 
     _cuda_or_fail(args.device)
     checkpoint = load_checkpoint(args.checkpoint, map_location=args.device)
@@ -613,9 +613,18 @@ def _generate(args: argparse.Namespace) -> int:
         # Raised inside torch's autotuner while it compiles, about torch's own storage API: not the user's concern.
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
         model = generation.compile_for_generation(model)
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "greedy": args.greedy}
+    if len(prompts) == 1:  # shown as it is sampled: on Ctrl-C what was printed stays (exit 130)
+        print(prompts[0], end="", flush=True)
+        try:
+            for text in stream_prompt(model, checkpoint.tokenizer, prompts[0], args.max_new_tokens, seed=args.seed,
+                                      device=args.device, **sampling):
+                print(text, end="", flush=True)
+        finally:
+            print(flush=True)
+        return 0
     texts = continue_prompts(model, checkpoint.tokenizer, prompts, args.max_new_tokens, seed=args.seed,
-                             device=args.device, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                             greedy=args.greedy)
+                             device=args.device, **sampling)
     for i, text in enumerate(texts):
         if len(prompts) > 1:
             print(f"==> prompt {i + 1} <==")

@@ -663,7 +663,7 @@ class StepLoop(Generic[R]):
         """The loss of one micro-batch (called under :meth:`autocast`)."""
         return self.loss_of(x.to(self.device), y.to(self.device))
 
-    def _backward(self, x: Tensor, y: Tensor, interrupt: "_Interrupt") -> float:
+    def _backward(self, x: Int[Tensor, "b _"], y: Int[Tensor, "b _"], interrupt: "_Interrupt") -> float:
         """Gradients of the batch mean over ``grad_accum`` micro-batches; returns the loss (all-reduced)."""
         accum = self.config.grad_accum
         micro = x.shape[0] // accum
@@ -680,7 +680,7 @@ class StepLoop(Generic[R]):
             total = self._all_reduce(total, interrupt)
         return float(total)
 
-    def _all_reduce(self, total: Tensor, interrupt: "_Interrupt") -> Tensor:
+    def _all_reduce(self, total: Float[Tensor, ""], interrupt: "_Interrupt") -> Float[Tensor, ""]:
         """One small all-reduce: the loss (for every rank's divergence check and the log) and whether any rank
         was asked to stop, so that all ranks stop at the same step."""
         import torch.distributed as dist
@@ -784,7 +784,7 @@ class Trainer(StepLoop[TrainResult]):
     def learning_rate(self, iteration: int) -> float:
         return learning_rate(self.config, iteration)
 
-    def _eval_batches(self) -> dict[str, list[tuple[Tensor, Tensor]]]:
+    def _eval_batches(self) -> dict[str, list[tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]]]:
         """Fixed evaluation batches: the same windows at every evaluation and after a resume (rank 0 evaluates)."""
         generator = torch.Generator().manual_seed(self.config.seed + 1)
         batches: dict[str, list[tuple[Tensor, Tensor]]] = {}
