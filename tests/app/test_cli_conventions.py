@@ -4,6 +4,7 @@ under torchrun, and a user module that exits while it is imported."""
 
 import argparse
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -231,3 +232,20 @@ def test_the_config_help_names_a_key_that_command_accepts(command: str, tmp_path
     config = tmp_path / "config.toml"
     config.write_text(example.group(1) + "\n")
     assert read_config(config, _command_flags(command))  # an unknown key would raise ValueError
+
+
+def test_progress_on_stderr_results_on_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """train wrote its progress to stderr and train-seq2seq to stdout: one rule for both (docs/training.md)."""
+    text = tmp_path / "input.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    runs = {"train": ["train", "--data", str(text), "--max-iters", "6", *TINY, "--eval-interval", "3",
+                      "--no-progress"],
+            "train-seq2seq": ["train-seq2seq", "--max-iters", "6", "--eval-interval", "3", "--eval-pairs", "4",
+                              "--d-model", "16", "--dim-feedforward", "32", "--batch-size", "8", "--no-progress"]}
+    for name, argv in runs.items():
+        capsys.readouterr()
+        assert run([*argv, "--out", str(tmp_path / name)]) == 0
+        captured = capsys.readouterr()
+        assert re.search(r"^iter +3:", captured.err, re.MULTILINE), name
+        assert not re.search(r"^iter ", captured.out, re.MULTILINE), name
+        assert captured.out.startswith("done: iteration 6"), name

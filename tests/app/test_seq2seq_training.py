@@ -104,12 +104,13 @@ def test_train_translate_and_resume_from_the_command_line(tmp_path: Path, capsys
                                                           ) -> None:
     out = tmp_path / "run"
     assert run(["train-seq2seq", *TINY, "--max-iters", "20", "--eval-interval", "10", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert printed.splitlines()[0].startswith("config: Seq2SeqConfig(")
-    assert "max_iters=20" in printed.splitlines()[0]
+    captured = capsys.readouterr()
+    progress, printed = captured.err, captured.out
+    assert progress.splitlines()[0].startswith("config: Seq2SeqConfig(")
+    assert "max_iters=20" in progress.splitlines()[0]
     assert json.loads((out / "config.json").read_text(encoding="utf-8"))["max_iters"] == 20
-    assert "iter    10:" in printed
-    assert "done: iteration 20" in printed
+    assert "iter    10:" in progress
+    assert printed.startswith("done: iteration 20")
     straight = load_seq2seq(out)
     assert straight.iteration == 20
     assert [h["iter"] for h in straight.history] == [10, 20]
