@@ -210,7 +210,11 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_checkpoint(
     capsys.readouterr()
     assert run(["train-seq2seq", *TINY, "--max-iters", "8", "--eval-interval", "2", "--out", str(out),
                 "--resume"]) == 1
-    assert "the loss is nan at iteration 5" in one_line(capsys.readouterr().err)
+    err = capsys.readouterr().err  # the progress (on stderr, as train's), then the error's one line
+    errors = [line for line in err.splitlines() if line.startswith("typed-transformer")]
+    assert len(errors) == 1
+    assert err.splitlines()[-1] == errors[0]
+    assert "the loss is nan at iteration 5" in errors[0]
     assert (out / "checkpoint.safetensors").read_bytes() == before
 
 
