@@ -273,13 +273,13 @@ def _size(count: int) -> str:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _tensor_bytes(value: Tensor) -> memoryview:
+def _tensor_bytes(value: Shaped[Tensor, "..."]) -> memoryview:
     flat = value.detach().cpu().contiguous().reshape(-1)
     array: Any = flat.view(torch.uint8).numpy()  # a view: no copy
     return memoryview(array)
 
 
-def _digest(tensors: dict[str, Tensor], metadata: dict[str, str]) -> str:
+def _digest(tensors: dict[str, Shaped[Tensor, "..."]], metadata: dict[str, str]) -> str:
     """sha256 over every tensor's name, dtype, shape and bytes, and every metadata field but the hash."""
     digest = hashlib.sha256()
     for name in sorted(tensors):
@@ -292,7 +292,7 @@ def _digest(tensors: dict[str, Tensor], metadata: dict[str, str]) -> str:
     return digest.hexdigest()
 
 
-def _optimizer_tensors(state: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+def _optimizer_tensors(state: dict[str, Any]) -> tuple[dict[str, Shaped[Tensor, "..."]], dict[str, Any]]:
     """Split ``optimizer.state_dict()`` into tensors (for safetensors) and JSON-able rest."""
     tensors: dict[str, Tensor] = {}
     per_param: dict[str, dict[str, Any]] = {}
@@ -439,7 +439,7 @@ def _validate_train_config(config: Any) -> dict[str, Any]:
     return config
 
 
-def _optimizer_state(tensors: dict[str, Tensor], meta: Any, model: GPT) -> dict[str, Any]:
+def _optimizer_state(tensors: dict[str, Shaped[Tensor, "..."]], meta: Any, model: GPT) -> dict[str, Any]:
     """Rebuild ``optimizer.state_dict()`` and check it fits ``model`` (AdamW over ``parameter_groups``)."""
     if not isinstance(meta, dict) or not isinstance(meta.get("param_groups"), list) \
             or not isinstance(meta.get("state"), dict):
@@ -544,7 +544,7 @@ def _check_adam_entry(index: int, entry: dict[str, Any], shape: torch.Size, dtyp
                          "steps taken)")
 
 
-def _validate_rng(rng: dict[str, Tensor]) -> dict[str, Tensor]:
+def _validate_rng(rng: dict[str, Shaped[Tensor, "..."]]) -> dict[str, UInt8[Tensor, " _"]]:
     size = torch.Generator().get_state().shape
     for name, value in rng.items():
         if name not in ("batches", "torch"):
@@ -559,7 +559,7 @@ def _validate_rng(rng: dict[str, Tensor]) -> dict[str, Tensor]:
     return rng
 
 
-def _read_verified(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+def _read_verified(path: Path) -> tuple[dict[str, Shaped[Tensor, "..."]], dict[str, str]]:
     """The tensors and metadata of the checkpoint file ``path``, after the format and integrity checks."""
     from safetensors import SafetensorError, safe_open
 
@@ -618,7 +618,7 @@ def _out_of_memory(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text)
 
 
-def _model_from(tensors: dict[str, Tensor], config: GPTConfig, path: Path) -> GPT:
+def _model_from(tensors: dict[str, Shaped[Tensor, "..."]], config: GPTConfig, path: Path) -> GPT:
     """A :class:`GPT` of ``config`` holding the ``model.`` tensors (see :func:`checked_model`)."""
     weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     model = checked_model(lambda: GPT(config), weights, path)

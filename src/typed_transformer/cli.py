@@ -114,7 +114,10 @@ class Seq2SeqCommand:
     """``train-seq2seq``'s own options (the run's settings are
     :class:`~typed_transformer.seq2seq_training.Seq2SeqConfig`'s flags)."""
 
-    config: Path | None = field(default=None, metadata=TrainCommand.__dataclass_fields__["config"].metadata)
+    config: Path | None = field(default=None, metadata={
+        **TrainCommand.__dataclass_fields__["config"].metadata,
+        "help": "TOML file of the options (keys: the flags' names with _ for -, e.g. layers = 4); command-line "
+                "flags override it"})
     threads: int | str = field(default="auto", metadata={"help": THREADS_HELP, "parse": parse_threads})
     out: Path = field(default=Path("out-seq2seq"), metadata={"help": "run directory (out-seq2seq)"})
     resume: bool = field(default=False, metadata={"help": "continue the run in --out", "store": True,
@@ -388,7 +391,7 @@ def _train_locked(args: argparse.Namespace) -> int:
     from .config import DEFAULT_PRESET, TrainConfig
     from .data import default_corpus, load_text
     from .gpt import GPTConfig
-    from .training import train
+    from .training import DTYPES, measure_peak_flops, remeasure_peak, train
 
     _cuda_or_fail(args.device)
     if args.data is None:
@@ -419,6 +422,11 @@ def _train_locked(args: argparse.Namespace) -> int:
     result = train(model, data, config, args.out, resume=resume, overwrite=args.overwrite, device=args.device,
                    progress=not args.no_progress and main and sys.stderr.isatty(),
                    info={k: v for k, v in info.items() if v is not None}, peak_flops=peak or None)
+    if args.peak_flops is None and main and peak:  # measured at the start: again at the end (the load may change)
+        import torch
+
+        kind = torch.float32 if not args.device.startswith("cuda") else DTYPES[config.dtype]
+        result = remeasure_peak(result, peak, lambda: measure_peak_flops(args.device, kind, config.threads)[0])
     return _report_training(args, result, config, world) if main else 0
 
 
@@ -544,6 +552,17 @@ def _describe_run(args: argparse.Namespace, model: "GPT", config: "TrainConfig",
     return peak
 
 
+def _mfu_caveat(result: "TrainResult") -> str:
+    """Why an MFU above 100 % can be printed at all (the steps beat the peak they are measured against)."""
+    if not result.mfu > 1:
+        return ""
+    if result.peaks:
+        peaks = " and ".join(f"{peak / 1e9:,.1f}" for peak in result.peaks)
+        return (f"; above 100 %: the steps ran faster than the matmul peak measured at the start and the end "
+                f"({peaks} GFLOP/s: the machine's load changed during the run); give --peak-flops for a fixed one")
+    return "; above 100 %: --peak-flops is lower than the rate the steps reached"
+
+
 def _report_training(args: argparse.Namespace, result: "TrainResult", config: "TrainConfig", world: int) -> int:
     """Rank 0's closing lines: how the run ended, throughput and MFU, the sample; the exit code."""
     last = result.history[-1] if result.history else {}
@@ -557,7 +576,8 @@ def _report_training(args: argparse.Namespace, result: "TrainResult", config: "T
           f"loss curve {args.out / 'loss.png'}")
     how = f"{world} process(es), {config.dtype}{', compiled' if config.compile else ''}"
     if math.isfinite(result.tokens_per_second):
-        print(f"throughput: {result.tokens_per_second:,.0f} tokens/s, MFU {100 * result.mfu:.1f}% ({how})")
+        print(f"throughput: {result.tokens_per_second:,.0f} tokens/s, MFU {100 * result.mfu:.1f}% ({how})"
+              + _mfu_caveat(result))
     else:  # the first step of a call is not timed (it compiles with --compile)
         print(f"throughput: not measured (it needs two steps or more in this run; {how})")
     if result.sample:
@@ -581,7 +601,7 @@ def _generate(args: argparse.Namespace) -> int:
     _require_train_extra("generate")
     from .checkpoint import load_checkpoint
     from .data import read_prompts
-    from .generation import continue_prompts
+    from .generation import continue_prompts, stream_prompt
 
     _cuda_or_fail(args.device)
     checkpoint = load_checkpoint(args.checkpoint, map_location=args.device)
@@ -600,9 +620,18 @@ def _generate(args: argparse.Namespace) -> int:
         # Raised inside torch's autotuner while it compiles, about torch's own storage API: not the user's concern.
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
         model = generation.compile_for_generation(model)
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "greedy": args.greedy}
+    if len(prompts) == 1:  # shown as it is sampled: on Ctrl-C what was printed stays (exit 130)
+        print(prompts[0], end="", flush=True)
+        try:
+            for text in stream_prompt(model, checkpoint.tokenizer, prompts[0], args.max_new_tokens, seed=args.seed,
+                                      device=args.device, **sampling):
+                print(text, end="", flush=True)
+        finally:
+            print(flush=True)
+        return 0
     texts = continue_prompts(model, checkpoint.tokenizer, prompts, args.max_new_tokens, seed=args.seed,
-                             device=args.device, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                             greedy=args.greedy)
+                             device=args.device, **sampling)
     for i, text in enumerate(texts):
         if len(prompts) > 1:
             print(f"==> prompt {i + 1} <==")

@@ -12,7 +12,7 @@ model has grouped-query heads (``n_kv_heads``), a KV cache, RoPE and ALiBi with 
 """
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -417,14 +417,40 @@ class GPT(nn.Module):
         return ("its weights are finite but so large that the activations overflow (weights that exploded in a "
                 "training run that diverged)")
 
-    def _decode(self, idx: Tensor, logits: Tensor, caches: list[KVCache] | None, max_new_tokens: int, *,
-                temperature: float, top_k: int | None, top_p: float | None, greedy: bool,
-                generator: torch.Generator | None, use_cache: bool) -> Tensor:
+    def _decode(self, idx: Tensor, logits: Tensor, caches: list[KVCache] | None, max_new_tokens: int,
+                **settings: Any) -> Tensor:
+        return torch.cat([idx, *self._decode_steps(idx, logits, caches, max_new_tokens, **settings)], dim=1)
+
+    def stream(self, idx: Int[Tensor, "1 t"], max_new_tokens: int, *, temperature: float = 1.0,
+               top_k: int | None = None, top_p: float | None = None, greedy: bool = False,
+               generator: torch.Generator | None = None) -> Iterator[Int[Tensor, "1 1"]]:
+        """:meth:`generate` one token at a time: yields each sampled token as soon as it is drawn (the same
+        tokens :meth:`generate` appends with the same arguments), for a caller that shows text as it comes."""
+        check_sampling(max_new_tokens, temperature, top_k, top_p, greedy)
+        if idx.shape[1] == 0:
+            raise_shape_error("typed_transformer.gpt.GPT.stream", "idx",
+                              "axis t is 0: generation needs a prompt of at least one token", axis="t", actual=0)
+        if max_new_tokens == 0:
+            return
+        caches = self.new_caches()
+        try:
+            logits, _ = self(idx[:, -self.config.block_size:], kv_caches=caches)
+            yield from self._decode_steps(idx, logits, caches, max_new_tokens, temperature=temperature, top_k=top_k,
+                                          top_p=top_p, greedy=greedy, generator=generator, use_cache=True)
+        except _NonFiniteLogits:
+            raise ValueError(f"GPT.stream: the model's logits hold NaN or infinity, so no token can be drawn: "
+                             f"{self._why_not_finite()}") from None
+
+    def _decode_steps(self, idx: Tensor, logits: Tensor, caches: list[KVCache] | None, max_new_tokens: int, *,
+                      temperature: float, top_k: int | None, top_p: float | None, greedy: bool,
+                      generator: torch.Generator | None, use_cache: bool) -> Iterator[Tensor]:
+        """Each sampled token ``(b, 1)`` of :meth:`generate`'s one-generator path, as it is drawn."""
         block = self.config.block_size
         for step in range(max_new_tokens):
             next_id = sample(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
                              generator=generator)
             idx = torch.cat([idx, next_id], dim=1)
+            yield next_id
             if step == max_new_tokens - 1:
                 break
             if caches is not None and caches[0].length < block:
@@ -432,7 +458,6 @@ class GPT(nn.Module):
             else:
                 caches = self.new_caches() if use_cache else None
                 logits, _ = self(idx[:, -block:], kv_caches=caches)
-        return idx
 
     def _generate_rows(self, idx: Tensor, lengths: Tensor | None, max_new_tokens: int, *, temperature: float,
                        top_k: int | None, top_p: float | None, greedy: bool,
@@ -469,7 +494,7 @@ class GPT(nn.Module):
             sampling = ~in_prompt & (produced < max_new_tokens)
             next_id = aligned[:, min(position, t - 1)].clone()
             next_id[~in_prompt] = 0  # rows done with max_new_tokens keep feeding a valid id; never returned
-            rows = sampling.nonzero().flatten().tolist()
+            rows = [i for i, draws in enumerate(sampling.tolist()) if draws]
             if rows and generators is not None and not greedy:
                 for i in rows:
                     next_id[i] = sample(logits[i:i + 1, -1], temperature=temperature, top_k=top_k, top_p=top_p,
@@ -480,11 +505,11 @@ class GPT(nn.Module):
                 next_id[rows] = drawn[:, 0]
             new[rows, produced[rows]] = next_id[rows]
             produced += sampling.long()
-            context = torch.cat([context, next_id[:, None]], dim=1)
+            context = torch.cat([context, rearrange(next_id, "b -> b 1")], dim=1)
             if step == steps - 1:
                 break
             if caches is not None and caches[0].length < block:
-                logits, _ = self(next_id[:, None], kv_caches=caches)
+                logits, _ = self(rearrange(next_id, "b -> b 1"), kv_caches=caches)
             else:
                 caches = self.new_caches() if use_cache else None
                 logits, _ = self(context[:, -block:], kv_caches=caches)

@@ -330,7 +330,7 @@ def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = Fals
     """
     import sys
 
-    stream = log if log is not None else sys.stdout
+    stream = log if log is not None else sys.stderr  # progress on stderr, as train's (docs/training.md)
     out = Path(out)
     with run_directory(out):
         vocab, train, held = _data(config)
@@ -477,7 +477,7 @@ def train_command(args: Any) -> int:
         raise ValueError(f"{out / CHECKPOINT_NAME} exists: continue that run with --resume or replace it with "
                          "--overwrite")
     result = train_seq2seq(config, out, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty(),
-                           log=sys.stdout, threads=args.threads)
+                           log=sys.stderr, threads=args.threads)
     if result.signal is not None:
         name = "Ctrl-C" if result.signal == signal.SIGINT else signal.Signals(result.signal).name
         print(f"interrupted ({name}) at iteration {result.iteration}; saved {result.checkpoint} "

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.support.cli import TEXT, one_line, rewrite, run, train_run
+from tests.support.limits import HANG_SECONDS
 from typed_transformer._install import install_hint
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.cli import main
@@ -291,13 +292,13 @@ def test_a_signal_while_importing_is_one_line(signum: int, code: int, line: str)
                                env={**os.environ, "PYTHONWARNINGS": "ignore"}, preexec_fn=_default_sigint)
     # Wait until the launcher catches SIGTERM (its first statement), however slow the interpreter starts.
     status = Path(f"/proc/{process.pid}/status")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_SECONDS
     while not int(next(line for line in status.read_text().splitlines() if line.startswith("SigCgt:")).split()[1],
                   16) >> (signal.SIGTERM - 1) & 1:
         assert time.monotonic() < deadline
         time.sleep(0.005)
     process.send_signal(signum)
-    _, err = process.communicate(timeout=60)
+    _, err = process.communicate(timeout=HANG_SECONDS)
     assert process.returncode == code, err
     assert err == line + "\n"
 
@@ -315,7 +316,8 @@ def test_importing_the_library_loads_no_training_dependency() -> None:
     code = (f"import sys, torch\nbefore = set(sys.modules)\nimport typed_transformer\n"
             f"print(sorted(m for m in {EXTRA} if m in sys.modules and m not in before))\n"
             f"print(sorted(m for m in {EXTRA} if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            timeout=HANG_SECONDS)
     added, loaded = result.stdout.splitlines()
     assert added == "[]"
     assert loaded in ("[]", "['tqdm']")  # tqdm only through torch.hub
@@ -333,7 +335,7 @@ def test_the_library_works_without_the_extra() -> None:
             "print(model.generate(torch.zeros(1, 1, dtype=torch.long), 2, greedy=True).shape)\n"
             "from typed_transformer.cli import main\n"
             "sys.exit(main(['generate', '--checkpoint', 'nowhere']))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_SECONDS)
     assert result.stdout == "torch.Size([1, 3])\n"
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == ("typed-transformer: error: generate needs the [train] extra: "
@@ -410,7 +412,7 @@ def test_a_config_asking_for_2000_layers_is_named_not_out_of_memory(command: str
     argv = (["generate", "--checkpoint", str(path), "--max-new-tokens", "2"] if command == "generate" else
             ["train", "--data", str(text), "--out", str(out), "--resume", "--max-iters", "20", *TINY])
     done = subprocess.run([sys.executable, "-c", LIMITED_MEMORY, *argv], capture_output=True, text=True,
-                          timeout=120, check=False)
+                          timeout=HANG_SECONDS, check=False)
     assert done.returncode == 2, done.stderr
     assert one_line(done.stderr).startswith(f"typed-transformer: error: {path}: weights do not fit the model "
                                             "(missing ['blocks.4.ln_1.weight'")
@@ -472,7 +474,7 @@ def test_a_fresh_model_too_large_for_the_memory_is_named_before_it_is_built(tmp_
     argv = ["train", "--data", str(text), "--n-layer", "1000", "--n-embd", "1024", "--n-head", "8", "--out", str(out),
             *TINY]
     done = subprocess.run([sys.executable, "-c", LIMITED_MEMORY, *argv], capture_output=True, text=True,
-                          timeout=120, check=False)
+                          timeout=HANG_SECONDS, check=False)
     assert done.returncode == 2, done.stderr
     line = done.stderr.splitlines()[-1]
     assert line.startswith("typed-transformer: error: not enough memory to train a model of 12,584,995,840 "

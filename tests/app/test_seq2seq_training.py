@@ -104,12 +104,13 @@ def test_train_translate_and_resume_from_the_command_line(tmp_path: Path, capsys
                                                           ) -> None:
     out = tmp_path / "run"
     assert run(["train-seq2seq", *TINY, "--max-iters", "20", "--eval-interval", "10", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert printed.splitlines()[0].startswith("config: Seq2SeqConfig(")
-    assert "max_iters=20" in printed.splitlines()[0]
+    captured = capsys.readouterr()
+    progress, printed = captured.err, captured.out
+    assert progress.splitlines()[0].startswith("config: Seq2SeqConfig(")
+    assert "max_iters=20" in progress.splitlines()[0]
     assert json.loads((out / "config.json").read_text(encoding="utf-8"))["max_iters"] == 20
-    assert "iter    10:" in printed
-    assert "done: iteration 20" in printed
+    assert "iter    10:" in progress
+    assert printed.startswith("done: iteration 20")
     straight = load_seq2seq(out)
     assert straight.iteration == 20
     assert [h["iter"] for h in straight.history] == [10, 20]
@@ -209,7 +210,11 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_checkpoint(
     capsys.readouterr()
     assert run(["train-seq2seq", *TINY, "--max-iters", "8", "--eval-interval", "2", "--out", str(out),
                 "--resume"]) == 1
-    assert "the loss is nan at iteration 5" in one_line(capsys.readouterr().err)
+    err = capsys.readouterr().err  # the progress (on stderr, as train's), then the error's one line
+    errors = [line for line in err.splitlines() if line.startswith("typed-transformer")]
+    assert len(errors) == 1
+    assert err.splitlines()[-1] == errors[0]
+    assert "the loss is nan at iteration 5" in errors[0]
     assert (out / "checkpoint.safetensors").read_bytes() == before
 
 
@@ -300,22 +305,22 @@ def test_a_bad_config_file_is_one_line(toml: str, message: str, tmp_path: Path,
 @pytest.mark.parametrize("threads", ["1", "auto"])
 def test_threads_fixed_or_timed_on_the_steps(threads: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import typed_transformer.training as training
-    from typed_transformer.threads import apply_threads
+    from typed_transformer.threads import RunThreads, ThreadChoice, fix_threads
 
     requested: list[int | str | None] = []
     observed: list[float] = []
 
-    class Tuner:
+    class Schedule(RunThreads):
         def observe(self, seconds: float) -> None:
             observed.append(seconds)
+            super().observe(seconds)
 
-    def spy(value: int | str | None, **kwargs: Any) -> tuple[Any, Any]:
+    def spy(value: int | str | None) -> Any:
         requested.append(value)
-        if value == "auto":
-            return None, Tuner()
-        return apply_threads(value, **kwargs)
+        return ThreadChoice(None, "auto") if value == "auto" else fix_threads(value)  # auto, whatever the suite set
 
-    monkeypatch.setattr(training, "apply_threads", spy)
+    monkeypatch.setattr(training, "fix_threads", spy)
+    monkeypatch.setattr(training, "RunThreads", Schedule)
     before = torch.get_num_threads()
     try:
         assert run(["train-seq2seq", *TINY, "--max-iters", "6", "--threads", threads,

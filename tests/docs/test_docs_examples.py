@@ -98,3 +98,13 @@ def test_every_top_level_name_is_in_its_modules_public_names() -> None:
             continue  # re-exported from a dependency (jaxtyping's TypeCheckError)
         module = importlib.import_module(module_name)
         assert name in module.__all__, f"{name} is public in typed_transformer but not in {module_name}.__all__"
+
+
+def test_the_testing_page_shows_how_to_test_your_own_attention_with_the_strategies() -> None:
+    """A newcomer wrote a working test only after reading strategies.py: the page shows one, executed above."""
+    page = (ROOT / "docs" / "testing.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.DOTALL)
+    (example,) = [block for block in blocks if "from typed_transformer.strategies import" in block]
+    for part in ("def my_attention(", "attention_inputs(", "keep_masks(", "causal_mask(",
+                 "scaled_dot_product_attention(", "test_a_wrong_attention_is_caught()"):
+        assert part in example, part

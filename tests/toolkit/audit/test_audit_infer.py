@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tests.support import audit_candidates as cands
+from tests.support.limits import HANG_SECONDS
 from typed_transformer import scaled_dot_product_attention
 from typed_transformer.audit import Conventions, audit_attention, candidate_call, infer_conventions
 
@@ -291,5 +292,5 @@ def test_docs_audit_opens_with_infer_and_its_block_is_current() -> None:
     assert not [line for line in page[:first].splitlines() if line.startswith("|")]
     assert 'conventions="infer"' in page[first:page.index("```", first + 3)]
     check = subprocess.run([sys.executable, str(root / "benchmarks" / "audit_infer_docs.py"), "--check"],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=HANG_SECONDS)
     assert check.returncode == 0, check.stdout + check.stderr

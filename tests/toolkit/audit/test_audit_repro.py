@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from torch import nn
 
+from tests.support.limits import HANG_SECONDS
 from typed_transformer.audit import AuditReport, Example, ModuleAdapter, audit_module
 from typed_transformer.cli import main
 
@@ -29,7 +30,7 @@ def _run(snippet: str, folder: Path | None = None) -> float:
     given); the max error it prints."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*([str(folder)] if folder else []), str(ROOT)])}
     done = subprocess.run([sys.executable, "-c", snippet], cwd=folder or ROOT, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+                          text=True, timeout=HANG_SECONDS, check=False)
     assert done.returncode == 0, f"{snippet}\n---\n{done.stderr}"
     found = re.search(r"^max error (\S+)$", done.stdout, flags=re.MULTILINE)
     assert found is not None, done.stdout
@@ -198,7 +199,7 @@ def test_a_spec_defined_in_a_script_is_not_imported_from_the_script() -> None:
         "print(report['reference'].repro)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+                          timeout=HANG_SECONDS, check=False)
     assert done.returncode == 0, done.stderr
     assert "__main__" not in done.stdout, done.stdout
     assert "__mp_main__" not in done.stdout, done.stdout

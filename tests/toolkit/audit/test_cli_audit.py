@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.limits import HANG_SECONDS
 from typed_transformer.audit import FUNCTION_CHECKS, MODULE_CHECKS
 from typed_transformer.cli import main
 
@@ -215,7 +216,7 @@ def test_without_the_audit_extra_any_audit_flags_give_the_install_line_and_other
             "assert 'typed_transformer.audit' not in sys.modules\n"
             "sys.exit(main(['audit', 'torch.nn.functional:scaled_dot_product_attention', '--layout', 'bthd',"
             " '--no-mask']))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_SECONDS)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
     assert lines[0] == ("typed-transformer train: error: argument --max-iters: expected an integer from 1 to "
