@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.support import kernels
+from tests.support.limits import HANG_SECONDS
 from typed_transformer.audit import AuditReport, audit_attention
 from typed_transformer.audit._causes import input_size
 from typed_transformer.cli import UNDECLARED_DIFFERENCES, main
@@ -35,7 +36,7 @@ def _run(snippet: str) -> str:
     """Run ``snippet`` in a fresh interpreter at the repository root; what it printed."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+                          timeout=HANG_SECONDS, check=False)
     assert done.returncode == 0, f"{snippet}\n---\n{done.stderr}"
     return done.stdout
 
