@@ -57,6 +57,7 @@ def newton_schulz(update: Float[Tensor, "n r c"], steps: int = 5) -> Float[Tenso
     return x.to(update.dtype)
 
 
+_plain_newton_schulz = newton_schulz  # unchecked: what torch.compile traces (benchmarks/muon_step.py)
 newton_schulz = typechecked(newton_schulz)
 
 
