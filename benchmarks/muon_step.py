@@ -81,7 +81,8 @@ def train_step(optimizer_name: str, batch: int, ns_steps: int = 5) -> Callable[[
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         _, loss = model(x, y)
-        loss.backward()
+        assert loss is not None
+        loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
