@@ -238,3 +238,26 @@ def test_the_lr_sweep_table_is_in_the_format_lr_sweep_prints_today() -> None:
     assert len(shown) == len(expected)
     number = re.compile(r"\d+\.\d{4}")
     assert [number.sub("X", line) for line in shown] == [number.sub("X", line) for line in expected]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_the_quality_per_token_tables_are_in_the_format_the_script_prints_today(optimizer: str) -> None:
+    """docs/lab/time-to-quality.md's block per optimizer (benchmarks/quality_per_token.py --seeds ... --write): a
+    title line naming the settings, then the table's header and one row per seed and the mean, as ``table``
+    prints them (the figures are the script's run). An empty block is one the regeneration has not filled yet."""
+    from benchmarks import quality_per_token
+
+    marker = quality_per_token.MARKERS[optimizer]
+    text = (ROOT / "docs" / "lab" / "time-to-quality.md").read_text(encoding="utf-8")
+    assert text.count(marker) == 2
+    block = text.split(marker)[1].strip().splitlines()
+    if not block:
+        return
+    overrides = {} if optimizer == "adamw" else {"optimizer": "muon"}
+    rows = [line for line in block if line.startswith("| ") and not line.startswith("| seed")]
+    seeds = [int(line.split("|")[1]) for line in rows[:-1]]
+    columns = block[2].count("|") - 2
+    expected = quality_per_token.table(overrides, {seed: [(0.01 * k, 1.0) for k in range(1, columns + 1)]
+                                                   for seed in seeds})
+    number = re.compile(r"\d+\.\d+M?")
+    assert [number.sub("X", line) for line in block] == [number.sub("X", line) for line in expected]
