@@ -25,6 +25,7 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
 from typed_transformer import muon
 from typed_transformer.gpt import GPT, GPTConfig
+from typed_transformer.training import flops_per_token
 
 BLOCK = 64
 VOCAB = 65
@@ -42,6 +43,16 @@ def median_ms(variants: dict[str, Callable[[], object]], rounds: int, repeat: in
                 fn()
             times[name].append((time.perf_counter() - start) / repeat * 1e3)
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def newton_schulz_flops(model: GPT, steps: int) -> float:
+    """The Newton-Schulz iteration's FLOPs in one Muon step: per step of an ``m x n`` matrix (``m <= n``), the
+    Gram matrix ``2 m^2 n``, its square ``2 m^3`` and the product with X ``2 m^2 n``."""
+    total = 0.0
+    for p in muon.hidden_matrices(model, [model.lm_head]):
+        m, n = sorted(p.shape)
+        total += steps * (4 * m * m * n + 2 * m**3)
+    return total
 
 
 def newton_schulz_variants(model: GPT) -> dict[str, Callable[[], object]]:
@@ -105,6 +116,11 @@ def main() -> int:
     steps = {f"{opt}, batch {batch}{extra}": train_step(opt, batch, ns_steps)
              for batch in (12, 24) for opt, ns_steps, extra in (("adamw", 5, ""), ("muon", 5, ", 5 NS steps"),
                                                                 ("muon", 3, ", 3 NS steps"))}
+    for batch in (12, 24):
+        passes = flops_per_token(model) * batch * BLOCK
+        print(f"FLOPs at batch {batch}: forward and backward {passes / 1e9:.2f} G; Newton-Schulz " + ", ".join(
+            f"{k} steps {newton_schulz_flops(model, k) / 1e9:.2f} G ({newton_schulz_flops(model, k) / passes:.2f}x)"
+            for k in (5, 4, 3)))
     whole = median_ms(steps, args.rounds, args.steps)
     print("Whole training steps (forward, backward, clipping, optimizer), one thread (ms per step; ms per 1000 "
           "tokens; ratio to AdamW at the same batch):")

@@ -22,7 +22,7 @@ from typed_transformer.shapecheck import is_checked
 #: Every public module: the core, the testing toolkit and the app.
 MODULES = ["validation", "attention", "masks", "positions", "multihead", "layers", "interop", "seq2seq", "gpt", "hf",
            "shapecheck", "strategies", "audit", "audit.specs", "data", "seq2seq_data", "plot", "threads", "config",
-           "checkpoint", "generation", "training", "seq2seq_training", "cli"]
+           "muon", "checkpoint", "generation", "training", "seq2seq_training", "cli"]
 
 
 def _bare(annotation: object) -> bool:
