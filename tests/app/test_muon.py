@@ -253,3 +253,23 @@ def test_a_bad_optimizer_on_the_command_line_is_one_line(command: str, flags: li
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert message in err
+
+
+def test_a_seq2seq_muon_run_resumes_bit_identical_and_keeps_its_momentum(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from typed_transformer.seq2seq_training import load_seq2seq
+
+    tiny = ["--task", "reverse", "--max-len", "4", "--d-model", "16", "--nhead", "2", "--layers", "1",
+            "--dim-feedforward", "32", "--batch-size", "8", "--eval-pairs", "8", "--eval-interval", "5",
+            "--optimizer", "muon"]
+    assert run(["train-seq2seq", *tiny, "--max-iters", "10", "--out", str(tmp_path / "straight")]) == 0
+    assert run(["train-seq2seq", *tiny, "--max-iters", "5", "--out", str(tmp_path / "resumed")]) == 0
+    half = load_seq2seq(tmp_path / "resumed")
+    assert half.optimizer_state is not None
+    assert any("momentum_buffer" in entry for entry in half.optimizer_state["state"].values())
+    assert run(["train-seq2seq", *tiny, "--max-iters", "10", "--out", str(tmp_path / "resumed"), "--resume"]) == 0
+    straight, resumed = load_seq2seq(tmp_path / "straight"), load_seq2seq(tmp_path / "resumed")
+    assert straight.config.optimizer == "muon"
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    capsys.readouterr()
