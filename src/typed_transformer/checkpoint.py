@@ -46,6 +46,7 @@ from ._paths import temporary_path
 from .config import TrainConfig
 from .data import CharTokenizer, DataError
 from .gpt import GPT, GPTConfig
+from .muon import MuonAdamW, check_muon_entry, muon_groups
 from .shapecheck import shape_checked, typechecked
 from .validation import PARAMETER_DTYPES
 
@@ -56,6 +57,7 @@ __all__ = [
     "CheckpointError",
     "RunDirectoryError",
     "check_adam_state",
+    "check_optimizer_state",
     "checked_model",
     "checkpoint_bytes",
     "load_checkpoint",
@@ -439,12 +441,16 @@ def _validate_train_config(config: Any) -> dict[str, Any]:
     return config
 
 
-def _optimizer_state(tensors: dict[str, Shaped[Tensor, "..."]], meta: Any, model: GPT) -> dict[str, Any]:
-    """Rebuild ``optimizer.state_dict()`` and check it fits ``model`` (AdamW over ``parameter_groups``)."""
+def _optimizer_state(tensors: dict[str, Shaped[Tensor, "..."]], meta: Any, model: GPT,
+                     optimizer: str) -> dict[str, Any]:
+    """Rebuild ``optimizer.state_dict()`` and check it fits ``model`` (AdamW over ``parameter_groups``, or
+    :class:`~typed_transformer.muon.MuonAdamW` over :func:`~typed_transformer.muon.muon_groups`)."""
     if not isinstance(meta, dict) or not isinstance(meta.get("param_groups"), list) \
             or not isinstance(meta.get("state"), dict):
         raise ValueError("optimizer metadata must hold param_groups and state")
-    parameters = [p for group in model.parameter_groups(0.0) for p in group["params"]]
+    groups_of = (model.parameter_groups(0.0) if optimizer == "adamw"
+                 else muon_groups(model, [model.lm_head], weight_decay=0.0, lr_scale=1.0))
+    parameters = [p for group in groups_of for p in group["params"]]
     shapes = [p.shape for p in parameters]
     listed: list[Any] = []
     groups = []
@@ -469,8 +475,45 @@ def _optimizer_state(tensors: dict[str, Shaped[Tensor, "..."]], meta: Any, model
             if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) not in state:
                 raise ValueError(f"optimizer tensor {name} belongs to no parameter")
             state[int(parts[1])][parts[2]] = value
-    check_adam_state({"state": state, "param_groups": groups}, parameters, torch.optim.AdamW)
+    check_optimizer_state({"state": state, "param_groups": groups}, parameters, torch.optim.AdamW)
     return {"state": state, "param_groups": groups}
+
+
+def check_optimizer_state(state_dict: dict[str, Any], parameters: list[Float[Tensor, "..."]],
+                          kind: type[torch.optim.Optimizer] = torch.optim.AdamW) -> None:
+    """:func:`check_adam_state` for an ``Adam``/``AdamW`` state, or for a
+    :class:`~typed_transformer.muon.MuonAdamW` one (its groups say ``muon``): its AdamW groups through
+    :func:`check_adam_state` with ``kind``, its Muon groups' settings through ``MuonAdamW``'s constructor and
+    their parameters' state through :func:`~typed_transformer.muon.check_muon_entry`.
+
+    Raises:
+        ValueError: the first thing wrong.
+    """
+    groups = state_dict["param_groups"]
+    if not any("muon" in group for group in groups):
+        check_adam_state(state_dict, parameters, kind)
+        return
+    if not all(isinstance(group.get("muon"), bool) for group in groups):
+        raise ValueError("optimizer param_groups: every group of Muon's optimizer says muon: true or false")
+    muon_groups_ = [group for group in groups if group["muon"]]
+    muon_params = {i for group in muon_groups_ for i in group["params"]}
+    settings = {"momentum", "nesterov", "ns_steps", "weight_decay", "lr_scale"}
+    for group in muon_groups_:
+        try:
+            MuonAdamW([{"params": [torch.zeros(1, 1)], "muon": True, **{k: v for k, v in group.items()
+                                                                         if k in settings}}], lr=group.get("lr", 0.0))
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"optimizer param_groups: {str(err).splitlines()[0]}") from None
+    adam = {"param_groups": [group for group in groups if not group["muon"]],
+            "state": {i: entry for i, entry in state_dict["state"].items() if i not in muon_params}}
+    check_adam_state(adam, parameters, kind)
+    for index in sorted(set(state_dict["state"]) & muon_params):
+        if not (isinstance(index, int) and 0 <= index < len(parameters)):
+            raise ValueError(f"optimizer state for unknown parameter {index!r}")
+        check_muon_entry(index, state_dict["state"][index], parameters[index])
+
+
+check_optimizer_state = typechecked(check_optimizer_state)
 
 
 def check_adam_state(state_dict: dict[str, Any], parameters: list[Float[Tensor, "..."]],
@@ -725,7 +768,8 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
             raise ValueError(f"unexpected tensor {unexpected_prefix[0]}")
         model = _model_from(tensors, config, path)
         optimizer_meta = _json(metadata, "optimizer")
-        optimizer_state = None if optimizer_meta is None else _optimizer_state(tensors, optimizer_meta, model)
+        optimizer_state = None if optimizer_meta is None else _optimizer_state(
+            tensors, optimizer_meta, model, str(train_config.get("optimizer", "adamw")))
         if optimizer_meta is None and any(k.startswith("optim.") for k in tensors):
             raise ValueError("optimizer tensors without optimizer metadata")
         rng = _validate_rng({k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")})

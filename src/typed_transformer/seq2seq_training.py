@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import torch
 import torch.nn.functional as F
@@ -29,13 +29,14 @@ from .checkpoint import (
     CHECKPOINT_NAME,
     CheckpointError,
     _digest,
-    check_adam_state,
+    check_optimizer_state,
     checked_model,
     require_free_space,
     run_directory,
     write_atomically,
 )
 from .data import DataError
+from .muon import MuonAdamW, muon_groups
 from .seq2seq import Seq2SeqTransformer
 from .seq2seq_data import (
     BOS,
@@ -89,6 +90,11 @@ class Seq2SeqConfig:
     learning_rate: float = field(default=2e-3, metadata={
         "help": "Adam's peak learning rate (2e-3)", "interval": "(0, 1]", "noun": "a learning rate"})
     warmup_iters: int = field(default=100, metadata={"help": "linear warmup steps (100)", "range": (0, 10**9)})
+    optimizer: Literal["adam", "muon"] = field(default="adam", metadata={
+        "help": "adam, or muon: Muon on the hidden matrices and Adam on the rest (adam)"})
+    muon_lr: float = field(default=0.02, metadata={
+        "help": "Muon's peak learning rate, on the schedule of --learning-rate (0.02)", "interval": "(0, 1]",
+        "noun": "a learning rate"})
     eval_interval: int = field(default=250, metadata={
         "help": "evaluate and save every N steps (250)", "range": (1, 10**9)})
     seed: int = field(default=1337, metadata={
@@ -114,6 +120,10 @@ class Seq2SeqConfig:
             raise ValueError("--dropout must be in [0, 1) and --held-out in (0, 1)")
         if not 0 < self.learning_rate <= 1:
             raise ValueError(f"--learning-rate must be in (0, 1], got {self.learning_rate}")
+        if self.optimizer not in ("adam", "muon"):
+            raise ValueError(f"--optimizer must be adam or muon, got {self.optimizer!r}")
+        if not 0 < self.muon_lr <= 1:
+            raise ValueError(f"--muon-lr must be in (0, 1], got {self.muon_lr}")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "Seq2SeqConfig":
@@ -281,7 +291,9 @@ def load_seq2seq(path: str | Path) -> Seq2SeqCheckpoint:
             "param_groups": meta["param_groups"],
             "state": {int(i): {key: tensors[f"optim.{i}.{key}"] for key in keys} for i, keys in meta["state"].items()}}
         if optimizer_state is not None:
-            check_adam_state(optimizer_state, list(model.parameters()), torch.optim.Adam)
+            check_optimizer_state(optimizer_state, list(model.parameters()) if config.optimizer == "adam" else
+                                  [p for group in _muon_groups(model, config) for p in group["params"]],
+                                  torch.optim.Adam)
         return Seq2SeqCheckpoint(model, vocab, config, int(metadata["iteration"]), json.loads(metadata["history"]),
                                  optimizer_state)
     except CheckpointError:
@@ -294,6 +306,13 @@ def load_seq2seq(path: str | Path) -> Seq2SeqCheckpoint:
 # ---------------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------------
+
+
+def _muon_groups(model: Seq2SeqTransformer, config: Seq2SeqConfig) -> list[dict[str, Any]]:
+    """:class:`~typed_transformer.muon.MuonAdamW`'s groups: Muon on the hidden matrices, Adam (no decay) on the
+    embeddings, the output projection, the norms and the biases."""
+    return muon_groups(model, [model.output_projection], weight_decay=0.0,
+                       lr_scale=config.muon_lr / config.learning_rate)
 
 
 def learning_rate(config: Seq2SeqConfig, iteration: int) -> float:
@@ -393,6 +412,9 @@ class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
         super().__init__(model, loop, out, resume=resume, progress=progress, log=log, on_step=on_step)
 
     def make_optimizer(self) -> torch.optim.Optimizer:
+        if self.settings.optimizer == "muon":  # Muon on the hidden matrices, Adam on the rest (typed_transformer.muon)
+            return MuonAdamW(_muon_groups(self.model, self.settings), lr=self.settings.learning_rate,
+                             betas=(0.9, 0.98), eps=1e-9)
         return torch.optim.Adam(self.model.parameters(), lr=self.settings.learning_rate, betas=(0.9, 0.98), eps=1e-9)
 
     def make_loss(self) -> Callable[[Tensor, Tensor], Tensor]:

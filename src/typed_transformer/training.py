@@ -57,6 +57,7 @@ from .config import DTYPES, PRESET_TRAINING, TrainConfig
 from .data import TextData, get_batch
 from .generation import sample_text
 from .gpt import GPT
+from .muon import MuonAdamW, muon_groups
 from .plot import plot_history
 from .shapecheck import shape_checked, typechecked
 from .threads import RunThreads, at_each_count, fix_threads, resolve_threads
@@ -763,9 +764,15 @@ class Trainer(StepLoop[TrainResult]):
         # fused: one kernel for every parameter's update (CPU and CUDA), the same update as torch's default
         # foreach path up to float rounding (tested) and several times faster on CPU at the baby preset
         # (benchmarks/main_job_profile.py prints both side by side).
+        fused = True if self.device_type in ("cpu", "cuda") else None
+        betas = (self.config.beta1, self.config.beta2)
+        if self.config.optimizer == "muon":  # Muon on the hidden matrices, AdamW on the rest (typed_transformer.muon)
+            return MuonAdamW(muon_groups(self.model, [self.model.lm_head], weight_decay=self.config.weight_decay,
+                                         lr_scale=self.config.muon_lr / self.config.learning_rate,
+                                         ns_steps=self.config.ns_steps),
+                             lr=self.config.learning_rate, betas=betas, fused=fused)
         return torch.optim.AdamW(self.model.parameter_groups(self.config.weight_decay), lr=self.config.learning_rate,
-                                 betas=(self.config.beta1, self.config.beta2),
-                                 fused=True if self.device_type in ("cpu", "cuda") else None)
+                                 betas=betas, fused=fused)
 
     def make_loss(self) -> Callable[[Tensor, Tensor], Tensor]:
         return _checked_call(self.model, self.net)

@@ -59,10 +59,11 @@ def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
     """Two gloo processes (torch.multiprocessing), 5 steps each of: batch 12 (6 per rank), and batch 12 with
     grad_accum 2 (2 micro-batches of 3 per rank)."""
     root = tmp_path_factory.mktemp("ddp")
-    runs = {"plain": FIVE_STEPS, "accum": {**FIVE_STEPS, "grad_accum": 2}}
+    runs = {"plain": FIVE_STEPS, "accum": {**FIVE_STEPS, "grad_accum": 2}, "muon": {**FIVE_STEPS, "optimizer": "muon"}}
     spawn(run_rank, args=(2, str(root / "init"), str(root), TEXT, runs), nprocs=2,  # type: ignore[no-untyped-call]
           join=True)
-    return {name: torch.load(root / name / "result.pt") for name in runs}
+    return {name: {**torch.load(root / name / "result.pt"),
+                   "ranks": [torch.load(root / name / f"state.rank{rank}.pt") for rank in range(2)]} for name in runs}
 
 
 def test_two_ddp_processes_equal_one_process(ddp_results: dict[str, dict[str, Any]], tmp_path: Path) -> None:
@@ -79,6 +80,20 @@ def test_ddp_with_gradient_accumulation_equals_one_process(ddp_results: dict[str
     torch.testing.assert_close(torch.tensor(ddp_results["accum"]["losses"]), torch.tensor(result.losses),
                                rtol=RTOL, atol=ATOL)
     assert_close_states(ddp_results["accum"]["state"], model.state_dict())
+
+
+def test_two_ddp_processes_with_muon_equal_one_process(ddp_results: dict[str, dict[str, Any]],
+                                                       tmp_path: Path) -> None:
+    """Muon orthogonalises the all-reduced gradient on each rank: the ranks' weights are the same bit for bit,
+    and those of one process up to float32 summation order."""
+    result, model = single_process(tmp_path, optimizer="muon")
+    torch.testing.assert_close(torch.tensor(ddp_results["muon"]["losses"]), torch.tensor(result.losses),
+                               rtol=RTOL, atol=ATOL)
+    assert_close_states(ddp_results["muon"]["state"], model.state_dict())
+    first, second = ddp_results["muon"]["ranks"]
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    adamw, _ = single_process(tmp_path / "adamw")  # and the optimizer was Muon: AdamW's steps differ
+    assert not torch.allclose(torch.tensor(adamw.losses), torch.tensor(result.losses))
 
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path: Path) -> None:
@@ -222,6 +237,8 @@ def test_bad_config_files(toml: str, message: str, text: Path, tmp_path: Path,
         (["--grad-accum", "3"], "batch_size=4 is not divisible by grad_accum=3"),
         (["--dtype", "float16"], "--dtype float16 needs --device cuda"),
         (["--dtype", "float64"], "argument --dtype: invalid choice: 'float64'"),
+        (["--optimizer", "sgd"], "argument --optimizer: invalid choice: 'sgd'"),
+        (["--muon-lr", "0"], "argument --muon-lr: expected a learning rate in (0, 1], got '0'"),
         (["--backend", "nccl"], None),  # ignored without torchrun: a one-process run
         (["--config", "missing.toml"], "--config missing.toml: no such file"),
     ],

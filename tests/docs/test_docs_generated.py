@@ -288,3 +288,26 @@ def test_the_test_count_in_the_testing_page_is_what_pytest_collects_today() -> N
     counted = re.search(r"^(\d+) tests collected", collected.stdout, re.MULTILINE)
     assert counted is not None, collected.stdout[-2000:]
     assert shown.group(1) == counted.group(1), "regenerate: python benchmarks/pasted_outputs.py test-count --write"
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_the_quality_per_token_tables_are_in_the_format_the_script_prints_today(optimizer: str) -> None:
+    """docs/lab/time-to-quality.md's block per optimizer (benchmarks/quality_per_token.py --seeds ... --write): a
+    title line naming the settings, then the table's header and one row per seed and the mean, as ``table``
+    prints them (the figures are the script's run). An empty block is one the regeneration has not filled yet."""
+    from benchmarks import quality_per_token
+
+    marker = quality_per_token.MARKERS[optimizer]
+    text = (ROOT / "docs" / "lab" / "time-to-quality.md").read_text(encoding="utf-8")
+    assert text.count(marker) == 2
+    block = text.split(marker)[1].strip().splitlines()
+    if not block:
+        return
+    overrides: dict[str, int | float | str] = {} if optimizer == "adamw" else {"optimizer": "muon"}
+    rows = [line for line in block if line.startswith("| ") and not line.startswith("| seed")]
+    seeds = [int(line.split("|")[1]) for line in rows[:-1]]
+    columns = block[2].count("|") - 2
+    expected = quality_per_token.table(overrides, {seed: [(0.01 * k, 1.0) for k in range(1, columns + 1)]
+                                                   for seed in seeds})
+    number = re.compile(r"\d+\.\d+M?")
+    assert [number.sub("X", line) for line in block] == [number.sub("X", line) for line in expected]

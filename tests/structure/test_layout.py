@@ -31,7 +31,8 @@ WINGS: dict[str, list[str]] = {
     "toolkit": ["strategies", "audit", "audit._core", "audit._checks", "audit._causes", "audit._infer",
                 "audit._functions", "audit._modules", "audit._hf", "audit.specs"],
     "app": ["_signals", "_paths", "_files", "_install", "_options", "_memory", "threads", "plot", "data",
-            "seq2seq_data", "config", "checkpoint", "generation", "training", "seq2seq_training", "cli", "__init__",
+            "seq2seq_data", "config", "muon", "checkpoint", "generation", "training", "seq2seq_training", "cli",
+            "__init__",
             "__main__"],
 }
 RANK = {module: rank for rank, wing in enumerate(WINGS) for module in WINGS[wing]}

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Every public module: the core, the testing toolkit and the app.
 MODULES = ["validation", "attention", "masks", "positions", "multihead", "layers", "interop", "seq2seq", "gpt", "hf",
            "tutorial", "shapecheck", "strategies", "audit", "audit.specs", "data", "seq2seq_data", "plot", "threads",
-           "config", "checkpoint", "generation", "training", "seq2seq_training", "cli"]
+           "config", "muon", "checkpoint", "generation", "training", "seq2seq_training", "cli"]
 
 
 def _bare(annotation: object) -> bool:
