@@ -278,6 +278,8 @@ def _norm(module: Any, path: str, spec: ModuleSpec) -> Callable[[Tensor], Tensor
     if layer is None:
         return None
     weight, bias = getattr(layer, "weight", None), getattr(layer, "bias", None)
+    if weight is None and isinstance(getattr(layer, "scale", None), Tensor):  # torchtune's RMSNorm calls it scale
+        weight = layer.scale
     eps = getattr(layer, "eps", getattr(layer, "variance_epsilon", None))
     if eps is None:
         raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: the norm {path!r} "
@@ -653,7 +655,8 @@ def audit_module(
 
     Args:
         module: the module, or a zero-argument factory of one.
-        spec: a :class:`ModuleSpec` or the name of a shipped one (:data:`SPECS`).
+        spec: a :class:`ModuleSpec`, the name of a shipped one (:data:`SPECS`), of a library whose spec is read from
+            the module (``"litgpt"``, ``"timm"``, ...: :func:`library_spec`) or ``"auto"`` (chosen from its class).
         conventions: override the spec's conventions, or ``"infer"``: the spec says where the weights live,
             inference decides the behavioural fields (causal alignment and decode rule, always causal, fully
             masked rows, masks with ``is_causal``) and the report opens with them.
@@ -668,11 +671,17 @@ def audit_module(
         AuditUsageError: the module does not match the spec (the message names the missing attribute).
         KeyError: an unknown spec name.
     """
-    if isinstance(spec, str):
-        if spec not in SHIPPED_SPECS:
-            raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SHIPPED_SPECS)}")
-        spec = SHIPPED_SPECS[spec]
     candidate = module if isinstance(module, nn.Module) else module()
+    if isinstance(spec, str):
+        from ._libraries import LIBRARY_SPECS, library_setup, library_spec
+
+        if spec == "auto" or spec in LIBRARY_SPECS:  # a library's zero-line spec, read from the module
+            setup = setup or library_setup(module, spec)
+            spec = library_spec(candidate, spec)
+        elif spec not in SHIPPED_SPECS:
+            raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SHIPPED_SPECS)}, auto")
+        else:
+            spec = SHIPPED_SPECS[spec]
     infer = conventions == "infer"
     if known is not None and not infer:
         raise ValueError("known= goes with conventions='infer' (declared conventions already say every field)")
