@@ -222,8 +222,8 @@ def _audit_parser(commands: Any, conventions: bool) -> None:
                        "transformers.models.llama.modeling_llama:LlamaAttention (with --spec and --config)")
     audit.add_argument("--spec", default=None, metavar="NAME|MODULE:ATTR",
                        help="the module's spec: a shipped one (typed_transformer.audit.SPECS: torch_mha, gpt2, llama, "
-                       "t5, mistral, ...), a library's, read from the module it builds (litgpt, diffusers, open_clip, timm, "
-                       "torchtune, x_transformers), your own ModuleSpec as pkg.mod:NAME, or hf (a Hugging Face "
+                       "t5, mistral, ...), a library's, read from the module it builds (litgpt, diffusers, open_clip, "
+                       "timm, torchtune, x_transformers), your own ModuleSpec as pkg.mod:NAME, or hf (a Hugging Face "
                        "attention class of the common shape, built from a tiny config of its own; --config overrides "
                        "fields)")
     audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "

@@ -63,8 +63,9 @@ def _open_clip() -> nn.Module:
 
 def _timm() -> nn.Module:
     timm = _import("timm")
-    return timm.create_model("vit_tiny_patch16_224", pretrained=False, embed_dim=16, depth=1, num_heads=4,
+    module: nn.Module = timm.create_model("vit_tiny_patch16_224", pretrained=False, embed_dim=16, depth=1, num_heads=4,
                              img_size=32, patch_size=16, num_classes=0, qkv_bias=True).blocks[0].attn
+    return module
 
 
 def _torchtune() -> nn.Module:
@@ -167,7 +168,7 @@ def test_litgpt_options_the_spec_does_not_model_are_refused_by_name() -> None:
     from litgpt.model import CausalSelfAttention
 
     config = Config.from_name("gemma-2-2b", n_embd=32, n_head=4, n_query_groups=2, head_size=8, n_layer=1)
-    with pytest.raises(AuditUsageError, match="attention_logit_softcapping=50.0"):
+    with pytest.raises(AuditUsageError, match=r"attention_logit_softcapping=50\.0"):
         library_spec(CausalSelfAttention(config, block_idx=0), "litgpt")
 
 
@@ -175,7 +176,7 @@ def test_a_module_of_another_class_is_refused() -> None:
     with pytest.raises(AuditUsageError, match="no spec describes this class"):
         library_spec(nn.Linear(2, 2))
     _import("x_transformers")
-    with pytest.raises(AuditUsageError, match="expected a timm.layers.attention.Attention"):
+    with pytest.raises(AuditUsageError, match=r"expected a timm\.layers\.attention\.Attention"):
         library_spec(_module("x_transformers"), "timm")
 
 
@@ -200,11 +201,15 @@ def test_each_sweep_page_has_the_scripts_counts_line(library: str) -> None:
     from benchmarks import audit_library_sweep
 
     page = ROOT / "docs" / f"audit-{library.replace('_', '-')}-sweep.md"
+    if library == "litgpt" and not page.exists():
+        pytest.skip("docs/audit-litgpt-sweep.md is made in .venv-litgpt by benchmarks/regenerate_docs.sh")
     text = page.read_text(encoding="utf-8")
     found = _COUNTS.search(text)
     assert found is not None, f"{page.name} has no counts line in the script's format"
     built, audited, clean, fails, failing, refused, unbuildable = map(int, found.groups())
-    assert built == audited + refused + unbuildable and clean + failing == audited
+    assert built == audited + refused + unbuildable
+    assert clean + failing == audited
+    assert (fails == 0) == (failing == 0)
     rows = [line for line in text.splitlines() if line.startswith("| ") and line.count("`") >= 4]
     assert len(rows) == audited
     _, counts = audit_library_sweep.page(library, "0", [], 0.0, "")
