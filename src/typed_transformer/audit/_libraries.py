@@ -11,6 +11,7 @@ transformers' blocks' attention), ``torchtune`` (``MultiHeadAttention``), ``x_tr
 ``torchtitan`` (its Llama 3 ``Attention``). Each library is imported only when one of its modules is audited."""
 
 import dataclasses
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -25,7 +26,16 @@ from einops import rearrange, repeat
 from torch import Tensor, nn
 
 from ._core import AuditUsageError, Conventions
-from ._modules import SHIPPED_SPECS, ModuleSpec, Rotary, Weights, additive_mask, spec_weights, with_causal
+from ._modules import (
+    LIBRARY_READERS,
+    SHIPPED_SPECS,
+    ModuleSpec,
+    Rotary,
+    Weights,
+    additive_mask,
+    spec_weights,
+    with_causal,
+)
 
 # ----------------------------------------------------------------------------------------------------
 # shared pieces
@@ -524,18 +534,6 @@ def library_spec(module: Any, name: str | None = None) -> ModuleSpec:
     raise KeyError(f"unknown spec {name!r}; shipped specs: {', '.join(SHIPPED_SPECS)}, auto")
 
 
-def library_setup(module: Any, name: str) -> str:
-    """Lines that define ``module`` and ``spec`` in a fresh interpreter for a library spec (the repro's top): the
-    module from the factory that built it when it can be imported, then ``library_spec(module, name)``."""
-    from ._core import import_line
-
-    line = None if isinstance(module, nn.Module) else import_line(module, "factory")
-    built = (f"{line}\nmodule = factory()" if line is not None else
-             f"module = ...  # the {type(module).__qualname__ if isinstance(module, nn.Module) else 'module'} you "
-             f"audited: build it here (pass a factory to get this line filled in)")
-    return f"{built}\nfrom typed_transformer.audit import library_spec\nspec = library_spec(module, {name!r})"
-
-
 def library_version(name: str) -> str | None:
     """The installed version of a library (by its spec name), or None when it is not installed."""
     import importlib.metadata
@@ -553,6 +551,12 @@ def _register() -> None:
     for name, spec in LIBRARY_BASES.items():
         SPECS.setdefault(name, spec)
         SHIPPED_SPECS.setdefault(name, spec)
+    for name in (*LIBRARY_SPECS, "auto"):
+        LIBRARY_READERS[name] = functools.partial(_read, name=name)
+
+
+def _read(module: Any, name: str) -> ModuleSpec:
+    return library_spec(module, name)
 
 
 _register()

@@ -119,6 +119,21 @@ alibi_bias = typechecked(alibi_bias)
 SHIPPED_SPECS: dict[str, "ModuleSpec"] = {}
 
 
+#: The library specs read from the module (``audit_module(module, "litgpt")``, ``"auto"``): name -> reader;
+#: :mod:`typed_transformer.audit._libraries` registers them when the package loads (this module never imports it).
+LIBRARY_READERS: dict[str, Callable[[Any], "ModuleSpec"]] = {}
+
+
+def library_setup(module: Any, name: str) -> str:
+    """Lines that define ``module`` and ``spec`` in a fresh interpreter for a library spec (the repro's top): the
+    module from the factory that built it when it can be imported, then ``library_spec(module, name)``."""
+    line = None if isinstance(module, nn.Module) else import_line(module, "factory")
+    built = (f"{line}\nmodule = factory()" if line is not None else
+             f"module = ...  # the {type(module).__qualname__ if isinstance(module, nn.Module) else 'module'} you "
+             f"audited: build it here (pass a factory to get this line filled in)")
+    return f"{built}\nfrom typed_transformer.audit import library_spec\nspec = library_spec(module, {name!r})"
+
+
 @dataclass(frozen=True)
 class ModuleSpec:
     """How to audit one kind of attention module. Attribute paths are dotted (``"config.num_heads"``; a path
@@ -673,11 +688,9 @@ def audit_module(
     """
     candidate = module if isinstance(module, nn.Module) else module()
     if isinstance(spec, str):
-        from ._libraries import LIBRARY_SPECS, library_setup, library_spec
-
-        if spec == "auto" or spec in LIBRARY_SPECS:  # a library's zero-line spec, read from the module
+        if spec in LIBRARY_READERS:  # a library's zero-line spec, read from the module ("auto": from its class)
             setup = setup or library_setup(module, spec)
-            spec = library_spec(candidate, spec)
+            spec = LIBRARY_READERS[spec](candidate)
         elif spec not in SHIPPED_SPECS:
             raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SHIPPED_SPECS)}, auto")
         else:
