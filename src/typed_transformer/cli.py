@@ -226,8 +226,10 @@ def _audit_parser(commands: Any, conventions: bool) -> None:
                        "transformers.models.llama.modeling_llama:LlamaAttention (with --spec and --config)")
     audit.add_argument("--spec", default=None, metavar="NAME|MODULE:ATTR",
                        help="the module's spec: a shipped one (typed_transformer.audit.SPECS: torch_mha, gpt2, llama, "
-                       "t5, mistral, ...), your own ModuleSpec as pkg.mod:NAME, or hf (a Hugging Face attention class "
-                       "of the common shape, built from a tiny config of its own; --config overrides fields)")
+                       "t5, mistral, ...), a library's, read from the module it builds (litgpt, diffusers, open_clip, "
+                       "timm, torchtune, x_transformers), your own ModuleSpec as pkg.mod:NAME, or hf (a Hugging Face "
+                       "attention class of the common shape, built from a tiny config of its own; --config overrides "
+                       "fields)")
     audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
                        "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
     if conventions:  # the conventions a candidate function declares: Conventions' fields (imports the toolkit)
@@ -779,7 +781,15 @@ def _module_setup(args: argparse.Namespace, config: dict[str, Any]) -> str:
             f"{spec_line}\n"
             f"cls, config = importlib.import_module({module_name!r}).{cls}, {config!r}\n"
             f"{build}\n"
-            f"module = randomize_parameters(module, {args.seed})  # the weights the audit drew (--seed)")
+            f"module = randomize_parameters(module, {args.seed})  # the weights the audit drew (--seed)"
+            + (f"\nfrom typed_transformer.audit import library_spec\nspec = library_spec(module, {args.spec!r})"
+               if args.spec in _library_names() else ""))
+
+
+def _library_names() -> tuple[str, ...]:
+    from .audit._libraries import LIBRARY_SPECS
+
+    return tuple(LIBRARY_SPECS)
 
 
 def _audit_options(args: argparse.Namespace, known: Any) -> dict[str, Any] | str:
@@ -857,6 +867,10 @@ def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, optio
         else:
             spec = _audit_spec(args)
             module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
+            from .audit._libraries import LIBRARY_SPECS, library_spec
+
+            if args.spec in LIBRARY_SPECS:  # a library's spec is read from the module it built
+                spec = library_spec(module, args.spec)
     except AuditUsageError:
         raise
     except Exception as err:

@@ -75,6 +75,7 @@ from ._functions import (
 )
 from ._hf import hf_build, hf_causes, hf_limits, hf_notes, hf_spec
 from ._infer import INFERRED, Evidence, Finding, Inference
+from ._libraries import import_without_torchvision, library_spec
 from ._modules import (
     ModuleAdapter,
     ModuleSpec,
@@ -144,7 +145,9 @@ __all__ = [
     "hf_limits",
     "hf_notes",
     "hf_spec",
+    "import_without_torchvision",
     "infer_conventions",
+    "library_spec",
     "parametrize_audit",
     "reference_attention",
     "rotate",

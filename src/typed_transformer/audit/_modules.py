@@ -135,6 +135,21 @@ alibi_bias = typechecked(alibi_bias)
 SHIPPED_SPECS: dict[str, "ModuleSpec"] = {}
 
 
+#: The library specs read from the module (``audit_module(module, "litgpt")``, ``"auto"``): name -> reader;
+#: :mod:`typed_transformer.audit._libraries` registers them when the package loads (this module never imports it).
+LIBRARY_READERS: dict[str, Callable[[Any], "ModuleSpec"]] = {}
+
+
+def library_setup(module: Any, name: str) -> str:
+    """Lines that define ``module`` and ``spec`` in a fresh interpreter for a library spec (the repro's top): the
+    module from the factory that built it when it can be imported, then ``library_spec(module, name)``."""
+    line = None if isinstance(module, nn.Module) else import_line(module, "factory")
+    built = (f"{line}\nmodule = factory()" if line is not None else
+             f"module = ...  # the {type(module).__qualname__ if isinstance(module, nn.Module) else 'module'} you "
+             f"audited: build it here (pass a factory to get this line filled in)")
+    return f"{built}\nfrom typed_transformer.audit import library_spec\nspec = library_spec(module, {name!r})"
+
+
 @dataclass(frozen=True)
 class ModuleSpec:
     """How to audit one kind of attention module. Attribute paths are dotted (``"config.num_heads"``; a path
@@ -343,6 +358,8 @@ def _norm(module: Any, path: str, spec: ModuleSpec) -> Callable[[Tensor], Tensor
     if layer is None:
         return None
     weight, bias = getattr(layer, "weight", None), getattr(layer, "bias", None)
+    if weight is None and isinstance(getattr(layer, "scale", None), Tensor):  # torchtune's RMSNorm calls it scale
+        weight = layer.scale
     eps = getattr(layer, "eps", getattr(layer, "variance_epsilon", None))
     if eps is None:
         raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: the norm {path!r} "
@@ -812,7 +829,8 @@ def audit_module(
 
     Args:
         module: the module, or a zero-argument factory of one.
-        spec: a :class:`ModuleSpec` or the name of a shipped one (:data:`SPECS`).
+        spec: a :class:`ModuleSpec`, the name of a shipped one (:data:`SPECS`), of a library whose spec is read from
+            the module (``"litgpt"``, ``"timm"``, ...: :func:`library_spec`) or ``"auto"`` (chosen from its class).
         conventions: override the spec's conventions, or ``"infer"``: the spec says where the weights live,
             inference decides the behavioural fields (causal alignment and decode rule, always causal, fully
             masked rows, masks with ``is_causal``) and the report opens with them.
@@ -827,11 +845,15 @@ def audit_module(
         AuditUsageError: the module does not match the spec (the message names the missing attribute).
         KeyError: an unknown spec name.
     """
-    if isinstance(spec, str):
-        if spec not in SHIPPED_SPECS:
-            raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SHIPPED_SPECS)}")
-        spec = SHIPPED_SPECS[spec]
     candidate = module if isinstance(module, nn.Module) else module()
+    if isinstance(spec, str):
+        if spec in LIBRARY_READERS:  # a library's zero-line spec, read from the module ("auto": from its class)
+            setup = setup or library_setup(module, spec)
+            spec = LIBRARY_READERS[spec](candidate)
+        elif spec not in SHIPPED_SPECS:
+            raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SHIPPED_SPECS)}, auto")
+        else:
+            spec = SHIPPED_SPECS[spec]
     infer = conventions == "infer"
     if known is not None and not infer:
         raise ValueError("known= goes with conventions='infer' (declared conventions already say every field)")
