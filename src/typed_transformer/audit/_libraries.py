@@ -313,79 +313,17 @@ def torchtune_spec(module: Any) -> ModuleSpec:
 # x-transformers
 # ----------------------------------------------------------------------------------------------------
 
-#: the attributes of ``Attention`` (and of its ``attend``) whose value the spec models: anything else that differs
-#: from a default ``Attention`` of the same shape is an option the spec refuses by name
-X_MODELLED = frozenset({"training", "scale", "heads", "kv_heads", "num_mem_kv", "head_scale", "add_zero_kv",
-                        "rotate_num_heads", "can_cache_kv"})
-
-
-def _x_differences(module: Any) -> list[str]:
-    """The options of an x-transformers ``Attention`` that differ from a default one of the same shape: attribute
-    values, submodules and parameters (the spec reads projections, memory key/values and head scales)."""
-    from x_transformers import Attention
-
-    h, g = int(module.heads), int(module.kv_heads)
-    d = module.to_q.weight.shape[0] // h
-    try:
-        default = Attention(module.to_q.weight.shape[1], dim_head=d, heads=h, kv_heads=g,
-                            dim_context=module.to_k.weight.shape[1], value_dim_head=module.to_v.weight.shape[0] // g,
-                            dim_out=(module.to_out.weight.shape[0] if isinstance(module.to_out, nn.Linear) else None))
-    except Exception as err:  # a shape no default reproduces
-        return [f"a shape a default Attention cannot take ({type(err).__name__}: {err})"]
-    found = []
-    for prefix, ours, theirs in (("", module, default), ("attend.", module.attend, default.attend)):
-        for name, value in vars(ours).items():
-            if name.startswith("_") or name in X_MODELLED or isinstance(value, nn.Module):
-                continue
-            other = getattr(theirs, name, None)
-            simple = isinstance(value, bool | int | float | str | type(None))
-            if (simple and value != other) or (not simple and (value is None) != (other is None)):
-                found.append(f"{prefix}{name}={value!r}")
-        children = {n: type(c).__name__ for n, c in ours.named_children()}
-        defaults = {n: type(c).__name__ for n, c in theirs.named_children()}
-        found += [f"{prefix}{n} ({kind})" for n, kind in children.items() if defaults.get(n) != kind
-                  and n not in ("attend", "to_out")]
-    params = {n for n, _ in module.named_parameters(recurse=False)} - {"mem_k", "mem_v", "head_scale_params"}
-    found += [f"parameter {n}" for n in sorted(params)]
-    if not isinstance(module.to_out, nn.Linear):
-        found.append(f"to_out ({type(module.to_out).__name__}, not one linear layer)")
-    return found
-
-
-def _x_weights(m: Any) -> Weights:
-    """The projections (queries in x-transformers' ``(r g)`` head order, turned to ours), the memory key/values
-    (``num_mem_kv``) and ``add_zero_kv``'s zero position as always-visible extra positions, the per-head output
-    scales (``head_scale``) folded into ``to_out``."""
-    from .specs import X_TRANSFORMERS
-
-    w = spec_weights(m, dataclasses.replace(X_TRANSFORMERS, weights=None))
-    extra_k, extra_v = [], []
-    if getattr(m, "num_mem_kv", 0):
-        extra_k.append(rearrange(m.mem_k.detach().double(), "g n d -> n (g d)"))
-        extra_v.append(rearrange(m.mem_v.detach().double(), "g n d -> n (g d)"))
-    if getattr(m.attend, "add_zero_kv", False):
-        extra_k.append(torch.zeros(1, w.g * w.d, dtype=torch.float64))
-        extra_v.append(torch.zeros(1, w.g * w.dv, dtype=torch.float64))
-    wo = w.wo
-    if getattr(m, "head_scale", False) and wo is not None:
-        scales = rearrange(m.head_scale_params.detach().double().flatten(), "(r g) -> (g r)", g=w.g)
-        wo = wo * repeat(scales, "h -> (h dv)", dv=w.dv)[None]
-    return dataclasses.replace(w, wo=wo, extra_k=torch.cat(extra_k) if extra_k else None,
-                               extra_v=torch.cat(extra_v) if extra_v else None)
-
-
 def x_transformers_spec(module: Any) -> ModuleSpec:
-    """x-transformers' ``Attention``: grouped key/value heads (its ``(r g)`` order), value heads of their own size,
-    a context of another width, memory key/values, ``add_zero_kv``, per-head output scales, ``causal=True`` (always
-    causal). Every other option that makes the module differ from a default one of its shape (talking heads,
-    soft-clamped logits, gates, q/k norms, sparse top-k, ...) is refused by name."""
+    """x-transformers' ``Attention``: the shipped ``x_transformers`` spec (grouped key/value heads in its ``(r g)``
+    order, value heads of their own size, a context of another width, memory key/values, ``add_zero_kv``, per-head
+    output scales, q/k norms, the value-head gate), always causal when built with ``causal=True``. Every other
+    option is refused by name before any check (the spec's ``unmodelled``)."""
     from .specs import X_TRANSFORMERS
 
-    _refuse(module, "x_transformers", _x_differences(module))
     conventions = X_TRANSFORMERS.conventions
     if getattr(module, "causal", False):
         conventions = dataclasses.replace(conventions, always_causal=True)
-    return dataclasses.replace(X_TRANSFORMERS, weights=_x_weights, conventions=conventions)
+    return dataclasses.replace(X_TRANSFORMERS, conventions=conventions)
 
 
 # ----------------------------------------------------------------------------------------------------

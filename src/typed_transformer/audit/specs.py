@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from einops import rearrange
+from einops import rearrange, repeat
 from torch import Tensor, nn
 
 from ._core import AuditUsageError, Conventions
@@ -36,6 +36,7 @@ from ._modules import (
     additive_mask,
     alibi_bias,
     resolve,
+    spec_weights,
     with_causal,
 )
 
@@ -536,8 +537,29 @@ def _x_norms(m: Any) -> dict[str, Callable[[Tensor], Tensor]]:
     return {"q": _x_l2norm(m.qk_norm_groups, q_gain), "k": _x_l2norm(m.qk_norm_groups, k_gain)}
 
 
+def _x_weights(m: Any) -> Weights:
+    """The projections (queries in x-transformers' ``(r g)`` head order, turned to ours), the memory key/values
+    (``num_mem_kv``) and ``add_zero_kv``'s zero position as always-visible extra positions, the per-head output
+    scales (``head_scale``) folded into ``to_out``."""
+    w = spec_weights(m, dataclasses.replace(X_TRANSFORMERS, weights=None))
+    extra_k, extra_v = [], []
+    if getattr(m, "num_mem_kv", 0):
+        extra_k.append(rearrange(m.mem_k.detach().double(), "g n d -> n (g d)"))
+        extra_v.append(rearrange(m.mem_v.detach().double(), "g n d -> n (g d)"))
+    if getattr(m.attend, "add_zero_kv", False):
+        extra_k.append(torch.zeros(1, w.g * w.d, dtype=torch.float64))
+        extra_v.append(torch.zeros(1, w.g * w.dv, dtype=torch.float64))
+    wo = w.wo
+    if getattr(m, "head_scale", False) and wo is not None:
+        scales = rearrange(m.head_scale_params.detach().double().flatten(), "(r g) -> (g r)", g=w.g)
+        wo = wo * repeat(scales, "h -> (h dv)", dv=w.dv)[None]
+    weights: Weights = dataclasses.replace(w, wo=wo, extra_k=torch.cat(extra_k) if extra_k else None,
+                                           extra_v=torch.cat(extra_v) if extra_v else None)
+    return weights
+
+
 #: the x-transformers options the spec models: read back from an instance to build its twin with only them
-_X_MODELLED = ("causal", "qk_norm", "qk_norm_groups", "qk_norm_dim_scale")
+_X_MODELLED = ("causal", "qk_norm", "qk_norm_groups", "qk_norm_dim_scale", "head_scale")
 #: attributes of an instance whose option has another name
 _X_OPTION_OF = {"attend.pre_softmax_talking_heads": "pre_talking_heads",
                 "attend.post_softmax_talking_heads": "post_talking_heads", "to_v_gate": "gate_values",
@@ -570,6 +592,7 @@ def _x_unmodelled(m: Any) -> list[str]:
                    dim_context=m.to_k.in_features, value_dim_head=m.to_v.out_features // m.kv_heads,
                    dim_out=m.to_out.out_features, gate_value_heads=m.to_v_head_gate is not None,
                    qk_norm_scale=m.qk_norm_scale, flash=m.attend.flash, dropout=m.attend.dropout,
+                   add_zero_kv=m.attend.add_zero_kv,
                    **{name: getattr(m, name) for name in _X_MODELLED})
     ours, theirs = _x_state(m), _x_state(twin)
     options: dict[str, str] = {}
@@ -589,6 +612,7 @@ X_TRANSFORMERS = ModuleSpec(
     "x_transformers", _x_forward, Conventions(self_attention=True, fully_masked="zero"),
     q="to_q", k="to_k", v="to_v", out="to_out", num_heads="heads", num_kv_heads="kv_heads", scale="attend.scale",
     grouping="r g", build=lambda cls, config: cls(**config), norms=_x_norms, unmodelled=_x_unmodelled,
+    weights=_x_weights,
     gate=OutputGate("to_v_head_gate"), module_type="x_transformers.x_transformers.Attention")
 
 #: The shipped specs by name.

@@ -22,7 +22,9 @@ def _attention(**options: Any) -> Any:
 
 
 @pytest.mark.parametrize("options", [{"qk_norm": True}, {"qk_norm": True, "qk_norm_groups": 2},
-                                     {"qk_norm": True, "qk_norm_dim_scale": True}, {"gate_value_heads": True}])
+                                     {"qk_norm": True, "qk_norm_dim_scale": True}, {"gate_value_heads": True},
+                                     {"head_scale": True}, {"add_zero_kv": True},
+                                     {"qk_norm": True, "gate_value_heads": True, "head_scale": True}])
 def test_x_transformers_options_the_spec_models_pass(options: dict[str, Any]) -> None:
     report = audit_module(_attention(**options), "x_transformers", **QUICK)
     failed = {r.name for r in report.results if r.status == "FAIL"}
@@ -39,7 +41,7 @@ def test_a_flipped_value_gate_fails_reference() -> None:
 @pytest.mark.parametrize(("options", "named"), [
     ({"sparse_topk": 2}, "sparse_topk=2"), ({"pre_talking_heads": True}, "pre_talking_heads"),
     ({"num_mem_kv": 2}, "num_mem_kv"), ({"softclamp_logits": True}, "softclamp_logits=True"),
-    ({"head_scale": True}, "head_scale=True"), ({"output_gate": True}, "output_gate"),
+    ({"output_gate": True}, "output_gate"),
     ({"max_attend_past": 3}, "max_attend_past=3"), ({"sigmoid": True}, "sigmoid"),
 ])
 def test_options_the_spec_does_not_model_are_refused_by_name(options: dict[str, Any], named: str) -> None:
