@@ -41,7 +41,7 @@ from ._options import (
     read_config,
     values_of,
 )
-from ._signals import TERMINATING, exit_code, raise_terminated, signal_name
+from ._signals import TERMINATING, Watchdog, exit_code, raise_interrupt, raise_terminated, signal_name
 
 if TYPE_CHECKING:  # the commands import these when they run: the parser stays light
     from .checkpoint import Checkpoint
@@ -885,8 +885,11 @@ def main(argv: list[str] | None = None) -> int:
         for signum in TERMINATING:  # SIGHUP as SIGTERM, unless inherited as ignored (nohup)
             if previous[signum] != signal.SIG_IGN or signum == signal.SIGTERM:
                 signal.signal(signum, raise_terminated)
+        if previous[signal.SIGINT] is signal.default_int_handler:  # Python's, noted for the watchdog
+            signal.signal(signal.SIGINT, raise_interrupt)
     try:
-        return _main(argv)
+        with Watchdog().watching():  # a signal is answered within seconds, also inside one long C call
+            return _main(argv)
     except KeyboardInterrupt as interrupt:
         code = exit_code(interrupt)
         if in_main_thread:
