@@ -309,24 +309,17 @@ def _optimizer_tensors(state: dict[str, Any]) -> tuple[dict[str, Shaped[Tensor, 
     return tensors, {"param_groups": state["param_groups"], "state": per_param}
 
 
-def write_atomically(path: Path, tensors: dict[str, Shaped[Tensor, "..."]], metadata: dict[str, str]) -> None:
-    """Write a safetensors file through a temporary file, fsync and rename: ``path`` is the old file or the
-    new one, never a torn one. An OSError leaves the old file as it was and removes the temporary."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
+def _write_through_temporary(path: Path, fill: Callable[[Path], object]) -> None:
+    """``fill`` a fresh temporary file beside ``path``, fsync it and rename it onto ``path``: ``path`` is the old
+    file or the new one, never a torn one, and a symbolic link at ``path`` is replaced, never followed out of its
+    directory. An OSError leaves the old file as it was and removes the temporary."""
     temporary = temporary_path(path)
     try:
         # O_EXCL on a fresh random name; mode 0o666 filtered by the umask, like any file the user creates.
         os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         mode = temporary.stat().st_mode & 0o777  # 0o666 less the umask; safetensors writes files 0o600
-        try:
-            save_file(tensors, str(temporary), metadata=metadata)
-            os.chmod(temporary, mode)
-        except SafetensorError as err:  # its I/O errors end in "(os error N)": make them the OSError they are
-            found = re.search(r"os error (\d+)", str(err))
-            number = int(found.group(1)) if found else errno.EIO
-            raise OSError(number, os.strerror(number), str(temporary)) from None
+        fill(temporary)
+        os.chmod(temporary, mode)
         with open(temporary, "rb") as stream:
             os.fsync(stream.fileno())
         os.replace(temporary, path)
@@ -339,6 +332,29 @@ def write_atomically(path: Path, tensors: dict[str, Shaped[Tensor, "..."]], meta
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write a UTF-8 text file (a run's ``config.json``) as checkpoints are written: through a temporary file
+    and a rename, never through a symbolic link at ``path``."""
+    _write_through_temporary(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+def write_atomically(path: Path, tensors: dict[str, Shaped[Tensor, "..."]], metadata: dict[str, str]) -> None:
+    """Write a safetensors file through a temporary file, fsync and rename: ``path`` is the old file or the
+    new one, never a torn one. An OSError leaves the old file as it was and removes the temporary."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    def fill(temporary: Path) -> None:
+        try:
+            save_file(tensors, str(temporary), metadata=metadata)
+        except SafetensorError as err:  # its I/O errors end in "(os error N)": make them the OSError they are
+            found = re.search(r"os error (\d+)", str(err))
+            number = int(found.group(1)) if found else errno.EIO
+            raise OSError(number, os.strerror(number), str(temporary)) from None
+
+    _write_through_temporary(path, fill)
 
 
 write_atomically = typechecked(write_atomically)
@@ -669,6 +685,17 @@ def _model_from(tensors: dict[str, Shaped[Tensor, "..."]], config: GPTConfig, pa
     return model
 
 
+def check_tensor_names(tensors: dict[str, Shaped[Tensor, "..."]], prefixes: tuple[str, ...]) -> None:
+    """The loaders' one rule for tensors nothing reads: a name outside ``prefixes`` (``junk.x``) is refused.
+
+    Raises:
+        ValueError: ``unexpected tensor NAME``.
+    """
+    unexpected = sorted(k for k in tensors if k.split(".", 1)[0] not in prefixes)
+    if unexpected:
+        raise ValueError(f"unexpected tensor {unexpected[0]}")
+
+
 def checked_model(build: Callable[[], nn.Module], weights: dict[str, Shaped[Tensor, "..."]], path: Path) -> nn.Module:
     """``build()`` holding ``weights``, which must fit it exactly (names and shapes; a name tied to another,
     such as a GPT's ``lm_head.weight``, may be left out), all be of one floating-point dtype (never a silent
@@ -763,9 +790,7 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
         info = _json(metadata, "info")
         if not isinstance(info, dict):
             raise ValueError("info must be a dict")
-        unexpected_prefix = sorted(k for k in tensors if k.split(".", 1)[0] not in ("model", "optim", "rng"))
-        if unexpected_prefix:
-            raise ValueError(f"unexpected tensor {unexpected_prefix[0]}")
+        check_tensor_names(tensors, ("model", "optim", "rng"))
         model = _model_from(tensors, config, path)
         optimizer_meta = _json(metadata, "optimizer")
         optimizer_state = None if optimizer_meta is None else _optimizer_state(

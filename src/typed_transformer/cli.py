@@ -42,7 +42,7 @@ from ._options import (
     read_config,
     values_of,
 )
-from ._signals import TERMINATING, exit_code, raise_terminated, signal_name
+from ._signals import TERMINATING, Watchdog, exit_code, raise_interrupt, raise_terminated, signal_name
 
 if TYPE_CHECKING:  # the commands import these when they run: the parser stays light
     from .checkpoint import Checkpoint
@@ -255,6 +255,9 @@ def _audit_parser(commands: Any, conventions: bool) -> None:
     audit.add_argument("--seed", type=_non_negative_int, default=0,
                        help="seed of the drawn examples (and of --module's redrawn parameters; default 0)")
     audit.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
+    audit.add_argument("--call-time-limit", type=_positive_float, default=60.0, metavar="SECONDS",
+                       help="time limit of one call of the candidate (default 60; the audit's inputs are small): a "
+                            "call past it, or one that calls sys.exit, FAILs in one line and stops the audit")
 
 
 def _seq2seq_parsers(commands: Any, seq2seq_defaults: dict[str, Any] | None) -> None:
@@ -876,6 +879,8 @@ def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, optio
     except Exception as err:
         first_line = str(err).splitlines()[0] if str(err) else ""
         return f"cannot build {target} from --config: {type(err).__name__}: {first_line}"
+    except SystemExit as exit_:
+        return f"cannot build {target} from --config: it called sys.exit({exit_.code!r})"
     # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
     module = randomize_parameters(module, args.seed)
     options = {**options, "setup": _module_setup(args, config)}
@@ -888,15 +893,31 @@ def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, optio
     return audit_module(module, spec, fully_masked=args.fully_masked, name=name, **options)
 
 
+def _audit_candidate(args: argparse.Namespace, candidate: Any, target: str, declared: dict[str, Any],
+                     options: dict[str, Any]) -> Any:
+    """The report of the candidate (function or module), or the error message."""
+    from .audit import Conventions, audit_attention, takes_enable_gqa
+
+    if args.module is not None:
+        return _audit_a_module(args, candidate, target, options)
+    if args.infer:  # the conventions flags given beside --infer (and --expect) are what the user knows
+        known = {**declared, **options.pop("expect")}
+        return audit_attention(candidate, conventions="infer", name=target, known=known, **options)
+    options.pop("expect")
+    gqa = declared.get("supports_gqa", False)
+    conventions = Conventions(**declared, enable_gqa=gqa and takes_enable_gqa(candidate))
+    return audit_attention(candidate, conventions=conventions, name=target, **options)
+
+
 def _audit(args: argparse.Namespace) -> int:
     try:
         from .audit import (
             FUNCTION_CHECKS,
             MODULE_CHECKS,
             AuditUsageError,
+            CandidateStopped,
             Conventions,
-            audit_attention,
-            takes_enable_gqa,
+            call_time_limit,
         )
     except ImportError as err:
         return _fail(f"audit needs the [audit] extra: {install_hint('audit')} ({err})")
@@ -925,20 +946,15 @@ def _audit(args: argparse.Namespace) -> int:
     if isinstance(options, str):
         return _fail(options)
     try:
-        if args.module is not None:
-            report = _audit_a_module(args, candidate, target, options)
-            if isinstance(report, str):
-                return _fail(report)
-        elif args.infer:  # the conventions flags given beside --infer (and --expect) are what the user knows
-            known = {**declared, **options.pop("expect")}
-            report = audit_attention(candidate, conventions="infer", name=target, known=known, **options)
-        else:
-            options.pop("expect")
-            gqa = declared.get("supports_gqa", False)
-            conventions = Conventions(**declared, enable_gqa=gqa and takes_enable_gqa(candidate))
-            report = audit_attention(candidate, conventions=conventions, name=target, **options)
+        with call_time_limit(args.call_time_limit):
+            report = _audit_candidate(args, candidate, target, declared, options)
     except AuditUsageError as err:
         return _fail(str(err).splitlines()[0])
+    except CandidateStopped as stopped:  # an exit or a hang: no report, one line, and the audit did not pass
+        print(f"audit of {target}: {stopped.line()}")
+        return 1
+    if isinstance(report, str):
+        return _fail(report)
     print(report.table())
     if args.json is not None:
         try:
@@ -970,8 +986,11 @@ def main(argv: list[str] | None = None) -> int:
         for signum in TERMINATING:  # SIGHUP as SIGTERM, unless inherited as ignored (nohup)
             if previous[signum] != signal.SIG_IGN or signum == signal.SIGTERM:
                 signal.signal(signum, raise_terminated)
+        if previous[signal.SIGINT] is signal.default_int_handler:  # Python's, noted for the watchdog
+            signal.signal(signal.SIGINT, raise_interrupt)
     try:
-        return _main(argv)
+        with Watchdog().watching():  # a signal is answered within seconds, also inside one long C call
+            return _main(argv)
     except KeyboardInterrupt as interrupt:
         code = exit_code(interrupt)
         if in_main_thread:

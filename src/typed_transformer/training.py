@@ -51,7 +51,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from ._deprecation import warn_deprecated
-from ._signals import Terminated
+from ._signals import Terminated, note_taken
 from .checkpoint import CHECKPOINT_NAME, Checkpoint, RunDirectoryError, run_directory, save_checkpoint
 from .config import DTYPES, PRESET_TRAINING, TrainConfig
 from .data import TextData, get_batch
@@ -274,6 +274,7 @@ class _Interrupt:
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        note_taken()  # the watchdog's sign that the main thread is not stuck in one long C call
         if self.requested is not None:
             raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
         self.requested = signum

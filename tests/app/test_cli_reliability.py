@@ -303,6 +303,44 @@ def test_a_signal_while_importing_is_one_line(signum: int, code: int, line: str)
     assert err == line + "\n"
 
 
+#: A command stuck in one torch kernel, which never looks for signals (as attention over 200,000 positions was).
+STUCK = """
+import sys
+import typed_transformer.cli as cli
+def stuck(args):
+    import torch
+    print("ready", flush=True)
+    return float(torch.ones(1).expand(2**50).sum())  # hours in one kernel: Python's handlers wait for it
+cli._run_training_command = stuck
+sys.exit(cli.main(["generate", "--checkpoint", "x"]))
+"""
+
+
+def _default_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize(("signum", "said"), [(signal.SIGINT, "interrupted (Ctrl-C)"),
+                                              (signal.SIGTERM, "terminated (SIGTERM)"),
+                                              (signal.SIGHUP, "terminated (SIGHUP)")])
+def test_a_signal_is_answered_inside_one_long_c_call(signum: int, said: str) -> None:
+    """Without the watchdog the process runs on for hours; with it, it ends GRACE_SECONDS after the signal (the
+    limit below only bounds a broken run: it is not the behaviour tested)."""
+    process = subprocess.Popen([sys.executable, "-c", STUCK], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, preexec_fn=_default_signals)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "ready\n"
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signum
+    assert one_line(err) == (f"typed-transformer: {said}: the computation under way did not give way within 5 s; "
+                             "stopped without saving (the last checkpoint on disk is whole)")
+
+
 # ---------------------------------------------------------------------------------------------------
 # Package boundaries: the [train] extra
 # ---------------------------------------------------------------------------------------------------

@@ -5,10 +5,15 @@ import dataclasses
 import importlib.metadata
 import json
 import math
+import signal
+import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Literal, Protocol, TypeAlias
 
 import torch
@@ -793,19 +798,131 @@ class Skip(Exception):
 
 
 class CandidateRaised(Exception):
-    """The candidate's own code raised (the exception is the ``__cause__``): a failure of the check. Any other
-    exception inside a check is a bug of the audit and propagates."""
+    """The candidate's own code raised (the exception is the ``__cause__``), or modified one of its inputs in
+    place: a failure of the check. Any other exception inside a check is a bug of the audit and propagates."""
+
+
+class CandidateStopped(BaseException):
+    """A call of the candidate ended the interpreter (``sys.exit``) or did not return within the time limit
+    (:func:`call_time_limit`): the audit stops there, its report unfinished, and this names the call (the check,
+    the dtype and the example, when the call was a check's; an inference probe's has none). A ``BaseException``,
+    as the ``SystemExit`` it reports: nothing that catches ``Exception`` (the candidate, Hypothesis) swallows it,
+    and Hypothesis does not rerun a hung call to shrink it."""
+
+    def __init__(self, what: str, check: str | None = None, dtype: str | None = None,
+                 example: "Example | None" = None) -> None:
+        super().__init__(what)
+        self.what, self.check, self.dtype, self.example = what, check, dtype, example
+
+    def line(self) -> str:
+        """One line: which call, and what it did."""
+        where = (" probing its conventions (--infer)" if self.check is None
+                 else f" in check {self.check} [{self.dtype or '-'}]")
+        shapes = "" if self.example is None else (f" (b={self.example.b} h={self.example.h} g={self.example.g} "
+                                                  f"t={self.example.t} s={self.example.s} d={self.example.d} "
+                                                  f"dv={self.example.dv}, seed {self.example.seed})")
+        return f"FAIL: a call of the candidate{where}{shapes} {self.what}; the audit stopped there"
+
+    def __str__(self) -> str:
+        return self.line()
+
+
+#: The default time limit of one call of the candidate, in seconds: the audit's inputs are small (a correct
+#: candidate answers in milliseconds), so this is only ever reached by a call that hangs.
+DEFAULT_CALL_TIME_LIMIT = 60.0
+_CALL_TIME_LIMIT: ContextVar[float | None] = ContextVar("call_time_limit", default=DEFAULT_CALL_TIME_LIMIT)
 
 
 @contextmanager
-def candidate_code() -> Iterator[None]:
-    """Run the candidate's code: its exceptions become :class:`CandidateRaised`."""
+def call_time_limit(seconds: float | None) -> Iterator[None]:
+    """Audits run inside give each call of the candidate ``seconds`` (``None``: no limit; default
+    :data:`DEFAULT_CALL_TIME_LIMIT`); a call past it stops the audit with :class:`CandidateStopped`. The limit is
+    a ``SIGALRM`` timer that raises in the candidate's Python code, so it holds in the main thread of a POSIX
+    process only (elsewhere calls run unlimited), and a single C call that never returns (a torch kernel) is
+    out of its reach: run the audit in a child process with a timeout for that."""
+    if seconds is not None and not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"call_time_limit: seconds must be positive and finite or None, got {seconds!r}")
+    token = _CALL_TIME_LIMIT.set(seconds)
     try:
         yield
-    except (CheckFailure, Skip, CandidateRaised):
+    finally:
+        _CALL_TIME_LIMIT.reset(token)
+
+
+class _TimedOut(BaseException):
+    """Raised in the candidate's code by the call's timer (a BaseException: ``except Exception`` lets it by)."""
+
+
+class _Alarm:
+    """The call's timer: SIGALRM after ``seconds``, then every second until the call is over (a candidate that
+    swallows one gets the next); the previous handler and timer are restored after. Hand-written: no library
+    interrupts a call in the running thread."""
+
+    def __init__(self, seconds: float | None) -> None:
+        usable = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+        self.seconds = seconds if usable else None
+        self.armed = self.fired = False
+
+    def _ring(self, signum: int, frame: FrameType | None) -> None:
+        self.fired = True
+        if self.armed:
+            raise _TimedOut
+
+    def __enter__(self) -> None:
+        if self.seconds is None:
+            return
+        self.started = time.monotonic()
+        self.previous = signal.signal(signal.SIGALRM, self._ring)
+        self.previous_timer = signal.setitimer(signal.ITIMER_REAL, self.seconds, 1.0)
+        self.armed = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.seconds is None:
+            return
+        self.armed = False
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        finally:
+            signal.signal(signal.SIGALRM, self.previous)
+            left, interval = self.previous_timer
+            if left > 0:  # an enclosing timer keeps running (nested calls)
+                signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - self.started), 1e-3), interval)
+
+
+def _modified(before: Tensor, after: Tensor) -> bool:
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return True
+    return not torch.equal(torch.nan_to_num(before), torch.nan_to_num(after.detach())) or not torch.equal(
+        before.isnan(), after.detach().isnan())
+
+
+@contextmanager
+def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
+    """Run the candidate's code: its exceptions become :class:`CandidateRaised`, and so does a change it made
+    to one of the named ``inputs`` (compared with copies after the call); ``sys.exit`` or a call past the time
+    limit (:func:`call_time_limit`) raises :class:`CandidateStopped`. ``KeyboardInterrupt`` (Ctrl-C, and the
+    command line's SIGTERM) passes through."""
+    copies = {name: x.detach().clone() for name, x in inputs.items() if isinstance(x, Tensor)}
+    limit = _CALL_TIME_LIMIT.get()
+    alarm = _Alarm(limit)
+    try:
+        with alarm:
+            yield
+    except (CheckFailure, Skip, CandidateRaised, CandidateStopped, KeyboardInterrupt):
         raise
-    except Exception as err:
+    except _TimedOut:
+        pass  # the flag says it below
+    except SystemExit as exit_:
+        raise CandidateStopped(f"called sys.exit({exit_.code!r})") from None
+    except BaseException as err:
         raise CandidateRaised(f"{type(err).__name__}: {err}") from err
+    if alarm.fired:
+        raise CandidateStopped(f"did not return within the time limit of {limit:g} s per call")
+    for name, before in copies.items():
+        after = inputs[name]
+        if isinstance(after, Tensor) and _modified(before, after):
+            raise CandidateRaised(f"the candidate modified its input {name} in place during the call (the "
+                                  f"counterexample's): inputs must be left as given")
 
 
 @dataclass
@@ -877,12 +994,18 @@ def run_check(check: Check, adapter: Adapter, dtype: torch.dtype, *, max_example
             raise
         except CandidateRaised as raised:  # the candidate raised: that is a failure of this check
             run.failing = True
-            err = raised.__cause__ or raised
+            err = raised.__cause__
+            if err is None:  # the wrapper's own finding about the call (an input modified in place)
+                raise CheckFailure(str(raised), run.current) from raised
             first_line = str(err).splitlines()[0] if str(err) else ""
             raise CheckFailure(f"candidate raised {type(err).__name__}: {first_line}", run.current) from err
 
     try:
         test()
+    except CandidateStopped as stopped:  # the call that ended or hung: named, then the audit stops
+        if stopped.check is None:
+            stopped.check, stopped.dtype, stopped.example = check.name, dtype_name, run.current
+        raise
     except Skip as skip:
         return CheckResult(check.name, "SKIP", dtype_name, message=str(skip))
     except CheckFailure as failure:

@@ -151,7 +151,8 @@ class FunctionAdapter:
     def call(self, ins: FunctionInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype
              ) -> CandidateOutput:
         args, kwargs = to_candidate(ins, keep, is_causal, dtype, self.conventions)
-        with candidate_code():
+        q, k, v = args
+        with candidate_code(q=q, k=k, v=v, attn_mask=kwargs.get("attn_mask")):
             out = self.candidate(*args, **kwargs)
         if not isinstance(out, Tensor):
             raise CheckFailure(f"returned {type(out).__name__}, expected a tensor")

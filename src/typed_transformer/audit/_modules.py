@@ -514,7 +514,7 @@ class ModuleAdapter:
              ) -> CandidateOutput:
         x, key, value = (z.to(dtype) for z in self._memory(ins))
         module = self.module(dtype)
-        with candidate_code():
+        with candidate_code(x=x, key=key, value=value, mask=keep):
             if self.conventions.self_attention:
                 return self.spec.forward(module, x, None, None, keep, is_causal)
             return self.spec.forward(module, x, key, value, keep, is_causal)
@@ -636,16 +636,18 @@ class ModuleAdapter:
         if self.spec.decode is None:
             return None
         module = copy.deepcopy(self.module(dtype))
-        with candidate_code():
-            return self.spec.decode(module, ins[0].to(dtype))
+        x = ins[0].to(dtype)
+        with candidate_code(x=x):
+            return self.spec.decode(module, x)
 
     def fast_path(self, x: Float[Tensor, "b t e"], padding: Bool[Tensor, "b t"], dtype: torch.dtype
                   ) -> CandidateOutput | None:
         if self.spec.fast_path is None:
             return None
         module = copy.deepcopy(self.module(dtype))
-        with candidate_code():
-            return self.spec.fast_path(module, x.to(dtype), padding)
+        x = x.to(dtype)
+        with candidate_code(x=x, padding=padding):
+            return self.spec.fast_path(module, x, padding)
 
     def repro(self, example: Example, check: str) -> str:
         """A snippet that runs as printed in a fresh interpreter: :attr:`setup` defines ``module`` and

@@ -244,3 +244,35 @@ def test_the_conventions_flags_are_the_conventions_fields() -> None:
     given = {dest: getattr(args, dest) for dest in declared if getattr(args, dest) is not None}
     assert given == {"supports_mask": False, "supports_gqa": True, "scale": 0.5, "layout": "bthd"}
     assert Conventions(**given) == Conventions(supports_mask=False, supports_gqa=True, scale=0.5, layout="bthd")
+
+
+@pytest.mark.parametrize("infer", [[], ["--infer"]], ids=["declared", "infer"])
+@pytest.mark.parametrize(("candidate", "what"), [
+    ("exits_on_first_call", "called sys.exit(0); the audit stopped there"),
+    # a limit no correct call comes near is not needed here: this candidate never returns
+    ("hangs", "did not return within the time limit of 0.2 s per call; the audit stopped there"),
+])
+def test_a_call_that_exits_or_hangs_fails_in_one_line(candidate: str, what: str, infer: list[str],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["audit", f"tests.support.audit_candidates:{candidate}", *infer, *QUICK,
+                 "--call-time-limit", "0.2"])
+    out = capsys.readouterr().out
+    assert code == 1
+    where = "probing its conventions (--infer)" if infer else \
+        "in check reference [float32] (b=1 h=1 g=1 t=1 s=1 d=1 dv=1, seed 0)"
+    assert out == f"audit of tests.support.audit_candidates:{candidate}: FAIL: a call of the candidate {where} {what}\n"
+
+
+def test_a_candidate_that_modifies_its_inputs_is_named_with_the_input_and_the_call(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "report.json"
+    code = main(["audit", "tests.support.audit_candidates:modifies_query", *QUICK, "--checks", "reference",
+                 "--dtypes", "float64", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert code == 1
+    row = json.loads(path.read_text())["results"][0]
+    assert row["status"] == "FAIL"
+    assert row["message"] == ("the candidate modified its input q in place during the call (the counterexample's): "
+                              "inputs must be left as given")
+    assert row["counterexample"]["b"] >= 1  # the call: its example, with its repro in the table
+    assert "candidate_call(example" in out
