@@ -18,5 +18,6 @@ $py benchmarks/main_job_profile.py --data "$data" --write docs/lab/time-to-quali
 $py benchmarks/contention.py --data "$data" --rounds 3 --write docs/training.md --readme README.md  # busy machine
 $py benchmarks/bench.py attention --write docs/lab/benchmarks.md --readme README.md          # MHA vs torch's
 $py benchmarks/audit_hf_sweep.py --jobs 2             # docs/audit-hf-sweep.md
+bash benchmarks/hf_oldest_env.sh && .venv-hf-oldest/bin/python benchmarks/audit_hf_sweep.py --jobs 2 --oldest  # docs/audit-hf-sweep-oldest.md
 $py benchmarks/reliability_cases.py --write          # docs/reliability.md: every case tried (as root: all rows)
 $py benchmarks/lr_sweep.py --data "$data" --jobs 2 --write    # docs/lab/lr-sweep.md: the learning-rate sweep (one thread a run: load-independent)
