@@ -168,6 +168,10 @@ def audit_class(item: tuple[str, str], max_examples: int = 5) -> dict[str, Any]:
         first = str(err).splitlines()[0][:160] if str(err) else ""
         row["skipped"] = f"{type(err).__name__}: {first}"
         return row
+    inner = next((kind for kind in map(not_dot_product, (type(s).__name__ for s in module.modules())) if kind), None)
+    if inner is not None:  # a block around attention of another kind (BigBird's, block-sparse by default)
+        row["skipped"] = f"not dot-product attention: {inner}"
+        return row
     limits = hf_limits(module)
     try:
         report = audit_module(module, spec, conventions="infer", max_examples=max_examples,
@@ -304,7 +308,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--max-examples", type=int, default=5)
     parser.add_argument("--oldest", action="store_true",
-                        help=f"write {OLDEST_PAGE.relative_to(ROOT)} (run in .venv-hf-oldest: the declared floor)")
+                        help=f"write {OLDEST_PAGE.relative_to(ROOT)} (run in .venv-hf-oldest: the declared floor), "
+                        "with --models too (the page says how many model packages it swept)")
     args = parser.parse_args()
     import transformers
 
@@ -327,7 +332,7 @@ def main() -> int:
         text = page(rows, [u for u in unimportable if u.split(":")[0] in done or final],
                     time.perf_counter() - start, transformers.__version__, len(done) if not final else len(models),
                     len(everything), args.jobs)
-        if not args.print and not args.models and args.first is None:
+        if not args.print and (args.oldest or (not args.models and args.first is None)):
             (OLDEST_PAGE if args.oldest else PAGE).write_text(text, encoding="utf-8")
         return text
 
@@ -352,7 +357,7 @@ def main() -> int:
             print(f"{rows[i]['model']:>24} {rows[i]['cls']:<40} fresh interpreter: "
                   f"{len(rows[i]['fails'])} FAILs confirmed, {len(rows[i]['unconfirmed'])} not reproduced", flush=True)
     text = write(final=True)
-    written = not args.print and not args.models and args.first is None
+    written = not args.print and (args.oldest or (not args.models and args.first is None))
     print(f"wrote {(OLDEST_PAGE if args.oldest else PAGE).relative_to(ROOT)}" if written else text)
     print(counts_line(rows, transformers.__version__), flush=True)
     found = [r for r in rows if "statuses" in r]

@@ -54,7 +54,8 @@ def hf_config_class(cls: type) -> type:
     config of a composite one is taken at build time), or the constructor's annotation."""
     annotation = init_parameters(cls).get("config")
     if (annotation is not None and isinstance(annotation.annotation, type)
-            and annotation.annotation is not inspect.Parameter.empty):
+            and annotation.annotation is not inspect.Parameter.empty
+            and bool(vars(annotation.annotation).get("model_type"))):  # not the base class (DistilBERT on 5.0)
         return annotation.annotation
     from transformers import PreTrainedModel
 
@@ -457,6 +458,10 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     source = _source(cls.forward)
     residual = False  # decided below, once the module can be called
 
+    def positions(x: Tensor, offset: int) -> dict[str, Tensor]:
+        """``cache_position``, for a forward that reads it (T5 on transformers 5.0: the length of its bias)."""
+        return {"cache_position": torch.arange(offset, offset + x.shape[1])} if "cache_position" in signature else {}
+
     def invoke(m: Any, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         """The module's output (the first of a tuple); a block's residual and Add & Norm bypassed."""
         if residual:
@@ -483,6 +488,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
         if "layer_idx" in signature:
             kwargs["layer_idx"] = getattr(m, "layer_idx", 0)
+        kwargs.update(positions(x, offset))
         if cache is not None and cache_arg is not None:
             kwargs[cache_arg] = cache
         return invoke(m, x, **kwargs)
@@ -508,10 +514,12 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         if separate:
             assert key is not None
             assert value is not None
-            return invoke(m, x, key, value, **{mask_arg: mask_for(m, x, key.shape[1], keep, is_causal)})
+            return invoke(m, x, key, value, **{mask_arg: mask_for(m, x, key.shape[1], keep, is_causal)},
+                          **positions(x, 0))
         if memory_arg is not None:
             assert key is not None
-            return invoke(m, x, **{memory_arg: key, memory_mask: mask_for(m, x, key.shape[1], keep, is_causal)})
+            return invoke(m, x, **{memory_arg: key, memory_mask: mask_for(m, x, key.shape[1], keep, is_causal)},
+                          **positions(x, 0))
         return call(m, x, mask_for(m, x, x.shape[1], keep, is_causal), 0)
 
     def decode(m: Any, x: Tensor) -> Tensor:

@@ -188,7 +188,13 @@ def relative_bias(core: str) -> Callable[[Any, int, int], Tensor]:
     from .specs import _t5_bias
 
     def bias(m: Any, t: int, s: int) -> Tensor:
-        return _t5_bias(resolve(m, core.rstrip("."), "hf") if core else m, t, s)
+        owner = resolve(m, core.rstrip("."), "hf") if core else m
+        if "bidirectional" in inspect.signature(owner._relative_position_bucket).parameters:
+            return _t5_bias(owner, t, s)
+        # UMT5: a method of its own that reads is_decoder and the bucket sizes from the module
+        relative = torch.arange(s)[None, :] - torch.arange(s - t, s)[:, None]
+        table: Tensor = owner.relative_attention_bias.weight.detach().double()
+        return rearrange(table[owner._relative_position_bucket(relative)], "t s h -> h t s")
 
     return bias
 

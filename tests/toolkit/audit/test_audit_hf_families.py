@@ -32,6 +32,7 @@ def _class(model: str, name: str) -> type:
     ("bart", "BartAttention", True),  # the decoder's cross-attention over key_value_states
     ("t5", "T5Attention", False),  # relative position bias, no 1/sqrt(d)
     ("t5", "T5LayerSelfAttention", False),  # pre-norm + residual around T5Attention
+    ("umt5", "UMT5Attention", False),  # its own bucket method (no bidirectional argument)
     ("clip", "CLIPAttention", False),
     ("gptj", "GPTJAttention", False),  # interleaved rotary on rotary_dim of head_dim
     ("codegen", "CodeGenAttention", False),  # fused [q v k] per model-parallel group
@@ -131,6 +132,20 @@ def test_a_decorator_wrapped_init_is_read_through() -> None:
     module = hf_build(Wrapped)
     assert module.layer_idx == 0
     assert audit_module(randomize_parameters(module, 0), hf_spec(module), checks=["reference"], **QUICK).passed
+
+
+def test_a_base_config_annotation_falls_back_to_the_model_s_config() -> None:
+    """DistilBERT on transformers 5.0 annotates ``config: PreTrainedConfig``, the base class: no sizes."""
+    from transformers import PretrainedConfig
+    from transformers.models.distilbert.modeling_distilbert import DistilBertSelfAttention
+
+    from typed_transformer.audit._hf import hf_config_class
+
+    class Annotated(DistilBertSelfAttention):
+        def __init__(self, config: PretrainedConfig) -> None:
+            super().__init__(config)  # type: ignore[arg-type]
+
+    assert hf_config_class(Annotated).__name__ == "DistilBertConfig"
 
 
 def test_a_module_of_no_known_layout_is_refused_with_what_was_looked_for() -> None:
