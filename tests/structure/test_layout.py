@@ -29,7 +29,7 @@ WINGS: dict[str, list[str]] = {
     "core": ["_deprecation", "_activations", "shapecheck", "validation", "masks", "attention", "positions",
              "multihead", "layers", "interop", "seq2seq", "gpt", "hf"],
     "toolkit": ["strategies", "audit", "audit._core", "audit._checks", "audit._causes", "audit._infer",
-                "audit._functions", "audit._modules", "audit._hf", "audit.specs"],
+                "audit._functions", "audit._modules", "audit._hf", "audit._hf_layouts", "audit.specs"],
     "app": ["_signals", "_paths", "_files", "_install", "_options", "_memory", "threads", "plot", "data",
             "seq2seq_data", "config", "checkpoint", "generation", "training", "seq2seq_training", "cli", "__init__",
             "__main__"],

@@ -66,8 +66,9 @@ class Layout:
                 **({"weights": self.weights} if self.weights is not None else {})}
 
     def reads(self) -> set[str]:
-        """The module's direct children the layout reads."""
-        paths = [self.core, self.q, self.k, self.v, self.qkv, self.out, *self.norms]
+        """The module's direct children the layout reads (a block's norms, which it bypasses; a norm of the
+        attention module itself, such as BitNet's sub-norm, is not read)."""
+        paths = [self.core, self.q, self.k, self.v, self.qkv, self.out, *(self.norms if self.core else ())]
         return {p.split(".")[0] for p in paths if p}
 
 
@@ -116,7 +117,7 @@ def _sizes(core: Any, prefix: str) -> tuple[str, str | None, str | None, float |
         kv = None if own_kv is None else prefix + own_kv
     head_dim = _first(core, _HEAD_DIM, int)
     scale: float | str | None = _first(core, _SCALE, (float, int))
-    if scale is None and hasattr(core, "relative_attention_bias"):
+    if scale is None and hasattr(core, "has_relative_attention_bias"):
         scale = 1.0  # T5 (before transformers gave it a scaling attribute): no 1/sqrt(d)
     return (heads, kv, None if head_dim is None else prefix + head_dim,
             prefix + scale if isinstance(scale, str) else scale)
