@@ -30,5 +30,6 @@ $py benchmarks/audit_library_docs.py                  # docs/audit.md: each libr
 .venv-litgpt/bin/python benchmarks/audit_library_docs.py litgpt
 $py benchmarks/audit_findings.py --library open_clip_torch   # docs/audit-findings.md: findings outside the extras
 .venv-litgpt/bin/python benchmarks/audit_findings.py --library litgpt
+bash benchmarks/hf_oldest_env.sh && .venv-hf-oldest/bin/python benchmarks/audit_hf_sweep.py --jobs 2 --oldest  # docs/audit-hf-sweep-oldest.md
 $py benchmarks/reliability_cases.py --write          # docs/reliability.md: every case tried (as root: all rows)
 $py benchmarks/lr_sweep.py --data "$data" --jobs 2 --write    # docs/lab/lr-sweep.md: the learning-rate sweep (one thread a run: load-independent)

@@ -228,8 +228,8 @@ def _audit_parser(commands: Any, conventions: bool) -> None:
                        help="the module's spec: a shipped one (typed_transformer.audit.SPECS: torch_mha, gpt2, llama, "
                        "t5, mistral, ...), a library's, read from the module it builds (litgpt, diffusers, open_clip, "
                        "timm, torchtune, x_transformers), your own ModuleSpec as pkg.mod:NAME, or hf (a Hugging Face "
-                       "attention class of the common shape, built from a tiny config of its own; --config overrides "
-                       "fields)")
+                       "attention class (only its import path), built from a tiny config of its own; --config "
+                       "overrides fields)")
     audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
                        "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
     if conventions:  # the conventions a candidate function declares: Conventions' fields (imports the toolkit)
@@ -748,7 +748,7 @@ def _audit_spec(args: argparse.Namespace) -> Any:
     (built with the module); a string is the error message."""
     from .audit import SPECS, ModuleSpec
 
-    choices = f"a shipped spec ({', '.join(SPECS)}), hf for a Hugging Face attention class of the common shape, " \
+    choices = f"a shipped spec ({', '.join(SPECS)}), hf for any Hugging Face attention class (its import path only), " \
               f"or your own ModuleSpec as pkg.mod:NAME"
     if args.spec is None:
         return f"--spec: missing (give {choices})"

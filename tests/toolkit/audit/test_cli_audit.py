@@ -170,10 +170,13 @@ def test_audit_a_hugging_face_class_with_zero_lines_of_spec(capsys: pytest.Captu
     assert code == 0, out
     assert out.splitlines()[0].startswith("audit of transformers.models.qwen2.modeling_qwen2:Qwen2Attention (spec hf")
     assert "inferred conventions (" in out
-    code = main(["audit", "--module", "transformers.models.gpt_neox.modeling_gpt_neox:GPTNeoXAttention", "--spec",
-                 "hf", "--infer"])
+    # the classic families too, from the import path alone (BERT's block: self-attention + output.dense)
+    code = main(["audit", "--module", "transformers.models.bert.modeling_bert:BertAttention", "--spec", "hf",
+                 "--infer", "--checks", "reference,masking", *QUICK, "--dtypes", "float32"])
+    assert code == 0, capsys.readouterr().out
+    code = main(["audit", "--module", "torch.nn:Bilinear", "--spec", "hf", "--infer"])
     assert code == 2
-    assert "not of the common shape" in capsys.readouterr().err
+    assert "Bilinear: no config class found" in capsys.readouterr().err
 
 
 def test_audit_gqa_passes_enable_gqa_to_torch_sdpa(capsys: pytest.CaptureFixture[str]) -> None:
