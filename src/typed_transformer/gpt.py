@@ -205,7 +205,7 @@ class GPT(nn.Module):
     ``all_positions=True`` for all of them) and ``None``.
     """
 
-    __shape_checked__ = ("generate", "attention_weights")
+    __shape_checked__ = ("generate", "stream", "attention_weights")
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()

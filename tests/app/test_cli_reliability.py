@@ -229,7 +229,7 @@ def test_a_signal_anywhere_is_one_line(where: str, signum: int, code: int, line:
     text, out = trained
     target = {"before the loop": "typed_transformer.data.TextData.from_text",
               "in the end-of-run sample": "typed_transformer.gpt.GPT.generate",
-              "in generate": "typed_transformer.gpt.GPT.generate",
+              "in generate": "typed_transformer.gpt.GPT.stream",  # one prompt: shown as it is sampled
               "loading": "typed_transformer.checkpoint.load_checkpoint"}[where]
     monkeypatch.setattr(target, _raise(RuntimeError("not reached")))
 
@@ -304,13 +304,22 @@ def test_a_signal_while_importing_is_one_line(signum: int, code: int, line: str)
 
 
 #: A command stuck in one torch kernel, which never looks for signals (as attention over 200,000 positions was).
+#: "ready" is printed only once the main thread has been inside the kernel for a while (a signal sent before the
+#: kernel starts is taken by Python's handlers between two bytecodes: the ordinary one line, not the watchdog's).
 STUCK = """
-import sys
+import sys, threading, time
 import typed_transformer.cli as cli
+entering = threading.Event()
+def say_ready():
+    entering.wait()
+    time.sleep(0.5)  # the main thread needs microseconds from the event to the kernel
+    print("ready", flush=True)
 def stuck(args):
     import torch
-    print("ready", flush=True)
-    return float(torch.ones(1).expand(2**50).sum())  # hours in one kernel: Python's handlers wait for it
+    ones = torch.ones(1).expand(2**50)
+    threading.Thread(target=say_ready, daemon=True).start()
+    entering.set()
+    return float(ones.sum())  # hours in one kernel (which releases the GIL): Python's handlers wait for it
 cli._run_training_command = stuck
 sys.exit(cli.main(["generate", "--checkpoint", "x"]))
 """
@@ -333,7 +342,7 @@ def test_a_signal_is_answered_inside_one_long_c_call(signum: int, said: str) -> 
         assert process.stdout is not None
         assert process.stdout.readline() == "ready\n"
         process.send_signal(signum)
-        _, err = process.communicate(timeout=300)
+        _, err = process.communicate(timeout=HANG_SECONDS)
     finally:
         process.kill()
     assert process.returncode == 128 + signum
@@ -418,7 +427,7 @@ def test_generate_from_exploded_but_finite_weights_is_one_line(trained: tuple[Pa
     capsys.readouterr()
     assert main(["generate", "--checkpoint", str(bad), "--max-new-tokens", "3"]) == 2
     assert one_line(capsys.readouterr().err) == (
-        "typed-transformer: error: GPT.generate: the model's logits hold NaN or infinity, so no token can be drawn: "
+        "typed-transformer: error: GPT.stream: the model's logits hold NaN or infinity, so no token can be drawn: "
         "its weights are finite but so large that the activations overflow (weights that exploded in a training run "
         "that diverged)")
 

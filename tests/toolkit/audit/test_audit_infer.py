@@ -147,7 +147,8 @@ def test_declared_conventions_contradicted_are_named_with_the_witness() -> None:
     text = report.table()
     assert ("declared causal_alignment='bottom-right'; behaves as 'top-left': is_causal=True, t=2, s=4: query i "
             "sees keys j <= i") in text
-    assert "example = Example(b=1, h=2, g=2, t=2, s=4" in text
+    assert "q = randn((1, 2, 2, 4), seed=" in text  # the witness, t=2 queries and s=4 keys, as a plain call
+    assert "k = randn((1, 2, 4, 4), seed=" in text
     passing = audit_attention(cands.naive_attention, conventions=Conventions(
         causal_alignment="top-left", fully_masked="nan"), max_examples=5, dtypes=(torch.float64,))
     assert passing.passed
@@ -185,7 +186,8 @@ def test_a_known_field_the_behaviour_contradicts_fails_with_its_witness() -> Non
     assert row.message.startswith("causal_alignment: known causal_alignment='bottom-right'; behaves as 'top-left': "
                                   "is_causal=True, t=2, s=4: query i sees keys j <= i"), row.message
     assert row.repro is not None
-    assert "Example(b=1, h=2, g=2, t=2, s=4" in row.repro
+    assert "q = randn((1, 2, 2, 4), seed=" in row.repro  # the witness, t=2 queries and s=4 keys, as a plain call
+    assert "k = randn((1, 2, 4, 4), seed=" in row.repro
     # the other checks audit the behaviour (top-left), so only the contradiction fails
     assert [r.name for r in report.results if r.status == "FAIL"] == ["conventions"]
 

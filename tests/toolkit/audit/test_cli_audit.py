@@ -278,4 +278,4 @@ def test_a_candidate_that_modifies_its_inputs_is_named_with_the_input_and_the_ca
     assert row["message"] == ("the candidate modified its input q in place during the call (the counterexample's): "
                               "inputs must be left as given")
     assert row["counterexample"]["b"] >= 1  # the call: its example, with its repro in the table
-    assert "candidate_call(example" in out
+    assert "out = candidate(qc, kc, vc)" in out  # the call, as a plain call of the candidate
