@@ -124,10 +124,13 @@ def instrument(profile: Profile) -> None:
     profile.wrap(data, "default_corpus", "data", "")
     profile.wrap(data.TextData, "from_text", "data", "")
     profile.wrap(gpt.GPT, "__init__", "model", "building the model (its meta-device twin imports torch._dynamo)")
-    profile.wrap(training, "measure_matmul_flops", "peak", "the peak FLOP/s measurement (the MFU baseline)")
+    profile.wrap(training, "measure_matmul_flops", "peak",
+                 "the peak FLOP/s measurements, at the start and the end (the MFU baseline)")
     profile.wrap(torch.optim.AdamW, "__init__", "optimizer",
                  "building AdamW (would import torch._dynamo, if not yet imported)")
     profile.wrap(training, "evaluate", "eval", "evaluations (20 batches per split; the check before each save)")
+    profile.wrap(training.Trainer, "trial_step", "threads",
+                 "timing thread counts (--threads auto) on trial steps that are not kept")
     profile.wrap(training.Trainer, "next_batch", "batch", "drawing the training batches")
     profile.wrap(training.Trainer, "_backward", "backward", "training steps: forward and backward")
     profile.wrap(torch.nn.utils, "clip_grad_norm_", "clip", "training steps: gradient clipping")

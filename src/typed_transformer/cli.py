@@ -627,10 +627,12 @@ def _generate(args: argparse.Namespace) -> int:
         model = generation.compile_for_generation(model)
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "greedy": args.greedy}
     if len(prompts) == 1:  # shown as it is sampled: on Ctrl-C what was printed stays (exit 130)
+        # the prompt is checked (encoded) at the call, before anything is printed: bad input prints nothing
+        texts_as_sampled = stream_prompt(model, checkpoint.tokenizer, prompts[0], args.max_new_tokens,
+                                         seed=args.seed, device=args.device, **sampling)
         print(prompts[0], end="", flush=True)
         try:
-            for text in stream_prompt(model, checkpoint.tokenizer, prompts[0], args.max_new_tokens, seed=args.seed,
-                                      device=args.device, **sampling):
+            for text in texts_as_sampled:
                 print(text, end="", flush=True)
         finally:
             print(flush=True)

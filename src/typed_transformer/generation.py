@@ -57,11 +57,18 @@ def continue_prompts(model: GPT, tokenizer: CharTokenizer, prompts: list[str], m
 def stream_prompt(model: GPT, tokenizer: CharTokenizer, prompt: str, max_new_tokens: int, *, seed: int,
                   device: str = "cpu", **sampling: Any) -> Iterator[str]:
     """The characters :func:`continue_prompts` appends to ``prompt`` (the same seed gives the same text), each
-    yielded as soon as it is sampled (:meth:`GPT.stream <typed_transformer.gpt.GPT.stream>`)."""
+    yielded as soon as it is sampled (:meth:`GPT.stream <typed_transformer.gpt.GPT.stream>`).
+
+    The prompt is encoded at the call, not at the first character: a prompt the tokenizer refuses raises here,
+    before the caller shows anything."""
     ids = torch.tensor([tokenizer.encode(prompt)], device=device)
     generator = torch.Generator(device=device).manual_seed(seed)
-    for next_id in model.stream(ids, max_new_tokens, generator=generator, **sampling):
-        yield tokenizer.decode(next_id[0].cpu())
+
+    def characters() -> Iterator[str]:
+        for next_id in model.stream(ids, max_new_tokens, generator=generator, **sampling):
+            yield tokenizer.decode(next_id[0].cpu())
+
+    return characters()
 
 
 def compile_for_generation(model: GPT, *, backend: str = "inductor", max_autotune: bool = True) -> GPT:

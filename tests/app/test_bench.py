@@ -114,7 +114,8 @@ def test_benchmarks_run_as_a_script() -> None:
 
 def test_main_job_profile_times_every_phase_and_restores_what_it_wrapped(tmp_path: Path) -> None:
     """benchmarks/main_job_profile.py: a tiny main job through the CLI, each phase counted as often as the run does
-    it (evaluations at 0 and 2, the save's one-batch check), nothing left wrapped afterwards."""
+    it (evaluations at 0 and 2, the save's one-batch check; the peak FLOP/s at the start and the end; no thread
+    trials with --threads 1), nothing left wrapped afterwards."""
     import torch
 
     from benchmarks import main_job_profile
@@ -128,8 +129,8 @@ def test_main_job_profile_times_every_phase_and_restores_what_it_wrapped(tmp_pat
     assert (training.evaluate, torch.optim.AdamW.__init__, "step" in vars(torch.optim.AdamW),
             training.Trainer.step) == before
     calls = {key: phase.calls for key, phase in profile.phases.items()}
-    assert calls == {"data": 2, "model": 2, "peak": 1, "optimizer": 1, "eval": 3, "batch": 2, "backward": 2,
-                     "clip": 2, "step": 2, "save": 1, "plot": 1, "sample": 1}
+    assert calls == {"data": 2, "model": 2, "peak": 2, "optimizer": 1, "eval": 3, "threads": 0, "batch": 2,
+                     "backward": 2, "clip": 2, "step": 2, "save": 1, "plot": 1, "sample": 1}
     assert "iter     2:" in output
     assert 0 < sum(phase.wall for phase in profile.phases.values()) <= wall
     lines = main_job_profile.report(profile, wall, cpu, output, name="input.txt", extra=[], max_iters=2, start=0.01)
