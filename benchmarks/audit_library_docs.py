@@ -71,8 +71,9 @@ def block(library: str) -> str:
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         exec(compile(code, library, "exec"), {"__name__": "__example__"})
-    skip = (f'<!-- skip: next "{library} is not in the test environment: benchmarks/library_envs.sh installs it" -->\n'
-            if library in OUTSIDE_CI else "")
+    where = "the audit-test extra" if library == "diffusers" else "benchmarks/library_envs.sh"
+    skip = (f'<!-- skip: next "{library} is not in the test environment: {where} installs it" -->\n'
+            if library in (*OUTSIDE_CI, "diffusers") else "")
     return f"{skip}```python\n{code}\n```\n\n```text\n{buffer.getvalue().rstrip()}\n```"
 
 

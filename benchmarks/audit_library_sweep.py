@@ -250,8 +250,9 @@ def page(library: str, version: str, rows: list[dict[str, Any]], seconds: float,
                 lines += [f"- diagnosis: {c}" for c in r["causes"]]
             first = r["fails"][0]
             if first["repro"]:
-                skip = ([f'<!-- skip: next "{library} is not in the test environment: benchmarks/library_envs.sh '
-                         f'installs it" -->'] if library in ("litgpt", "open_clip", "timm", "torchtitan") else [])
+                where = "the audit-test extra" if library == "diffusers" else "benchmarks/library_envs.sh"
+                skip = ([f'<!-- skip: next "{library} is not in the test environment: {where} installs it" -->']
+                        if library in ("diffusers", "litgpt", "open_clip", "timm", "torchtitan") else [])
                 lines += ["", f"The repro of `{first['check']}`:", "", *skip, "```python", first["repro"], "```"]
             lines.append("")
     if refused:
