@@ -52,11 +52,13 @@ from torch import nn
 
 from ._checks import draw_example
 from ._core import (
+    BUDGETS,
     CHECKS_VERSION,
     REGISTRY,
     Adapter,
     AuditReport,
     AuditUsageError,
+    Budget,
     Cause,
     CheckResult,
     Conventions,
@@ -108,6 +110,7 @@ def audit_multihead(module: nn.Module | Callable[[], nn.Module], *,
 
 
 __all__ = [
+    "BUDGETS",
     "CHECKS",
     "CHECKS_VERSION",
     "FUNCTION_CHECKS",
@@ -118,6 +121,7 @@ __all__ = [
     "AuditCase",
     "AuditReport",
     "AuditUsageError",
+    "Budget",
     "Cause",
     "CheckResult",
     "Conventions",

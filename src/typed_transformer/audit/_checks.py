@@ -11,7 +11,7 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from ..strategies import attention_shapes, keep_masks, key_padding_masks, seeds
+from ..strategies import AttentionShape, attention_shapes, keep_masks, key_padding_masks, seeds
 from ._core import (
     DEFAULT_CONVENTIONS,
     CheckFailure,
@@ -67,8 +67,11 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
                                            head_dim_multiple=2 if conv.even_head_size else 1,
                                            same_value_dim=conv.equal_head_sizes, same_length=same),
                           label="shape")
-        sizes = {"h": shape.h, "g": shape.g, "d": shape.d, "dv": shape.dv}
         widths = None
+    if run.deep:
+        shape = deep_shape(run, data, shape, same=same, min_len=low, max_len=max_len, min_head_dim=min_head_dim)
+    if a.fixed is None:
+        sizes = {"h": shape.h, "g": shape.g, "d": shape.d, "dv": shape.dv}
     b = max(shape.b, min_batch)
     t = 1 if single_query and not same and low <= 1 else shape.t
     shape = dataclasses.replace(shape, t=t)
@@ -89,6 +92,46 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
     return example
 
 
+def deep_shape(run: Run, data: st.DataObject, small: AttentionShape, *, same: bool, min_len: int,
+               max_len: int | None, min_head_dim: int | None) -> AttentionShape:
+    """``small`` with one axis taken from the budget's deep sizes (drawn ``"focus"``): key and query lengths
+    across the tiles, a head size kernels specialise (lengths stay small), or a batch and head count above 4.
+    Only what the candidate supports: declared ``lengths``, ``head_sizes``, ``even_head_size`` and a module's
+    fixed sizes narrow the lists (the check's own ``max_len`` too: rope stays at 16); with nothing left ``small``
+    is kept. Every list shrinks to its first (smallest) element."""
+    a, conv, budget = run.adapter, run.adapter.conventions, run.budget
+    declared_len = conv.lengths != DEFAULT_CONVENTIONS.lengths
+    high = conv.lengths[1] if declared_len else math.inf
+    if max_len is not None:
+        high = min(high, max_len)
+    lengths = [n for n in budget.lengths if min_len <= n <= high]
+    head_sizes: list[int] = []
+    if a.fixed is None:
+        d_low, d_high = conv.head_sizes if conv.head_sizes != DEFAULT_CONVENTIONS.head_sizes else (1, math.inf)
+        head_sizes = [d for d in budget.head_sizes if max(d_low, min_head_dim or 1) <= d <= d_high
+                      and not (conv.even_head_size and d % 2)]
+    focuses = [name for name, values in (("lengths", lengths), ("head_sizes", head_sizes),
+                                         ("batch", budget.batches)) if values]
+    if not focuses:
+        return small
+    focus = data.draw(st.sampled_from(focuses), label="deep")
+    if focus == "lengths":
+        s = data.draw(st.sampled_from(lengths), label="deep_s")
+        t = s if same else data.draw(st.sampled_from(sorted({min_len, *lengths})), label="deep_t")
+        return dataclasses.replace(small, t=t, s=s)
+    if focus == "head_sizes":
+        d = data.draw(st.sampled_from(head_sizes), label="deep_d")
+        dv = d if conv.equal_head_sizes else data.draw(st.sampled_from([d, *head_sizes]), label="deep_dv")
+        return dataclasses.replace(small, d=d, dv=dv)
+    b = data.draw(st.sampled_from(budget.batches), label="deep_b")
+    if a.fixed is not None or not budget.heads:
+        return dataclasses.replace(small, b=b)
+    h = data.draw(st.sampled_from(budget.heads), label="deep_h")
+    groups = [g for g in range(h, 0, -1) if h % g == 0] if conv.supports_gqa else [h]
+    g = data.draw(st.sampled_from(groups), label="deep_g")
+    return dataclasses.replace(small, b=b, g=g, r=h // g)
+
+
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -104,13 +147,17 @@ def compare(run: Run, example: Example, *, keep: Tensor | None = None, is_causal
     a = run.adapter
     ins = example.inputs() if ins is None else ins
     out = a.call(ins, keep, is_causal, run.dtype)
-    ref64 = a.reference(ins, keep, is_causal, torch.float64)
+    if half_rule(run):
+        ref64, allowed, base = half_bound(run, ins, keep, is_causal, live_rows(run, example, keep, is_causal))
+    else:
+        ref64 = a.reference(ins, keep, is_causal, torch.float64)
     if tuple(out.shape) != tuple(ref64.shape):
         raise CheckFailure(f"{what}: output shape {tuple(out.shape)}, expected {tuple(ref64.shape)}", example)
-    reflow = a.reference(ins, keep, is_causal, run.dtype)
     rows = live_rows(run, example, keep, is_causal)
-    allowed, base = bound(ref64, reflow, run.tolerance, run.dtype, rows=rows, amplification=a.logit_bound(ins),
-                          length=_length(example))
+    if not half_rule(run):
+        reflow = a.reference(ins, keep, is_causal, run.dtype)
+        allowed, base = bound(ref64, reflow, run.tolerance, run.dtype, rows=rows, amplification=a.logit_bound(ins),
+                              length=_length(example))
     err = error(out, ref64, rows)
     ratio = err / base
     if not err <= allowed:
@@ -118,6 +165,33 @@ def compare(run: Run, example: Example, *, keep: Tensor | None = None, is_causal
                            f"(ratio {ratio:.3g} to the reference's own error {base:.3g})", example, ratio)
     run.note(ratio)
     return out, allowed
+
+
+#: The half-precision dtypes judged by :func:`half_bound`.
+HALF = (torch.float16, torch.bfloat16)
+
+
+def half_rule(run: Run) -> bool:
+    """Whether the forward output is judged by :func:`half_bound`: a function's half-precision inputs (a module's
+    weights are rounded too, which the float32 reference does not model: modules keep :func:`bound`'s rule)."""
+    return run.dtype in HALF and run.adapter.kind == "function"
+
+
+def half_bound(run: Run, ins: Inputs, keep: Tensor | None, is_causal: bool, rows: Tensor | None
+               ) -> tuple[Tensor, float, float]:
+    """``(ref64, allowed, base)`` for half-precision inputs, as a kernel that accumulates in float32 would do:
+    the candidate receives the inputs rounded to its dtype, so ``ref64`` is the reference on those rounded
+    inputs in float64; ``base`` is what the reference itself achieves run the good kernel's way (the rounded
+    inputs computed in float32, the output rounded to the dtype) against ``ref64``, or two units in the last
+    place of ``max|ref64|`` when that is larger. It does not grow with the logits: a kernel whose logits
+    overflow, or lose their digits in half precision, fails. Allowed: ``tolerance * base``."""
+    a = run.adapter
+    q, k, v = (x.to(run.dtype).double() for x in ins)
+    rounded: Inputs = (q, k, v)
+    ref64 = a.reference(rounded, keep, is_causal, torch.float64)
+    good = a.reference(rounded, keep, is_causal, torch.float32).to(run.dtype)
+    allowed, base = bound(ref64, good, run.tolerance, run.dtype, rows=rows)
+    return ref64, allowed, base
 
 
 def live_rows(run: Run, example: Example, keep: Tensor | None, is_causal: bool) -> Tensor | None:
@@ -453,7 +527,7 @@ def incremental_decoding(run: Run, data: st.DataObject) -> None:
     same(decoded, full, allowed, example, "token-by-token decoding vs the candidate's full causal pass")
 
 
-@register("fast_path", kinds=("module",))
+@register("fast_path", kinds=("module",), deep=False)
 def fast_path(run: Run, data: st.DataObject) -> None:
     """The module's inference fast path (nn.MultiheadAttention: eval, no grad, batch-first self-attention with
     a key padding mask, including fully padded batch elements): real positions equal the reference, and a fully

@@ -697,10 +697,50 @@ def candidate_code() -> Iterator[None]:
         raise CandidateRaised(f"{type(err).__name__}: {err}") from err
 
 
+@dataclass(frozen=True)
+class Budget:
+    """How deep the audit looks. Beside ``max_examples`` small examples per check and dtype (sizes 1..6, which
+    shrink well), ``deep_examples`` more are drawn at the sizes kernels get wrong: key and query lengths on both
+    sides of the tiles kernels use (``lengths``), the head sizes kernels specialise with small lengths
+    (``head_sizes``), batches and head counts above 4 with small lengths (``batches``, ``heads``), each with the
+    check's masks and causal setting. Each list is ordered small to large and drawn with ``sampled_from``, which
+    shrinks towards its first element: a bug first seen at 129 keys is reported at the smallest listed length that
+    still fails (17 for a kernel whose 16-key blocks forget to rescale). ``quick`` (today's sizes only) has no
+    deep examples."""
+
+    name: str = "default"
+    lengths: tuple[int, ...] = (15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129)
+    head_sizes: tuple[int, ...] = (64, 65, 80, 96, 127, 128, 256)
+    batches: tuple[int, ...] = (5, 8, 9)
+    heads: tuple[int, ...] = (5, 6, 8)
+    deep_examples: int = 6
+
+    def __post_init__(self) -> None:
+        for name in ("lengths", "head_sizes", "batches", "heads"):
+            values = getattr(self, name)
+            if any(not isinstance(v, int) or v < 1 for v in values) or list(values) != sorted(set(values)):
+                raise ValueError(f"Budget: {name} must be positive integers in increasing order; got {values}")
+        if self.deep_examples < 0:
+            raise ValueError(f"Budget: deep_examples must be >= 0; got {self.deep_examples}")
+
+
+#: The budgets by name: ``quick`` draws only the small examples, ``default`` reaches the tiles too.
+BUDGETS = {"quick": Budget("quick", (), (), (), (), 0), "default": Budget()}
+
+
+def resolve_budget(budget: "Budget | str") -> Budget:
+    """A :class:`Budget` or the name of one in :data:`BUDGETS`."""
+    if isinstance(budget, Budget):
+        return budget
+    if budget not in BUDGETS:
+        raise ValueError(f"unknown budget {budget!r}; choose {', '.join(BUDGETS)} or pass a Budget")
+    return BUDGETS[budget]
+
+
 @dataclass
 class Run:
     """State shared by the examples of one check: worst passing ratio, examples run before the first failure,
-    the example being run."""
+    the example being run, the budget and whether its deep examples (tile-crossing sizes) are being drawn."""
 
     adapter: Adapter
     dtype: torch.dtype
@@ -709,6 +749,8 @@ class Run:
     examples: int = 0
     failing: bool = False
     current: Example | None = None
+    budget: Budget = field(default_factory=Budget)
+    deep: bool = False
 
     def note(self, ratio: float) -> None:
         if math.isfinite(ratio):
@@ -726,26 +768,42 @@ class Check:
     body: CheckBody
     kinds: tuple[str, ...] = ("function", "module")
     doc: str = ""
+    #: whether the budget's deep examples apply (False: the check draws its own sizes)
+    deep: bool = True
 
 
 REGISTRY: dict[str, Check] = {}
 
 
-def register(name: str, *, kinds: tuple[str, ...] = ("function", "module")) -> Callable[[CheckBody], CheckBody]:
+def register(name: str, *, kinds: tuple[str, ...] = ("function", "module"), deep: bool = True
+             ) -> Callable[[CheckBody], CheckBody]:
     """Register a check body under ``name`` (the order of registration is the order of the report)."""
 
     def wrap(body: CheckBody) -> CheckBody:
-        REGISTRY[name] = Check(name, body, kinds, (body.__doc__ or "").strip())
+        REGISTRY[name] = Check(name, body, kinds, (body.__doc__ or "").strip(), deep)
         return body
 
     return wrap
 
 
 def run_check(check: Check, adapter: Adapter, dtype: torch.dtype, *, max_examples: int, seed: int,
-              tolerance: float) -> CheckResult:
-    """Run ``check`` on ``adapter`` for inputs in ``dtype`` as a Hypothesis test (shrinking on)."""
-    run = Run(adapter, dtype, tolerance)
-    dtype_name = DTYPE_NAMES[dtype]
+              tolerance: float, budget: Budget | None = None) -> CheckResult:
+    """Run ``check`` on ``adapter`` for inputs in ``dtype`` as Hypothesis tests (shrinking on): the small
+    examples, then (when they pass) the budget's deep examples; the row counts both."""
+    budget = BUDGETS["quick"] if budget is None else budget
+    result = _run_phase(check, Run(adapter, dtype, tolerance, budget=budget), max_examples, seed)
+    if result.status != "PASS" or not check.deep or not budget.deep_examples:
+        return result
+    deep = _run_phase(check, Run(adapter, dtype, tolerance, budget=budget, deep=True), budget.deep_examples, seed)
+    deep.examples += result.examples
+    if deep.status == "PASS":
+        deep.ratio = max(result.ratio or 0.0, deep.ratio or 0.0)
+    return deep
+
+
+def _run_phase(check: Check, run: Run, max_examples: int, seed: int) -> CheckResult:
+    """One Hypothesis test of ``check`` (``run.deep``: at the budget's deep sizes)."""
+    adapter, dtype_name = run.adapter, DTYPE_NAMES[run.dtype]
 
     @settings(max_examples=max_examples, deadline=None, database=None, derandomize=False, phases=_PHASES,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False, print_blob=False)
