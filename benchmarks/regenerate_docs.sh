@@ -13,6 +13,8 @@ $py benchmarks/pasted_outputs.py --data "$data" --write   # every other pasted o
 $py benchmarks/audit_infer_docs.py                    # docs/audit.md: the --infer example and its timing
 $py benchmarks/audit_docs_tables.py                   # docs/audit.md: every other printed report
 $py benchmarks/audit_findings.py                      # docs/audit-findings.md: every finding re-checked
+$py benchmarks/audit_kernel_gallery.py                # docs/audit-kernels.md: each planted kernel and its report
+$py benchmarks/audit_cost.py                          # docs/audit.md: the default audit's cost against budget='quick'
 $py benchmarks/time_to_quality.py --data "$data" --write docs/lab/time-to-quality.md --readme README.md
 $py benchmarks/main_job_profile.py --data "$data" --write docs/lab/time-to-quality.md   # where its time goes
 $py benchmarks/contention.py --data "$data" --rounds 3 --write docs/training.md --readme README.md  # busy machine

@@ -94,8 +94,9 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
 
 def deep_shape(run: Run, data: st.DataObject, small: AttentionShape, *, same: bool, min_len: int,
                max_len: int | None, min_head_dim: int | None) -> AttentionShape:
-    """``small`` with one axis taken from the budget's deep sizes (drawn ``"focus"``): key and query lengths
-    across the tiles, a head size kernels specialise (lengths stay small), or a batch and head count above 4.
+    """``small`` with one axis taken from the budget's deep sizes: key and query lengths across the tiles
+    (``run.deep == "lengths"``), or (``"sizes"``) a head size kernels specialise or a batch and head count above 4
+    (lengths stay small).
     Only what the candidate supports: declared ``lengths``, ``head_sizes``, ``even_head_size`` and a module's
     fixed sizes narrow the lists (the check's own ``max_len`` too: rope stays at 16); with nothing left ``small``
     is kept. Every list shrinks to its first (smallest) element."""
@@ -110,11 +111,13 @@ def deep_shape(run: Run, data: st.DataObject, small: AttentionShape, *, same: bo
         d_low, d_high = conv.head_sizes if conv.head_sizes != DEFAULT_CONVENTIONS.head_sizes else (1, math.inf)
         head_sizes = [d for d in budget.head_sizes if max(d_low, min_head_dim or 1) <= d <= d_high
                       and not (conv.even_head_size and d % 2)]
-    focuses = [name for name, values in (("lengths", lengths), ("head_sizes", head_sizes),
-                                         ("batch", budget.batches)) if values]
+    if run.deep == "lengths":
+        focuses = ["lengths"] if lengths else []
+    else:
+        focuses = [name for name, values in (("head_sizes", head_sizes), ("batch", budget.batches)) if values]
     if not focuses:
         return small
-    focus = data.draw(st.sampled_from(focuses), label="deep")
+    focus = focuses[0] if len(focuses) == 1 else data.draw(st.sampled_from(focuses), label="deep")
     if focus == "lengths":
         s = data.draw(st.sampled_from(lengths), label="deep_s")
         t = s if same else data.draw(st.sampled_from(sorted({min_len, *lengths})), label="deep_t")
@@ -309,8 +312,8 @@ def permutation(run: Run, data: st.DataObject) -> None:
     if run.adapter.conventions.always_causal:
         raise Skip("always causal: order matters")
     example = draw_example(run, data)
-    key_perm = torch.tensor(data.draw(st.permutations(range(example.s)), label="key_perm"))
-    query_perm = torch.tensor(data.draw(st.permutations(range(example.t)), label="query_perm"))
+    key_perm, query_perm = _permutation(run, data, example.s, "key_perm"), _permutation(run, data, example.t,
+                                                                                        "query_perm")
     out, allowed = compare(run, example)
     q, k, v = ins = example.inputs()
     if k is q:
@@ -321,6 +324,14 @@ def permutation(run: Run, data: st.DataObject) -> None:
     same(permuted_keys, out, allowed, example, f"keys and values permuted by {key_perm.tolist()}")
     permuted_queries = run.adapter.call((q[..., query_perm, :], k, v), None, False, run.dtype)
     same(permuted_queries, out[..., query_perm, :], allowed, example, f"queries permuted by {query_perm.tolist()}")
+
+
+def _permutation(run: Run, data: st.DataObject, n: int, label: str) -> Tensor:
+    """A permutation of ``range(n)``: drawn element by element for the small examples (it shrinks to a single
+    swap), from a seed at the deep sizes (shrinking 129 elements one by one would take thousands of calls)."""
+    if not run.deep:
+        return torch.tensor(data.draw(st.permutations(range(n)), label=label))
+    return torch.randperm(n, generator=torch.Generator().manual_seed(data.draw(seeds(), label=label)))
 
 
 @register("masking")

@@ -705,8 +705,9 @@ class Budget:
     (``head_sizes``), batches and head counts above 4 with small lengths (``batches``, ``heads``), each with the
     check's masks and causal setting. Each list is ordered small to large and drawn with ``sampled_from``, which
     shrinks towards its first element: a bug first seen at 129 keys is reported at the smallest listed length that
-    still fails (17 for a kernel whose 16-key blocks forget to rescale). ``quick`` (today's sizes only) has no
-    deep examples."""
+    still fails (17 for a kernel whose 16-key blocks forget to rescale). The lengths run as their own search of
+    ``deep_examples`` examples, head sizes and batches as one more of half as many. ``quick`` (the sizes of the
+    audit before budgets) has no deep examples."""
 
     name: str = "default"
     lengths: tuple[int, ...] = (15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129)
@@ -750,7 +751,8 @@ class Run:
     failing: bool = False
     current: Example | None = None
     budget: Budget = field(default_factory=Budget)
-    deep: bool = False
+    #: None: the small examples; "lengths": the budget's lengths; "sizes": its head sizes, batches and heads
+    deep: Literal["lengths", "sizes"] | None = None
 
     def note(self, ratio: float) -> None:
         if math.isfinite(ratio):
@@ -792,13 +794,20 @@ def run_check(check: Check, adapter: Adapter, dtype: torch.dtype, *, max_example
     examples, then (when they pass) the budget's deep examples; the row counts both."""
     budget = BUDGETS["quick"] if budget is None else budget
     result = _run_phase(check, Run(adapter, dtype, tolerance, budget=budget), max_examples, seed)
-    if result.status != "PASS" or not check.deep or not budget.deep_examples:
+    if not check.deep or not budget.deep_examples:
         return result
-    deep = _run_phase(check, Run(adapter, dtype, tolerance, budget=budget, deep=True), budget.deep_examples, seed)
-    deep.examples += result.examples
-    if deep.status == "PASS":
-        deep.ratio = max(result.ratio or 0.0, deep.ratio or 0.0)
-    return deep
+    # the lengths (where tiled kernels fail) in their own search, then head sizes and batches in half as many
+    phases: tuple[tuple[Literal["lengths", "sizes"], int], ...] = (("lengths", budget.deep_examples),
+                                                                    ("sizes", -(-budget.deep_examples // 2)))
+    for deep, examples in phases:
+        if result.status != "PASS":
+            break
+        more = _run_phase(check, Run(adapter, dtype, tolerance, budget=budget, deep=deep), examples, seed)
+        more.examples += result.examples
+        if more.status == "PASS":
+            more.ratio = max(result.ratio or 0.0, more.ratio or 0.0)
+        result = more
+    return result
 
 
 def _run_phase(check: Check, run: Run, max_examples: int, seed: int) -> CheckResult:
