@@ -51,13 +51,13 @@ def test_the_cost_block_compares_both_budgets_on_the_docs_example_and_a_hugging_
 
     page = (ROOT / "docs" / "audit.md").read_text(encoding="utf-8")
     block = page.split(COST_BEGIN, 1)[1].split(COST_END, 1)[0].strip().splitlines()
-    assert block[0] == ("| audit of | quick: float32, float64, sizes 1..6 | default: + deep sizes, + half dtypes "
+    assert block[0] == ("| audit of | budget quick (sizes 1..6) | default (+ deep sizes; a function: + half dtypes) "
                         "| ratio |")
     rows = [line for line in block[2:] if line.startswith("| ")]
     assert [row.split(" | ")[0] for row in rows] == ["| docs/audit.md's my_attention (conventions=\"infer\", "
                                                       "max_examples=10)",
                                                       "| LlamaAttention (hf_spec, conventions=\"infer\", "
-                                                      "max_examples=10)"]
+                                                      "max_examples=10, float32)"]
     for row in rows:
         assert re.search(r"\| \d+\.\d s \(.*\) \| \d+\.\d s \(.*\) \| \d+\.\dx \|$", row), row
     assert block[-1].endswith("made by `benchmarks/audit_cost.py`.")

@@ -99,7 +99,7 @@ def causal_block_skip(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | No
         rows = slice(q_start, q_start + 64)
         block_keep = None if keep is None else keep[..., rows, :]
         if is_causal:
-            last_seen = q_start + s - t  # should be min(q_start + 64, t) - 1 + s - t
+            last_seen = max(q_start + s - t, 0)  # should be min(q_start + 64, t) - 1 + s - t
             skipped = torch.arange(s) >= (last_seen // 32 + 1) * 32
             block_keep = ~skipped if block_keep is None else block_keep & ~skipped
         out = _online_softmax(q[..., rows, :], k, v, block_keep, block=32, rescale=True)

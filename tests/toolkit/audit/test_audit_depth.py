@@ -57,18 +57,18 @@ def test_the_fp16_overflow_kernel_fails_in_float16_by_default_and_passes_in_floa
     assert rows["float32"].status == "PASS"
     assert rows["float64"].status == "PASS"
     assert rows["float16"].status == "FAIL", report.table()
-    assert "logits scaled to 1e+05" in rows["float16"].message
+    assert "logits scaled to 100000" in rows["float16"].message
 
 
 def test_a_softmax_without_the_max_subtracted_fails_in_float16() -> None:
-    report = audit_attention(no_max_subtraction, conventions="infer", seed=0, checks=["reference"],
+    report = audit_attention(no_max_subtraction, conventions="infer", seed=0, checks=["large_logits"],
                              dtypes=[torch.float16], budget="quick")
-    assert report.status("reference") == "FAIL", report.table()
+    assert report.status("large_logits") == "FAIL", report.table()
 
 
 def _half_accumulation(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
                        is_causal: bool = False) -> Tensor:
-    """The weights in float32, then ``weights @ v`` summed key by key in the input dtype."""
+    """The weights in float32, then ``weights @ v`` summed key by key in the input dtype (float16: 10 bits)."""
     weights = scaled_dot_product_attention(q.float(), k.float(), torch.eye(k.shape[-2]).expand(
         *k.shape[:-1], k.shape[-2]), attn_mask=attn_mask, is_causal=is_causal)
     assert isinstance(weights, Tensor)
@@ -80,11 +80,11 @@ def _half_accumulation(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | N
 
 
 def test_accumulating_in_half_precision_fails_past_a_few_keys_where_float32_accumulation_passes() -> None:
-    report = audit_attention(_half_accumulation, seed=0, checks=["reference"], dtypes=[torch.bfloat16])
+    report = audit_attention(_half_accumulation, seed=0, checks=["reference"], dtypes=[torch.float16])
     assert report.status("reference") == "FAIL", report.table()
     assert report["reference"].counterexample is not None
     assert report["reference"].counterexample["s"] > 6
-    assert audit_attention(kernels.tiled_attention, seed=0, checks=["reference"], dtypes=[torch.bfloat16]).passed
+    assert audit_attention(kernels.tiled_attention, seed=0, checks=["reference"], dtypes=[torch.float16]).passed
 
 
 def test_the_correct_tiled_kernel_passes_the_default_audit_in_every_dtype() -> None:
@@ -181,7 +181,7 @@ def test_deep_flags_with_the_quick_budget_give_one_line_and_exit_2(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", "tests.support.kernels:tiled_attention", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.strip().splitlines() == [f"typed-transformer: {message}"]
+    assert err.strip().splitlines() == [f"typed-transformer: error: {message}"]
 
 
 @pytest.mark.parametrize("flag", ["--lengths", "--head-sizes", "--batch"])
