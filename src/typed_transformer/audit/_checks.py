@@ -62,6 +62,8 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
         d_low, d_high = conv.head_sizes
         if min_head_dim is not None:
             d_low = max(d_low, min_head_dim)
+        if "s" in deep:  # long rows: with d = 1 every query row has the same largest key, one row in effect
+            d_low = max(d_low, min(4, conv.head_sizes[1]))
         if max_head_dim is not None:
             d_high = max_head_dim
         d_high = max(d_high, d_low)
@@ -75,7 +77,8 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
     shape = dataclasses.replace(shape, **deep)
     if a.fixed is None:
         sizes = {"h": shape.h, "g": shape.g, "d": shape.d, "dv": shape.dv}
-    b = max(shape.b, min_batch)
+    # long rows: 3 batch elements, so that a bug that shows on a few rows in ten still shows when shrunk
+    b = max(shape.b, min_batch, 3 if "s" in deep else 1)
     t = 1 if single_query and not same and low <= 1 else shape.t
     shape = dataclasses.replace(shape, t=t)
     keep: Tensor | None = None
@@ -89,8 +92,10 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
         styles: tuple[Literal["right", "random"], ...] = ("right",) if a.positional is not None else ("right", "random")
         keep = data.draw(key_padding_masks(b, shape.s, styles=styles), label="padding")[:, None, None, :]
     seed = data.draw(seeds(), label="seed")
+    ramp = 2.0 if "s" in deep else 0.0  # long rows: keys grow along the sequence (see Example)
     example = Example(b=b, t=shape.t, s=shape.s, **sizes, seed=seed, dtype=_name(run.dtype),
-                      keep=mask_to_list(keep), is_causal=is_causal, amplitude=amplitude, widths=widths, tied=tied)
+                      keep=mask_to_list(keep), is_causal=is_causal, amplitude=amplitude, widths=widths, tied=tied,
+                      ramp=ramp)
     run.current = example
     return example
 
@@ -122,7 +127,7 @@ def deep_sizes(run: Run, data: st.DataObject, *, same: bool, min_len: int, max_l
     focus = focuses[0] if len(focuses) == 1 else data.draw(st.sampled_from(focuses), label="deep")
     if focus == "lengths":
         s = data.draw(st.sampled_from(lengths), label="deep_s")
-        t = s if same else data.draw(st.sampled_from(sorted({min_len, *lengths})), label="deep_t")
+        t = s if same else data.draw(st.sampled_from(lengths), label="deep_t")  # many query rows too
         return {"t": t, "s": s}
     if focus == "head_sizes":
         d = data.draw(st.sampled_from(head_sizes), label="deep_d")

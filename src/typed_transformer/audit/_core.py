@@ -342,7 +342,9 @@ class Example:
     ``widths`` (modules only) are the query, key and value input widths: the inputs are then ``x (b, t, eq)``,
     ``key (b, s, ek)``, ``value (b, s, ev)`` (one tensor for all three with ``tied``). ``keep`` is the
     keep-mask ``(b, 1 or h, t, s)`` as nested lists; ``amplitude`` multiplies queries and keys (modules: the
-    inputs), to reach large logits.
+    inputs), to reach large logits. ``ramp`` scales key position ``j`` (a tied module: input position ``j``) by
+    ``1 + ramp * j / (s - 1)``: the largest logit of a row then tends to come late, so that a running maximum
+    grows from one block of keys to the next (what a tiled kernel that forgets to rescale gets wrong).
     """
 
     b: int
@@ -359,6 +361,7 @@ class Example:
     amplitude: float = 1.0
     widths: tuple[int, int, int] | None = None
     tied: bool = False
+    ramp: float = 0.0
 
     __shape_checked__ = ("mask", "inputs")
 
@@ -372,15 +375,16 @@ class Example:
 
     def inputs(self) -> Inputs:
         """Float64 inputs: ``q (b,h,t,d)``, ``k (b,g,s,d)``, ``v (b,g,s,dv)`` (modules: see ``widths``)."""
+        ramp = 1.0 + self.ramp * torch.arange(self.s, dtype=torch.float64)[:, None] / max(self.s - 1, 1)
         if self.widths is not None:
             eq, ek, ev = self.widths
             x = randn((self.b, self.t, eq), self.seed) * self.amplitude
             if self.tied:
-                return x, x, x
-            key = randn((self.b, self.s, ek), self.seed + 1) * self.amplitude
+                return (x * ramp,) * 3 if self.ramp else (x, x, x)
+            key = randn((self.b, self.s, ek), self.seed + 1) * self.amplitude * ramp
             return x, key, randn((self.b, self.s, ev), self.seed + 2)
         q = randn((self.b, self.h, self.t, self.d), self.seed) * self.amplitude
-        k = randn((self.b, self.g, self.s, self.d), self.seed + 1) * self.amplitude
+        k = randn((self.b, self.g, self.s, self.d), self.seed + 1) * self.amplitude * ramp
         v = randn((self.b, self.g, self.s, self.dv), self.seed + 2)
         return q, k, v
 

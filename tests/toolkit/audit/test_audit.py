@@ -61,8 +61,8 @@ def test_planted_bug_fails_its_check(candidate: Callable[..., Tensor], conventio
 
 
 def test_planted_bugs_fail_every_affected_check_in_a_full_audit() -> None:
-    report = audit_attention(cands.causal_off_by_one, conventions=NAIVE, max_examples=6)
-    # every check that draws is_causal=True, and only those
+    report = audit_attention(cands.causal_off_by_one, conventions=NAIVE, max_examples=6, dtypes=FULL_PRECISION)
+    # every check that draws is_causal=True, and only those (in half precision its float16 logits overflow too)
     assert report.failed == ["causality", "mask_and_causal", "gradients"]
     assert report["reference"].status == "PASS"
 
@@ -86,7 +86,8 @@ CORRECT: list[tuple[Callable[..., Any], Conventions, int]] = [
                          ids=["ours-0", "ours-1", "ours-2", "sdpa-0", "sdpa-1", "sdpa-2", "naive", "bthd", "drop",
                               "unit-scale"])
 def test_correct_candidates_pass(candidate: Callable[..., Tensor], conventions: Conventions, seed: int) -> None:
-    report = audit_attention(candidate, conventions=conventions, seed=seed, max_examples=6)
+    # float32 and float64 at every budget size; half precision: test_half_precision_of_the_correct_candidates
+    report = audit_attention(candidate, conventions=conventions, seed=seed, max_examples=6, dtypes=FULL_PRECISION)
     assert report.passed, report.table()
     expected_skips = {"fully_masked"} if conventions.fully_masked == "any" else set()
     if not conventions.mask_with_causal:
@@ -95,6 +96,21 @@ def test_correct_candidates_pass(candidate: Callable[..., Tensor], conventions: 
     assert list(dict.fromkeys(r.name for r in report.results)) == list(FUNCTION_CHECKS)
     # one row per check and dtype, one row for a skipped check
     assert len(report.results) == 2 * len(FUNCTION_CHECKS) - len(expected_skips)
+
+
+FULL_PRECISION = (torch.float32, torch.float64)
+
+
+def test_half_precision_of_the_correct_candidates() -> None:
+    """Kernels that accumulate in float32 (ours and torch's SDPA) pass in float16 and bfloat16; the textbook
+    attention, whose float16 logits overflow past 65504, fails large_logits there and nothing else."""
+    for candidate, conventions in ((scaled_dot_product_attention, Conventions.typed_transformer()),
+                                   (F.scaled_dot_product_attention, SDPA)):
+        report = audit_attention(candidate, conventions=conventions, max_examples=4,
+                                 dtypes=(torch.float16, torch.bfloat16))
+        assert report.passed, report.table()
+    naive = audit_attention(cands.naive_attention, conventions=NAIVE, max_examples=4, dtypes=(torch.float16,))
+    assert naive.failed == ["large_logits"], naive.table()
 
 
 def test_unsupported_features_are_skipped() -> None:

@@ -3,6 +3,7 @@ are caught with inferred conventions and shrunk to the smallest failing size, th
 ``budget="quick"`` keeps the small sizes (and misses them), half precision is judged as a float32-accumulating
 kernel would be."""
 
+import re
 from typing import Any
 
 import pytest
@@ -28,14 +29,15 @@ def failing(kernel: object, check: str, **options: object) -> dict[str, Any]:
     return counterexample
 
 
-@pytest.mark.parametrize(("kernel", "check", "size", "smallest"), [
-    (kernels.tiled_16_no_rescale, "reference", "s", 17),
-    (kernels.tiled_64_no_rescale, "reference", "s", 65),
-    (kernels.batch_chunks, "masking", "b", 5),
+@pytest.mark.parametrize(("kernel", "check", "size", "shrunk"), [
+    (kernels.tiled_16_no_rescale, "reference", "s", (17,)),
+    # at 65 keys the second block's one key must beat 64 others on some row: seed 0's rows do not, 127 is next
+    (kernels.tiled_64_no_rescale, "reference", "s", (65, 127)),
+    (kernels.batch_chunks, "masking", "b", (5,)),
 ])
 def test_a_planted_kernel_is_caught_and_shrunk_to_the_smallest_failing_size(
-        kernel: object, check: str, size: str, smallest: int) -> None:
-    assert failing(kernel, check, dtypes=F32)[size] == smallest
+        kernel: object, check: str, size: str, shrunk: tuple[int, ...]) -> None:
+    assert failing(kernel, check, dtypes=F32)[size] in shrunk
     quick = audit_attention(kernel, conventions="infer", seed=0, checks=[check], dtypes=F32,  # type: ignore[arg-type]
                             budget="quick")
     assert quick.passed, quick.table()  # the small sizes never reach the bug
@@ -170,7 +172,7 @@ def test_the_command_line_audits_half_precision_by_default(capsys: pytest.Captur
                  "--budget", "quick"]) == 1
     out = capsys.readouterr().out
     assert "dtypes float32, float64, float16, bfloat16" in out.splitlines()[0]
-    assert "large_logits        float16   FAIL" in out
+    assert re.search(r"^large_logits +float16 +FAIL", out, re.MULTILINE), out
 
 
 @pytest.mark.parametrize(("argv", "message"), [

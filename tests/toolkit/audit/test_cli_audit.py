@@ -8,7 +8,8 @@ import pytest
 from typed_transformer.audit import FUNCTION_CHECKS, MODULE_CHECKS
 from typed_transformer.cli import main
 
-QUICK = ["--max-examples", "4"]
+# the small audit in float32 and float64: these tests are about the command, not the sizes (test_audit_depth.py)
+QUICK = ["--max-examples", "4", "--budget", "quick", "--dtypes", "float32,float64"]
 
 
 def test_audit_torch_sdpa_passes_with_its_conventions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
