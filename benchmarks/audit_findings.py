@@ -157,7 +157,172 @@ for cause in report.causes:
     print(f"{cause.check} explains {cause.explains()}" + (f"; {cause.diagnosis}" if cause.diagnosis else ""))
 reproduced = report.status("mask_and_causal") == "FAIL" and report["mask_and_causal"].dtype == "float32"
 '''),
+    Finding(
+        "diffusers' `Attention(kv_heads=...)` raises on any input with its default processor",
+        "diffusers",
+        "`Attention(query_dim, heads=4, kv_heads=2)` builds key and value projections for 2 heads, but the default "
+        "`AttnProcessor2_0` splits them into `heads` heads of `inner_kv_dim // heads` features and hands the output "
+        "projection a tensor of the wrong width: every call raises. The audit's zero-line spec reads the grouped "
+        "heads; its every check fails with the error.",
+        "reference",
+        '''import torch
+from diffusers.models.attention_processor import Attention
+
+attention = Attention(16, heads=4, kv_heads=2, dim_head=4)
+try:
+    attention(torch.randn(2, 3, 16))
+    raised = None
+except RuntimeError as err:
+    raised = str(err).splitlines()[0]
+print(type(attention.processor).__name__, "raised:", raised)
+reproduced = raised is not None
+'''),
+    Finding(
+        "diffusers' `RMSNorm` q/k norm computes its variance in float32 for float64 inputs",
+        "diffusers",
+        "`Attention(..., qk_norm=\"rms_norm\")` normalises queries and keys with diffusers' `RMSNorm`, which takes the "
+        "mean square in float32 whatever the input dtype: a float64 module is float32-precise (errors near 1e-8 where "
+        "float64 allows about 1e-14). The audit's float64 checks fail; float32 passes.",
+        "reference",
+        '''import torch
+from diffusers.models.normalization import RMSNorm
+
+x = torch.randn(2, 3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 3
+norm = RMSNorm(8, eps=1e-6).double()
+exact = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+error = float((norm(x) - exact).abs().max())
+print("output dtype:", norm(x).dtype, f"| max error against a float64 RMSNorm: {error:.1e}")
+reproduced = error > 1e-12
+'''),
+    Finding(
+        "x-transformers' `Attention(num_mem_kv=...)` raises on any `attn_mask`",
+        "x-transformers",
+        "With memory key/values the module prepends `num_mem_kv` keys and pads its key padding `mask` for them, but "
+        "not an `attn_mask`: any `attn_mask` of the input's length raises a size mismatch. The audit's `masking` and "
+        "`padding` checks fail with the error; calls without a mask and with `mask=` pass.",
+        "masking",
+        '''import torch
+from x_transformers import Attention
+
+attention = Attention(16, heads=4, dim_head=4, num_mem_kv=2)
+x = torch.randn(1, 3, 16)
+print("key padding mask works:", tuple(attention(x, mask=torch.tensor([[True, True, False]])).shape))
+try:
+    attention(x, attn_mask=torch.ones(3, 3, dtype=torch.bool))
+    raised = None
+except RuntimeError as err:
+    raised = str(err).splitlines()[0]
+print("attn_mask raised:", raised)
+reproduced = raised is not None
+'''),
 ]
+
+#: Findings in libraries outside the test extras, each library's in a block of its own that the script rewrites
+#: where the library is installed (``--library litgpt`` in .venv-litgpt; open_clip in .venv, installed without its
+#: dependencies by benchmarks/library_envs.sh and imported through the torchvision shim).
+LIBRARY_FINDINGS: dict[str, list[Finding]] = {
+    "litgpt": [
+        Finding(
+            "litgpt's rope cache is float32-precise in a float64 model",
+            "litgpt",
+            "`build_rope_cache` computes its frequencies and angles in float32; a model moved to float64 holds "
+            "float64 cos/sin buffers with float32 values (errors near 1e-7 where float64 allows about 1e-16), and "
+            "its rotary embedding is float32-precise. The audit's float64 `rope` and `reference` checks fail "
+            "(with the rope cache litgpt's `GPT.rope_cache` builds); float32 passes.",
+            "rope",
+            '''import torch
+from litgpt import Config
+from litgpt.model import GPT
+
+config = Config(n_embd=32, n_head=4, head_size=8, n_layer=1, block_size=16, padded_vocab_size=64,
+                rotary_percentage=1.0)
+model = GPT(config).double()  # a float64 model: its rope cache buffers become float64
+angles = torch.arange(16, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, 8, 2).double() / 8)
+exact = torch.cat([angles.cos(), angles.cos()], dim=-1)  # (position, head size): pairs i and i + 4
+error = float((model.cos - exact).abs().max())
+print("rope cache:", tuple(model.cos.shape), model.cos.dtype, f"| max error against float64 cosines: {error:.1e}")
+reproduced = model.cos.dtype == torch.float64 and error > 1e-10
+'''),
+        Finding(
+            "litgpt's sliding-window layers ignore the mask they are given",
+            "litgpt",
+            "A `CausalSelfAttention` whose layer has a sliding window (`sliding_window_size`, without a KV cache) "
+            "replaces the mask it is called with by its own causal window mask: a padding mask, or any mask, has "
+            "no effect (and the layer is causal whatever the caller asked). The audit's `masking` and `padding` "
+            "checks fail on such layers; layers without a window pass.",
+            "masking",
+            '''import types
+
+import torch
+from litgpt import Config
+from litgpt.model import GPT, CausalSelfAttention
+
+torch.manual_seed(0)
+x = torch.randn(1, 5, 16)
+causal = torch.ones(1, 1, 5, 5, dtype=torch.bool).tril()
+hidden = causal.clone()
+hidden[..., 1:, 0] = False  # queries 1.. may no longer see key 0
+for window in (None, 4):
+    config = Config(n_embd=16, n_head=2, head_size=8, n_layer=1, block_size=16, sliding_window_size=window)
+    attention = CausalSelfAttention(config, block_idx=0)
+    cos, sin = GPT.rope_cache(types.SimpleNamespace(config=config, max_seq_length=5))
+    with torch.no_grad():
+        seen, masked = attention(x, cos[None], sin[None], causal), attention(x, cos[None], sin[None], hidden)
+    change = float((seen - masked).abs().max())
+    print(f"sliding_window_size={window}: window layer {attention.apply_sliding_window_attention}, "
+          f"output change when key 0 is masked: {change:.3g}")
+reproduced = change == 0.0
+'''),
+    ],
+    "open_clip_torch": [
+        Finding(
+            "open_clip's `Attention(scaled_cosine=True)` raises on any input",
+            "open_clip_torch",
+            "The cosine-attention branch multiplies the `(b, h, t, d)` queries and keys with `torch.bmm`, which takes "
+            "3-D tensors only: every call raises (the `use_fsdpa=False` branch does the same). The zero-line spec "
+            "refuses `scaled_cosine` by name (the reference has no cosine attention); this repro is the call itself.",
+            "reference",
+            '''import torch
+
+from typed_transformer.audit import import_without_torchvision
+
+import_without_torchvision()  # open_clip imports torchvision at import time; its attention never uses it
+from open_clip.transformer import Attention
+
+attention = Attention(16, num_heads=4, scaled_cosine=True)
+try:
+    attention(torch.randn(2, 3, 16))
+    raised = None
+except RuntimeError as err:
+    raised = str(err).splitlines()[0]
+print("raised:", raised)
+reproduced = raised is not None
+'''),
+        Finding(
+            "open_clip's `Attention(qk_norm=True)` raises on float64 modules",
+            "open_clip_torch",
+            "The q/k norms are `LayerNormFp32`, which casts its input to float32 but keeps the module's weights: a "
+            "module moved to float64 raises a mixed-dtype error on every call. The audit's float64 checks fail with "
+            "the error; float32 passes.",
+            "reference",
+            '''import torch
+
+from typed_transformer.audit import import_without_torchvision
+
+import_without_torchvision()
+from open_clip.transformer import Attention
+
+attention = Attention(16, num_heads=4, qk_norm=True).double()
+try:
+    attention(torch.randn(2, 3, 16, dtype=torch.float64))
+    raised = None
+except RuntimeError as err:
+    raised = str(err).splitlines()[0]
+print("float64 call raised:", raised)
+reproduced = raised is not None
+'''),
+    ],
+}
 
 #: Findings the audit made on libraries the test extras cannot install here (not re-checked by this script).
 NOT_INSTALLABLE = [
@@ -191,7 +356,7 @@ def page_block() -> str:
     import torch
 
     lines = [f"Re-checked by `benchmarks/audit_findings.py` with torch {torch.__version__.split('+')[0]}"
-             + "".join(f", {lib} {version(lib)}" for lib in ("transformers", "torchtune", "x-transformers")
+             + "".join(f", {lib} {version(lib)}" for lib in ("transformers", "torchtune", "x-transformers", "diffusers")
                        if version(lib)) + ".", ""]
     for number, finding in enumerate(FINDINGS, start=1):
         status, printed = recheck(finding)
@@ -204,13 +369,40 @@ def page_block() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def library_block(library: str) -> str:
+    """The block of one library's findings (``LIBRARY_FINDINGS``), numbered after the page's main list."""
+    first = len(FINDINGS) + len(NOT_INSTALLABLE) + 1 + sum(
+        len(found) for name, found in LIBRARY_FINDINGS.items() if list(LIBRARY_FINDINGS).index(name) <
+        list(LIBRARY_FINDINGS).index(library))
+    lines = []
+    for number, finding in enumerate(LIBRARY_FINDINGS[library], start=first):
+        status, printed = recheck(finding)
+        lines += [f"### {number}. {finding.title}", "", f"{status} (caught by the `{finding.check}` check).", "",
+                  finding.what, "", f'<!-- skip: next "{library} is not in the test environment: '
+                  f'benchmarks/library_envs.sh installs it" -->', "```python", finding.repro.rstrip(), "```", ""]
+        if printed:
+            lines += ["```text", printed.rstrip(), "```", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def library_markers(library: str) -> tuple[str, str]:
+    return (f"<!-- begin: audit-findings-{library} (generated by benchmarks/audit_findings.py --library {library}; "
+            f"do not edit by hand) -->", f"<!-- end: audit-findings-{library} -->")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when the page differs from a fresh re-check")
+    parser.add_argument("--library", choices=sorted(LIBRARY_FINDINGS), default=None,
+                        help="rewrite only this library's block (run where it is installed)")
     args = parser.parse_args()
     import warnings
 
     warnings.filterwarnings("ignore")
+    if args.library is not None:
+        write_between(PAGE, *library_markers(args.library), library_block(args.library))
+        print(f"docs/audit-findings.md: {len(LIBRARY_FINDINGS[args.library])} {args.library} findings re-checked")
+        return 0
     block = page_block()
     if args.check:
         text = PAGE.read_text(encoding="utf-8")

@@ -44,7 +44,10 @@ def my_attention(q, k, v, *, attn_mask=None, is_causal=False):
 
 report = audit_attention(my_attention, conventions="infer", max_examples=10, seed=0)
 print(report.table())
-assert report.passed'''
+assert report.failed == []                     # every check passed, but True = masked out is not the paper's:
+assert report.undeclared == ["mask_polarity"]  # not passed until it is declared
+declared = audit_attention(my_attention, conventions="infer", known={"mask_polarity": "drop"}, max_examples=10)
+assert declared.passed'''
 
 
 def _timings(repeats: int) -> str:

@@ -36,10 +36,10 @@ MARKER = "<!-- contention -->"
 
 def _threads_of(run: Run) -> str:
     """What ``--threads auto`` chose last in a main-job run ('threads: 1 (...)' lines), else the batch line's."""
-    chosen = next((line for _, line in reversed(run.lines)  # a choice, not a "step time drifted" notice
+    chosen = next((line for _, line in reversed(run.lines)  # a change of count
                    if line.startswith("threads: ") and line.removeprefix("threads: ")[:1].isdigit()), None)
     if chosen is not None:
-        return chosen.removeprefix("threads: ").split(" (")[0] + " (auto)"
+        return chosen.removeprefix("threads: ").split()[0] + " (auto)"  # 'threads: 2 at iteration 0 (...)'
     setting = (run.last("batch: ") or "").rsplit("; ", 1)[-1].removeprefix("threads ")
     return "auto, still timing the counts" if setting.startswith("auto") else setting
 

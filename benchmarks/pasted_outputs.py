@@ -49,12 +49,14 @@ TRAIN = (".venv/bin/typed-transformer", "train")
 BLOCKS: dict[str, Block] = {
     "bad-input": Block(
         "docs/training.md",
-        commands=((*TRAIN, "--data", "/bin/ls"),
+        # After the main job, as the README orders them (runs/gpt holds a checkpoint): --out of its own, or
+        # the first line would be "runs/gpt/checkpoint.safetensors exists".
+        commands=((*TRAIN, "--data", "/bin/ls", "--out", "runs/ls"),
                   (".venv/bin/typed-transformer", "generate", "--checkpoint", "runs/gpt", "--prompt", "ü€"),
                   (*TRAIN, "--config", "bad.toml")),
         setup=((*TRAIN, "--data", DATA, "--max-iters", "1", "--eval-iters", "1", "--sample-tokens", "0",
                 "--no-progress"),),
-        setup_at=1, files={"bad.toml": 'preset = "baby"\nn_layers = 8\n'}),
+        setup_at=0, files={"bad.toml": 'preset = "baby"\nn_layers = 8\n'}),
     "ddp-run": Block(
         "docs/training.md",
         commands=((".venv/bin/torchrun", "--standalone", "--nproc-per-node", "2", "-m", "typed_transformer", "train",

@@ -16,9 +16,22 @@ $py benchmarks/audit_findings.py                      # docs/audit-findings.md: 
 $py benchmarks/audit_kernel_gallery.py                # docs/audit-kernels.md: each planted kernel and its report
 $py benchmarks/audit_cost.py                          # docs/audit.md: the default audit's cost against budget='quick'
 $py benchmarks/time_to_quality.py --data "$data" --write docs/lab/time-to-quality.md --readme README.md
+# docs/lab/time-to-quality.md: quality per token of each optimizer, 3 seeds (one thread a run: load-independent)
+$py benchmarks/quality_per_token.py --data "$data" --seeds 1337 1338 1339 --write docs/lab/time-to-quality.md
+$py benchmarks/quality_per_token.py --data "$data" --seeds 1337 1338 1339 --write docs/lab/time-to-quality.md optimizer=muon
 $py benchmarks/main_job_profile.py --data "$data" --write docs/lab/time-to-quality.md   # where its time goes
 $py benchmarks/contention.py --data "$data" --rounds 3 --write docs/training.md --readme README.md  # busy machine
 $py benchmarks/bench.py attention --write docs/lab/benchmarks.md --readme README.md          # MHA vs torch's
 $py benchmarks/audit_hf_sweep.py --jobs 2             # docs/audit-hf-sweep.md
+bash benchmarks/library_envs.sh                       # .venv-litgpt; timm and open_clip without torchvision
+for lib in diffusers open_clip timm torchtune x_transformers; do   # docs/audit-<library>-sweep.md
+    $py benchmarks/audit_library_sweep.py $lib --dtypes float32
+done
+.venv-litgpt/bin/python benchmarks/audit_library_sweep.py litgpt --dtypes float32
+$py benchmarks/audit_library_docs.py                  # docs/audit.md: each library's zero-line audit
+.venv-litgpt/bin/python benchmarks/audit_library_docs.py litgpt
+$py benchmarks/audit_findings.py --library open_clip_torch   # docs/audit-findings.md: findings outside the extras
+.venv-litgpt/bin/python benchmarks/audit_findings.py --library litgpt
+bash benchmarks/hf_oldest_env.sh && .venv-hf-oldest/bin/python benchmarks/audit_hf_sweep.py --jobs 2 --oldest  # docs/audit-hf-sweep-oldest.md
 $py benchmarks/reliability_cases.py --write          # docs/reliability.md: every case tried (as root: all rows)
 $py benchmarks/lr_sweep.py --data "$data" --jobs 2 --write    # docs/lab/lr-sweep.md: the learning-rate sweep (one thread a run: load-independent)

@@ -38,11 +38,12 @@ def run_all() -> str:
     with tempfile.TemporaryDirectory() as work:
         for argv in COMMANDS:
             start = time.perf_counter()
-            done = subprocess.run([str(executable), *argv], cwd=work, capture_output=True, text=True,
-                                  env={**os.environ, "COLUMNS": "120"}, check=False)
+            # stdout and stderr merged, as a terminal shows them (progress is on stderr, results on stdout)
+            done = subprocess.run([str(executable), *argv], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env={**os.environ, "COLUMNS": "120"}, check=False)
             seconds = time.perf_counter() - start
             if done.returncode != 0:
-                raise SystemExit(f"typed-transformer {' '.join(argv)} exited {done.returncode}:\n{done.stderr}")
+                raise SystemExit(f"typed-transformer {' '.join(argv)} exited {done.returncode}:\n{done.stdout}")
             lines.append(f"$ typed-transformer {' '.join(argv)}    # {seconds:.0f} s wall")
             lines.extend(done.stdout.rstrip("\n").splitlines())
     machine = f"{platform.machine()}, {os.cpu_count()} cores, torch's default thread count"

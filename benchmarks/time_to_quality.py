@@ -14,6 +14,10 @@ its final val loss; val <= 1.72 within its wall time). ``--write docs/lab/time-t
 block between that page's ``<!-- time-to-quality -->`` markers with the output. ::
 
     python benchmarks/time_to_quality.py [--data FILE] [--rounds 1] [--extra "--lr 3e-3"] [--write PAGE]
+    python benchmarks/time_to_quality.py --optimizer adamw --optimizer muon   # both, interleaved in each round
+
+With ``--optimizer`` (given once or more) the main job runs with ``--optimizer NAME``, each in every round after
+the reference, and the report is printed for each; ``--write`` and ``--readme`` take the first one's.
 
 Where the main job's own time goes, phase by phase, is ``benchmarks/main_job_profile.py``.
 
@@ -131,17 +135,24 @@ def main() -> int:
     parser.add_argument("--write", type=Path, default=None, help="a page with two time-to-quality markers")
     parser.add_argument("--readme", type=Path, default=None,
                         help="a page (README.md) whose line between two <!-- quality-speed --> markers to rewrite")
+    parser.add_argument("--optimizer", action="append", choices=("adamw", "muon"), default=None,
+                        help="run the main job with this --optimizer (repeat for both; default: its own default)")
     args = parser.parse_args()
+    extras = [args.extra] if args.optimizer is None else [
+        f"--optimizer {name}{' ' + args.extra if args.extra else ''}" for name in args.optimizer]
     reference_runs: list[Run] = []
-    ours: list[Run] = []
+    ours: dict[str, list[Run]] = {extra: [] for extra in extras}
     with data_file(args.data) as data, tempfile.TemporaryDirectory() as out:
         for round_ in range(args.rounds):
             reference_runs.append(run_timed(reference(data)))
-            ours.append(run_timed(main_job(data, Path(out) / "run", *shlex.split(args.extra))))
-            print(f"round {round_ + 1}/{args.rounds}: reference {reference_runs[-1].seconds:.1f} s, "
-                  f"main job {ours[-1].seconds:.1f} s", file=sys.stderr, flush=True)
-        lines = report(reference_runs, ours, name=data.name, extra=args.extra)
-    print("\n".join(lines))
+            for extra, runs in ours.items():
+                runs.append(run_timed(main_job(data, Path(out) / "run", *shlex.split(extra))))
+            print(f"round {round_ + 1}/{args.rounds}: reference {reference_runs[-1].seconds:.1f} s, " + ", ".join(
+                f"main job{' ' + extra if extra else ''} {runs[-1].seconds:.1f} s" for extra, runs in ours.items()),
+                file=sys.stderr, flush=True)
+        reports = [report(reference_runs, runs, name=data.name, extra=extra) for extra, runs in ours.items()]
+    lines = reports[0]
+    print("\n\n".join("\n".join(each) for each in reports))
     if args.write is not None:
         write_between(args.write, MARKER, MARKER, "```\n" + "\n".join(lines) + "\n```")
     if args.readme is not None:

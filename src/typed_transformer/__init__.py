@@ -5,13 +5,13 @@ and checked at the call; a wrong shape raises :class:`ShapeError` (a ``jaxtyping
 naming the function, the argument, the axis and both sizes.
 
 Modules, in dependency order: ``shapecheck`` -> ``masks`` -> ``attention`` -> ``positions`` -> ``multihead``
--> ``layers`` -> ``seq2seq`` / ``gpt`` -> ``hf``, ``data`` -> ``checkpoint`` -> ``training`` -> ``cli``.
+-> ``layers`` -> ``seq2seq`` / ``gpt`` -> ``hf`` / ``tutorial``, ``data`` -> ``checkpoint`` -> ``training`` -> ``cli``.
 """
 
 from jaxtyping import TypeCheckError
 
 # threads first reads torch's thread count here, so a torch.set_num_threads made after this import is the user's.
-from . import hf, interop, threads
+from . import hf, interop, threads, tutorial
 from .attention import scaled_dot_product_attention, scaled_dot_product_attention_with_weights
 from .gpt import GPT, GPTConfig
 from .interop import from_torch, to_torch
@@ -92,4 +92,5 @@ __all__ = [
     "strict_checks_enabled",
     "threads",
     "to_torch",
+    "tutorial",
 ]

@@ -46,6 +46,7 @@ from ._paths import temporary_path
 from .config import TrainConfig
 from .data import CharTokenizer, DataError
 from .gpt import GPT, GPTConfig
+from .muon import MuonAdamW, check_muon_entry, muon_groups
 from .shapecheck import shape_checked, typechecked
 from .validation import PARAMETER_DTYPES
 
@@ -56,6 +57,7 @@ __all__ = [
     "CheckpointError",
     "RunDirectoryError",
     "check_adam_state",
+    "check_optimizer_state",
     "checked_model",
     "checkpoint_bytes",
     "load_checkpoint",
@@ -273,13 +275,13 @@ def _size(count: int) -> str:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _tensor_bytes(value: Tensor) -> memoryview:
+def _tensor_bytes(value: Shaped[Tensor, "..."]) -> memoryview:
     flat = value.detach().cpu().contiguous().reshape(-1)
     array: Any = flat.view(torch.uint8).numpy()  # a view: no copy
     return memoryview(array)
 
 
-def _digest(tensors: dict[str, Tensor], metadata: dict[str, str]) -> str:
+def _digest(tensors: dict[str, Shaped[Tensor, "..."]], metadata: dict[str, str]) -> str:
     """sha256 over every tensor's name, dtype, shape and bytes, and every metadata field but the hash."""
     digest = hashlib.sha256()
     for name in sorted(tensors):
@@ -292,7 +294,7 @@ def _digest(tensors: dict[str, Tensor], metadata: dict[str, str]) -> str:
     return digest.hexdigest()
 
 
-def _optimizer_tensors(state: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+def _optimizer_tensors(state: dict[str, Any]) -> tuple[dict[str, Shaped[Tensor, "..."]], dict[str, Any]]:
     """Split ``optimizer.state_dict()`` into tensors (for safetensors) and JSON-able rest."""
     tensors: dict[str, Tensor] = {}
     per_param: dict[str, dict[str, Any]] = {}
@@ -307,24 +309,17 @@ def _optimizer_tensors(state: dict[str, Any]) -> tuple[dict[str, Tensor], dict[s
     return tensors, {"param_groups": state["param_groups"], "state": per_param}
 
 
-def write_atomically(path: Path, tensors: dict[str, Shaped[Tensor, "..."]], metadata: dict[str, str]) -> None:
-    """Write a safetensors file through a temporary file, fsync and rename: ``path`` is the old file or the
-    new one, never a torn one. An OSError leaves the old file as it was and removes the temporary."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
+def _write_through_temporary(path: Path, fill: Callable[[Path], object]) -> None:
+    """``fill`` a fresh temporary file beside ``path``, fsync it and rename it onto ``path``: ``path`` is the old
+    file or the new one, never a torn one, and a symbolic link at ``path`` is replaced, never followed out of its
+    directory. An OSError leaves the old file as it was and removes the temporary."""
     temporary = temporary_path(path)
     try:
         # O_EXCL on a fresh random name; mode 0o666 filtered by the umask, like any file the user creates.
         os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         mode = temporary.stat().st_mode & 0o777  # 0o666 less the umask; safetensors writes files 0o600
-        try:
-            save_file(tensors, str(temporary), metadata=metadata)
-            os.chmod(temporary, mode)
-        except SafetensorError as err:  # its I/O errors end in "(os error N)": make them the OSError they are
-            found = re.search(r"os error (\d+)", str(err))
-            number = int(found.group(1)) if found else errno.EIO
-            raise OSError(number, os.strerror(number), str(temporary)) from None
+        fill(temporary)
+        os.chmod(temporary, mode)
         with open(temporary, "rb") as stream:
             os.fsync(stream.fileno())
         os.replace(temporary, path)
@@ -337,6 +332,29 @@ def write_atomically(path: Path, tensors: dict[str, Shaped[Tensor, "..."]], meta
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Write a UTF-8 text file (a run's ``config.json``) as checkpoints are written: through a temporary file
+    and a rename, never through a symbolic link at ``path``."""
+    _write_through_temporary(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+def write_atomically(path: Path, tensors: dict[str, Shaped[Tensor, "..."]], metadata: dict[str, str]) -> None:
+    """Write a safetensors file through a temporary file, fsync and rename: ``path`` is the old file or the
+    new one, never a torn one. An OSError leaves the old file as it was and removes the temporary."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    def fill(temporary: Path) -> None:
+        try:
+            save_file(tensors, str(temporary), metadata=metadata)
+        except SafetensorError as err:  # its I/O errors end in "(os error N)": make them the OSError they are
+            found = re.search(r"os error (\d+)", str(err))
+            number = int(found.group(1)) if found else errno.EIO
+            raise OSError(number, os.strerror(number), str(temporary)) from None
+
+    _write_through_temporary(path, fill)
 
 
 write_atomically = typechecked(write_atomically)
@@ -439,12 +457,16 @@ def _validate_train_config(config: Any) -> dict[str, Any]:
     return config
 
 
-def _optimizer_state(tensors: dict[str, Tensor], meta: Any, model: GPT) -> dict[str, Any]:
-    """Rebuild ``optimizer.state_dict()`` and check it fits ``model`` (AdamW over ``parameter_groups``)."""
+def _optimizer_state(tensors: dict[str, Shaped[Tensor, "..."]], meta: Any, model: GPT,
+                     optimizer: str) -> dict[str, Any]:
+    """Rebuild ``optimizer.state_dict()`` and check it fits ``model`` (AdamW over ``parameter_groups``, or
+    :class:`~typed_transformer.muon.MuonAdamW` over :func:`~typed_transformer.muon.muon_groups`)."""
     if not isinstance(meta, dict) or not isinstance(meta.get("param_groups"), list) \
             or not isinstance(meta.get("state"), dict):
         raise ValueError("optimizer metadata must hold param_groups and state")
-    parameters = [p for group in model.parameter_groups(0.0) for p in group["params"]]
+    groups_of = (model.parameter_groups(0.0) if optimizer == "adamw"
+                 else muon_groups(model, [model.lm_head], weight_decay=0.0, lr_scale=1.0))
+    parameters = [p for group in groups_of for p in group["params"]]
     shapes = [p.shape for p in parameters]
     listed: list[Any] = []
     groups = []
@@ -469,8 +491,45 @@ def _optimizer_state(tensors: dict[str, Tensor], meta: Any, model: GPT) -> dict[
             if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) not in state:
                 raise ValueError(f"optimizer tensor {name} belongs to no parameter")
             state[int(parts[1])][parts[2]] = value
-    check_adam_state({"state": state, "param_groups": groups}, parameters, torch.optim.AdamW)
+    check_optimizer_state({"state": state, "param_groups": groups}, parameters, torch.optim.AdamW)
     return {"state": state, "param_groups": groups}
+
+
+def check_optimizer_state(state_dict: dict[str, Any], parameters: list[Float[Tensor, "..."]],
+                          kind: type[torch.optim.Optimizer] = torch.optim.AdamW) -> None:
+    """:func:`check_adam_state` for an ``Adam``/``AdamW`` state, or for a
+    :class:`~typed_transformer.muon.MuonAdamW` one (its groups say ``muon``): its AdamW groups through
+    :func:`check_adam_state` with ``kind``, its Muon groups' settings through ``MuonAdamW``'s constructor and
+    their parameters' state through :func:`~typed_transformer.muon.check_muon_entry`.
+
+    Raises:
+        ValueError: the first thing wrong.
+    """
+    groups = state_dict["param_groups"]
+    if not any("muon" in group for group in groups):
+        check_adam_state(state_dict, parameters, kind)
+        return
+    if not all(isinstance(group.get("muon"), bool) for group in groups):
+        raise ValueError("optimizer param_groups: every group of Muon's optimizer says muon: true or false")
+    muon_groups_ = [group for group in groups if group["muon"]]
+    muon_params = {i for group in muon_groups_ for i in group["params"]}
+    settings = {"momentum", "nesterov", "ns_steps", "weight_decay", "lr_scale"}
+    for group in muon_groups_:
+        try:
+            MuonAdamW([{"params": [torch.zeros(1, 1)], "muon": True, **{k: v for k, v in group.items()
+                                                                         if k in settings}}], lr=group.get("lr", 0.0))
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"optimizer param_groups: {str(err).splitlines()[0]}") from None
+    adam = {"param_groups": [group for group in groups if not group["muon"]],
+            "state": {i: entry for i, entry in state_dict["state"].items() if i not in muon_params}}
+    check_adam_state(adam, parameters, kind)
+    for index in sorted(set(state_dict["state"]) & muon_params):
+        if not (isinstance(index, int) and 0 <= index < len(parameters)):
+            raise ValueError(f"optimizer state for unknown parameter {index!r}")
+        check_muon_entry(index, state_dict["state"][index], parameters[index])
+
+
+check_optimizer_state = typechecked(check_optimizer_state)
 
 
 def check_adam_state(state_dict: dict[str, Any], parameters: list[Float[Tensor, "..."]],
@@ -544,7 +603,7 @@ def _check_adam_entry(index: int, entry: dict[str, Any], shape: torch.Size, dtyp
                          "steps taken)")
 
 
-def _validate_rng(rng: dict[str, Tensor]) -> dict[str, Tensor]:
+def _validate_rng(rng: dict[str, Shaped[Tensor, "..."]]) -> dict[str, UInt8[Tensor, " _"]]:
     size = torch.Generator().get_state().shape
     for name, value in rng.items():
         if name not in ("batches", "torch"):
@@ -559,7 +618,7 @@ def _validate_rng(rng: dict[str, Tensor]) -> dict[str, Tensor]:
     return rng
 
 
-def _read_verified(path: Path) -> tuple[dict[str, Tensor], dict[str, str]]:
+def _read_verified(path: Path) -> tuple[dict[str, Shaped[Tensor, "..."]], dict[str, str]]:
     """The tensors and metadata of the checkpoint file ``path``, after the format and integrity checks."""
     from safetensors import SafetensorError, safe_open
 
@@ -618,12 +677,23 @@ def _out_of_memory(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text)
 
 
-def _model_from(tensors: dict[str, Tensor], config: GPTConfig, path: Path) -> GPT:
+def _model_from(tensors: dict[str, Shaped[Tensor, "..."]], config: GPTConfig, path: Path) -> GPT:
     """A :class:`GPT` of ``config`` holding the ``model.`` tensors (see :func:`checked_model`)."""
     weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     model = checked_model(lambda: GPT(config), weights, path)
     assert isinstance(model, GPT)
     return model
+
+
+def check_tensor_names(tensors: dict[str, Shaped[Tensor, "..."]], prefixes: tuple[str, ...]) -> None:
+    """The loaders' one rule for tensors nothing reads: a name outside ``prefixes`` (``junk.x``) is refused.
+
+    Raises:
+        ValueError: ``unexpected tensor NAME``.
+    """
+    unexpected = sorted(k for k in tensors if k.split(".", 1)[0] not in prefixes)
+    if unexpected:
+        raise ValueError(f"unexpected tensor {unexpected[0]}")
 
 
 def checked_model(build: Callable[[], nn.Module], weights: dict[str, Shaped[Tensor, "..."]], path: Path) -> nn.Module:
@@ -720,12 +790,11 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
         info = _json(metadata, "info")
         if not isinstance(info, dict):
             raise ValueError("info must be a dict")
-        unexpected_prefix = sorted(k for k in tensors if k.split(".", 1)[0] not in ("model", "optim", "rng"))
-        if unexpected_prefix:
-            raise ValueError(f"unexpected tensor {unexpected_prefix[0]}")
+        check_tensor_names(tensors, ("model", "optim", "rng"))
         model = _model_from(tensors, config, path)
         optimizer_meta = _json(metadata, "optimizer")
-        optimizer_state = None if optimizer_meta is None else _optimizer_state(tensors, optimizer_meta, model)
+        optimizer_state = None if optimizer_meta is None else _optimizer_state(
+            tensors, optimizer_meta, model, str(train_config.get("optimizer", "adamw")))
         if optimizer_meta is None and any(k.startswith("optim.") for k in tensors):
             raise ValueError("optimizer tensors without optimizer metadata")
         rng = _validate_rng({k.removeprefix("rng."): v for k, v in tensors.items() if k.startswith("rng.")})

@@ -13,9 +13,10 @@
 
 Bad arguments, bad files and bad checkpoints give one line on stderr and exit code 2, never a traceback.
 Exit codes (docs/reliability.md has the full table): 0 done; 1 a failed audit check or a diverged training run
-(the last finite checkpoint is kept); 2 bad input (arguments, files, checkpoints, an unusable or locked --out, a
-file-system error, out of memory); 130 Ctrl-C (SIGINT); 143 SIGTERM. ``train`` saves on the first Ctrl-C or
-SIGTERM and stops at once on a second one.
+(the last finite checkpoint is kept); 3 an ``audit --infer`` whose checks all passed but whose inferred
+conventions differ from the paper's attention in ways not declared with ``--expect``; 2 bad input (arguments,
+files, checkpoints, an unusable or locked --out, a file-system error, out of memory); 130 Ctrl-C (SIGINT); 143
+SIGTERM. ``train`` saves on the first Ctrl-C or SIGTERM and stops at once on a second one.
 """
 
 import argparse
@@ -41,7 +42,7 @@ from ._options import (
     read_config,
     values_of,
 )
-from ._signals import TERMINATING, exit_code, raise_terminated, signal_name
+from ._signals import TERMINATING, Watchdog, exit_code, raise_interrupt, raise_terminated, signal_name
 
 if TYPE_CHECKING:  # the commands import these when they run: the parser stays light
     from .checkpoint import Checkpoint
@@ -113,7 +114,10 @@ class Seq2SeqCommand:
     """``train-seq2seq``'s own options (the run's settings are
     :class:`~typed_transformer.seq2seq_training.Seq2SeqConfig`'s flags)."""
 
-    config: Path | None = field(default=None, metadata=TrainCommand.__dataclass_fields__["config"].metadata)
+    config: Path | None = field(default=None, metadata={
+        **TrainCommand.__dataclass_fields__["config"].metadata,
+        "help": "TOML file of the options (keys: the flags' names with _ for -, e.g. layers = 4); command-line "
+                "flags override it"})
     threads: int | str = field(default="auto", metadata={"help": THREADS_HELP, "parse": parse_threads})
     out: Path = field(default=Path("out-seq2seq"), metadata={"help": "run directory (out-seq2seq)"})
     resume: bool = field(default=False, metadata={"help": "continue the run in --out", "store": True,
@@ -222,8 +226,10 @@ def _audit_parser(commands: Any, conventions: bool) -> None:
                        "transformers.models.llama.modeling_llama:LlamaAttention (with --spec and --config)")
     audit.add_argument("--spec", default=None, metavar="NAME|MODULE:ATTR",
                        help="the module's spec: a shipped one (typed_transformer.audit.SPECS: torch_mha, gpt2, llama, "
-                       "t5, mistral, ...), your own ModuleSpec as pkg.mod:NAME, or hf (a Hugging Face attention class "
-                       "of the common shape, built from a tiny config of its own; --config overrides fields)")
+                       "t5, mistral, ...), a library's, read from the module it builds (litgpt, diffusers, open_clip, "
+                       "timm, torchtune, x_transformers), your own ModuleSpec as pkg.mod:NAME, or hf (a Hugging Face "
+                       "attention class (only its import path), built from a tiny config of its own; --config "
+                       "overrides fields)")
     audit.add_argument("--config", default="{}", help="constructor arguments of --module as a JSON object "
                        "(Hugging Face modules: the config's fields); its parameters are then redrawn from --seed")
     if conventions:  # the conventions a candidate function declares: Conventions' fields (imports the toolkit)
@@ -238,6 +244,10 @@ def _audit_parser(commands: Any, conventions: bool) -> None:
                             "module's behavioural ones; its --spec says where the weights live); the report "
                             "starts with them and the input that decided each. Conventions flags given with it "
                             "are what you know: inference does the rest and a contradiction FAILs with its witness")
+    audit.add_argument("--expect", action="append", default=[], metavar="NAME=VALUE",
+                       help="with --infer: a difference from the paper's attention that is intended (repeat it for "
+                            "several), e.g. --expect scale=1 (T5), --expect causal_alignment=top-left; an "
+                            "undeclared difference makes the exit status 3 when every check passed")
     audit.add_argument("--checks", default=None, help="comma-separated subset of the checks")
     audit.add_argument("--dtypes", default=None, help="comma-separated (default: float32,float64 and float16, "
                        "bfloat16 where a function accepts them; a module: float32,float64)")
@@ -247,6 +257,9 @@ def _audit_parser(commands: Any, conventions: bool) -> None:
     audit.add_argument("--seed", type=_non_negative_int, default=0,
                        help="seed of the drawn examples (and of --module's redrawn parameters; default 0)")
     audit.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
+    audit.add_argument("--call-time-limit", type=_positive_float, default=60.0, metavar="SECONDS",
+                       help="time limit of one call of the candidate (default 60; the audit's inputs are small): a "
+                            "call past it, or one that calls sys.exit, FAILs in one line and stops the audit")
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -430,7 +443,7 @@ def _train_locked(args: argparse.Namespace) -> int:
     from .config import DEFAULT_PRESET, TrainConfig
     from .data import default_corpus, load_text
     from .gpt import GPTConfig
-    from .training import train
+    from .training import DTYPES, measure_peak_flops, remeasure_peak, train
 
     _cuda_or_fail(args.device)
     if args.data is None:
@@ -461,6 +474,11 @@ def _train_locked(args: argparse.Namespace) -> int:
     result = train(model, data, config, args.out, resume=resume, overwrite=args.overwrite, device=args.device,
                    progress=not args.no_progress and main and sys.stderr.isatty(),
                    info={k: v for k, v in info.items() if v is not None}, peak_flops=peak or None)
+    if args.peak_flops is None and main and peak:  # measured at the start: again at the end (the load may change)
+        import torch
+
+        kind = torch.float32 if not args.device.startswith("cuda") else DTYPES[config.dtype]
+        result = remeasure_peak(result, peak, lambda: measure_peak_flops(args.device, kind, config.threads)[0])
     return _report_training(args, result, config, world) if main else 0
 
 
@@ -560,6 +578,8 @@ def _describe_run(args: argparse.Namespace, model: "GPT", config: "TrainConfig",
           f"train {len(data.train):,} / val {len(data.val):,} tokens", file=err)
     print(f"model: {preset} preset, {model.num_parameters():,} parameters (without positions), "
           f"{model.config}", file=err)
+    if preset == "seed":  # and the count as the tutorial prints it: every parameter, the position table included
+        print(model.num_parameters(non_embedding=False) / 1e6, "M parameters", file=err)
     if args.verbose:
         print(model, file=err)  # the module tree, as the original tutorial's log prints its model
     print(f"train: {config}", file=err)
@@ -584,6 +604,17 @@ def _describe_run(args: argparse.Namespace, model: "GPT", config: "TrainConfig",
     return peak
 
 
+def _mfu_caveat(result: "TrainResult") -> str:
+    """Why an MFU above 100 % can be printed at all (the steps beat the peak they are measured against)."""
+    if not result.mfu > 1:
+        return ""
+    if result.peaks:
+        peaks = " and ".join(f"{peak / 1e9:,.1f}" for peak in result.peaks)
+        return (f"; above 100 %: the steps ran faster than the matmul peak measured at the start and the end "
+                f"({peaks} GFLOP/s: the machine's load changed during the run); give --peak-flops for a fixed one")
+    return "; above 100 %: --peak-flops is lower than the rate the steps reached"
+
+
 def _report_training(args: argparse.Namespace, result: "TrainResult", config: "TrainConfig", world: int) -> int:
     """Rank 0's closing lines: how the run ended, throughput and MFU, the sample; the exit code."""
     last = result.history[-1] if result.history else {}
@@ -597,7 +628,8 @@ def _report_training(args: argparse.Namespace, result: "TrainResult", config: "T
           f"loss curve {args.out / 'loss.png'}")
     how = f"{world} process(es), {config.dtype}{', compiled' if config.compile else ''}"
     if math.isfinite(result.tokens_per_second):
-        print(f"throughput: {result.tokens_per_second:,.0f} tokens/s, MFU {100 * result.mfu:.1f}% ({how})")
+        print(f"throughput: {result.tokens_per_second:,.0f} tokens/s, MFU {100 * result.mfu:.1f}% ({how})"
+              + _mfu_caveat(result))
     else:  # the first step of a call is not timed (it compiles with --compile)
         print(f"throughput: not measured (it needs two steps or more in this run; {how})")
     if result.sample:
@@ -621,7 +653,7 @@ def _generate(args: argparse.Namespace) -> int:
     _require_train_extra("generate")
     from .checkpoint import load_checkpoint
     from .data import read_prompts
-    from .generation import continue_prompts
+    from .generation import continue_prompts, stream_prompt
 
     _cuda_or_fail(args.device)
     checkpoint = load_checkpoint(args.checkpoint, map_location=args.device)
@@ -640,9 +672,18 @@ def _generate(args: argparse.Namespace) -> int:
         # Raised inside torch's autotuner while it compiles, about torch's own storage API: not the user's concern.
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
         model = generation.compile_for_generation(model)
+    sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "greedy": args.greedy}
+    if len(prompts) == 1:  # shown as it is sampled: on Ctrl-C what was printed stays (exit 130)
+        print(prompts[0], end="", flush=True)
+        try:
+            for text in stream_prompt(model, checkpoint.tokenizer, prompts[0], args.max_new_tokens, seed=args.seed,
+                                      device=args.device, **sampling):
+                print(text, end="", flush=True)
+        finally:
+            print(flush=True)
+        return 0
     texts = continue_prompts(model, checkpoint.tokenizer, prompts, args.max_new_tokens, seed=args.seed,
-                             device=args.device, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                             greedy=args.greedy)
+                             device=args.device, **sampling)
     for i, text in enumerate(texts):
         if len(prompts) > 1:
             print(f"==> prompt {i + 1} <==")
@@ -754,7 +795,7 @@ def _audit_spec(args: argparse.Namespace) -> Any:
     (built with the module); a string is the error message."""
     from .audit import SPECS, ModuleSpec
 
-    choices = f"a shipped spec ({', '.join(SPECS)}), hf for a Hugging Face attention class of the common shape, " \
+    choices = f"a shipped spec ({', '.join(SPECS)}), hf for any Hugging Face attention class (its import path only), " \
               f"or your own ModuleSpec as pkg.mod:NAME"
     if args.spec is None:
         return f"--spec: missing (give {choices})"
@@ -790,7 +831,15 @@ def _module_setup(args: argparse.Namespace, config: dict[str, Any]) -> str:
             f"{spec_line}\n"
             f"cls, config = importlib.import_module({module_name!r}).{cls}, {config!r}\n"
             f"{build}\n"
-            f"module = randomize_parameters(module, {args.seed})  # the weights the audit drew (--seed)")
+            f"module = randomize_parameters(module, {args.seed})  # the weights the audit drew (--seed)"
+            + (f"\nfrom typed_transformer.audit import library_spec\nspec = library_spec(module, {args.spec!r})"
+               if args.spec in _library_names() else ""))
+
+
+def _library_names() -> tuple[str, ...]:
+    from .audit._libraries import LIBRARY_SPECS
+
+    return tuple(LIBRARY_SPECS)
 
 
 def _audit_options(args: argparse.Namespace, known: Any) -> dict[str, Any] | str:
@@ -811,10 +860,45 @@ def _audit_options(args: argparse.Namespace, known: Any) -> dict[str, Any] | str
     budget = _audit_budget(args)
     if isinstance(budget, str):
         return budget
-    options = {"checks": checks, "max_examples": args.max_examples, "seed": args.seed, "budget": budget}
+    expect = _expectations(args.expect)
+    if isinstance(expect, str):
+        return expect
+    if expect and not args.infer:
+        return "--expect goes with --infer (declared conventions flags already say every field)"
+    options = {"checks": checks, "max_examples": args.max_examples, "seed": args.seed, "budget": budget,
+               "expect": expect}
     if dtypes is not None:
         options["dtypes"] = [names[d] for d in dtypes]
     return options
+
+
+def _expectations(pairs: list[str]) -> dict[str, Any] | str:
+    """``--expect NAME=VALUE`` flags as ``known`` fields (scale a number or none, true/false for flags), or the
+    error message."""
+    from .audit import INFERRED, Conventions
+
+    known: dict[str, Any] = {}
+    for pair in pairs:
+        name, equals, text = pair.partition("=")
+        name = name.strip().replace("-", "_")
+        if not equals or name not in INFERRED:
+            return f"--expect: give NAME=VALUE with NAME among {', '.join(INFERRED)}; got {pair!r}"
+        value: Any = text.strip()
+        if name == "scale":
+            try:
+                value = None if value.lower() == "none" else float(value)
+            except ValueError:
+                return f"--expect scale: a number or none; got {text!r}"
+        elif isinstance(getattr(Conventions(), name), bool):
+            if value.lower() not in ("true", "false"):
+                return f"--expect {name}: true or false; got {text!r}"
+            value = value.lower() == "true"
+        try:
+            Conventions(**{name: value})
+        except (ValueError, TypeError) as err:
+            return f"--expect: {str(err).splitlines()[0]}"
+        known[name] = value
+    return known
 
 
 def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, options: dict[str, Any]) -> Any:
@@ -840,19 +924,43 @@ def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, optio
         else:
             spec = _audit_spec(args)
             module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
+            from .audit._libraries import LIBRARY_SPECS, library_spec
+
+            if args.spec in LIBRARY_SPECS:  # a library's spec is read from the module it built
+                spec = library_spec(module, args.spec)
     except AuditUsageError:
         raise
     except Exception as err:
         first_line = str(err).splitlines()[0] if str(err) else ""
         return f"cannot build {target} from --config: {type(err).__name__}: {first_line}"
+    except SystemExit as exit_:
+        return f"cannot build {target} from --config: it called sys.exit({exit_.code!r})"
     # default initialisations zero the biases, which would hide bias bugs; --seed makes it reproducible
     module = randomize_parameters(module, args.seed)
     options = {**options, "setup": _module_setup(args, config)}
     name = f"{target} (spec {spec.name})"
     if args.infer:
         known = {} if args.fully_masked is None else {"fully_masked": args.fully_masked}
+        known.update(options.pop("expect"))
         return audit_module(module, spec, conventions="infer", name=name, known=known, **options)
+    options.pop("expect")
     return audit_module(module, spec, fully_masked=args.fully_masked, name=name, **options)
+
+
+def _audit_candidate(args: argparse.Namespace, candidate: Any, target: str, declared: dict[str, Any],
+                     options: dict[str, Any]) -> Any:
+    """The report of the candidate (function or module), or the error message."""
+    from .audit import Conventions, audit_attention, takes_enable_gqa
+
+    if args.module is not None:
+        return _audit_a_module(args, candidate, target, options)
+    if args.infer:  # the conventions flags given beside --infer (and --expect) are what the user knows
+        known = {**declared, **options.pop("expect")}
+        return audit_attention(candidate, conventions="infer", name=target, known=known, **options)
+    options.pop("expect")
+    gqa = declared.get("supports_gqa", False)
+    conventions = Conventions(**declared, enable_gqa=gqa and takes_enable_gqa(candidate))
+    return audit_attention(candidate, conventions=conventions, name=target, **options)
 
 
 def _audit(args: argparse.Namespace) -> int:
@@ -861,9 +969,9 @@ def _audit(args: argparse.Namespace) -> int:
             FUNCTION_CHECKS,
             MODULE_CHECKS,
             AuditUsageError,
+            CandidateStopped,
             Conventions,
-            audit_attention,
-            takes_enable_gqa,
+            call_time_limit,
         )
     except ImportError as err:
         return _fail(f"audit needs the [audit] extra: {install_hint('audit')} ({err})")
@@ -892,25 +1000,35 @@ def _audit(args: argparse.Namespace) -> int:
     if isinstance(options, str):
         return _fail(options)
     try:
-        if args.module is not None:
-            report = _audit_a_module(args, candidate, target, options)
-            if isinstance(report, str):
-                return _fail(report)
-        elif args.infer:  # the conventions flags given beside --infer are what the user knows
-            report = audit_attention(candidate, conventions="infer", name=target, known=declared, **options)
-        else:
-            gqa = declared.get("supports_gqa", False)
-            conventions = Conventions(**declared, enable_gqa=gqa and takes_enable_gqa(candidate))
-            report = audit_attention(candidate, conventions=conventions, name=target, **options)
+        with call_time_limit(args.call_time_limit):
+            report = _audit_candidate(args, candidate, target, declared, options)
     except AuditUsageError as err:
         return _fail(str(err).splitlines()[0])
+    except CandidateStopped as stopped:  # an exit or a hang: no report, one line, and the audit did not pass
+        print(f"audit of {target}: {stopped.line()}")
+        return 1
+    if isinstance(report, str):
+        return _fail(report)
     print(report.table())
     if args.json is not None:
         try:
             report.to_json(str(args.json))
         except OSError as err:
             return _fail(f"--json: cannot write {args.json}: {err.strerror}")
-    return 0 if report.passed else 1
+    return audit_exit_status(report)
+
+
+#: ``audit``'s exit status when every check passed but inference found undeclared differences from the paper's
+#: attention (a scale of 1, top-left causal alignment, ...): declare them with ``--expect`` if they are intended.
+UNDECLARED_DIFFERENCES = 3
+
+
+def audit_exit_status(report: Any) -> int:
+    """0 passed; 1 a check failed; :data:`UNDECLARED_DIFFERENCES` every check passed but the inferred conventions
+    differ from the paper's attention in ways not declared."""
+    if report.failed:
+        return 1
+    return UNDECLARED_DIFFERENCES if report.undeclared else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -922,8 +1040,11 @@ def main(argv: list[str] | None = None) -> int:
         for signum in TERMINATING:  # SIGHUP as SIGTERM, unless inherited as ignored (nohup)
             if previous[signum] != signal.SIG_IGN or signum == signal.SIGTERM:
                 signal.signal(signum, raise_terminated)
+        if previous[signal.SIGINT] is signal.default_int_handler:  # Python's, noted for the watchdog
+            signal.signal(signal.SIGINT, raise_interrupt)
     try:
-        return _main(argv)
+        with Watchdog().watching():  # a signal is answered within seconds, also inside one long C call
+            return _main(argv)
     except KeyboardInterrupt as interrupt:
         code = exit_code(interrupt)
         if in_main_thread:

@@ -68,6 +68,15 @@ class TrainConfig:
     warmup_iters: int = 100
     lr_decay_iters: int | None = None  # default: max_iters
     weight_decay: float = 0.1
+    #: The optimizer: AdamW on every parameter, or Muon on the hidden matrices and AdamW on the rest
+    #: (typed_transformer.muon; docs/training.md).
+    optimizer: Literal["adamw", "muon"] = field(default="adamw", metadata={
+        "help": "adamw, or muon: Muon on the hidden matrices and AdamW on the rest (default adamw)"})
+    muon_lr: float = field(default=0.02, metadata={
+        "help": "Muon's peak learning rate, on the schedule of --lr (default 0.02; with --optimizer muon)",
+        "interval": "(0, 1]", "noun": "a learning rate"})
+    ns_steps: int = field(default=5, metadata={
+        "help": "Muon's Newton-Schulz steps per update (default 5)", "range": (1, 100)})
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0
@@ -117,7 +126,7 @@ class TrainConfig:
         positive = ("max_iters", "batch_size", "eval_interval", "eval_iters", "checkpoint_interval", "grad_accum")
         for name in positive:
             check_positive_int(None, name, getattr(self, name))
-        for name in ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip"):
+        for name in ("learning_rate", "min_lr", "weight_decay", "beta1", "beta2", "grad_clip", "muon_lr"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -133,6 +142,11 @@ class TrainConfig:
                              f"learning_rate={self.learning_rate}, min_lr={self.min_lr}")
         if self.warmup_iters < 0 or self.sample_tokens < 0 or self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError("warmup_iters, sample_tokens, grad_clip and weight_decay must be >= 0")
+        if self.optimizer not in ("adamw", "muon"):
+            raise ValueError(f"optimizer must be adamw or muon, got {self.optimizer!r}")
+        if not 0 < self.muon_lr <= 1:
+            raise ValueError(f"muon_lr must be in (0, 1], got {self.muon_lr}")
+        check_positive_int(None, "ns_steps", self.ns_steps)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not isinstance(self.compile, bool):

@@ -3,12 +3,13 @@
 :meth:`GPT.generate <typed_transformer.gpt.GPT.generate>` is the sampler itself (temperature, top-k, top-p,
 greedy, the KV cache, left-padded prompts); this module holds what the application adds around it:
 :func:`sample_text` turns a tokenizer and a seed into text (the end-of-run sample of ``train``),
-:func:`continue_prompts` continues several prompts in one padded batch (the ``generate`` command) and
+:func:`continue_prompts` continues several prompts in one padded batch (the ``generate`` command with several
+prompts), :func:`stream_prompt` continues one prompt a character at a time (``generate`` with one prompt) and
 :func:`compile_for_generation` compiles a model's forward pass for many cached steps (``generate --compile``).
 """
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ import torch
 from .data import CharTokenizer, left_pad
 from .gpt import GPT
 
-__all__ = ["compile_for_generation", "continue_prompts", "default_prompt", "sample_text"]
+__all__ = ["compile_for_generation", "continue_prompts", "default_prompt", "sample_text", "stream_prompt"]
 
 
 def default_prompt(tokenizer: CharTokenizer) -> str:
@@ -51,6 +52,16 @@ def continue_prompts(model: GPT, tokenizer: CharTokenizer, prompts: list[str], m
     generators = [torch.Generator(device=device).manual_seed(seed) for _ in prompts]
     out = model.generate(ids, max_new_tokens, generator=generators, lengths=lengths, **sampling)
     return [tokenizer.decode(out[i, ids.shape[1] - n:].cpu()) for i, n in enumerate(lengths.tolist())]
+
+
+def stream_prompt(model: GPT, tokenizer: CharTokenizer, prompt: str, max_new_tokens: int, *, seed: int,
+                  device: str = "cpu", **sampling: Any) -> Iterator[str]:
+    """The characters :func:`continue_prompts` appends to ``prompt`` (the same seed gives the same text), each
+    yielded as soon as it is sampled (:meth:`GPT.stream <typed_transformer.gpt.GPT.stream>`)."""
+    ids = torch.tensor([tokenizer.encode(prompt)], device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for next_id in model.stream(ids, max_new_tokens, generator=generator, **sampling):
+        yield tokenizer.decode(next_id[0].cpu())
 
 
 def compile_for_generation(model: GPT, *, backend: str = "inductor", max_autotune: bool = True) -> GPT:

@@ -1,7 +1,7 @@
 """A decoder-only, character-level GPT (the original tutorial's; nanoGPT's ``model.py`` as the style anchor).
 
-    x_0 = E[idx] + P              token embedding plus positions (learned, sinusoidal; or none here and
-                                  RoPE or ALiBi's bias inside attention)
+    x_0 = Dropout(E[idx] + P)     token embedding plus positions (learned, sinusoidal; or none here and
+                                  RoPE or ALiBi's bias inside attention); dropout rate embd_dropout
     x_l = x_{l-1} + Attn(LN(x_{l-1}))         pre-LN blocks with causal self-attention
     x_l = x_l + MLP(LN(x_l))                  MLP(x) = W_2 act(W_1 x), width 4 * n_embd (FeedForward; GELU or ReLU)
     logits = LN_f(x_L) E^T                    output head tied to the token embedding (by default)
@@ -12,7 +12,7 @@ model has grouped-query heads (``n_kv_heads``), a KV cache, RoPE and ALiBi with 
 """
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -71,6 +71,9 @@ class GPTConfig:
         "group": _SIZE})
     n_embd: int = field(default=128, metadata={"help": "model width", "range": (1, 65536), "group": _SIZE})
     dropout: float = field(default=0.0, metadata={"help": "default: the preset's", "interval": "[0, 1)"})
+    embd_dropout: float | None = field(default=None, metadata={  # None: as dropout
+        "help": "dropout on the token and position embeddings (default: as --dropout, as nanoGPT; 0 in the seed "
+                "preset, whose printed model has none)", "interval": "[0, 1)"})
     bias: bool = field(default=False, metadata={
         "help": "biases in the layer norms, attention output projections and feed-forward layers (default: no, "
                 "or the preset's)", "group": _SIZE})
@@ -99,9 +102,12 @@ class GPTConfig:
         for name in ("bias", "lm_head_bias", "tie_weights"):
             if not isinstance(getattr(self, name), bool):  # bool("false") is True: refuse strings and numbers
                 raise ValueError(f"GPTConfig: {name} must be True or False, got {getattr(self, name)!r}")
-        if not isinstance(self.dropout, int | float) or isinstance(self.dropout, bool) \
-                or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout!r}")
+        for name in ("dropout", "embd_dropout"):
+            rate = getattr(self, name)
+            if rate is None and name == "embd_dropout":
+                continue
+            if not isinstance(rate, int | float) or isinstance(rate, bool) or not 0.0 <= rate < 1.0:
+                raise ValueError(f"GPTConfig: {name} must be in [0, 1), got {rate!r}")
         eps = self.layer_norm_eps
         if not isinstance(eps, int | float) or isinstance(eps, bool) or not (eps > 0 and math.isfinite(eps)):
             raise ValueError(f"GPTConfig: layer_norm_eps must be a positive finite number, got {eps!r}")
@@ -113,6 +119,11 @@ class GPTConfig:
     @property
     def kv_heads(self) -> int:
         return self.n_head if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def embedding_dropout(self) -> float:
+        """The dropout rate on the embeddings (``embd_dropout``, else ``dropout``)."""
+        return self.dropout if self.embd_dropout is None else self.embd_dropout
 
     @property
     def qkv_has_bias(self) -> bool:
@@ -140,12 +151,13 @@ class GPTConfig:
 
 #: ``baby``: nanoGPT's CPU shakespeare_char config (4 layers, 4 heads, 128 wide, block 64, no dropout).
 #: ``seed``: the original tutorial's model as it prints it (6 layers, 6 heads, 384 wide, block 256, dropout
-#: 0.2, a ReLU feed-forward, no biases on the key/query/value projections but biases everywhere else, an untied
-#: ``lm_head`` with a bias): 10,788,929 parameters with the position table for 65 characters.
+#: 0.2 on the attention weights and both residual branches and none on the embeddings, a ReLU feed-forward, no
+#: biases on the key/query/value projections but biases everywhere else, an untied ``lm_head`` with a bias):
+#: 10,788,929 parameters with the position table for 65 characters.
 PRESETS: dict[str, dict[str, Any]] = {
     "baby": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64, "dropout": 0.0},
-    "seed": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "dropout": 0.2, "activation": "relu",
-             "bias": True, "qkv_bias": False, "lm_head_bias": True, "tie_weights": False},
+    "seed": {"n_layer": 6, "n_head": 6, "n_embd": 384, "block_size": 256, "dropout": 0.2, "embd_dropout": 0.0,
+             "activation": "relu", "bias": True, "qkv_bias": False, "lm_head_bias": True, "tie_weights": False},
 }
 
 
@@ -205,7 +217,7 @@ class GPT(nn.Module):
         self.pos: nn.Module | None = positions.embedding
         self.alibi: ALiBiPositionalBias | None = positions.alibi
         rotary = positions.rotary
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = nn.Dropout(config.embedding_dropout)
         self.blocks = nn.ModuleList(Block(config, rotary) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.lm_head_bias)
@@ -330,6 +342,11 @@ class GPT(nn.Module):
     :func:`typed_transformer.hf.gpt_from_hf_gpt2`, attached to the class by that module, which imports this one
     (this module never imports it; ``import typed_transformer`` loads both)."""
 
+    from_tutorial_state_dict: ClassVar[Callable[..., "GPT"]]
+    """``GPT.from_tutorial_state_dict(state_dict)``: load the original tutorial's trained weights (its six
+    per-head key/query/value ``Linear``s per block fused into ``in_proj``). An alias of
+    :func:`typed_transformer.tutorial.gpt_from_tutorial_state_dict`, attached to the class by that module."""
+
     def new_caches(self) -> list[KVCache]:
         """One empty :class:`KVCache` per layer, each with room for ``block_size`` positions."""
         return [KVCache(self.config.block_size) for _ in self.blocks]
@@ -400,14 +417,40 @@ class GPT(nn.Module):
         return ("its weights are finite but so large that the activations overflow (weights that exploded in a "
                 "training run that diverged)")
 
-    def _decode(self, idx: Tensor, logits: Tensor, caches: list[KVCache] | None, max_new_tokens: int, *,
-                temperature: float, top_k: int | None, top_p: float | None, greedy: bool,
-                generator: torch.Generator | None, use_cache: bool) -> Tensor:
+    def _decode(self, idx: Tensor, logits: Tensor, caches: list[KVCache] | None, max_new_tokens: int,
+                **settings: Any) -> Tensor:
+        return torch.cat([idx, *self._decode_steps(idx, logits, caches, max_new_tokens, **settings)], dim=1)
+
+    def stream(self, idx: Int[Tensor, "1 t"], max_new_tokens: int, *, temperature: float = 1.0,
+               top_k: int | None = None, top_p: float | None = None, greedy: bool = False,
+               generator: torch.Generator | None = None) -> Iterator[Int[Tensor, "1 1"]]:
+        """:meth:`generate` one token at a time: yields each sampled token as soon as it is drawn (the same
+        tokens :meth:`generate` appends with the same arguments), for a caller that shows text as it comes."""
+        check_sampling(max_new_tokens, temperature, top_k, top_p, greedy)
+        if idx.shape[1] == 0:
+            raise_shape_error("typed_transformer.gpt.GPT.stream", "idx",
+                              "axis t is 0: generation needs a prompt of at least one token", axis="t", actual=0)
+        if max_new_tokens == 0:
+            return
+        caches = self.new_caches()
+        try:
+            logits, _ = self(idx[:, -self.config.block_size:], kv_caches=caches)
+            yield from self._decode_steps(idx, logits, caches, max_new_tokens, temperature=temperature, top_k=top_k,
+                                          top_p=top_p, greedy=greedy, generator=generator, use_cache=True)
+        except _NonFiniteLogits:
+            raise ValueError(f"GPT.stream: the model's logits hold NaN or infinity, so no token can be drawn: "
+                             f"{self._why_not_finite()}") from None
+
+    def _decode_steps(self, idx: Tensor, logits: Tensor, caches: list[KVCache] | None, max_new_tokens: int, *,
+                      temperature: float, top_k: int | None, top_p: float | None, greedy: bool,
+                      generator: torch.Generator | None, use_cache: bool) -> Iterator[Tensor]:
+        """Each sampled token ``(b, 1)`` of :meth:`generate`'s one-generator path, as it is drawn."""
         block = self.config.block_size
         for step in range(max_new_tokens):
             next_id = sample(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy,
                              generator=generator)
             idx = torch.cat([idx, next_id], dim=1)
+            yield next_id
             if step == max_new_tokens - 1:
                 break
             if caches is not None and caches[0].length < block:
@@ -415,7 +458,6 @@ class GPT(nn.Module):
             else:
                 caches = self.new_caches() if use_cache else None
                 logits, _ = self(idx[:, -block:], kv_caches=caches)
-        return idx
 
     def _generate_rows(self, idx: Tensor, lengths: Tensor | None, max_new_tokens: int, *, temperature: float,
                        top_k: int | None, top_p: float | None, greedy: bool,
@@ -452,7 +494,7 @@ class GPT(nn.Module):
             sampling = ~in_prompt & (produced < max_new_tokens)
             next_id = aligned[:, min(position, t - 1)].clone()
             next_id[~in_prompt] = 0  # rows done with max_new_tokens keep feeding a valid id; never returned
-            rows = sampling.nonzero().flatten().tolist()
+            rows = [i for i, draws in enumerate(sampling.tolist()) if draws]
             if rows and generators is not None and not greedy:
                 for i in rows:
                     next_id[i] = sample(logits[i:i + 1, -1], temperature=temperature, top_k=top_k, top_p=top_p,
@@ -463,11 +505,11 @@ class GPT(nn.Module):
                 next_id[rows] = drawn[:, 0]
             new[rows, produced[rows]] = next_id[rows]
             produced += sampling.long()
-            context = torch.cat([context, next_id[:, None]], dim=1)
+            context = torch.cat([context, rearrange(next_id, "b -> b 1")], dim=1)
             if step == steps - 1:
                 break
             if caches is not None and caches[0].length < block:
-                logits, _ = self(next_id[:, None], kv_caches=caches)
+                logits, _ = self(rearrange(next_id, "b -> b 1"), kv_caches=caches)
             else:
                 caches = self.new_caches() if use_cache else None
                 logits, _ = self(context[:, -block:], kv_caches=caches)

@@ -58,16 +58,22 @@ def causal_mask(t: int, s: int | None = None, *, device: torch.device | str | No
 
 def attn_mask_from_torch(
     attn_mask: Bool[Tensor, "t s"] | Float[Tensor, "t s"] | Bool[Tensor, "bh t s"] | Float[Tensor, "bh t s"],
-    num_heads: int,
+    num_heads: int | None = None,
 ) -> Bool[Tensor, "t s"] | Float[Tensor, "t s"] | Bool[Tensor, "b h t s"] | Float[Tensor, "b h t s"]:
     """Convert an ``nn.MultiheadAttention`` ``attn_mask`` to ours.
 
     Boolean masks are inverted (torch: True = masked out; ours: True = may attend). Float masks are
     additive in both and pass through unchanged. A 3-D torch mask ``((b h), t, s)`` (batch-major, as torch
-    lays it out) becomes ``(b, h, t, s)``.
+    lays it out) becomes ``(b, h, t, s)``: ``num_heads`` splits its first axis, and only a 3-D mask needs it.
+
+    Raises:
+        TypeError: a 3-D mask without ``num_heads``.
     """
     mask = ~attn_mask if attn_mask.dtype == torch.bool else attn_mask
     if mask.ndim == 3:
+        if num_heads is None:
+            raise TypeError("attn_mask_from_torch: a 3-D mask ((b h), t, s) needs num_heads to split its first "
+                            "axis; a 2-D (t, s) mask does not")
         if mask.shape[0] % num_heads != 0:
             raise_shape_error(attn_mask_from_torch, "attn_mask",
                               f"axis 0 is {mask.shape[0]}, not a multiple of num_heads={num_heads} "

@@ -7,8 +7,9 @@ The ``h`` per-head projections ``W_i^Q`` (``d_model x d``, ``d = d_model / h``) 
 as one ``Linear(input_dim, d_model)``; splitting its output into heads is the rearrange
 ``"b t (h d) -> b h t d"``. When queries, keys and values have the same width (self-attention, and any
 attention with ``kdim = vdim = input_dim``) the three projections are one fused ``in_proj`` of
-``d_model + 2 * g * d`` outputs in q, k, v order, the layout of the multi-head attention tutorial's
-``qkv_layer`` and of torch's ``in_proj_weight``.
+``d_model + 2 * g * d`` outputs in q, k, v order, the layout of torch's ``in_proj_weight``. The multi-head
+attention tutorial's ``qkv_layer`` has the same shape but keeps each head's q, k, v together
+(``"(h three d) i -> (three h d) i"`` maps its rows to these: docs/tutorial-mistakes.md).
 
 Beyond torch: a query width ``input_dim`` different from ``d_model`` (as in the multi-head attention tutorial),
 grouped-query heads (``num_kv_heads``), a real ``is_causal`` flag, masks in one documented convention (True =

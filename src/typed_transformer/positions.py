@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import torch
+from einops import rearrange
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
@@ -61,7 +62,7 @@ SharedPositions: TypeAlias = Literal["learned", "sinusoidal", "rope"]
 def sinusoidal_table(positions: Int[Tensor, " t"] | Float[Tensor, " t"], d_model: int, *,
                      dtype: torch.dtype = torch.float32) -> Float[Tensor, "t d_model"]:
     """``(len(positions), d_model)`` table of the paper's encodings; computed in float64, then cast."""
-    pos = positions.to(torch.float64)[:, None]
+    pos = rearrange(positions.to(torch.float64), "t -> t 1")
     i2 = torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device)
     angles = pos / 10000.0 ** (i2 / d_model)
     table = torch.zeros(positions.numel(), d_model, dtype=torch.float64, device=positions.device)
@@ -152,7 +153,7 @@ class RotaryEmbedding(nn.Module):
         """``cos`` and ``sin`` of the rotation angles, ``(len(positions), head_dim)``, in float64."""
         half = self.head_dim // 2
         inv_freq = self.base ** (-torch.arange(half, dtype=torch.float64, device=positions.device) / half)
-        theta = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+        theta = rearrange(positions.to(torch.float64), "t -> t 1") * rearrange(inv_freq, "f -> 1 f")
         theta = torch.cat([theta, theta], dim=-1)
         return theta.cos(), theta.sin()
 
@@ -231,10 +232,10 @@ class ALiBiPositionalBias(nn.Module):
         device, dtype = self.slopes.device, torch.float32 if dtype is None else dtype
         query_pos = torch.arange(s - t, s, device=device)
         key_pos = torch.arange(s, device=device)
-        distance = (query_pos[:, None] - key_pos[None, :]).abs().to(dtype)
+        distance = (rearrange(query_pos, "t -> t 1") - rearrange(key_pos, "s -> 1 s")).abs().to(dtype)
         # Computed in the dtype asked for, from the float64 slopes: a float64 bias is exact to float64.
-        bias = 0.0 - self.slopes[:, None, None].to(dtype) * distance  # 0.0 - x: +0 on the diagonal, not -0
-        return bias[None]
+        bias = 0.0 - rearrange(self.slopes.to(dtype), "h -> h 1 1") * distance  # 0.0 - x: +0 on the diagonal, not -0
+        return rearrange(bias, "h t s -> 1 h t s")
 
     if TYPE_CHECKING:  # calls type-check as forward (nn.Module.__call__ is untyped)
         __call__ = forward

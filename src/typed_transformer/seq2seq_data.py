@@ -7,7 +7,8 @@ from the first ``vocab`` of ``0-9a-z`` with ``n`` uniform in ``[min_len, max_len
 * ``copy``: the source; ``reverse``: the source backwards; ``sort``: the source's symbols in order;
 * ``add``: decimal addition, source ``"123+45"``, target ``"168"`` (operands of 1 to ``max_len`` digits).
 
-Pairs files: one ``source<TAB>target`` pair per line, both sides non-empty, read character by character.
+Pairs files: one ``source<TAB>target`` pair per line (a line ends at ``\n`` or ``\r\n``; any other character is
+data), both sides non-empty and at most :data:`MAX_PAIR_LENGTH` characters, read character by character.
 Every problem raises :class:`~typed_transformer.data.DataError` with a one-line message naming the file and
 the line.
 
@@ -27,8 +28,8 @@ from .data import DataError, load_text
 from .shapecheck import shape_checked, typechecked
 from .validation import check_token_ids
 
-__all__ = ["BOS", "EOS", "PAD", "SYMBOLS", "TASKS", "Pair", "PairVocab", "Task", "encode_pairs", "make_pairs",
-           "read_pairs", "split_pairs"]
+__all__ = ["BOS", "EOS", "MAX_PAIR_LENGTH", "PAD", "SYMBOLS", "TASKS", "Pair", "PairVocab", "Task", "encode_pairs",
+           "make_pairs", "read_pairs", "split_pairs"]
 
 PAD, BOS, EOS = 0, 1, 2
 SPECIALS = 3
@@ -37,6 +38,8 @@ SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz"
 TASKS = ("copy", "reverse", "sort", "add")
 Task = Literal["copy", "reverse", "sort", "add"]
 Pair = tuple[str, str]
+#: The most characters one side of a pair may have (``--max-len``'s bound too): a step attends over each side.
+MAX_PAIR_LENGTH = 512
 
 
 def _task_pair(task: str, rng: random.Random, min_len: int, max_len: int, vocab: int) -> Pair:
@@ -61,10 +64,13 @@ def make_pairs(task: str, count: int, *, min_len: int, max_len: int, vocab: int 
 
 
 def read_pairs(path: str | Path) -> list[Pair]:
-    """The ``source<TAB>target`` lines of a UTF-8 file (blank lines skipped)."""
+    """The ``source<TAB>target`` lines of a UTF-8 file (blank lines skipped). A line ends at ``\n`` (or
+    ``\r\n``) only: every other character (form feed, U+0085, U+2028, ...) is data, as in any TSV reader. A side
+    longer than :data:`MAX_PAIR_LENGTH` characters is refused (it would make one step attend over all of them)."""
     pairs = []
-    for number, line in enumerate(load_text(path).splitlines(), 1):
-        if not line.strip():
+    for number, raw in enumerate(load_text(path).split("\n"), 1):
+        line = raw.removesuffix("\r")
+        if not line.strip(" \t"):
             continue
         fields = line.split("\t")
         if len(fields) != 2:
@@ -72,6 +78,10 @@ def read_pairs(path: str | Path) -> list[Pair]:
         if not fields[0] or not fields[1]:
             side = "source" if not fields[0] else "target"
             raise DataError(f"{path}: line {number} has an empty {side}")
+        for side, text in zip(("source", "target"), fields, strict=True):
+            if len(text) > MAX_PAIR_LENGTH:
+                raise DataError(f"{path}: line {number}'s {side} has {len(text):,} characters; at most "
+                                f"{MAX_PAIR_LENGTH} per side (the longest sequence train-seq2seq trains on)")
         pairs.append((fields[0], fields[1]))
     if len(pairs) < 2:
         raise DataError(f"{path}: {len(pairs)} pair(s); training and a held-out split need at least 2")

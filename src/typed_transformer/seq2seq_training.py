@@ -11,6 +11,7 @@ infinite loss stops the run (exit 1) keeping the last finite checkpoint; the fir
 and stops.
 """
 
+import hashlib
 import json
 import math
 import random
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import torch
 import torch.nn.functional as F
@@ -29,17 +30,21 @@ from .checkpoint import (
     CHECKPOINT_NAME,
     CheckpointError,
     _digest,
-    check_adam_state,
+    check_optimizer_state,
+    check_tensor_names,
     checked_model,
     require_free_space,
     run_directory,
     write_atomically,
+    write_text_atomically,
 )
 from .data import DataError
+from .muon import MuonAdamW, muon_groups
 from .seq2seq import Seq2SeqTransformer
 from .seq2seq_data import (
     BOS,
     EOS,
+    MAX_PAIR_LENGTH,
     PAD,
     SYMBOLS,
     TASKS,
@@ -72,8 +77,10 @@ class Seq2SeqConfig:
     data: str | None = field(default=None, metadata={
         "help": "a UTF-8 file of source<TAB>target lines (character level)"})
     vocab: int = field(default=10, metadata={"help": "task symbols: the first N of 0-9a-z (10)", "range": (2, 36)})
-    min_len: int = field(default=1, metadata={"help": "shortest task sequence (1; add: digits)", "range": (1, 512)})
-    max_len: int = field(default=10, metadata={"help": "longest task sequence (10; add: digits)", "range": (1, 512)})
+    min_len: int = field(default=1, metadata={
+        "help": "shortest task sequence (1; add: digits)", "range": (1, MAX_PAIR_LENGTH)})
+    max_len: int = field(default=10, metadata={
+        "help": "longest task sequence (10; add: digits)", "range": (1, MAX_PAIR_LENGTH)})
     held_out: float = field(default=0.1, metadata={"help": "fraction of --data held out (0.1)", "interval": "(0, 1]"})
     eval_pairs: int = field(default=500, metadata={"help": "held-out task pairs (500)", "range": (1, 100_000)})
     d_model: int = field(default=64, metadata={"help": "model width (64)", "range": (1, 65536)})
@@ -89,6 +96,11 @@ class Seq2SeqConfig:
     learning_rate: float = field(default=2e-3, metadata={
         "help": "Adam's peak learning rate (2e-3)", "interval": "(0, 1]", "noun": "a learning rate"})
     warmup_iters: int = field(default=100, metadata={"help": "linear warmup steps (100)", "range": (0, 10**9)})
+    optimizer: Literal["adam", "muon"] = field(default="adam", metadata={
+        "help": "adam, or muon: Muon on the hidden matrices and Adam on the rest (adam)"})
+    muon_lr: float = field(default=0.02, metadata={
+        "help": "Muon's peak learning rate, on the schedule of --learning-rate (0.02)", "interval": "(0, 1]",
+        "noun": "a learning rate"})
     eval_interval: int = field(default=250, metadata={
         "help": "evaluate and save every N steps (250)", "range": (1, 10**9)})
     seed: int = field(default=1337, metadata={
@@ -114,6 +126,10 @@ class Seq2SeqConfig:
             raise ValueError("--dropout must be in [0, 1) and --held-out in (0, 1)")
         if not 0 < self.learning_rate <= 1:
             raise ValueError(f"--learning-rate must be in (0, 1], got {self.learning_rate}")
+        if self.optimizer not in ("adam", "muon"):
+            raise ValueError(f"--optimizer must be adam or muon, got {self.optimizer!r}")
+        if not 0 < self.muon_lr <= 1:
+            raise ValueError(f"--muon-lr must be in (0, 1], got {self.muon_lr}")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "Seq2SeqConfig":
@@ -134,6 +150,8 @@ class Seq2SeqCheckpoint:
     iteration: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
     optimizer_state: dict[str, Any] | None = None
+    #: sha256 of the pairs of ``--data`` (None for a synthetic task, and in checkpoints written before it was kept)
+    data_sha256: str | None = None
 
 
 @dataclass
@@ -152,16 +170,23 @@ class Seq2SeqResult:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _data(config: Seq2SeqConfig) -> tuple[PairVocab, list[Pair], list[Pair]]:
-    """Vocabulary, training pairs (empty for a task: its batches are generated) and held-out pairs."""
+def _data(config: Seq2SeqConfig) -> tuple[PairVocab, list[Pair], list[Pair], str | None]:
+    """Vocabulary, training pairs (empty for a task: its batches are generated), held-out pairs and the sha256
+    of ``--data``'s pairs (None for a task)."""
     if config.data is not None:
-        train, held = split_pairs(read_pairs(config.data), config.held_out, config.seed)
-        return PairVocab.from_pairs(train + held), train, held
+        pairs = read_pairs(config.data)
+        train, held = split_pairs(pairs, config.held_out, config.seed)
+        return PairVocab.from_pairs(train + held), train, held, _pairs_sha256(pairs)
     assert config.task is not None
     held = make_pairs(config.task, config.eval_pairs, min_len=config.min_len, max_len=config.max_len,
                       vocab=config.vocab, seed=config.seed ^ _EVAL_SEED)
     alphabet = "0123456789+" if config.task == "add" else SYMBOLS[:config.vocab]
-    return PairVocab("".join(sorted(alphabet))), [], held
+    return PairVocab("".join(sorted(alphabet))), [], held, None
+
+
+def _pairs_sha256(pairs: list[Pair]) -> str:
+    """The hash of the pairs a run trains on (the file's lines as read: blank lines and line endings aside)."""
+    return hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
 def _batch(config: Seq2SeqConfig, train: list[Pair], iteration: int) -> list[Pair]:
@@ -224,7 +249,8 @@ def evaluate_pairs(model: Seq2SeqTransformer, vocab: PairVocab, pairs: list[Pair
 
 
 def save_seq2seq(path: Path, model: Seq2SeqTransformer, vocab: PairVocab, config: Seq2SeqConfig, *,
-                 iteration: int, history: list[dict[str, float]], optimizer: torch.optim.Optimizer | None) -> Path:
+                 iteration: int, history: list[dict[str, float]], optimizer: torch.optim.Optimizer | None,
+                 data_sha256: str | None = None) -> Path:
     """Write the checkpoint atomically (the file or the directory to put it in)."""
     if path.is_dir() or not path.suffix:
         path = path / CHECKPOINT_NAME
@@ -239,6 +265,8 @@ def save_seq2seq(path: Path, model: Seq2SeqTransformer, vocab: PairVocab, config
                 tensors[f"optim.{index}.{key}"] = torch.as_tensor(value).detach().contiguous().cpu()
     metadata = {"format": FORMAT, "config": json.dumps(asdict(config)), "vocab": json.dumps(vocab.chars),
                 "iteration": str(iteration), "history": json.dumps(history), "optimizer": json.dumps(optimizer_meta)}
+    if data_sha256 is not None:
+        metadata["data_sha256"] = data_sha256
     metadata["sha256"] = _digest(tensors, metadata)
     write_atomically(path, tensors, metadata)
     return path
@@ -273,6 +301,7 @@ def load_seq2seq(path: str | Path) -> Seq2SeqCheckpoint:
     try:
         config = Seq2SeqConfig.from_dict(json.loads(metadata["config"]))
         vocab = PairVocab(json.loads(metadata["vocab"]))
+        check_tensor_names(tensors, ("model", "optim"))  # the GPT loader's rule: a tensor nothing reads is refused
         weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
         model = checked_model(lambda: build_model(config, vocab), weights, path)  # names, shapes, dtypes, finite
         assert isinstance(model, Seq2SeqTransformer)
@@ -280,10 +309,17 @@ def load_seq2seq(path: str | Path) -> Seq2SeqCheckpoint:
         optimizer_state = None if meta is None else {
             "param_groups": meta["param_groups"],
             "state": {int(i): {key: tensors[f"optim.{i}.{key}"] for key in keys} for i, keys in meta["state"].items()}}
+        listed = {f"optim.{i}.{key}" for i, keys in ({} if meta is None else meta["state"]).items() for key in keys}
+        unlisted = sorted(k for k in tensors if k.startswith("optim.") and k not in listed)
+        if unlisted:
+            raise ValueError(f"unexpected tensor {unlisted[0]}")
         if optimizer_state is not None:
-            check_adam_state(optimizer_state, list(model.parameters()), torch.optim.Adam)
+            check_optimizer_state(optimizer_state, list(model.parameters()) if config.optimizer == "adam" else
+                                  [p for group in _muon_groups(model, config) for p in group["params"]],
+                                  torch.optim.Adam)
+        data_sha256 = metadata.get("data_sha256")
         return Seq2SeqCheckpoint(model, vocab, config, int(metadata["iteration"]), json.loads(metadata["history"]),
-                                 optimizer_state)
+                                 optimizer_state, data_sha256)
     except CheckpointError:
         raise
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
@@ -296,6 +332,13 @@ def load_seq2seq(path: str | Path) -> Seq2SeqCheckpoint:
 # ---------------------------------------------------------------------------------------------------
 
 
+def _muon_groups(model: Seq2SeqTransformer, config: Seq2SeqConfig) -> list[dict[str, Any]]:
+    """:class:`~typed_transformer.muon.MuonAdamW`'s groups: Muon on the hidden matrices, Adam (no decay) on the
+    embeddings, the output projection, the norms and the biases."""
+    return muon_groups(model, [model.output_projection], weight_decay=0.0,
+                       lr_scale=config.muon_lr / config.learning_rate)
+
+
 def learning_rate(config: Seq2SeqConfig, iteration: int) -> float:
     """Linear warmup over ``warmup_iters``, then a cosine decay to a tenth of the peak at ``max_iters``."""
     if iteration < config.warmup_iters:
@@ -304,7 +347,7 @@ def learning_rate(config: Seq2SeqConfig, iteration: int) -> float:
     return config.learning_rate * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def _resumed(config: Seq2SeqConfig, out: Path) -> Seq2SeqCheckpoint:
+def _resumed(config: Seq2SeqConfig, out: Path, data_sha256: str | None) -> Seq2SeqCheckpoint:
     if not (out / CHECKPOINT_NAME).exists():
         raise CheckpointError(f"--resume: no checkpoint in {out} to continue")
     checkpoint = load_seq2seq(out)
@@ -313,6 +356,9 @@ def _resumed(config: Seq2SeqConfig, out: Path) -> Seq2SeqCheckpoint:
     if changed:
         raise ValueError(f"--resume: --{changed[0].replace('_', '-')} is {getattr(config, changed[0])!r} but the "
                          f"checkpoint was trained with {saved[changed[0]]!r}")
+    if checkpoint.data_sha256 not in (None, data_sha256):
+        raise DataError(f"--resume: {config.data} is not the data the checkpoint was trained on (the sha256 of its "
+                        "pairs differs: the file was edited)")
     return checkpoint
 
 
@@ -330,11 +376,11 @@ def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = Fals
     """
     import sys
 
-    stream = log if log is not None else sys.stdout
+    stream = log if log is not None else sys.stderr  # progress on stderr, as train's (docs/training.md)
     out = Path(out)
     with run_directory(out):
-        vocab, train, held = _data(config)
-        previous = _resumed(config, out) if resume else None
+        vocab, train, held, data_sha256 = _data(config)
+        previous = _resumed(config, out, data_sha256) if resume else None
         if previous is not None and previous.vocab != vocab:
             raise DataError(f"--resume: the data's characters {vocab.chars!r} are not the checkpoint's "
                             f"{previous.vocab.chars!r}")
@@ -342,7 +388,7 @@ def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = Fals
         model = previous.model if previous is not None else build_model(config, vocab)
         evaluations = (len(previous.history) if previous is not None else 0) + config.max_iters // config.eval_interval
         require_free_space(out, model, evaluations=evaluations + 2)  # a full disk found now, not at the first save
-        (out / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n", encoding="utf-8")
+        write_text_atomically(out / "config.json", json.dumps(asdict(config), indent=2) + "\n")
         print(f"config: {config} (saved in {out / 'config.json'})", file=stream, flush=True)
         print(f"seq2seq: {sum(p.numel() for p in model.parameters()):,} parameters, vocabulary {vocab.size} "
               f"({vocab.chars!r} + pad, bos, eos), {len(held)} held-out pairs"
@@ -351,7 +397,8 @@ def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = Fals
         loop = _LoopSettings(config.max_iters, config.batch_size, config.seed, config.eval_interval,
                              torch.get_num_threads() if threads is None else threads)
         trainer = Seq2SeqTrainer(model, loop, out, config=config, vocab=vocab, pairs=train, held=held,
-                                 resume=previous, progress=progress, log=stream, on_step=on_step)
+                                 resume=previous, progress=progress, log=stream, on_step=on_step,
+                                 data_sha256=data_sha256)
         with shape_checks(False):
             return trainer.run()
 
@@ -387,12 +434,16 @@ class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
     def __init__(self, model: Seq2SeqTransformer, loop: _LoopSettings, out: Path, *, config: Seq2SeqConfig,
                  vocab: PairVocab, pairs: list[Pair], held: list[Pair], resume: Seq2SeqCheckpoint | None = None,
                  progress: bool = False, log: TextIO | None = None,
-                 on_step: Callable[[int], None] | None = None) -> None:
+                 on_step: Callable[[int], None] | None = None, data_sha256: str | None = None) -> None:
         self.settings, self.vocab, self.pairs, self.held = config, vocab, pairs, held
+        self.data_sha256 = data_sha256
         self.began = time.perf_counter()
         super().__init__(model, loop, out, resume=resume, progress=progress, log=log, on_step=on_step)
 
     def make_optimizer(self) -> torch.optim.Optimizer:
+        if self.settings.optimizer == "muon":  # Muon on the hidden matrices, Adam on the rest (typed_transformer.muon)
+            return MuonAdamW(_muon_groups(self.model, self.settings), lr=self.settings.learning_rate,
+                             betas=(0.9, 0.98), eps=1e-9)
         return torch.optim.Adam(self.model.parameters(), lr=self.settings.learning_rate, betas=(0.9, 0.98), eps=1e-9)
 
     def make_loss(self) -> Callable[[Tensor, Tensor], Tensor]:
@@ -419,6 +470,14 @@ class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
         self.began = time.perf_counter()
         return super().run()
 
+    def _loop(self, interrupt: Any) -> int | None:
+        stop = super()._loop(interrupt)
+        if stop is not None and self.iteration % self.config.eval_interval == 0 and self.iteration > self.start:
+            # stopped where an evaluation is due: made now (its loss is the last step's), as the uninterrupted run
+            # makes it; the resumed run starts after it
+            self.evaluation(self.iteration)
+        return stop
+
     def before_step(self, iteration: int) -> None:
         if iteration % self.config.eval_interval == 0 and iteration > self.start:
             self.evaluation(iteration)
@@ -435,7 +494,7 @@ class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
 
     def save(self, iteration: int) -> Path:
         path = save_seq2seq(self.out, self.model, self.vocab, self.settings, iteration=iteration,
-                            history=self.history, optimizer=self.optimizer)
+                            history=self.history, optimizer=self.optimizer, data_sha256=self.data_sha256)
         self.saved = (iteration, path)
         return path
 
@@ -477,7 +536,7 @@ def train_command(args: Any) -> int:
         raise ValueError(f"{out / CHECKPOINT_NAME} exists: continue that run with --resume or replace it with "
                          "--overwrite")
     result = train_seq2seq(config, out, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty(),
-                           log=sys.stdout, threads=args.threads)
+                           log=sys.stderr, threads=args.threads)
     if result.signal is not None:
         name = "Ctrl-C" if result.signal == signal.SIGINT else signal.Signals(result.signal).name
         print(f"interrupted ({name}) at iteration {result.iteration}; saved {result.checkpoint} "
@@ -494,14 +553,34 @@ def train_command(args: Any) -> int:
     return 0
 
 
+def _stdin_lines(stdin: TextIO | None) -> list[str]:
+    """The non-blank lines of stdin, each without its ``\n`` or ``\r\n``; a line that is not UTF-8 is named
+    with its byte and line number, a closed stdin (``<&-``) is nothing to translate."""
+    if stdin is None:
+        raise ValueError("nothing to translate: give --text or lines on stdin (stdin is closed)")
+    buffer = getattr(stdin, "buffer", None)
+    try:
+        data = buffer.read() if buffer is not None else stdin.read().encode("utf-8", "surrogateescape")
+    except (OSError, ValueError) as err:  # a closed descriptor behind sys.stdin
+        raise ValueError(f"nothing to translate: stdin cannot be read ({err})") from None
+    lines = []
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        try:
+            line = raw.removesuffix(b"\r").decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"stdin line {number} is not UTF-8 (byte 0x{raw[err.start]:02x} at byte "
+                             f"{err.start + 1} of the line)") from None
+        if line.strip(" \t"):
+            lines.append(line)
+    return lines
+
+
 def translate_command(args: Any) -> int:
     """``typed-transformer translate``: each ``--text`` (or each line of stdin) decoded, one line each."""
     import sys
 
     checkpoint = load_seq2seq(args.checkpoint)
-    texts = list(args.text or [])
-    if not texts:
-        texts = [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    texts = list(args.text or []) or _stdin_lines(sys.stdin)
     if not texts:
         raise ValueError("nothing to translate: give --text or lines on stdin")
     if "" in texts:

@@ -17,8 +17,11 @@ moment, so it is measured, not guessed:
 
 Reproducibility: with a fixed seed and a fixed thread count a CPU run gives the same losses bit for bit. The
 thread count changes the order of some floating-point sums (matrix products split across threads), so two
-counts give losses that differ in the last digits and drift apart slowly; ``auto`` may switch counts during a
-run, so pass ``--threads N`` for runs that must repeat exactly.
+counts give losses that differ in the last digits and drift apart slowly. Inside a training run
+(:class:`RunThreads`) the counts are therefore part of the run: they are timed on steps that are not kept, every
+change is made at an iteration where a checkpoint is written, and the checkpoint holds the tuner's state, so
+that a resumed run replays the interrupted one's counts. Two separate runs under different loads may still
+choose different counts; pass ``--threads N`` for runs that must repeat each other exactly.
 """
 
 import os
@@ -30,8 +33,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["AUTO", "ThreadChoice", "ThreadTuner", "apply_threads", "at_each_count", "candidate_counts",
-           "resolve_threads", "settle_threads", "tune_threads", "usable_cores"]
+__all__ = ["AUTO", "RunThreads", "ThreadChoice", "ThreadTuner", "apply_threads", "at_each_count", "candidate_counts",
+           "fix_threads", "resolve_threads", "settle_threads", "tune_threads", "usable_cores"]
 
 AUTO = "auto"
 
@@ -120,7 +123,7 @@ class ThreadTuner:
     any change of count or a drift resets it.
 
     ``clock`` (seconds, monotonic) and ``set_threads`` are injectable for tests. ``log`` receives one line
-    per decision.
+    per change of count (the first choice included; a re-check that keeps the count prints nothing).
     """
 
     def __init__(self, candidates: Sequence[int] | None = None, *, warmup: int = 1, trial: int = 3,
@@ -192,8 +195,8 @@ class ThreadTuner:
         if self.log is not None:
             tried = ", ".join(f"{c}: {1e3 * t:.1f} ms" if t != float("inf") else f"{c}: dropped"
                               for c, t in sorted(self._results.items()))
-            self.log(f"threads: {chosen}{'' if changed or len(self.decisions) == 1 else ' (kept)'} "
-                     f"(median step time {tried})")
+            if changed:  # a re-check that keeps the count is not news: one line per change of count
+                self.log(f"threads: {chosen} (median step time {tried})")
 
     def begin(self) -> None:
         """A step starts now."""
@@ -218,9 +221,6 @@ class ThreadTuner:
         if len(self._recent) == self.window:
             typical = statistics.median(self._recent)
             if not self.step_time / self.drift <= typical <= self.step_time * self.drift:
-                if self.log is not None:
-                    self.log(f"threads: step time drifted from {1e3 * self.step_time:.1f} to "
-                             f"{1e3 * typical:.1f} ms; timing the thread counts again")
                 self._start_tuning()
                 return
         if self._wait is not None and self.clock() - self._settled_at >= self._wait:
@@ -245,6 +245,100 @@ class ThreadTuner:
         if len(self._current.times) >= self.trial:
             self._results[self._current.count] = statistics.median(self._current.times)
             self._next_candidate()
+
+
+class RunThreads:
+    """``--threads auto`` inside a training run, where a resumed run must be bit-identical to the run it resumes.
+
+    The count changes the order of floating-point sums, so the counts the kept steps ran at are part of the run.
+    Here the candidates are timed on ``trial`` steps that are not kept (the caller's: a forward and backward
+    whose gradients and random draws are thrown away; ``trial()`` returns its seconds), the kept steps run at the
+    chosen count only, and a change of count happens in :meth:`tune`, which the caller calls before a step and
+    follows with a checkpoint when the count changed: every change is a point both the interrupted and the
+    resumed run share. :meth:`state` (JSON) goes into each checkpoint and ``state=`` restores it, the re-check's
+    window and clock included, so a resumed run makes the decisions the interrupted one would have made from
+    the same step times.
+
+    Re-check (:attr:`due`): the median of the last ``window`` kept steps is outside ``[1/drift, drift]`` times
+    the first ``window`` kept steps' after the last tuning (the load changed), or ``recheck_seconds`` of kept
+    step time have passed since it (doubling while the count is kept, up to 8x). Step time, not the wall
+    clock, so that the decisions depend on the steps' timings only (and a test can give them).
+    """
+
+    def __init__(self, trial: Callable[[], float], candidates: Sequence[int] | None = None, *, window: int = 5,
+                 drift: float = 1.5, recheck_seconds: float = 30.0, state: dict[str, Any] | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.trial, self.window, self.drift, self.recheck_seconds, self.log = trial, window, drift, recheck_seconds, log
+        self.candidates = list(candidates) if candidates is not None else candidate_counts()
+        #: The count the kept steps run at (None before the first tuning).
+        self.count: int | None = None
+        #: Every change of count: ``[iteration, count]``.
+        self.changes: list[list[int]] = []
+        self.reference: float | None = None  # the median kept step after the last tuning
+        self.recent: list[float] = []
+        self.since = 0.0  # kept step seconds since the last tuning
+        self.wait = recheck_seconds
+        self.due = True
+        if state is not None:
+            self._restore(state)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        try:
+            count, changes = state["count"], [[int(i), int(c)] for i, c in state["changes"]]
+            reference = None if state["reference"] is None else float(state["reference"])
+            recent, since = [float(s) for s in state["recent"]], float(state["since"])
+            wait, due = float(state["wait"]), bool(state["due"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"the checkpoint's thread state is not valid ({err!r})") from None
+        if count is not None:
+            if not isinstance(count, int) or count < 1:
+                raise ValueError(f"the checkpoint's thread count must be a positive integer, got {count!r}")
+            self.count = count
+            _set_threads(count)
+        self.changes, self.reference, self.recent, self.since, self.wait, self.due = (
+            changes, reference, recent, since, wait, due)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps to resume the schedule (JSON)."""
+        return {"count": self.count, "changes": self.changes, "reference": self.reference, "recent": self.recent,
+                "since": self.since, "wait": self.wait, "due": self.due}
+
+    def observe(self, seconds: float) -> None:
+        """A kept step took ``seconds`` at :attr:`count`."""
+        self.since += seconds
+        self.recent = [*self.recent, seconds][-self.window:]
+        if len(self.recent) < self.window:
+            return
+        typical = statistics.median(self.recent)
+        if self.reference is None:
+            self.reference = typical
+        elif not self.reference / self.drift <= typical <= self.reference * self.drift:
+            self.due = True
+        if self.since >= self.wait:
+            self.due = True
+
+    def tune(self, iteration: int) -> bool:
+        """Before the step at ``iteration``, when :attr:`due`: time every candidate on trial steps, set the
+        fastest; returns whether the count changed (the caller then writes a checkpoint at ``iteration``)."""
+        if not self.due:
+            return False
+        tuner = ThreadTuner(self.candidates, recheck_seconds=None)
+        while tuner.tuning:
+            tuner.observe(self.trial())
+        chosen, tried = tuner.count, tuner.decisions[-1][1]
+        assert chosen is not None
+        changed = chosen != self.count
+        self.wait = self.recheck_seconds if changed else min(2 * self.wait, 8 * self.recheck_seconds)
+        self.reference, self.recent, self.since, self.due = None, [], 0.0, False
+        _set_threads(chosen)
+        if changed:
+            self.count = chosen
+            self.changes.append([iteration, chosen])
+            if self.log is not None:
+                times = ", ".join(f"{c}: {1e3 * t:.1f} ms" if t != float("inf") else f"{c}: dropped"
+                                  for c, t in sorted(tried.items()))
+                self.log(f"threads: {chosen} at iteration {iteration} (median trial step {times})")
+        return changed
 
 
 def tune_threads(step: Callable[[], object], candidates: Sequence[int] | None = None, *,
@@ -279,12 +373,16 @@ def apply_threads(requested: int | str | None, *, log: Callable[[str], None] | N
                   ) -> tuple[ThreadChoice, "ThreadTuner | None"]:
     """Resolve ``requested`` (:func:`resolve_threads`); a fixed count is set now, ``auto`` gets a tuner to
     drive with the steps to come."""
+    choice = fix_threads(requested)
+    return choice, None if choice.count is not None else ThreadTuner(log=log)
+
+
+def fix_threads(requested: int | str | None) -> ThreadChoice:
+    """Resolve ``requested`` (:func:`resolve_threads`) and set a count given by ``--threads N`` now."""
     choice = resolve_threads(requested)
-    if choice.count is not None:
-        if choice.source == "--threads":
-            _set_threads(choice.count)
-        return choice, None
-    return choice, ThreadTuner(log=log)
+    if choice.count is not None and choice.source == "--threads":
+        _set_threads(choice.count)
+    return choice
 
 
 def settle_threads(requested: int | str | None, step: Callable[[], object], *,

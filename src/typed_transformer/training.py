@@ -34,6 +34,7 @@ checkpoint and the plot. ``dtype`` runs the forward passes under ``torch.autocas
 """
 
 import contextlib
+import dataclasses
 import math
 import signal
 import sys
@@ -50,15 +51,16 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from ._deprecation import warn_deprecated
-from ._signals import Terminated
+from ._signals import Terminated, note_taken
 from .checkpoint import CHECKPOINT_NAME, Checkpoint, RunDirectoryError, run_directory, save_checkpoint
 from .config import DTYPES, PRESET_TRAINING, TrainConfig
 from .data import TextData, get_batch
 from .generation import sample_text
 from .gpt import GPT
+from .muon import MuonAdamW, muon_groups
 from .plot import plot_history
 from .shapecheck import shape_checked, typechecked
-from .threads import apply_threads, at_each_count, resolve_threads
+from .threads import RunThreads, at_each_count, fix_threads, resolve_threads
 
 __all__ = [
     "DTYPES",
@@ -75,6 +77,7 @@ __all__ = [
     "learning_rate",
     "measure_matmul_flops",
     "measure_peak_flops",
+    "remeasure_peak",
     "train",
 ]
 
@@ -182,13 +185,28 @@ class TrainResult:
     #: Tokens per second of all processes together over the training steps after the first (evaluations,
     #: saves and the first step, which compiles with ``compile``, excluded); NaN after a single step.
     tokens_per_second: float = float("nan")
-    #: Model FLOPs utilisation: ``flops_per_token * tokens_per_second / (world_size * peak_flops)``.
+    #: Model FLOPs utilisation: ``flops_per_token * tokens_per_second / (world_size * peak_flops)``, against the
+    #: higher of the peaks measured at the start and the end of the run (a load that falls during the run
+    #: makes the start's too low), or the given ``peak_flops``.
     mfu: float = float("nan")
+    #: The peaks measured at the start and the end (FLOP/s of one process; empty when ``peak_flops`` was given).
+    peaks: tuple[float, ...] = ()
     #: The intra-op thread count at the end of the run (``config.threads``, or what ``"auto"`` chose).
     threads: int | None = None
 
 
+def remeasure_peak(result: TrainResult, start: float, measure: Callable[[], float]) -> TrainResult:
+    """``result`` of a finished run whose peak ``start`` was measured at its start: the peak measured again now
+    (``measure()``), MFU against the higher of the two (a load that fell during the run made the first too low),
+    both in ``peaks``. An interrupted run, or one without a throughput, is returned as it is."""
+    if result.interrupted or not math.isfinite(result.mfu):
+        return result
+    end = measure()
+    return dataclasses.replace(result, mfu=result.mfu * start / max(start, end), peaks=(start, end))
+
+
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class TrainingDiverged(RuntimeError):
@@ -256,6 +274,7 @@ class _Interrupt:
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        note_taken()  # the watchdog's sign that the main thread is not stuck in one long C call
         if self.requested is not None:
             raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
         self.requested = signum
@@ -403,6 +422,8 @@ class StepLoop(Generic[R]):
 
     #: The progress bar's label.
     desc = "train"
+    #: Whether :meth:`save` keeps ``run_threads.state()`` (then a change of count writes a checkpoint).
+    keeps_thread_state = False
     __shape_checked__: tuple[str, ...] = ("next_batch", "micro_loss")
 
     def __init__(self, model: nn.Module, config: LoopSettings, out: Path, *, resume: Any = None,
@@ -425,6 +446,7 @@ class StepLoop(Generic[R]):
         self.history: list[dict[str, float]] = []
         self.start = 0
         self.saved: tuple[int, Path] | None = None  # (iteration, path) of the last checkpoint written
+        self.thread_state: dict[str, Any] | None = None  # the resumed run's RunThreads.state(), if it kept one
         if resume is not None:
             self._restore(resume)
         self.iteration = self.start
@@ -434,8 +456,11 @@ class StepLoop(Generic[R]):
         self.losses: list[float] = []  # every step's loss in this run
         self.step_seconds = 0.0  # time in the steps after the first
         self.bar: Any = None
-        # The thread count: fixed now, or timed on the steps to come (threads.ThreadTuner, re-checked on drift).
-        self.threads, self.tuner = apply_threads(config.threads, log=self.say if self.main else None)
+        # The thread count: fixed now, or timed on trial steps that are not kept (threads.RunThreads), the
+        # resumed run's schedule continued where the checkpoint left it.
+        self.threads = fix_threads(config.threads)
+        self.run_threads = None if self.threads.count is not None else RunThreads(
+            self.trial_step, state=self.thread_state, log=self.say if self.main else None)
         self.last_step_seconds = 0.0
 
     # -- the model's parts -----------------------------------------------------------------------------------
@@ -560,10 +585,9 @@ class StepLoop(Generic[R]):
         """Steps until ``max_iters``; returns the signal that stopped them early, else None."""
         while self.iteration < self.config.max_iters:
             iteration = self.iteration
+            self.retune_threads(iteration)
             self.before_step(iteration)
-            t0 = time.perf_counter()
-            loss = self.step(interrupt)
-            self.last_step_seconds = time.perf_counter() - t0
+            loss, self.last_step_seconds = self.measure(lambda: self.step(interrupt))
             if iteration > self.start:  # the first step (compilation, allocator warm-up) is not counted
                 self.step_seconds += self.last_step_seconds
             self.losses.append(loss)
@@ -572,6 +596,43 @@ class StepLoop(Generic[R]):
             if interrupt.requested is not None:
                 return interrupt.requested
         return None
+
+    def measure(self, work: Callable[[], T]) -> tuple[T, float]:
+        """``work()`` and its seconds: the one clock of the steps and the thread trials (so that a test can give
+        them the timings of a changing load)."""
+        t0 = time.perf_counter()
+        result = work()
+        return result, time.perf_counter() - t0
+
+    def retune_threads(self, iteration: int) -> None:
+        """With ``threads="auto"``, when a re-check is due: time the counts on trial steps; a change of count
+        after the run's first step is written in a checkpoint at ``iteration`` (rank 0), so that a resumed run
+        and the one it resumes change counts at the same iteration."""
+        if self.run_threads is not None and self.run_threads.tune(iteration) and iteration > self.start \
+                and self.main and self.keeps_thread_state:
+            self.save(iteration)
+
+    def trial_step(self) -> float:
+        """Seconds of one micro-batch's forward and backward that is not kept, to time a thread count: the batch
+        generator's and the random-number states are restored after it and its gradients dropped, so the run's
+        next step is what it would have been without it."""
+        state = self.batch_generator.get_state()
+        devices = [torch.device(self.device).index or 0] if self.device_type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices):
+                _, seconds = self.measure(self._trial_pass)
+        finally:
+            self.batch_generator.set_state(state)
+            self.optimizer.zero_grad(set_to_none=True)
+        return seconds
+
+    def _trial_pass(self) -> None:
+        x, y = self.next_batch()
+        micro = x.shape[0] // self.config.grad_accum
+        with contextlib.nullcontext() if self.ddp is None else self.ddp.no_sync():  # no all-reduce: not a step
+            with self.autocast():
+                loss = self.micro_loss(x[:micro], y[:micro])
+            self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
 
     def before_step(self, iteration: int) -> None:
         """Before the step at ``iteration``: rank 0 saves every ``checkpoint_interval`` steps (not where the run
@@ -604,7 +665,7 @@ class StepLoop(Generic[R]):
         """The loss of one micro-batch (called under :meth:`autocast`)."""
         return self.loss_of(x.to(self.device), y.to(self.device))
 
-    def _backward(self, x: Tensor, y: Tensor, interrupt: "_Interrupt") -> float:
+    def _backward(self, x: Int[Tensor, "b _"], y: Int[Tensor, "b _"], interrupt: "_Interrupt") -> float:
         """Gradients of the batch mean over ``grad_accum`` micro-batches; returns the loss (all-reduced)."""
         accum = self.config.grad_accum
         micro = x.shape[0] // accum
@@ -621,7 +682,7 @@ class StepLoop(Generic[R]):
             total = self._all_reduce(total, interrupt)
         return float(total)
 
-    def _all_reduce(self, total: Tensor, interrupt: "_Interrupt") -> Tensor:
+    def _all_reduce(self, total: Float[Tensor, ""], interrupt: "_Interrupt") -> Float[Tensor, ""]:
         """One small all-reduce: the loss (for every rank's divergence check and the log) and whether any rank
         was asked to stop, so that all ranks stop at the same step."""
         import torch.distributed as dist
@@ -636,8 +697,8 @@ class StepLoop(Generic[R]):
     def after_step(self, iteration: int, loss: float) -> None:
         """After each optimizer step (``iteration`` steps done): the thread tuner sees the step's time, then
         ``on_step(iteration)``, then the progress bar (with :meth:`progress_postfix`)."""
-        if self.tuner is not None:
-            self.tuner.observe(self.last_step_seconds)
+        if self.run_threads is not None:
+            self.run_threads.observe(self.last_step_seconds)
         if self.on_step is not None:
             self.on_step(iteration)
         if self.bar is not None:  # every step counts (the first too), so the bar ends at max_iters/max_iters
@@ -683,6 +744,7 @@ class Trainer(StepLoop[TrainResult]):
 
     model: GPT
     config: TrainConfig
+    keeps_thread_state = True
     __shape_checked__ = ("next_batch",)
 
     def __init__(self, model: GPT, data: TextData, config: TrainConfig, out: Path, *, resume: Checkpoint | None = None,
@@ -703,23 +765,34 @@ class Trainer(StepLoop[TrainResult]):
         # fused: one kernel for every parameter's update (CPU and CUDA), the same update as torch's default
         # foreach path up to float rounding (tested) and several times faster on CPU at the baby preset
         # (benchmarks/main_job_profile.py prints both side by side).
+        fused = True if self.device_type in ("cpu", "cuda") else None
+        betas = (self.config.beta1, self.config.beta2)
+        if self.config.optimizer == "muon":  # Muon on the hidden matrices, AdamW on the rest (typed_transformer.muon)
+            return MuonAdamW(muon_groups(self.model, [self.model.lm_head], weight_decay=self.config.weight_decay,
+                                         lr_scale=self.config.muon_lr / self.config.learning_rate,
+                                         ns_steps=self.config.ns_steps),
+                             lr=self.config.learning_rate, betas=betas, fused=fused)
         return torch.optim.AdamW(self.model.parameter_groups(self.config.weight_decay), lr=self.config.learning_rate,
-                                 betas=(self.config.beta1, self.config.beta2),
-                                 fused=True if self.device_type in ("cpu", "cuda") else None)
+                                 betas=betas, fused=fused)
 
     def make_loss(self) -> Callable[[Tensor, Tensor], Tensor]:
         return _checked_call(self.model, self.net)
 
     def peak(self, peak_flops: float | None) -> float | None:
+        self.peaks: tuple[float, ...] = ()
         if self.main and peak_flops is None:
-            peak_flops, _ = measure_peak_flops(self.device, torch.float32 if self.device_type == "cpu"
-                                               else self.amp_dtype, self.config.threads)
+            peak_flops = self.measure_peak()
+            self.peaks = (peak_flops,)
         return peak_flops
+
+    def measure_peak(self) -> float:
+        return measure_peak_flops(self.device, torch.float32 if self.device_type == "cpu" else self.amp_dtype,
+                                  self.config.threads)[0]
 
     def learning_rate(self, iteration: int) -> float:
         return learning_rate(self.config, iteration)
 
-    def _eval_batches(self) -> dict[str, list[tuple[Tensor, Tensor]]]:
+    def _eval_batches(self) -> dict[str, list[tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]]]:
         """Fixed evaluation batches: the same windows at every evaluation and after a resume (rank 0 evaluates)."""
         generator = torch.Generator().manual_seed(self.config.seed + 1)
         batches: dict[str, list[tuple[Tensor, Tensor]]] = {}
@@ -741,6 +814,7 @@ class Trainer(StepLoop[TrainResult]):
             torch.manual_seed(self.config.seed + self.rank + 7919 * resume.iteration)
         self.history = list(resume.history)
         self.start = resume.iteration
+        self.thread_state = resume.info.get("thread_state")
         if (self.out / CHECKPOINT_NAME).exists():
             self.saved = (self.start, self.out / CHECKPOINT_NAME)
 
@@ -784,10 +858,13 @@ class Trainer(StepLoop[TrainResult]):
         if not math.isfinite(probe):
             raise self.diverged(iteration, f"the loss of the weights to be saved is {probe}")
         rng = {"batches": self.batch_generator.get_state(), "torch": torch.get_rng_state()}
+        info: dict[str, Any] = {} if self.info is None else {
+            **self.info, "threads": f"{torch.get_num_threads()} ({self.threads.source})"}
+        if self.run_threads is not None:  # the thread schedule, for a resumed run to continue
+            info["thread_state"] = self.run_threads.state()
         path = save_checkpoint(self.out / CHECKPOINT_NAME, self.model, self.data.tokenizer, iteration=iteration,
                                train_config=asdict(self.config), history=self.history, optimizer=self.optimizer,
-                               rng=rng, info=None if self.info is None else
-                               {**self.info, "threads": f"{torch.get_num_threads()} ({self.threads.source})"})
+                               rng=rng, info=info)
         self.saved = (iteration, path)
         if self._plotted != len(self.history):  # the curve changes only with a new evaluation
             plot_history(self.history, self.out / "loss.png")
@@ -804,8 +881,9 @@ class Trainer(StepLoop[TrainResult]):
         if self.config.sample_tokens and stop is None and self.main:
             sample = sample_text(self.model, self.data.tokenizer, self.config.sample_tokens, seed=self.config.seed,
                                  device=self.device, autocast=self.autocast)
-        return TrainResult(self.model, self.history, self.iteration, stop is not None, path, sample, signal=stop,
-                           losses=self.losses, tokens_per_second=speed, mfu=mfu, threads=torch.get_num_threads())
+        result = TrainResult(self.model, self.history, self.iteration, stop is not None, path, sample, signal=stop,
+                             losses=self.losses, tokens_per_second=speed, mfu=mfu, threads=torch.get_num_threads())
+        return remeasure_peak(result, self.peaks[0], self.measure_peak) if self.peaks else result
 
 
 def __getattr__(name: str) -> Any:

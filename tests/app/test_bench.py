@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from benchmarks.bench import BareTorchAttention, main
+from tests.support.limits import HANG_SECONDS
 from typed_transformer.cli import main as cli_main
 
 
@@ -106,7 +107,7 @@ def test_generation_targets_compare_compiled_cache_with_the_faster_uncached_run(
 def test_benchmarks_run_as_a_script() -> None:
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench.py"
     done = subprocess.run([sys.executable, str(script), "attention", "--size", "small", "--seconds", "0.05",
-                           "--threads", "1"], capture_output=True, text=True, timeout=300, check=False)
+                           "--threads", "1"], capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
     assert done.returncode == 0, done.stderr
     assert "ours sdpa, checks on" in done.stdout
 

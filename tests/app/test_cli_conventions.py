@@ -4,6 +4,7 @@ under torchrun, and a user module that exits while it is imported."""
 
 import argparse
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import typed_transformer
 import typed_transformer._install as install
 from tests.support.cli import TEXT, one_line, run, train_run
+from tests.support.limits import HANG_SECONDS
 from typed_transformer.checkpoint import CHECKPOINT_NAME
 from typed_transformer.cli import build_parser, main
 
@@ -119,7 +121,7 @@ def test_a_core_install_imports_without_numpy_s_warning() -> None:
     pyproject = tomllib.loads((Path(install.__file__).parents[2] / "pyproject.toml").read_text(encoding="utf-8"))
     assert any(d.startswith("numpy") for d in pyproject["project"]["dependencies"])
     result = subprocess.run([sys.executable, "-W", "error", "-c", "import typed_transformer"], capture_output=True,
-                            text=True, timeout=120, check=False)
+                            text=True, timeout=HANG_SECONDS, check=False)
     assert result.returncode == 0
     assert "NumPy" not in result.stderr
 
@@ -214,3 +216,36 @@ def test_generated_flags_keep_the_one_line_messages(flag: str, value: str, messa
     assert run(["train", flag, value, "--out", str(tmp_path / "run")]) == 2
     line = one_line(capsys.readouterr().err)
     assert line.startswith(f"typed-transformer train: error: {message.split(' (choose')[0]}")
+
+
+@pytest.mark.parametrize("command", ["train", "train-seq2seq"])
+def test_the_config_help_names_a_key_that_command_accepts(command: str, tmp_path: Path) -> None:
+    import re
+
+    from typed_transformer._options import read_config
+    from typed_transformer.cli import _command_flags
+
+    (parser,) = [child for name, child in _parsers(build_parser(), "") if name == f" {command}"]
+    (action,) = [action for action in parser._actions if "--config" in action.option_strings]
+    example = re.search(r"e\.g\. (\w+ = \w+)", action.help or "")
+    assert example is not None, action.help
+    config = tmp_path / "config.toml"
+    config.write_text(example.group(1) + "\n")
+    assert read_config(config, _command_flags(command))  # an unknown key would raise ValueError
+
+
+def test_progress_on_stderr_results_on_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """train wrote its progress to stderr and train-seq2seq to stdout: one rule for both (docs/training.md)."""
+    text = tmp_path / "input.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    runs = {"train": ["train", "--data", str(text), "--max-iters", "6", *TINY, "--eval-interval", "3",
+                      "--no-progress"],
+            "train-seq2seq": ["train-seq2seq", "--max-iters", "6", "--eval-interval", "3", "--eval-pairs", "4",
+                              "--d-model", "16", "--dim-feedforward", "32", "--batch-size", "8", "--no-progress"]}
+    for name, argv in runs.items():
+        capsys.readouterr()
+        assert run([*argv, "--out", str(tmp_path / name)]) == 0
+        captured = capsys.readouterr()
+        assert re.search(r"^iter +3:", captured.err, re.MULTILINE), name
+        assert not re.search(r"^iter ", captured.out, re.MULTILINE), name
+        assert captured.out.startswith("done: iteration 6"), name

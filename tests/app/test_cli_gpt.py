@@ -127,6 +127,40 @@ def test_generate_continues_the_prompt(trained: tuple[Path, Path], capsys: pytes
     assert capsys.readouterr().out == printed  # same seed, same text
 
 
+def test_generate_streams_the_text_and_ctrl_c_keeps_what_was_printed(
+        trained: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """generate printed nothing until it had finished, and Ctrl-C exited 130 with nothing printed."""
+    import typed_transformer.gpt as gpt
+    from typed_transformer.generation import continue_prompts
+
+    _, out = trained
+    argv = ["generate", "--checkpoint", str(out), "--prompt", "speak", "--max-new-tokens", "25", "--seed", "7",
+            "--threads", "1"]
+    checkpoint = load_checkpoint(out)
+    (whole,) = continue_prompts(checkpoint.model.eval(), checkpoint.tokenizer, ["speak"], 25, seed=7,
+                                temperature=0.8)
+    real = gpt.sample
+    draws: list[str] = []
+
+    def sample_then_ctrl_c(*args: object, **kwargs: object) -> torch.Tensor:
+        if len(draws) == 10:
+            raise KeyboardInterrupt
+        draws.append(capsys.readouterr().out)  # what the user sees before each draw
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    capsys.readouterr()
+    monkeypatch.setattr(gpt, "sample", sample_then_ctrl_c)
+    assert main(argv) == 130
+    captured = capsys.readouterr()
+    shown = "".join([*draws, captured.out])
+    assert [len(text) for text in draws] == [5] + [1] * 9  # the prompt, then each character as it is drawn
+    assert shown == whole[:len("speak") + 10] + "\n"  # the same text as without streaming, up to Ctrl-C
+    assert captured.err == "typed-transformer: interrupted (Ctrl-C)\n"
+    monkeypatch.setattr(gpt, "sample", real)
+    assert main(argv) == 0
+    assert capsys.readouterr().out == whole + "\n"
+
+
 def test_several_prompts_each_continue_as_they_would_alone(trained: tuple[Path, Path], tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     _, out = trained

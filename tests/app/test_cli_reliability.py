@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.support.cli import TEXT, one_line, rewrite, run, train_run
+from tests.support.limits import HANG_SECONDS
 from typed_transformer._install import install_hint
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.cli import main
@@ -291,15 +292,53 @@ def test_a_signal_while_importing_is_one_line(signum: int, code: int, line: str)
                                env={**os.environ, "PYTHONWARNINGS": "ignore"}, preexec_fn=_default_sigint)
     # Wait until the launcher catches SIGTERM (its first statement), however slow the interpreter starts.
     status = Path(f"/proc/{process.pid}/status")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_SECONDS
     while not int(next(line for line in status.read_text().splitlines() if line.startswith("SigCgt:")).split()[1],
                   16) >> (signal.SIGTERM - 1) & 1:
         assert time.monotonic() < deadline
         time.sleep(0.005)
     process.send_signal(signum)
-    _, err = process.communicate(timeout=60)
+    _, err = process.communicate(timeout=HANG_SECONDS)
     assert process.returncode == code, err
     assert err == line + "\n"
+
+
+#: A command stuck in one torch kernel, which never looks for signals (as attention over 200,000 positions was).
+STUCK = """
+import sys
+import typed_transformer.cli as cli
+def stuck(args):
+    import torch
+    print("ready", flush=True)
+    return float(torch.ones(1).expand(2**50).sum())  # hours in one kernel: Python's handlers wait for it
+cli._run_training_command = stuck
+sys.exit(cli.main(["generate", "--checkpoint", "x"]))
+"""
+
+
+def _default_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize(("signum", "said"), [(signal.SIGINT, "interrupted (Ctrl-C)"),
+                                              (signal.SIGTERM, "terminated (SIGTERM)"),
+                                              (signal.SIGHUP, "terminated (SIGHUP)")])
+def test_a_signal_is_answered_inside_one_long_c_call(signum: int, said: str) -> None:
+    """Without the watchdog the process runs on for hours; with it, it ends GRACE_SECONDS after the signal (the
+    limit below only bounds a broken run: it is not the behaviour tested)."""
+    process = subprocess.Popen([sys.executable, "-c", STUCK], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, preexec_fn=_default_signals)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "ready\n"
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signum
+    assert one_line(err) == (f"typed-transformer: {said}: the computation under way did not give way within 5 s; "
+                             "stopped without saving (the last checkpoint on disk is whole)")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -315,7 +354,8 @@ def test_importing_the_library_loads_no_training_dependency() -> None:
     code = (f"import sys, torch\nbefore = set(sys.modules)\nimport typed_transformer\n"
             f"print(sorted(m for m in {EXTRA} if m in sys.modules and m not in before))\n"
             f"print(sorted(m for m in {EXTRA} if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            timeout=HANG_SECONDS)
     added, loaded = result.stdout.splitlines()
     assert added == "[]"
     assert loaded in ("[]", "['tqdm']")  # tqdm only through torch.hub
@@ -333,7 +373,7 @@ def test_the_library_works_without_the_extra() -> None:
             "print(model.generate(torch.zeros(1, 1, dtype=torch.long), 2, greedy=True).shape)\n"
             "from typed_transformer.cli import main\n"
             "sys.exit(main(['generate', '--checkpoint', 'nowhere']))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_SECONDS)
     assert result.stdout == "torch.Size([1, 3])\n"
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == ("typed-transformer: error: generate needs the [train] extra: "
@@ -410,7 +450,7 @@ def test_a_config_asking_for_2000_layers_is_named_not_out_of_memory(command: str
     argv = (["generate", "--checkpoint", str(path), "--max-new-tokens", "2"] if command == "generate" else
             ["train", "--data", str(text), "--out", str(out), "--resume", "--max-iters", "20", *TINY])
     done = subprocess.run([sys.executable, "-c", LIMITED_MEMORY, *argv], capture_output=True, text=True,
-                          timeout=120, check=False)
+                          timeout=HANG_SECONDS, check=False)
     assert done.returncode == 2, done.stderr
     assert one_line(done.stderr).startswith(f"typed-transformer: error: {path}: weights do not fit the model "
                                             "(missing ['blocks.4.ln_1.weight'")
@@ -472,7 +512,7 @@ def test_a_fresh_model_too_large_for_the_memory_is_named_before_it_is_built(tmp_
     argv = ["train", "--data", str(text), "--n-layer", "1000", "--n-embd", "1024", "--n-head", "8", "--out", str(out),
             *TINY]
     done = subprocess.run([sys.executable, "-c", LIMITED_MEMORY, *argv], capture_output=True, text=True,
-                          timeout=120, check=False)
+                          timeout=HANG_SECONDS, check=False)
     assert done.returncode == 2, done.stderr
     line = done.stderr.splitlines()[-1]
     assert line.startswith("typed-transformer: error: not enough memory to train a model of 12,584,995,840 "

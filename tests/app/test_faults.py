@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from tests.support.cli import TEXT, one_line
+from tests.support.limits import HANG_SECONDS
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint, run_directory
 from typed_transformer.cli import main
 
@@ -90,7 +91,7 @@ class Run:
         self.process = context.Process(target=_child, args=(argv, str(self.log), str(self.marker), mode))
         self.process.start()
 
-    def wait(self, timeout: float = 120.0) -> int:
+    def wait(self, timeout: float = HANG_SECONDS) -> int:
         self.process.join(timeout)
         assert self.process.exitcode is not None, "the run did not finish"
         return self.process.exitcode
@@ -99,7 +100,7 @@ class Run:
         self.process.kill()  # SIGKILL: no handler, no clean-up
         self.process.join()
 
-    def wait_for_marker(self, timeout: float = 60.0) -> str:
+    def wait_for_marker(self, timeout: float = HANG_SECONDS) -> str:
         deadline = time.monotonic() + timeout
         while not self.marker.exists():
             assert self.process.is_alive(), self.log.read_text()
@@ -393,7 +394,7 @@ def test_the_space_check_on_real_small_file_systems(text: Path, tmp_path: Path,
 
 
 def _wait_for(run: "Run", text: str) -> None:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_SECONDS
     while text not in (run.stderr if run.log.exists() else ""):
         assert time.monotonic() < deadline, f"never printed {text!r}"
         assert run.process.is_alive(), run.stderr

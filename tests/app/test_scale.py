@@ -19,6 +19,7 @@ from torch.multiprocessing.spawn import spawn
 from benchmarks._runs import torchrun_workers
 from tests.support.cli import run
 from tests.support.ddp_worker import run_rank, tiny_model
+from tests.support.limits import HANG_SECONDS
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.data import TextData
 from typed_transformer.generation import compile_for_generation
@@ -58,10 +59,11 @@ def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
     """Two gloo processes (torch.multiprocessing), 5 steps each of: batch 12 (6 per rank), and batch 12 with
     grad_accum 2 (2 micro-batches of 3 per rank)."""
     root = tmp_path_factory.mktemp("ddp")
-    runs = {"plain": FIVE_STEPS, "accum": {**FIVE_STEPS, "grad_accum": 2}}
+    runs = {"plain": FIVE_STEPS, "accum": {**FIVE_STEPS, "grad_accum": 2}, "muon": {**FIVE_STEPS, "optimizer": "muon"}}
     spawn(run_rank, args=(2, str(root / "init"), str(root), TEXT, runs), nprocs=2,  # type: ignore[no-untyped-call]
           join=True)
-    return {name: torch.load(root / name / "result.pt") for name in runs}
+    return {name: {**torch.load(root / name / "result.pt"),
+                   "ranks": [torch.load(root / name / f"state.rank{rank}.pt") for rank in range(2)]} for name in runs}
 
 
 def test_two_ddp_processes_equal_one_process(ddp_results: dict[str, dict[str, Any]], tmp_path: Path) -> None:
@@ -78,6 +80,20 @@ def test_ddp_with_gradient_accumulation_equals_one_process(ddp_results: dict[str
     torch.testing.assert_close(torch.tensor(ddp_results["accum"]["losses"]), torch.tensor(result.losses),
                                rtol=RTOL, atol=ATOL)
     assert_close_states(ddp_results["accum"]["state"], model.state_dict())
+
+
+def test_two_ddp_processes_with_muon_equal_one_process(ddp_results: dict[str, dict[str, Any]],
+                                                       tmp_path: Path) -> None:
+    """Muon orthogonalises the all-reduced gradient on each rank: the ranks' weights are the same bit for bit,
+    and those of one process up to float32 summation order."""
+    result, model = single_process(tmp_path, optimizer="muon")
+    torch.testing.assert_close(torch.tensor(ddp_results["muon"]["losses"]), torch.tensor(result.losses),
+                               rtol=RTOL, atol=ATOL)
+    assert_close_states(ddp_results["muon"]["state"], model.state_dict())
+    first, second = ddp_results["muon"]["ranks"]
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    adamw, _ = single_process(tmp_path / "adamw")  # and the optimizer was Muon: AdamW's steps differ
+    assert not torch.allclose(torch.tensor(adamw.losses), torch.tensor(result.losses))
 
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path: Path) -> None:
@@ -221,6 +237,8 @@ def test_bad_config_files(toml: str, message: str, text: Path, tmp_path: Path,
         (["--grad-accum", "3"], "batch_size=4 is not divisible by grad_accum=3"),
         (["--dtype", "float16"], "--dtype float16 needs --device cuda"),
         (["--dtype", "float64"], "argument --dtype: invalid choice: 'float64'"),
+        (["--optimizer", "sgd"], "argument --optimizer: invalid choice: 'sgd'"),
+        (["--muon-lr", "0"], "argument --muon-lr: expected a learning rate in (0, 1], got '0'"),
         (["--backend", "nccl"], None),  # ignored without torchrun: a one-process run
         (["--config", "missing.toml"], "--config missing.toml: no such file"),
     ],
@@ -256,6 +274,30 @@ def test_bfloat16_on_a_slow_cpu_says_so(text: Path, tmp_path: Path, capsys: pyte
     assert "note:" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("end", "caveat"), [(1e18, False), (2.0, True)])
+def test_mfu_is_against_the_higher_of_the_peaks_at_start_and_end_and_never_above_100_unexplained(
+        end: float, caveat: bool, text: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The peak was measured once, at the start: a load that fell during the run printed ``MFU 139.9%``."""
+    import typed_transformer.training as training
+
+    peaks = iter([1.0, end])  # FLOP/s at the start (a loaded machine, absurdly), then at the end
+    monkeypatch.setattr(training, "measure_matmul_flops", lambda *_, **__: next(peaks))
+    measured = [flag for flag in TINY if flag not in ("--peak-flops", "1e9")]
+    assert run(["train", "--data", str(text), "--max-iters", "3", *measured, "--out", str(tmp_path / "run")]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("throughput:")]
+    speed = float(line.split()[1].replace(",", ""))
+    percent = float(re.search(r"MFU ([0-9.]+)%", line).group(1))  # type: ignore[union-attr]
+    model = load_checkpoint(tmp_path / "run" / CHECKPOINT_NAME).model
+    assert percent == pytest.approx(100 * flops_per_token(model) * speed / end, rel=1e-2, abs=0.1)
+    if caveat:
+        assert line.endswith("; above 100 %: the steps ran faster than the matmul peak measured at the start and "
+                             "the end (0.0 and 0.0 GFLOP/s: the machine's load changed during the run); give "
+                             "--peak-flops for a fixed one")
+    else:
+        assert "above 100" not in line
+
+
 def test_throughput_line(text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["train", "--data", str(text), "--max-iters", "2", *TINY, "--out", str(tmp_path / "run")]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("throughput:")]
@@ -280,8 +322,8 @@ def test_resume_keeps_the_model_size(text: Path, tmp_path: Path, capsys: pytest.
 def torchrun(argv: list[str]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "typed_transformer", *argv], capture_output=True, text=True, env=env, timeout=300,
-                          check=False)
+                           "-m", "typed_transformer", *argv], capture_output=True, text=True, env=env,
+                          timeout=HANG_SECONDS, check=False)
 
 
 def test_resume_of_a_torchrun_run(text: Path, tmp_path: Path) -> None:
@@ -316,13 +358,13 @@ def test_a_torchrun_process_killed_leaves_one_line_naming_the_last_checkpoint(ki
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + HANG_SECONDS
         while not (out / CHECKPOINT_NAME).exists() and time.monotonic() < deadline and launcher.poll() is None:
             time.sleep(0.05)
         workers = torchrun_workers(launcher.pid)
         assert sorted(workers) == [0, 1], launcher.poll()
         os.kill(workers[killed], signal.SIGKILL)
-        stdout, stderr = launcher.communicate(timeout=240)
+        stdout, stderr = launcher.communicate(timeout=HANG_SECONDS)
     finally:
         if launcher.poll() is None:
             launcher.kill()

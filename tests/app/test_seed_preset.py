@@ -1,6 +1,7 @@
 """The ``seed`` preset is the original tutorial's character model as its training log prints it: the module tree
-below is that printout (the tutorial's names; six heads of separate key/query/value linears where this library
-has one fused projection), compared layer by layer with the tree of ``GPT(GPTConfig.preset("seed", 65))``."""
+(``tests.support.tutorial_gpt.TUTORIAL_TREE``, the tutorial's names; six heads of separate key/query/value linears
+where this library has one fused projection), compared layer by layer with the tree of
+``GPT(GPTConfig.preset("seed", 65))``."""
 
 import re
 from pathlib import Path
@@ -11,166 +12,11 @@ import torch
 from torch import nn
 
 from tests.support.cli import TEXT
+from tests.support.tutorial_gpt import TUTORIAL_TREE
 from typed_transformer.checkpoint import load_checkpoint
 from typed_transformer.cli import main
 from typed_transformer.gpt import GPT, Block, GPTConfig
 from typed_transformer.positions import LearnedPositionalEmbedding
-
-#: The original tutorial's model, as its log prints it (65 characters of Tiny Shakespeare).
-TUTORIAL_TREE = """\
-BigramLanguageModel(
-  (token_embedding_table): Embedding(65, 384)
-  (position_embedding_table): Embedding(256, 384)
-  (blocks): Sequential(
-    (0): Block(
-      (sa): MultiHeadAttention(
-        (heads): ModuleList(
-          (0-5): 6 x Head(
-            (key): Linear(in_features=384, out_features=64, bias=False)
-            (query): Linear(in_features=384, out_features=64, bias=False)
-            (value): Linear(in_features=384, out_features=64, bias=False)
-            (dropout): Dropout(p=0.2, inplace=False)
-          )
-        )
-        (proj): Linear(in_features=384, out_features=384, bias=True)
-        (dropout): Dropout(p=0.2, inplace=False)
-      )
-      (ffd): FeedForwardNetwork(
-        (network): Sequential(
-          (0): Linear(in_features=384, out_features=1536, bias=True)
-          (1): ReLU()
-          (2): Linear(in_features=1536, out_features=384, bias=True)
-          (3): Dropout(p=0.2, inplace=False)
-        )
-      )
-      (ln1): LayerNorm((384,), eps=1e-05, elementwise_affine=True)
-      (ln2): LayerNorm((384,), eps=1e-05, elementwise_affine=True)
-    )
-    (1): Block(
-      (sa): MultiHeadAttention(
-        (heads): ModuleList(
-          (0-5): 6 x Head(
-            (key): Linear(in_features=384, out_features=64, bias=False)
-            (query): Linear(in_features=384, out_features=64, bias=False)
-            (value): Linear(in_features=384, out_features=64, bias=False)
-            (dropout): Dropout(p=0.2, inplace=False)
-          )
-        )
-        (proj): Linear(in_features=384, out_features=384, bias=True)
-        (dropout): Dropout(p=0.2, inplace=False)
-      )
-      (ffd): FeedForwardNetwork(
-        (network): Sequential(
-          (0): Linear(in_features=384, out_features=1536, bias=True)
-          (1): ReLU()
-          (2): Linear(in_features=1536, out_features=384, bias=True)
-          (3): Dropout(p=0.2, inplace=False)
-        )
-      )
-      (ln1): LayerNorm((384,), eps=1e-05, elementwise_affine=True)
-      (ln2): LayerNorm((384,), eps=1e-05, elementwise_affine=True)
-    )
-    (2): Block(
-      (sa): MultiHeadAttention(
-        (heads): ModuleList(
-          (0-5): 6 x Head(
-            (key): Linear(in_features=384, out_features=64, bias=False)
-            (query): Linear(in_features=384, out_features=64, bias=False)
-            (value): Linear(in_features=384, out_features=64, bias=False)
-            (dropout): Dropout(p=0.2, inplace=False)
-          )
-        )
-        (proj): Linear(in_features=384, out_features=384, bias=True)
-        (dropout): Dropout(p=0.2, inplace=False)
-      )
-      (ffd): FeedForwardNetwork(
-        (network): Sequential(
-          (0): Linear(in_features=384, out_features=1536, bias=True)
-          (1): ReLU()
-          (2): Linear(in_features=1536, out_features=384, bias=True)
-          (3): Dropout(p=0.2, inplace=False)
-        )
-      )
-      (ln1): LayerNorm((384,), eps=1e-05, elementwise_affine=True)
-      (ln2): LayerNorm((384,), eps=1e-05, elementwise_affine=True)
-    )
-    (3): Block(
-      (sa): MultiHeadAttention(
-        (heads): ModuleList(
-          (0-5): 6 x Head(
-            (key): Linear(in_features=384, out_features=64, bias=False)
-            (query): Linear(in_features=384, out_features=64, bias=False)
-            (value): Linear(in_features=384, out_features=64, bias=False)
-            (dropout): Dropout(p=0.2, inplace=False)
-          )
-        )
-        (proj): Linear(in_features=384, out_features=384, bias=True)
-        (dropout): Dropout(p=0.2, inplace=False)
-      )
-      (ffd): FeedForwardNetwork(
-        (network): Sequential(
-          (0): Linear(in_features=384, out_features=1536, bias=True)
-          (1): ReLU()
-          (2): Linear(in_features=1536, out_features=384, bias=True)
-          (3): Dropout(p=0.2, inplace=False)
-        )
-      )
-      (ln1): LayerNorm((384,), eps=1e-05, elementwise_affine=True)
-      (ln2): LayerNorm((384,), eps=1e-05, elementwise_affine=True)
-    )
-    (4): Block(
-      (sa): MultiHeadAttention(
-        (heads): ModuleList(
-          (0-5): 6 x Head(
-            (key): Linear(in_features=384, out_features=64, bias=False)
-            (query): Linear(in_features=384, out_features=64, bias=False)
-            (value): Linear(in_features=384, out_features=64, bias=False)
-            (dropout): Dropout(p=0.2, inplace=False)
-          )
-        )
-        (proj): Linear(in_features=384, out_features=384, bias=True)
-        (dropout): Dropout(p=0.2, inplace=False)
-      )
-      (ffd): FeedForwardNetwork(
-        (network): Sequential(
-          (0): Linear(in_features=384, out_features=1536, bias=True)
-          (1): ReLU()
-          (2): Linear(in_features=1536, out_features=384, bias=True)
-          (3): Dropout(p=0.2, inplace=False)
-        )
-      )
-      (ln1): LayerNorm((384,), eps=1e-05, elementwise_affine=True)
-      (ln2): LayerNorm((384,), eps=1e-05, elementwise_affine=True)
-    )
-    (5): Block(
-      (sa): MultiHeadAttention(
-        (heads): ModuleList(
-          (0-5): 6 x Head(
-            (key): Linear(in_features=384, out_features=64, bias=False)
-            (query): Linear(in_features=384, out_features=64, bias=False)
-            (value): Linear(in_features=384, out_features=64, bias=False)
-            (dropout): Dropout(p=0.2, inplace=False)
-          )
-        )
-        (proj): Linear(in_features=384, out_features=384, bias=True)
-        (dropout): Dropout(p=0.2, inplace=False)
-      )
-      (ffd): FeedForwardNetwork(
-        (network): Sequential(
-          (0): Linear(in_features=384, out_features=1536, bias=True)
-          (1): ReLU()
-          (2): Linear(in_features=1536, out_features=384, bias=True)
-          (3): Dropout(p=0.2, inplace=False)
-        )
-      )
-      (ln1): LayerNorm((384,), eps=1e-05, elementwise_affine=True)
-      (ln2): LayerNorm((384,), eps=1e-05, elementwise_affine=True)
-    )
-  )
-  (ln_f): LayerNorm((384,), eps=1e-05, elementwise_affine=True)
-  (lm_head): Linear(in_features=384, out_features=65, bias=True)
-)
-"""
 
 LEAF = re.compile(r"^(?P<indent> *)\((?P<name>[\w-]+)\): (?:(?P<times>\d+) x )?(?P<kind>\w+)\((?P<args>.*)\)$")
 OPEN = re.compile(r"^(?P<indent> *)\((?P<name>[\w-]+)\): (?:(?P<times>\d+) x )?(?P<kind>\w+)\($")
@@ -247,9 +93,11 @@ def describe_printout(leaves: list[dict[str, Any]]) -> dict[str, Any]:
     pos = re.fullmatch(r"(\d+), (\d+)", top["position_embedding_table"]["args"])
     assert emb is not None
     assert pos is not None
+    dropouts = [leaf for leaf in leaves if len(leaf["path"]) == 1 and leaf["kind"] == "Dropout"]
+    embedding_dropout = float(dropouts[0]["args"].removeprefix("p=").split(",")[0]) if dropouts else 0.0
     return {"embedding": (int(emb[1]), int(emb[2])), "positions": (int(pos[1]), int(pos[2])),
-            "blocks": list(blocks.values()), "final_norm": norm(top["ln_f"]["args"]),
-            "lm_head": linear(top["lm_head"]["args"])}
+            "embedding_dropout": embedding_dropout, "blocks": list(blocks.values()),
+            "final_norm": norm(top["ln_f"]["args"]), "lm_head": linear(top["lm_head"]["args"])}
 
 
 def printout_parameters(leaves: list[dict[str, Any]]) -> int:
@@ -294,7 +142,8 @@ def describe_model(model: GPT) -> dict[str, Any]:
         assert block.mlp.dropout.p == 0.0  # dropout sits on the residual branch, after linear2, as printed
     assert isinstance(model.pos, LearnedPositionalEmbedding)
     return {"embedding": tuple(model.tok_emb.weight.shape), "positions": tuple(model.pos.weight.shape),
-            "blocks": blocks, "final_norm": norm(model.ln_f), "lm_head": linear(model.lm_head)}
+            "embedding_dropout": model.drop.p, "blocks": blocks, "final_norm": norm(model.ln_f),
+            "lm_head": linear(model.lm_head)}
 
 
 def test_the_printout_parses_into_six_blocks_of_six_heads() -> None:
@@ -318,13 +167,14 @@ def test_seed_preset_has_the_printed_parameter_count() -> None:
     assert sum(unique.values()) == model.num_parameters(non_embedding=False) == 10_788_929
     assert printout_parameters(parse_tree(TUTORIAL_TREE)) == 10_788_929
     assert model.num_parameters() == 10_788_929 - 256 * 384  # nanoGPT's count leaves the position table out
+    assert f"{model.num_parameters(non_embedding=False) / 1e6} M parameters" == "10.788929 M parameters"
 
 
 def test_a_changed_model_no_longer_matches_the_printout() -> None:
     """The comparison can fail: each switch of the preset, flipped back, breaks it."""
     printed = describe_printout(parse_tree(TUTORIAL_TREE))
     for change in ({"activation": "gelu"}, {"qkv_bias": True}, {"bias": False}, {"lm_head_bias": False},
-                   {"dropout": 0.1}):
+                   {"dropout": 0.1}, {"embd_dropout": 0.2}):
         assert describe_model(GPT(GPTConfig.preset("seed", 65, **change))) != printed, change
 
 
@@ -348,9 +198,13 @@ def test_train_seed_preset_builds_the_printed_model_and_verbose_prints_its_tree(
     assert "(out_proj): Linear(in_features=12, out_features=12, bias=True)" in err
     assert "activation=relu" in err
     assert "(lm_head): Linear(in_features=12, out_features=26, bias=True)" in err
-    config = load_checkpoint(tmp_path / "run").model.config
+    model = load_checkpoint(tmp_path / "run").model
+    config = model.config
     assert (config.activation, config.bias, config.qkv_bias, config.lm_head_bias, config.tie_weights) == (
         "relu", True, False, True, False)
+    assert (config.dropout, config.embd_dropout) == (0.2, 0.0)
+    # the tutorial's own count line, `print(sum(p.numel() for p in m.parameters())/1e6, 'M parameters')`
+    assert f"\n{model.num_parameters(non_embedding=False) / 1e6} M parameters\n" in err
 
 
 def test_bias_tie_and_activation_switches_from_flags_and_a_config_file(

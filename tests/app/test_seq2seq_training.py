@@ -63,6 +63,29 @@ def test_bad_pairs_files_name_the_line(tmp_path: Path, text: str, message: str) 
         read_pairs(path)
 
 
+@pytest.mark.parametrize("separator", ["\x85", "\x0c", "\x1c", "\x1d", "\x1e", "\u2028", "\u2029", "\x0b", "\r"])
+def test_a_pairs_line_ends_at_newline_only(separator: str, tmp_path: Path) -> None:
+    """str.splitlines() would split at each of these: two pairs, or a wrong refusal ("line 2 has 0 tabs")."""
+    path = tmp_path / "pairs.tsv"
+    path.write_bytes(f"a{separator}b\tc\nde\tf{separator}g\r\nhi\tjk".encode())
+    assert read_pairs(path) == [(f"a{separator}b", "c"), ("de", f"f{separator}g"), ("hi", "jk")]
+
+
+@pytest.mark.parametrize("side", ["source", "target"])
+def test_a_pair_longer_than_the_longest_sequence_is_refused_naming_its_line(side: str, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """200,000 characters made one step attend over 200,000 positions (SIGTERM waited for it for minutes)."""
+    long = "x" * 200_000
+    path = tmp_path / "pairs.tsv"
+    path.write_text("ab\tba\n" + (f"{long}\tb\n" if side == "source" else f"a\t{long}\n"), encoding="utf-8")
+    assert run(["train-seq2seq", *TINY, "--data", str(path), "--out", str(tmp_path / "run")]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"typed-transformer: error: {path}: line 2's {side} has 200,000 characters; at most 512 per side (the "
+        "longest sequence train-seq2seq trains on)")
+    path.write_text("ab\tba\n" + "y" * 512 + "\tb\n", encoding="utf-8")
+    assert len(read_pairs(path)) == 2  # 512: the bound, inclusive
+
+
 def test_split_holds_out_a_fraction_and_keeps_every_pair() -> None:
     pairs = [(str(i), str(i)) for i in range(50)]
     train, held = split_pairs(pairs, 0.1, seed=1)
@@ -104,12 +127,13 @@ def test_train_translate_and_resume_from_the_command_line(tmp_path: Path, capsys
                                                           ) -> None:
     out = tmp_path / "run"
     assert run(["train-seq2seq", *TINY, "--max-iters", "20", "--eval-interval", "10", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert printed.splitlines()[0].startswith("config: Seq2SeqConfig(")
-    assert "max_iters=20" in printed.splitlines()[0]
+    captured = capsys.readouterr()
+    progress, printed = captured.err, captured.out
+    assert progress.splitlines()[0].startswith("config: Seq2SeqConfig(")
+    assert "max_iters=20" in progress.splitlines()[0]
     assert json.loads((out / "config.json").read_text(encoding="utf-8"))["max_iters"] == 20
-    assert "iter    10:" in printed
-    assert "done: iteration 20" in printed
+    assert "iter    10:" in progress
+    assert printed.startswith("done: iteration 20")
     straight = load_seq2seq(out)
     assert straight.iteration == 20
     assert [h["iter"] for h in straight.history] == [10, 20]
@@ -178,6 +202,55 @@ def test_translate_reads_stdin(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert capsys.readouterr().out.splitlines() == translate(checkpoint.model, checkpoint.vocab, ["12", "301"])
 
 
+def _bytes_stdin(data: bytes) -> Any:
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+
+
+def test_translate_takes_crlf_lines_and_names_a_byte_that_is_not_utf8(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "run"
+    assert run(["train-seq2seq", *TINY, "--max-iters", "2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    checkpoint = load_seq2seq(out)
+    monkeypatch.setattr("sys.stdin", _bytes_stdin(b"12\r\n\r\n301\r\n"))
+    assert run(["translate", "--checkpoint", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == translate(checkpoint.model, checkpoint.vocab, ["12", "301"])
+    monkeypatch.setattr("sys.stdin", _bytes_stdin(b"12\n3\xff1\n"))
+    assert run(["translate", "--checkpoint", str(out)]) == 2
+    assert one_line(capsys.readouterr().err) == ("typed-transformer: error: stdin line 2 is not UTF-8 (byte 0xff at "
+                                                 "byte 2 of the line)")
+
+
+def test_translate_with_stdin_closed_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "run"
+    assert run(["train-seq2seq", *TINY, "--max-iters", "2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", None)  # what Python makes of a closed descriptor 0 (`<&-`)
+    assert run(["translate", "--checkpoint", str(out)]) == 2
+    assert one_line(capsys.readouterr().err) == ("typed-transformer: error: nothing to translate: give --text or "
+                                                 "lines on stdin (stdin is closed)")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_run_stopped_on_an_evaluation_iteration_keeps_that_evaluation(signum: int, tmp_path: Path) -> None:
+    """The resumed run starts after the evaluation it would have made: the stopped run makes it."""
+    config = Seq2SeqConfig(max_len=4, d_model=16, nhead=2, layers=1, dim_feedforward=32, batch_size=8, max_iters=15,
+                           eval_interval=5, eval_pairs=10)
+
+    def stop(iteration: int) -> None:
+        if iteration == 10:
+            os.kill(os.getpid(), signum)
+
+    straight = train_seq2seq(config, tmp_path / "straight", log=io.StringIO())
+    stopped = train_seq2seq(config, tmp_path / "run", on_step=stop, log=io.StringIO())
+    assert (stopped.signal, stopped.iteration) == (signum, 10)
+    resumed = train_seq2seq(config, tmp_path / "run", resume=True, log=io.StringIO())
+    assert [h["iter"] for h in straight.history] == [5, 10, 15]
+    assert resumed.history == straight.history
+    assert load_seq2seq(tmp_path / "run").history == straight.history
+
+
 def test_the_first_signal_saves_and_stops(tmp_path: Path) -> None:
     config = Seq2SeqConfig(max_len=4, d_model=16, nhead=2, layers=1, dim_feedforward=32, batch_size=8, max_iters=50,
                            eval_pairs=10)
@@ -209,7 +282,11 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_checkpoint(
     capsys.readouterr()
     assert run(["train-seq2seq", *TINY, "--max-iters", "8", "--eval-interval", "2", "--out", str(out),
                 "--resume"]) == 1
-    assert "the loss is nan at iteration 5" in one_line(capsys.readouterr().err)
+    err = capsys.readouterr().err  # the progress (on stderr, as train's), then the error's one line
+    errors = [line for line in err.splitlines() if line.startswith("typed-transformer")]
+    assert len(errors) == 1
+    assert err.splitlines()[-1] == errors[0]
+    assert "the loss is nan at iteration 5" in errors[0]
     assert (out / "checkpoint.safetensors").read_bytes() == before
 
 
@@ -247,7 +324,10 @@ def test_too_little_free_space_is_refused_before_the_first_step(tmp_path: Path, 
      "optimizer tensor 0.step is torch.int64, expected torch.float32 or torch.float64 (Adam's step count"),
     ("negative exp_avg_sq", lambda t: t.update({"optim.1.exp_avg_sq": -t["optim.1.exp_avg_sq"] - 1.0}),
      "optimizer tensor 1.exp_avg_sq holds a negative value"),
-], ids=["int32 weight", "int64 step", "negative exp_avg_sq"])
+    ("a tensor nothing reads", lambda t: t.update({"junk.x": torch.zeros(2)}), "unexpected tensor junk.x"),
+    ("an optimizer tensor not listed", lambda t: t.update({"optim.0.junk": torch.zeros(2)}),
+     "unexpected tensor optim.0.junk"),
+], ids=["int32 weight", "int64 step", "negative exp_avg_sq", "junk tensor", "unlisted optimizer tensor"])
 def test_a_re_signed_checkpoint_of_the_wrong_dtype_or_invariant_is_one_line(
         name: str, change: Any, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """torch's load_state_dict would cast the int32 weight and the int64 step silently."""
@@ -300,22 +380,22 @@ def test_a_bad_config_file_is_one_line(toml: str, message: str, tmp_path: Path,
 @pytest.mark.parametrize("threads", ["1", "auto"])
 def test_threads_fixed_or_timed_on_the_steps(threads: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import typed_transformer.training as training
-    from typed_transformer.threads import apply_threads
+    from typed_transformer.threads import RunThreads, ThreadChoice, fix_threads
 
     requested: list[int | str | None] = []
     observed: list[float] = []
 
-    class Tuner:
+    class Schedule(RunThreads):
         def observe(self, seconds: float) -> None:
             observed.append(seconds)
+            super().observe(seconds)
 
-    def spy(value: int | str | None, **kwargs: Any) -> tuple[Any, Any]:
+    def spy(value: int | str | None) -> Any:
         requested.append(value)
-        if value == "auto":
-            return None, Tuner()
-        return apply_threads(value, **kwargs)
+        return ThreadChoice(None, "auto") if value == "auto" else fix_threads(value)  # auto, whatever the suite set
 
-    monkeypatch.setattr(training, "apply_threads", spy)
+    monkeypatch.setattr(training, "fix_threads", spy)
+    monkeypatch.setattr(training, "RunThreads", Schedule)
     before = torch.get_num_threads()
     try:
         assert run(["train-seq2seq", *TINY, "--max-iters", "6", "--threads", threads,
@@ -359,7 +439,7 @@ def test_training_goes_through_the_step_loop_and_equals_a_plain_loop(tmp_path: P
     assert steps == ["Seq2SeqTrainer"] * 12
     assert [h["iter"] for h in result.history] == [5, 10, 12]
 
-    vocab, _, _ = seq2seq_training._data(config)
+    vocab, _, _, _ = seq2seq_training._data(config)
     torch.manual_seed(config.seed)
     model = seq2seq_training.build_model(config, vocab).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.98), eps=1e-9)
@@ -376,3 +456,36 @@ def test_training_goes_through_the_step_loop_and_equals_a_plain_loop(tmp_path: P
         optimizer.step()
     for (name, a), b in zip(model.state_dict().items(), result.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_config_json_replaces_a_symbolic_link_instead_of_following_it(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.json"
+    outside.write_text("not yours\n", encoding="utf-8")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").symlink_to(outside)
+    assert run(["train-seq2seq", *TINY, "--max-iters", "1", "--out", str(out)]) == 0
+    assert outside.read_text(encoding="utf-8") == "not yours\n"
+    assert not (out / "config.json").is_symlink()
+    assert json.loads((out / "config.json").read_text(encoding="utf-8"))["max_iters"] == 1
+
+
+def test_resume_refuses_an_edited_data_file_with_the_same_characters(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "pairs.tsv"
+    data.write_text("".join(f"{a}{b}\t{b}{a}\n" for a in "abc" for b in "abc"), encoding="utf-8")
+    out = tmp_path / "run"
+    flags = [*TINY, "--data", str(data), "--out", str(out), "--eval-interval", "1"]
+    assert run(["train-seq2seq", *flags, "--max-iters", "1"]) == 0
+    assert load_seq2seq(out).data_sha256 is not None
+    data.write_text(data.read_text(encoding="utf-8").replace("ab\tba", "ab\tab"), encoding="utf-8")
+    before = (out / "checkpoint.safetensors").read_bytes()
+    capsys.readouterr()
+    assert run(["train-seq2seq", *flags, "--max-iters", "2", "--resume"]) == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"typed-transformer: error: --resume: {data} is not the data the checkpoint was trained on (the sha256 of "
+        "its pairs differs: the file was edited)")
+    assert (out / "checkpoint.safetensors").read_bytes() == before
+    data.write_text(data.read_text(encoding="utf-8").replace("ab\tab", "ab\tba").replace("\n", "\r\n"),
+                    encoding="utf-8")  # the same pairs, other line endings: resumes
+    assert run(["train-seq2seq", *flags, "--max-iters", "2", "--resume"]) == 0

@@ -1,17 +1,19 @@
 """The intra-op thread count: the tuner's timing logic (with a fake clock), who decides, drift re-checks."""
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from typed_transformer import threads
+from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.data import TextData
 from typed_transformer.gpt import GPT, GPTConfig
 from typed_transformer.threads import ThreadChoice, ThreadTuner, candidate_counts, resolve_threads, tune_threads
-from typed_transformer.training import TrainConfig, train
+from typed_transformer.training import StepLoop, TrainConfig, train
 
 
 class FakeMachine:
@@ -107,11 +109,11 @@ def test_drift_starts_a_new_tuning_that_follows_the_load() -> None:
     for _ in range(5):
         machine.step(tuner)
     assert tuning(tuner)
-    assert "drifted from 50.0 to 1000.0 ms" in log[-1]
     while tuning(tuner):
         machine.step(tuner)
     assert (tuner.count, machine.count) == (1, 1)
     assert len(tuner.decisions) == 2
+    assert [line.split(" (")[0] for line in log] == ["threads: 2", "threads: 1"]  # one line per change
 
 
 def test_a_drift_shorter_than_the_window_is_ignored() -> None:
@@ -138,7 +140,36 @@ def test_a_periodic_recheck_keeps_a_count_that_is_still_best() -> None:
     while tuning(tuner):
         machine.step(tuner)
     assert tuner.count == 2
-    assert log[-1].startswith("threads: 2 (kept)")
+    assert len(tuner.decisions) == 2
+    assert len(log) == 1  # a kept count is not printed
+    assert log[0].startswith("threads: 2 (median step time")
+
+
+def test_a_run_under_a_changing_load_prints_a_thread_change_once() -> None:
+    """The main job under load printed 39 ``threads:`` lines among 9 ``iter`` lines: every re-check spoke."""
+    costs = {1: 0.10, 2: 0.05}
+    log: list[str] = []
+    trials: list[int] = []
+
+    def trial() -> float:
+        trials.append(torch.get_num_threads())
+        return costs[trials[-1]]
+
+    schedule = threads.RunThreads(trial, [1, 2], recheck_seconds=1.0, log=log.append)
+    before = torch.get_num_threads()
+    try:
+        for iteration in range(400):
+            schedule.tune(iteration)
+            # the kept steps swing between two loads (drift re-checks) that both leave 2 threads the fastest
+            schedule.observe(costs[torch.get_num_threads()] * (1 if iteration // 20 % 2 else 3))
+            if iteration == 300:
+                costs = {1: 0.05, 2: 0.10}
+        assert log == ["threads: 2 at iteration 0 (median trial step 1: 100.0 ms, 2: 50.0 ms)",
+                       "threads: 1 at iteration 303 (median trial step 1: 50.0 ms, 2: dropped)"]
+        assert schedule.changes == [[0, 2], [303, 1]]
+        assert len(trials) > 5 * 8  # many re-checks (8 trial steps each) kept the count silently
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_single_candidate_is_set_and_never_timed() -> None:
@@ -309,3 +340,71 @@ def test_a_recheck_that_keeps_the_count_waits_twice_as_long_for_the_next() -> No
         machine.step(tuner)
     assert tuner.count == 1
     assert tuner._wait == 1.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# A resumed auto run replays the counts (docs/reliability.md: a resumed run is the same run)
+# ---------------------------------------------------------------------------------------------------
+
+
+class Killed(Exception):
+    """Stands for kill -9: raised from ``on_step``, so nothing after the last checkpoint is saved."""
+
+
+class ChangingLoad:
+    """The step times of a machine whose load changes at iteration ``change``: one thread is fastest before it,
+    two after it (``StepLoop.measure`` replaced: the work runs, its seconds come from here, not a clock)."""
+
+    def __init__(self, change: int) -> None:
+        self.change = change
+
+    def measure(self, trainer: Any, work: Callable[[], Any]) -> tuple[Any, float]:
+        result = work()
+        costs = {1: 0.010, 2: 0.030} if trainer.iteration < self.change else {1: 0.040, 2: 0.008}
+        return result, costs[torch.get_num_threads()]
+
+
+def _auto_run(out: Path, kills: tuple[int, ...], counts: dict[int, int],
+              ) -> dict[str, torch.Tensor]:
+    """The run to ``max_iters``, stopped by a kill after each iteration of ``kills`` and resumed from its
+    checkpoint; ``counts[i]`` is the thread count the kept step making iteration ``i`` ran at."""
+    data = TextData.from_text(TEXT * 4, 8)
+    config = TrainConfig(max_iters=20, batch_size=8, eval_interval=100, eval_iters=1, checkpoint_interval=4,
+                         warmup_iters=2, sample_tokens=0, threads="auto")
+
+    def on_step(iteration: int) -> None:
+        counts[iteration] = torch.get_num_threads()
+        if iteration in kills and iteration not in stopped:
+            stopped.add(iteration)
+            raise Killed
+
+    stopped: set[int] = set()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=data.tokenizer.vocab_size, block_size=16, n_layer=2, n_head=4, n_embd=64,
+                          dropout=0.1))
+    resume = None
+    while True:
+        try:
+            return train(model, data, config, out, progress=False, on_step=on_step, resume=resume,
+                         peak_flops=1e9).model.state_dict()
+        except Killed:
+            resume = load_checkpoint(out / CHECKPOINT_NAME)
+            model = resume.model
+
+
+def test_a_resumed_auto_run_replays_the_thread_counts_under_a_changing_load(
+        tmp_path: Path, no_user_setting: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)  # two candidates, on any machine
+    load = ChangingLoad(change=10)
+    monkeypatch.setattr(StepLoop, "measure", lambda trainer, work: load.measure(trainer, work))
+    whole: dict[int, int] = {}
+    uninterrupted = _auto_run(tmp_path / "whole", (), whole)
+    assert (whole[1], whole[20]) == (1, 2), whole  # the load change made the tuner change the count mid-run
+    assert sorted(i for i in whole if i > 1 and whole[i] != whole[i - 1]) == [14]  # the step of iteration 13
+    # Killed after the checkpoint of iteration 12, whose re-check window holds steps of both loads (the resumed
+    # run must see the drift at iteration 13 as the whole run did), and after the count changed.
+    resumed: dict[int, int] = {}
+    got = _auto_run(tmp_path / "killed", (13, 17), resumed)
+    assert resumed == whole  # every kept step at the whole run's count (tuning afresh on resume changes them)
+    for name, value in uninterrupted.items():
+        assert torch.equal(got[name], value), f"{name} differs after a kill and resume under a changing load"

@@ -32,6 +32,12 @@ def test_float_masks_pass_through() -> None:
     assert torch.equal(attn_mask_to_torch(bias), bias)
 
 
+def test_a_2d_mask_needs_no_num_heads_and_a_3d_one_says_it_does() -> None:
+    torch_mask = torch.rand(3, 4) > 0.5
+    assert torch.equal(attn_mask_from_torch(torch_mask), ~torch_mask)
+    with pytest.raises(TypeError, match=r"a 3-D mask \(\(b h\), t, s\) needs num_heads"):
+        attn_mask_from_torch(torch.zeros(4, 3, 4, dtype=torch.bool))
+
 def test_key_padding_masks_are_inverted() -> None:
     padding = torch.tensor([[False, False, True]])  # torch: True = padding
     assert key_padding_mask_from_torch(padding).tolist() == [[True, True, False]]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import TEXT
+from tests.support.limits import HANG_SECONDS
 from typed_transformer.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,7 +212,7 @@ def test_the_readme_s_reproducibility_claim_same_seed_and_thread_count_same_loss
             [sys.executable, "-m", "typed_transformer", "train", "--data", str(text), "--max-iters", "20",
              "--eval-interval", "10", "--eval-iters", "2", "--block-size", "16", "--batch-size", "8",
              "--sample-tokens", "40", "--no-progress", "--threads", "2", "--seed", seed, "--out", str(tmp_path / out)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=600, check=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=HANG_SECONDS, check=True)
         printed = done.stdout.split("\nsample:\n")
         return [line for line in printed[0].splitlines() if line.startswith("iter")] + [printed[1]]
 
@@ -238,3 +239,75 @@ def test_the_lr_sweep_table_is_in_the_format_lr_sweep_prints_today() -> None:
     assert len(shown) == len(expected)
     number = re.compile(r"\d+\.\d{4}")
     assert [number.sub("X", line) for line in shown] == [number.sub("X", line) for line in expected]
+
+
+def test_the_module_list_of_the_index_names_every_module_of_the_package() -> None:
+    layout = (ROOT / "docs" / "index.md").read_text().split("## Layout", 1)[1].split("```")[1]
+    listed = {line.split()[0] for line in layout.splitlines() if line.startswith("  ") and line.split()}
+    package = ROOT / "src" / "typed_transformer"
+    modules = {p.name for p in package.glob("*.py") if p.name != "__init__.py"} | {
+        f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").exists()}
+    assert sorted(modules - listed) == []
+
+
+def test_the_guide_states_no_hand_made_duration_of_the_main_job() -> None:
+    """'about two and a half minutes' stood above a block that showed 1 min 29 s: the block's line says it."""
+    intro = (ROOT / "docs" / "training.md").read_text().split("## The main job", 1)[0]
+    assert re.findall(r"\b(?:minutes?|seconds?)\b", intro) == []
+
+
+def test_the_bad_input_examples_give_their_lines_after_the_main_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README runs the main job first: the pasted commands then meet a runs/gpt that holds a checkpoint."""
+    block = (ROOT / "docs" / "training.md").read_text().split("<!-- bad-input:begin -->")[1].split("```")[1]
+    lines = block.strip().splitlines()
+    (train_ls,) = [i for i, line in enumerate(lines) if "--data /bin/ls" in line]
+    text = tmp_path / "input.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--data", str(text), "--max-iters", "1", "--block-size", "8", "--eval-iters", "1",
+                 "--batch-size", "2", "--sample-tokens", "0", "--no-progress", "--out", "runs/gpt"]) == 0
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(lines[train_ls].split()[2:]) == 2
+    assert err.getvalue().strip() == lines[train_ls + 1]
+
+
+def test_the_test_count_in_the_testing_page_is_what_pytest_collects_today() -> None:
+    """testing.md said 1,583 while 1,586 were collected: regenerate with benchmarks/pasted_outputs.py test-count."""
+    import os
+    import subprocess
+    import sys
+
+    block = (ROOT / "docs" / "testing.md").read_text().split("<!-- test-count:begin -->")[1]
+    shown = re.search(r"^(\d+) tests collected$", block, re.MULTILINE)
+    assert shown is not None
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                "tests", "property_tests"], cwd=ROOT, capture_output=True, text=True,
+                               env={**os.environ, "CI": "true"}, timeout=HANG_SECONDS, check=False)
+    counted = re.search(r"^(\d+) tests collected", collected.stdout, re.MULTILINE)
+    assert counted is not None, collected.stdout[-2000:]
+    assert shown.group(1) == counted.group(1), "regenerate: python benchmarks/pasted_outputs.py test-count --write"
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_the_quality_per_token_tables_are_in_the_format_the_script_prints_today(optimizer: str) -> None:
+    """docs/lab/time-to-quality.md's block per optimizer (benchmarks/quality_per_token.py --seeds ... --write): a
+    title line naming the settings, then the table's header and one row per seed and the mean, as ``table``
+    prints them (the figures are the script's run). An empty block is one the regeneration has not filled yet."""
+    from benchmarks import quality_per_token
+
+    marker = quality_per_token.MARKERS[optimizer]
+    text = (ROOT / "docs" / "lab" / "time-to-quality.md").read_text(encoding="utf-8")
+    assert text.count(marker) == 2
+    block = text.split(marker)[1].strip().splitlines()
+    if not block:
+        return
+    overrides: dict[str, int | float | str] = {} if optimizer == "adamw" else {"optimizer": "muon"}
+    rows = [line for line in block if line.startswith("| ") and not line.startswith("| seed")]
+    seeds = [int(line.split("|")[1]) for line in rows[:-1]]
+    columns = block[2].count("|") - 2
+    expected = quality_per_token.table(overrides, {seed: [(0.01 * k, 1.0) for k in range(1, columns + 1)]
+                                                   for seed in seeds})
+    number = re.compile(r"\d+\.\d+M?")
+    assert [number.sub("X", line) for line in block] == [number.sub("X", line) for line in expected]

@@ -27,11 +27,13 @@ END = "<!-- end of import graph -->"
 
 WINGS: dict[str, list[str]] = {
     "core": ["_deprecation", "_activations", "shapecheck", "validation", "masks", "attention", "positions",
-             "multihead", "layers", "interop", "seq2seq", "gpt", "hf"],
+             "multihead", "layers", "interop", "seq2seq", "gpt", "hf", "tutorial"],
     "toolkit": ["strategies", "audit", "audit._core", "audit._checks", "audit._causes", "audit._infer",
-                "audit._functions", "audit._modules", "audit._hf", "audit.specs"],
+                "audit._functions", "audit._modules", "audit._hf", "audit._hf_layouts", "audit.specs",
+                "audit._libraries"],
     "app": ["_signals", "_paths", "_files", "_install", "_options", "_memory", "threads", "plot", "data",
-            "seq2seq_data", "config", "checkpoint", "generation", "training", "seq2seq_training", "cli", "__init__",
+            "seq2seq_data", "config", "muon", "checkpoint", "generation", "training", "seq2seq_training", "cli",
+            "__init__",
             "__main__"],
 }
 RANK = {module: rank for rank, wing in enumerate(WINGS) for module in WINGS[wing]}

@@ -10,8 +10,10 @@ describe the user's function, not ours, and are not walked.
 import collections.abc
 import importlib
 import inspect
+import re
 import typing
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,10 +21,12 @@ from jaxtyping import AbstractArray
 
 from typed_transformer.shapecheck import is_checked
 
+ROOT = Path(__file__).resolve().parents[2]
+
 #: Every public module: the core, the testing toolkit and the app.
 MODULES = ["validation", "attention", "masks", "positions", "multihead", "layers", "interop", "seq2seq", "gpt", "hf",
-           "shapecheck", "strategies", "audit", "audit.specs", "data", "seq2seq_data", "plot", "threads", "config",
-           "checkpoint", "generation", "training", "seq2seq_training", "cli"]
+           "tutorial", "shapecheck", "strategies", "audit", "audit.specs", "data", "seq2seq_data", "plot", "threads",
+           "config", "muon", "checkpoint", "generation", "training", "seq2seq_training", "cli"]
 
 
 def _bare(annotation: object) -> bool:
@@ -152,3 +156,45 @@ def test_the_run_time_walk_sees_checked_and_unchecked_functions() -> None:
     assert is_checked(walked["ModuleAdapter.reference"])
     assert is_checked(walked["Weights.__init__"])
     assert "Adapter.call" not in walked  # a Protocol's methods have no code to check
+
+
+def _every_signature(module_name: str) -> Iterator[tuple[str, Callable[..., object]]]:
+    """Every function and method the module defines, private ones included."""
+    module = importlib.import_module(f"typed_transformer.{module_name}")
+    for name, obj in vars(module).items():
+        if getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if inspect.isclass(obj):
+            for attribute, value in vars(obj).items():
+                function = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+                if inspect.isfunction(function):
+                    yield f"{name}.{attribute}", function
+        elif inspect.isfunction(obj):
+            yield name, obj
+
+
+@pytest.mark.parametrize("module", ["training", "checkpoint"])
+def test_no_bare_tensor_in_the_training_and_checkpoint_internals(module: str) -> None:
+    """The internals a reader of the step path and the checkpoint format reads: shapes there too."""
+    found = [f"{label}: {parameter}" for label, function in _every_signature(module)
+             for parameter, annotation in typing.get_type_hints(function, include_extras=True).items()
+             if _bare(annotation)]
+    assert found == []
+
+
+#: The model code (the design card: einops for every reshape, no ad hoc indexing of axes).
+MODEL_MODULES = ["attention", "masks", "positions", "multihead", "layers", "gpt", "seq2seq"]
+_NEW_AXIS = re.compile(r"\[(?::,\s*|\.\.\.,\s*)*None\b")  # x[:, None], x[None], x[..., None, :]
+
+
+@pytest.mark.parametrize("module", MODEL_MODULES)
+def test_the_model_code_names_new_axes_with_einops(module: str) -> None:
+    source = (ROOT / "src" / "typed_transformer" / f"{module}.py").read_text()
+    found = [f"{module}.py:{number}: {line.strip()}" for number, line in enumerate(source.splitlines(), 1)
+             if _NEW_AXIS.search(line) or ".nonzero().flatten()" in line]
+    assert found == []
+
+
+def test_the_new_axis_pattern_sees_the_indexing_it_forbids() -> None:
+    assert all(_NEW_AXIS.search(text) for text in ("x[:, None]", "b[None]", "s[:, None, None]", "y[..., None]"))
+    assert not any(_NEW_AXIS.search(text) for text in ("tuple[int, None]", "Tensor | None]", "x[:, 0]"))

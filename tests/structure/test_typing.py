@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.limits import HANG_SECONDS
+
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "tests" / "typing"
 MARK = re.compile(r"#\s*E:\s*([a-z-]+)\s*$")
@@ -37,7 +39,7 @@ def test_mypy_strict_finds_exactly_the_marked_errors(tmp_path: Path) -> None:
     # No config file (the project's mypy.ini excludes this folder): --strict alone, as a user would run it.
     result = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--config-file=", "--no-error-summary",
                              "--cache-dir", str(ROOT / ".mypy_cache" / "user-typing"), *files],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=600)
+                            capture_output=True, text=True, cwd=tmp_path, timeout=HANG_SECONDS)
     assert result.returncode in (0, 1), result.stderr
     found = set()
     for line in result.stdout.splitlines():
@@ -115,5 +117,5 @@ def test_mypy_passes_on_src_with_only_the_core_installed(tmp_path: Path) -> None
     result = subprocess.run([sys.executable, "-m", "mypy", "--python-executable", str(python), "--no-error-summary",
                              "--allow-untyped-decorators", "--no-warn-return-any", "--no-warn-unused-ignores",
                              "--cache-dir", str(ROOT / ".mypy_cache" / "core-only"), "src/typed_transformer"],
-                            capture_output=True, text=True, cwd=ROOT, timeout=900)
+                            capture_output=True, text=True, cwd=ROOT, timeout=HANG_SECONDS)
     assert result.returncode == 0, result.stdout + result.stderr

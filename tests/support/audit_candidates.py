@@ -1,7 +1,9 @@
 """Small attention candidates for the audit tests and the CLI: correct ones in several conventions, and
 ones with classic planted bugs. Every candidate takes ``(q, k, v, *, attn_mask=None, is_causal=False)``."""
 
+import contextlib
 import math
+import time
 
 import torch
 import torch.nn.functional as F
@@ -321,3 +323,24 @@ def sdpa_gqa_right(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None 
         r = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def exits_on_first_call(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                        is_causal: bool = False) -> Tensor:
+    """Ends the interpreter with status 0 (a CI run that only reads the exit status would pass)."""
+    raise SystemExit(0)
+
+
+def modifies_query(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                   is_causal: bool = False) -> Tensor:
+    """The right answer, then ``q`` doubled in place."""
+    out = naive_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    q.mul_(2)
+    return out
+
+
+def hangs(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+    """Never returns (and swallows every ``Exception`` on the way)."""
+    while True:
+        with contextlib.suppress(Exception):
+            time.sleep(0.01)

@@ -31,5 +31,6 @@ def run_rank(rank: int, world: int, init_file: str, root: str, text: str, runs: 
                            peak_flops=1e9)
             if rank == 0:
                 torch.save({"losses": result.losses, "state": model.state_dict()}, out / "result.pt")
+            torch.save(model.state_dict(), out / f"state.rank{rank}.pt")  # each rank's weights, to compare
     finally:
         dist.destroy_process_group()

@@ -54,15 +54,19 @@ from ._checks import draw_example
 from ._core import (
     BUDGETS,
     CHECKS_VERSION,
+    DEFAULT_CALL_TIME_LIMIT,
     REGISTRY,
     Adapter,
     AuditReport,
     AuditUsageError,
     Budget,
+    CandidateStopped,
     Cause,
     CheckResult,
     Conventions,
+    Difference,
     Example,
+    call_time_limit,
     reference_attention,
     rotate,
 )
@@ -76,6 +80,7 @@ from ._functions import (
 )
 from ._hf import hf_build, hf_causes, hf_limits, hf_notes, hf_spec
 from ._infer import INFERRED, Evidence, Finding, Inference
+from ._libraries import import_without_torchvision, library_spec
 from ._modules import (
     ModuleAdapter,
     ModuleSpec,
@@ -113,6 +118,7 @@ __all__ = [
     "BUDGETS",
     "CHECKS",
     "CHECKS_VERSION",
+    "DEFAULT_CALL_TIME_LIMIT",
     "FUNCTION_CHECKS",
     "INFERRED",
     "MODULE_CHECKS",
@@ -122,9 +128,11 @@ __all__ = [
     "AuditReport",
     "AuditUsageError",
     "Budget",
+    "CandidateStopped",
     "Cause",
     "CheckResult",
     "Conventions",
+    "Difference",
     "Evidence",
     "Example",
     "Finding",
@@ -139,6 +147,7 @@ __all__ = [
     "audit_attention",
     "audit_module",
     "audit_multihead",
+    "call_time_limit",
     "candidate_call",
     "draw_example",
     "hf_build",
@@ -146,7 +155,9 @@ __all__ = [
     "hf_limits",
     "hf_notes",
     "hf_spec",
+    "import_without_torchvision",
     "infer_conventions",
+    "library_spec",
     "parametrize_audit",
     "reference_attention",
     "rotate",

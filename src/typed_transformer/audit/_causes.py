@@ -58,6 +58,17 @@ def example_of(row: CheckResult) -> Example | None:
     return Example(**fields)
 
 
+def input_size(row: CheckResult) -> float:
+    """How many numbers the row's counterexample feeds the candidate (``inf`` without one)."""
+    e = example_of(row)
+    if e is None:
+        return math.inf
+    if e.widths is not None:
+        eq, ek, ev = e.widths
+        return e.b * (e.t * eq + (0 if e.tied else e.s * (ek + ev)))
+    return e.b * (e.h * e.t * e.d + e.g * e.s * (e.d + e.dv))
+
+
 def replay_ratio(adapter: Adapter, example: Example, tolerance: float, *, live_only: bool = False,
                  variant: Adapter | None = None) -> float:
     """The error ratio (error over the reference's own error, as the checks compute it) of the candidate on
@@ -140,14 +151,15 @@ def group(adapter: Adapter, results: Sequence[CheckResult], tolerance: float) ->
     causes = []
     for key, rows in keyed.items():
         check = key if key in order else rows[0].name
-        shown = next((r for r in rows if r.name == check), rows[0])
+        # the smallest input on which the output differs, among the rows of the check that explains them
+        shown = min((r for r in rows if r.name == check), key=input_size, default=rows[0])
         if key.startswith("raised:"):
             summary = f"the candidate raises {shown.message.removeprefix('candidate raised ')}"
         else:
             summary = _SUMMARIES.get(key) or (shown.message.splitlines()[0] if shown.message else key)
         causes.append(Cause(check, rows, shown, summary))
-    causes.sort(key=lambda c: (order.index(c.check) if c.check in order else len(order),
-                               min(results.index(r) for r in c.rows)))
+    causes.sort(key=lambda c: (input_size(c.shown), order.index(c.check) if c.check in order else len(order),
+                               min(results.index(r) for r in c.rows)))  # the smallest counterexample first
     for cause in causes:
         _diagnose(adapter, cause, tolerance)
     return causes
@@ -173,6 +185,7 @@ def _variants(adapter: Any, dtype: torch.dtype) -> list[Variant]:
         if getattr(w, name) is not None:
             variants.append(("other", f"the {name[1]} projection's bias is left out",
                              functools.partial(_without, name=name)))
+    variants += _convention_variants(adapter)
     if dtype == torch.float64:
         variants.append(("other", "its softmax runs in float32 (float32 precision in a float64 run)",
                          lambda a: setattr(a, "softmax_dtype", torch.float32)))
@@ -198,6 +211,30 @@ def _variants(adapter: Any, dtype: torch.dtype) -> list[Variant]:
 
         variants.append(("precision", "its cos/sin tables and its softmax are computed in float32 (float32 "
                          "precision in a float64 run)", both))
+    return variants
+
+
+def _convention_variants(adapter: Any) -> list[Variant]:
+    """Another documented convention than the spec's: the other key/value head grouping (``.repeat`` in place of
+    ``repeat_interleave`` gives ``"r g"``), the other causal alignment."""
+    variants: list[Variant] = []
+    w, spec = adapter.weights, adapter.spec
+    if 1 < w.g < w.h:
+        other = "r g" if spec.grouping == "g r" else "g r"
+        how = {"g r": "'g r' (head i uses kv head i // r: repeat_interleave)",
+               "r g": "'r g' (head i uses kv head i % g: .repeat)"}
+
+        def regroup(a: Any) -> None:  # the module's weights read again under the other grouping
+            a.spec = dataclasses.replace(spec, grouping=other)
+            a.weights = type(a)(a.original, a.spec, conventions=a.conventions).weights
+
+        variants.append(("other", f"its key/value heads are grouped {how[other]} where the spec says "
+                         f"{how[spec.grouping]}: declare grouping={other!r} in the spec if intended", regroup))
+    alignment = adapter.conventions.causal_alignment
+    flipped = "top-left" if alignment == "bottom-right" else "bottom-right"
+    variants.append(("other", f"its causal mask is aligned {flipped} where the spec says {alignment}",
+                     lambda a: setattr(a, "conventions", dataclasses.replace(a.conventions,
+                                                                             causal_alignment=flipped))))
     return variants
 
 

@@ -5,10 +5,15 @@ import dataclasses
 import importlib.metadata
 import json
 import math
+import signal
+import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Literal, Protocol, TypeAlias
 
 import torch
@@ -215,11 +220,18 @@ def reference_attention(
     is_causal: bool = False,
     conventions: Conventions = Conventions(),
     bias: Float[Tensor, "#b #h #t s"] | None = None,
+    softcap: float | None = None,
+    sinks: Float[Tensor, " h"] | None = None,
+    softmax_dtype: torch.dtype | None = None,
 ) -> Float[Tensor, "b h t dv"]:
     """Our reference in the candidate's semantics (canonical ``bhtd`` layout with ``h = (g r)``, keep-mask
     ``keep``), computed in the dtype of ``q``. A query row without any allowed key gives what the conventions
     declare: zeros (``"zero"`` and ``"any"``), NaN, or the mean of the values (``"uniform"``). ``bias``: an
-    additive position bias on the scaled logits (T5's relative bias, ALiBi), the attention core's ``attn_bias``."""
+    additive position bias on the scaled logits (T5's relative bias, ALiBi), the attention core's ``attn_bias``.
+    ``softcap``: Gemma 2's logit soft-capping, ``c * tanh(l / c)`` on the scaled logits before the bias and the
+    mask; ``sinks``: gpt-oss's learned per-head logits, one more term in each row's softmax denominator that takes
+    no value (``exp(l_j) / (exp(z_h) + sum_i exp(l_i))``); ``softmax_dtype``: the softmax alone in that dtype (a
+    variant the diagnosis of a failure tries). With any of the three the reference writes the softmax out."""
     t, s = q.shape[2], k.shape[2]
     keep = effective_keep(keep, is_causal, t, s, conventions)
     dead: Tensor | None = None
@@ -232,12 +244,39 @@ def reference_attention(
             keep = keep | dead
             if bias is not None:  # a fill of finfo.min swamps the bias: the row is uniform
                 bias = bias.masked_fill(dead_rows, 0.0)
-    out = scaled_dot_product_attention(q, k, v, attn_mask=keep, attn_bias=None if bias is None else bias.to(q.dtype),
-                                       scale=conventions.scale)
-    assert isinstance(out, Tensor)
+    if softcap is None and sinks is None and softmax_dtype is None:
+        out = scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=conventions.scale,
+                                           attn_bias=None if bias is None else bias.to(q.dtype))
+        assert isinstance(out, Tensor)
+    else:
+        out = _written_out(q, k, v, keep, conventions.scale, bias, softcap, sinks, softmax_dtype or q.dtype)
     if dead is not None and conventions.fully_masked == "nan":
         out = out.masked_fill(dead.expand(out.shape[0], out.shape[1], t, 1), math.nan)
     return out
+
+
+def _written_out(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, scale: float | None, bias: Tensor | None,
+                 softcap: float | None, sinks: Tensor | None, softmax_dtype: torch.dtype) -> Tensor:
+    """The attention of :func:`reference_attention` with its softmax written out (the variants need it): logits
+    ``s q.k``, soft-capped, plus the bias, masked to -inf, a sink column appended to each row's softmax and
+    dropped after it; ``(b, h, t, dv)`` in ``q``'s dtype. A row whose keys are all masked gives zeros (or, with a
+    sink, the sink takes all its weight: zeros too)."""
+    r = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
+    logits = einsum(q, k, "b h t d, b h s d -> b h t s") * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    if bias is not None:
+        logits = logits + bias.to(logits.dtype)
+    if keep is not None:
+        logits = logits.masked_fill(~keep, -math.inf)
+    if sinks is not None:
+        column = sinks.to(logits.dtype)[None, :, None, None].expand(*logits.shape[:-1], 1)
+        logits = torch.cat([logits, column], dim=-1)
+    weights = logits.softmax(dim=-1, dtype=softmax_dtype).nan_to_num(0.0).to(q.dtype)  # a row all -inf: zeros
+    if sinks is not None:
+        weights = weights[..., :-1]
+    return einsum(weights, v, "b h t s, b h s dv -> b h t dv")
 
 
 reference_attention = typechecked(reference_attention)
@@ -323,7 +362,24 @@ def import_line(obj: Any, as_name: str, *, search: tuple[str, ...] = ()) -> str 
 
 
 def repro_comparison(check: str) -> str:
-    """The repro's last lines: the candidate's output against the float64 reference."""
+    """The repro's last lines: the candidate's output against the float64 reference (for ``gradients``: the
+    gradients of both, against one seeded output gradient, and their differences)."""
+    if check == "gradients":
+        return ("def leaves(dtype):  # the inputs as leaves in dtype (one tensor for all three with one input)\n"
+                "    xs = [x.to(dtype).requires_grad_(True) for x in example.inputs()[:1 if example.tied else 3]]\n"
+                "    return xs, tuple(xs * 3 if example.tied else xs)\n"
+                "theirs, ins = leaves(example.torch_dtype)\n"
+                "out = adapter.call(ins, example.mask(), example.is_causal, example.torch_dtype)\n"
+                "ours, ins = leaves(torch.float64)\n"
+                "ref = adapter.reference(ins, example.mask(), example.is_causal, torch.float64)\n"
+                "cotangent = torch.randn(tuple(ref.shape), generator=torch.Generator().manual_seed(example.seed + 4), "
+                "dtype=torch.float64)\n"
+                "(ref.nan_to_num(0.0) * cotangent).sum().backward()\n"
+                "(out.double().nan_to_num(0.0) * cotangent).sum().backward()\n"
+                "errors = {n: float((b.grad.double() - a.grad).abs().max()) for n, a, b in zip(('x', 'key', 'value'), "
+                "ours, theirs)}\n"
+                "print('gradient errors', errors)\n"
+                f"print('max error', max(errors.values()))  # check {check}")
     return (f"out = adapter.call(example.inputs(), example.mask(), example.is_causal, example.torch_dtype)\n"
             f"ref = adapter.reference(example.inputs(), example.mask(), example.is_causal, torch.float64)\n"
             f"print('max error', float((out.double() - ref).abs().max()))  # check {check}")
@@ -504,6 +560,52 @@ class CheckResult:
     traceback: str | None = None
 
 
+#: What the paper's attention (and this library's API) does, for each inferred field that changes what the
+#: attention computes: an inferred value other than this is a *difference*, listed first in the report.
+PAPER: dict[str, tuple[Any, str]] = {
+    "scale": (None, "1/sqrt(d), d the head size"),
+    "mask_polarity": ("keep", "True = may attend"),
+    "causal_alignment": ("bottom-right", "with t != s, query i sees keys j <= i + s - t"),
+    "fully_masked": ("zero", "a query row without any allowed key gives zeros"),
+    "decode_sees_all": (False, "one query sees the keys the causal alignment gives it"),
+    "always_causal": (False, "causal only when told is_causal=True"),
+}
+
+
+def expect_value(value: Any) -> str:
+    """How ``--expect NAME=VALUE`` spells ``value`` (``1``, ``top-left``, ``true``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "none" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """An inferred convention that differs from the paper's attention (:data:`PAPER`): ``field`` behaves as
+    ``value`` (``seen`` says on which input), where the paper has ``paper``. ``declared``: the user said so
+    (``known=`` / ``--expect``), or a module's spec does; an undeclared difference fails the audit's
+    :attr:`AuditReport.passed` (exit status 3 on the command line when every check passed)."""
+
+    field: str
+    value: Any
+    paper: str
+    seen: str
+    declared: bool
+
+    def declaration(self) -> str:
+        """What to declare when the difference is intended."""
+        return (f"known={{{self.field!r}: {self.value!r}}} (command line: --expect "
+                f"{self.field}={expect_value(self.value)})")
+
+    def line(self) -> str:
+        head = f"{self.field} = {self.value!r} (the paper: {self.paper}): {self.seen}"
+        if self.declared:
+            return f"{head}; declared"
+        return f"{head}; NOT DECLARED: if intended, declare {self.declaration()}"
+
+
 @dataclass
 class Cause:
     """One root cause: the rows it explains (references to the report's rows), the row whose counterexample and
@@ -542,9 +644,10 @@ class Cause:
                 "explains": [[r.name, r.dtype] for r in self.rows], "shown": [self.shown.name, self.shown.dtype]}
 
 
-def closing_line(results: Sequence[CheckResult], causes: Sequence[Cause], dtypes: Sequence[str]) -> str:
+def closing_line(results: Sequence[CheckResult], causes: Sequence[Cause], dtypes: Sequence[str],
+                 undeclared: Sequence[str] = ()) -> str:
     """What was run, per dtype: ``float32: 12 passed; float64: 1 passed, 11 failed; 2 checks skipped; 1 root
-    cause`` (the inferred ``conventions`` row first when there is one)."""
+    cause`` (the inferred ``conventions`` row first when there is one; the undeclared differences last)."""
     parts = []
     conventions = [r for r in results if r.name == "conventions"]
     if conventions:
@@ -561,6 +664,9 @@ def closing_line(results: Sequence[CheckResult], causes: Sequence[Cause], dtypes
         parts.append(f"{skipped} check{'s' if skipped != 1 else ''} skipped")
     if causes:
         parts.append(f"{len(causes)} root cause{'s' if len(causes) != 1 else ''}")
+    if undeclared:
+        parts.append(f"not passed: undeclared difference{'s' if len(undeclared) != 1 else ''} from the paper's "
+                     f"attention ({', '.join(undeclared)})")
     return "; ".join(parts)
 
 
@@ -584,11 +690,20 @@ class AuditReport:
     contradictions: list[str] = field(default_factory=list)
     #: the failing rows grouped by root cause, each printed once with one counterexample and its repro
     causes: list[Cause] = field(default_factory=list)
+    #: inferred conventions that differ from the paper's attention (``conventions="infer"`` only), printed first
+    differences: list[Difference] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        """No check failed (SKIPs are allowed)."""
-        return not self.failed
+        """No check failed (SKIPs are allowed) and every difference from the paper's attention that inference
+        found was declared (``known=``, ``--expect``, or a module's spec). :attr:`failed` names the failed checks,
+        :attr:`undeclared` the undeclared differences."""
+        return not self.failed and not self.undeclared
+
+    @property
+    def undeclared(self) -> list[str]:
+        """The fields whose inferred value differs from the paper's attention and was not declared."""
+        return [d.field for d in self.differences if not d.declared]
 
     @property
     def failed(self) -> list[str]:
@@ -638,15 +753,16 @@ class AuditReport:
         for index, cause in enumerate(self.causes, start=1):
             lines += ["", *cause.lines(index, len(self.causes))]
         if self.untested:
-            how = "inferred" if self.inferred and self.inferred[0].startswith("inferred") else "declared"
+            how = "inferred" if any(line.startswith("inferred") for line in self.inferred) else "declared"
             lines += ["", f"not tested ({how} unsupported):"] + [f"  - {note}" for note in self.untested]
-        lines += ["", closing_line(self.results, self.causes, self.dtypes)]
+        lines += ["", closing_line(self.results, self.causes, self.dtypes, self.undeclared)]
         return "\n".join(lines)
 
     __str__ = table
 
     def to_dict(self) -> dict[str, Any]:
         return {"candidate": self.candidate, "checks_version": CHECKS_VERSION, "passed": self.passed,
+                "undeclared": self.undeclared, "differences": [dataclasses.asdict(d) for d in self.differences],
                 "conventions": self.conventions, "seed": self.seed, "max_examples": self.max_examples,
                 "dtypes": self.dtypes, "tolerance": self.tolerance, "environment": self.environment,
                 "untested": self.untested, "inferred": self.inferred, "contradictions": self.contradictions,
@@ -686,19 +802,131 @@ class Skip(Exception):
 
 
 class CandidateRaised(Exception):
-    """The candidate's own code raised (the exception is the ``__cause__``): a failure of the check. Any other
-    exception inside a check is a bug of the audit and propagates."""
+    """The candidate's own code raised (the exception is the ``__cause__``), or modified one of its inputs in
+    place: a failure of the check. Any other exception inside a check is a bug of the audit and propagates."""
+
+
+class CandidateStopped(BaseException):
+    """A call of the candidate ended the interpreter (``sys.exit``) or did not return within the time limit
+    (:func:`call_time_limit`): the audit stops there, its report unfinished, and this names the call (the check,
+    the dtype and the example, when the call was a check's; an inference probe's has none). A ``BaseException``,
+    as the ``SystemExit`` it reports: nothing that catches ``Exception`` (the candidate, Hypothesis) swallows it,
+    and Hypothesis does not rerun a hung call to shrink it."""
+
+    def __init__(self, what: str, check: str | None = None, dtype: str | None = None,
+                 example: "Example | None" = None) -> None:
+        super().__init__(what)
+        self.what, self.check, self.dtype, self.example = what, check, dtype, example
+
+    def line(self) -> str:
+        """One line: which call, and what it did."""
+        where = (" probing its conventions (--infer)" if self.check is None
+                 else f" in check {self.check} [{self.dtype or '-'}]")
+        shapes = "" if self.example is None else (f" (b={self.example.b} h={self.example.h} g={self.example.g} "
+                                                  f"t={self.example.t} s={self.example.s} d={self.example.d} "
+                                                  f"dv={self.example.dv}, seed {self.example.seed})")
+        return f"FAIL: a call of the candidate{where}{shapes} {self.what}; the audit stopped there"
+
+    def __str__(self) -> str:
+        return self.line()
+
+
+#: The default time limit of one call of the candidate, in seconds: the audit's inputs are small (a correct
+#: candidate answers in milliseconds), so this is only ever reached by a call that hangs.
+DEFAULT_CALL_TIME_LIMIT = 60.0
+_CALL_TIME_LIMIT: ContextVar[float | None] = ContextVar("call_time_limit", default=DEFAULT_CALL_TIME_LIMIT)
 
 
 @contextmanager
-def candidate_code() -> Iterator[None]:
-    """Run the candidate's code: its exceptions become :class:`CandidateRaised`."""
+def call_time_limit(seconds: float | None) -> Iterator[None]:
+    """Audits run inside give each call of the candidate ``seconds`` (``None``: no limit; default
+    :data:`DEFAULT_CALL_TIME_LIMIT`); a call past it stops the audit with :class:`CandidateStopped`. The limit is
+    a ``SIGALRM`` timer that raises in the candidate's Python code, so it holds in the main thread of a POSIX
+    process only (elsewhere calls run unlimited), and a single C call that never returns (a torch kernel) is
+    out of its reach: run the audit in a child process with a timeout for that."""
+    if seconds is not None and not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"call_time_limit: seconds must be positive and finite or None, got {seconds!r}")
+    token = _CALL_TIME_LIMIT.set(seconds)
     try:
         yield
-    except (CheckFailure, Skip, CandidateRaised):
+    finally:
+        _CALL_TIME_LIMIT.reset(token)
+
+
+class _TimedOut(BaseException):
+    """Raised in the candidate's code by the call's timer (a BaseException: ``except Exception`` lets it by)."""
+
+
+class _Alarm:
+    """The call's timer: SIGALRM after ``seconds``, then every second until the call is over (a candidate that
+    swallows one gets the next); the previous handler and timer are restored after. Hand-written: no library
+    interrupts a call in the running thread."""
+
+    def __init__(self, seconds: float | None) -> None:
+        usable = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+        self.seconds = seconds if usable else None
+        self.armed = self.fired = False
+
+    def _ring(self, signum: int, frame: FrameType | None) -> None:
+        self.fired = True
+        if self.armed:
+            raise _TimedOut
+
+    def __enter__(self) -> None:
+        if self.seconds is None:
+            return
+        self.started = time.monotonic()
+        self.previous = signal.signal(signal.SIGALRM, self._ring)
+        self.previous_timer = signal.setitimer(signal.ITIMER_REAL, self.seconds, 1.0)
+        self.armed = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.seconds is None:
+            return
+        self.armed = False
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        finally:
+            signal.signal(signal.SIGALRM, self.previous)
+            left, interval = self.previous_timer
+            if left > 0:  # an enclosing timer keeps running (nested calls)
+                signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - self.started), 1e-3), interval)
+
+
+def _modified(before: Tensor, after: Tensor) -> bool:
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return True
+    return not torch.equal(torch.nan_to_num(before), torch.nan_to_num(after.detach())) or not torch.equal(
+        before.isnan(), after.detach().isnan())
+
+
+@contextmanager
+def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
+    """Run the candidate's code: its exceptions become :class:`CandidateRaised`, and so does a change it made
+    to one of the named ``inputs`` (compared with copies after the call); ``sys.exit`` or a call past the time
+    limit (:func:`call_time_limit`) raises :class:`CandidateStopped`. ``KeyboardInterrupt`` (Ctrl-C, and the
+    command line's SIGTERM) passes through."""
+    copies = {name: x.detach().clone() for name, x in inputs.items() if isinstance(x, Tensor)}
+    limit = _CALL_TIME_LIMIT.get()
+    alarm = _Alarm(limit)
+    try:
+        with alarm:
+            yield
+    except (CheckFailure, Skip, CandidateRaised, CandidateStopped, KeyboardInterrupt):
         raise
-    except Exception as err:
+    except _TimedOut:
+        pass  # the flag says it below
+    except SystemExit as exit_:
+        raise CandidateStopped(f"called sys.exit({exit_.code!r})") from None
+    except BaseException as err:
         raise CandidateRaised(f"{type(err).__name__}: {err}") from err
+    if alarm.fired:
+        raise CandidateStopped(f"did not return within the time limit of {limit:g} s per call")
+    for name, before in copies.items():
+        after = inputs[name]
+        if isinstance(after, Tensor) and _modified(before, after):
+            raise CandidateRaised(f"the candidate modified its input {name} in place during the call (the "
+                                  f"counterexample's): inputs must be left as given")
 
 
 @dataclass(frozen=True)
@@ -837,12 +1065,18 @@ def _run_phase(check: Check, run: Run, max_examples: int, seed: int) -> CheckRes
             raise
         except CandidateRaised as raised:  # the candidate raised: that is a failure of this check
             run.failing = True
-            err = raised.__cause__ or raised
+            err = raised.__cause__
+            if err is None:  # the wrapper's own finding about the call (an input modified in place)
+                raise CheckFailure(str(raised), run.current) from raised
             first_line = str(err).splitlines()[0] if str(err) else ""
             raise CheckFailure(f"candidate raised {type(err).__name__}: {first_line}", run.current) from err
 
     try:
         test()
+    except CandidateStopped as stopped:  # the call that ended or hung: named, then the audit stops
+        if stopped.check is None:
+            stopped.check, stopped.dtype, stopped.example = check.name, dtype_name, run.current
+        raise
     except Skip as skip:
         return CheckResult(check.name, "SKIP", dtype_name, message=str(skip))
     except CheckFailure as failure:

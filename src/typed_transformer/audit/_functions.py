@@ -36,11 +36,19 @@ from ._core import (
     environment,
     import_line,
     reference_attention,
-    repro_comparison,
     resolve_budget,
     run_check,
 )
-from ._infer import INFERRED, Inference, check_known, contradictions, infer_adapter, with_inference, with_known
+from ._infer import (
+    INFERRED,
+    Inference,
+    check_known,
+    contradictions,
+    infer_adapter,
+    with_differences,
+    with_inference,
+    with_known,
+)
 
 Candidate = Callable[..., Any]
 #: ``q``, ``k``, ``v`` as the candidate takes them: its layout (``b h t d`` or ``b t h d``), head order and dtype.
@@ -146,7 +154,8 @@ class FunctionAdapter:
     def call(self, ins: FunctionInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype
              ) -> CandidateOutput:
         args, kwargs = to_candidate(ins, keep, is_causal, dtype, self.conventions)
-        with candidate_code():
+        q, k, v = args
+        with candidate_code(q=q, k=k, v=v, attn_mask=kwargs.get("attn_mask")):
             out = self.candidate(*args, **kwargs)
         if not isinstance(out, Tensor):
             raise CheckFailure(f"returned {type(out).__name__}, expected a tensor")
@@ -186,21 +195,106 @@ class FunctionAdapter:
 
     def repro(self, example: Example, check: str) -> str:
         """A snippet that runs as printed in a fresh interpreter when the candidate can be imported (from its
-        module, or from ``name`` when that is ``pkg.mod:attr``, as the CLI names it)."""
-        fields = ", ".join(f"{key}={value!r}" for key, value in asdict(example).items())
+        module, or from ``name`` when that is ``pkg.mod:attr``, as the CLI names it): the inputs built plainly
+        from their seed, the reference's call, the candidate's call exactly as the audit made it, and the
+        difference (of the gradients, for ``gradients``)."""
         line = import_line(self.candidate, "candidate")
         if line is None and ":" in self.name and " " not in self.name:
             module_name, _, attr = self.name.partition(":")
             line = f"import importlib\ncandidate = importlib.import_module({module_name!r}).{attr}"
         if line is None:
             line = f"candidate = ...  # {self.name}: define or import it here (it cannot be imported by name)"
-        return (f"import torch\n"
-                f"from typed_transformer.audit import Conventions, Example, FunctionAdapter, candidate_call\n"
-                f"{line}\n"
-                f"example = Example({fields})\n"
-                f"args, kwargs = candidate_call(example, {self.conventions!r})  # the call the audit made\n"
-                f"adapter = FunctionAdapter(candidate, {self.conventions!r}, {self.name!r})\n"
-                + repro_comparison(check))
+        return function_repro(example, self.conventions, line, check)
+
+
+def _reference_call(example: Example, conventions: Conventions) -> tuple[str, str]:
+    """The import and the call of the reference on ``q, k, v, keep``: ours when the conventions are the paper's,
+    else the audit's public reference in the candidate's conventions."""
+    semantic = ("causal_alignment", "scale", "fully_masked", "decode_sees_all", "always_causal")
+    changed = {name: getattr(conventions, name) for name in semantic
+               if getattr(conventions, name) != getattr(DEFAULT_CONVENTIONS, name)}
+    if not changed:
+        return ("from typed_transformer import scaled_dot_product_attention",
+                f"ref = scaled_dot_product_attention(q, k, v, attn_mask=keep, is_causal={example.is_causal})")
+    said = ", ".join(f"{name}={value!r}" for name, value in changed.items())
+    return ("from typed_transformer.audit import Conventions, reference_attention",
+            f"ref = reference_attention(q, k, v, keep, is_causal={example.is_causal}, conventions=Conventions({said}))")
+
+
+def _candidate_lines(example: Example, conventions: Conventions, inputs: str) -> list[str]:
+    """The lines that call ``candidate`` on ``inputs`` (canonical q, k, v) as the audit does (its dtype, layout,
+    head order, mask kind and polarity, flags) and bring its output back to ``(b, h, t, dv)`` as ``out``."""
+    dtype = f"torch.{example.dtype}"
+    lines = [f"qc, kc, vc = (x.to({dtype}) for x in {inputs})"]
+    grouped = example.g != example.h
+    mask = "keep"
+    if conventions.grouping == "r g" and grouped:
+        lines.append(f"qc = rearrange(qc, 'b (g r) t d -> b (r g) t d', g={example.g})  # head i uses kv head i % g")
+        if example.keep is not None and len(example.keep[0]) > 1:
+            lines.append(f"mask = rearrange(keep, 'b (g r) t s -> b (r g) t s', g={example.g})")
+            mask = "mask"
+    if conventions.layout == "bthd":
+        lines.append("qc, kc, vc = (x.transpose(1, 2) for x in (qc, kc, vc))  # (b, t, h, d)")
+    kwargs = []
+    if example.keep is not None:
+        if conventions.mask_kind == "additive":
+            lines.append(f"additive = torch.zeros({mask}.shape, dtype={dtype}).masked_fill(~{mask}, float('-inf'))")
+            kwargs.append("attn_mask=additive")
+        else:
+            kwargs.append(f"attn_mask={mask}" if conventions.mask_polarity == "keep"
+                          else f"attn_mask=~{mask}  # True = masked out")
+    if example.is_causal and conventions.supports_causal:
+        kwargs.append("is_causal=True")
+    if conventions.enable_gqa and grouped:
+        kwargs.append("enable_gqa=True")
+    comment = ""
+    if kwargs and "#" in kwargs[-1]:
+        kwargs[-1], comment = kwargs[-1].split("  #")
+        comment = "  #" + comment
+    lines.append(f"out = candidate({', '.join(['qc', 'kc', 'vc', *kwargs])}){comment}")
+    if conventions.layout == "bthd":
+        lines.append("out = out.transpose(1, 2)  # back to (b, h, t, dv)")
+    if conventions.grouping == "r g" and grouped:
+        lines.append(f"out = rearrange(out, 'b (r g) t d -> b (g r) t d', g={example.g})")
+    return lines
+
+
+def function_repro(example: Example, conventions: Conventions, import_candidate: str, check: str) -> str:
+    """A plain repro of a function's counterexample (see :meth:`FunctionAdapter.repro`)."""
+    amplitude = "" if example.amplitude == 1.0 else f" * {example.amplitude!r}"
+    shapes = {"q": (example.b, example.h, example.t, example.d), "k": (example.b, example.g, example.s, example.d),
+              "v": (example.b, example.g, example.s, example.dv)}
+    reference_import, reference = _reference_call(example, conventions)
+    lines = ["import torch", "from einops import rearrange", "from typed_transformer.strategies import randn",
+             reference_import, import_candidate, f"# the counterexample (check {check}, {example.dtype})"]
+    axes = {"q": "(b, h, t, d)", "k": "(b, g, s, d)", "v": "(b, g, s, dv)"}
+    for offset, (name, shape) in enumerate(shapes.items()):
+        lines.append(f"{name} = randn({shape}, seed={example.seed + offset}){amplitude if name != 'v' else ''}"
+                     f"  # {axes[name]}, float64")
+    lines.append("keep = None" if example.keep is None else
+                 f"keep = torch.tensor({example.keep!r})  # True = may attend")
+    if check != "gradients":
+        lines += [reference, *_candidate_lines(example, conventions, "(q, k, v)"),
+                  f"print('max error', float((out.double() - ref).abs().max()))  # check {check}"]
+        return _without_unused_einops(lines)
+    lines += ["ours = [x.clone().requires_grad_(True) for x in (q, k, v)]",
+              f"theirs = [x.to(torch.{example.dtype}).requires_grad_(True) for x in (q, k, v)]",
+              reference.replace("(q, k, v,", "(*ours,"),
+              *_candidate_lines(example, conventions, "theirs"),
+              f"cotangent = randn(tuple(ref.shape), seed={example.seed + 4})  # the gradient of the output",
+              "(ref.nan_to_num(0.0) * cotangent).sum().backward()",
+              "(out.double().nan_to_num(0.0) * cotangent).sum().backward()",
+              "errors = {n: float((b.grad.double() - a.grad).abs().max()) for n, a, b in zip('qkv', ours, theirs)}",
+              "print('gradient errors', errors)",
+              f"print('max error', max(errors.values()))  # check {check}"]
+    return _without_unused_einops(lines)
+
+
+def _without_unused_einops(lines: list[str]) -> str:
+    """The repro's lines, without the einops import when no line rearranges."""
+    if not any("rearrange(" in line for line in lines):
+        lines = [line for line in lines if line != "from einops import rearrange"]
+    return "\n".join(lines)
 
 
 def select(checks: Sequence[str] | None, kind: str) -> list[str]:
@@ -408,4 +502,4 @@ def infer_function_conventions(candidate: Callable[..., Any], *, seed: int = 0, 
     check_known(known)
     adapter = FunctionAdapter(candidate, Conventions(**constraints), name or name_of(candidate))
     inference = infer_adapter(adapter, seed=seed, candidate=candidate)
-    return with_known(inference, known) if known else inference
+    return with_differences(with_known(inference, known) if known else inference, known)

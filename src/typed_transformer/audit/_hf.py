@@ -3,6 +3,7 @@
 the class alone, :func:`hf_build` makes a tiny instance from its own config class and :func:`hf_spec` describes it
 (projections, head counts, scale, the rotary class and its base, the KV cache); inference decides the rest."""
 
+import contextlib
 import copy
 import dataclasses
 import importlib
@@ -16,14 +17,34 @@ import torch
 from torch import Tensor, nn
 
 from ._core import AuditUsageError, Conventions
-from ._modules import ModuleSpec, Rotary, Weights, additive_mask, spec_weights, with_causal
+from ._hf_layouts import (
+    Layout,
+    bypass_norms,
+    config_from_configuration_module,
+    constructor_arguments,
+    find_layout,
+    has_residual,
+    init_parameters,
+    relative_bias,
+)
+from ._modules import (
+    REBUILDS,
+    SHIPPED_SPECS,
+    ModuleSpec,
+    OutputGate,
+    Rotary,
+    Weights,
+    additive_mask,
+    spec_weights,
+    with_causal,
+)
 
 #: the sizes of the tiny config (set where the config has the field): 4 query heads on 2 key/value heads of 4
 #: (Zamba's attention reads ``attention_hidden_size``, twice the hidden size: its input is two states side by side)
 TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4,
                         "intermediate_size": 32, "num_hidden_layers": 1, "vocab_size": 64,
                         "max_position_embeddings": 64, "attention_dropout": 0.0, "attention_bias": False,
-                        "attention_hidden_size": 32}
+                        "attention_hidden_size": 32, "rotary_dim": 2}
 
 _HF = Conventions(self_attention=True, fully_masked="uniform")
 _HF_CROSS = Conventions(fully_masked="uniform")
@@ -41,9 +62,10 @@ def _modeling(cls: type) -> Any:
 def hf_config_class(cls: type) -> type:
     """The config class of ``cls``'s model: the ``config_class`` of a pretrained model in its module (the text
     config of a composite one is taken at build time), or the constructor's annotation."""
-    annotation = inspect.signature(cls).parameters.get("config")
+    annotation = init_parameters(cls).get("config")
     if (annotation is not None and isinstance(annotation.annotation, type)
-            and annotation.annotation is not inspect.Parameter.empty):
+            and annotation.annotation is not inspect.Parameter.empty
+            and bool(vars(annotation.annotation).get("model_type"))):  # not the base class (DistilBERT on 5.0)
         return annotation.annotation
     from transformers import PreTrainedModel
 
@@ -52,12 +74,16 @@ def hf_config_class(cls: type) -> type:
         if (isinstance(obj, type) and issubclass(obj, PreTrainedModel)
                 and obj.__module__ == _transformers_class(cls).__module__ and isinstance(config_class, type)):
             return config_class
+    found = config_from_configuration_module(cls, _transformers_class(cls).__module__)
+    if found is not None:
+        return found
     raise AuditUsageError(f"{cls.__qualname__}: no config class found (no annotation, no pretrained model)")
 
 
-def hf_build(cls: type, overrides: dict[str, Any] | None = None) -> nn.Module:
+def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool = False) -> nn.Module:
     """A tiny instance of ``cls`` from its own config class (:data:`TINY` sizes where the config has them, eager
-    attention, no dropout)."""
+    attention, no dropout); an ``(embed_dim, num_heads)`` constructor gets them from that config, a T5 attention its
+    relative bias, and ``cross=True`` builds the cross-attention form (``is_cross_attention``/``is_decoder``)."""
     config_class = hf_config_class(cls)
     config = config_class()
     if hasattr(config, "get_text_config"):
@@ -67,12 +93,12 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None) -> nn.Module:
     tiny = {**TINY, "num_key_value_heads": TINY["num_attention_heads"]} if _heads_as_positions(cls) else TINY
     for key, value in {**tiny, **(overrides or {})}.items():
         if hasattr(config, key) or key in ("head_dim",):
-            setattr(config, key, value)
+            with contextlib.suppress(AttributeError):  # a read-only property, derived (Falcon's head_dim)
+                setattr(config, key, value)
     _tiny_partial_rotary(config)
     config._attn_implementation = "eager"
-    params = inspect.signature(cls).parameters
-    kwargs = {"layer_idx": _attention_layer(config)} if "layer_idx" in params else {}
-    module: nn.Module = cls(config, **kwargs)
+    args, kwargs = constructor_arguments(cls, config, _attention_layer(config), cross)
+    module: nn.Module = cls(*args, **kwargs)
     _tiny_mrope(module)
     return module
 
@@ -123,7 +149,7 @@ def _tiny_mrope(module: nn.Module) -> None:
 
 
 def _accepts(cls: type, config: Any) -> bool:
-    annotation = inspect.signature(cls).parameters.get("config")
+    annotation = init_parameters(cls).get("config")
     if annotation is None or annotation.annotation is inspect.Parameter.empty:
         return True
     return not isinstance(annotation.annotation, type) or isinstance(config, annotation.annotation)
@@ -150,7 +176,7 @@ def _rotate_source(module: nn.Module) -> str:
         apply = inspect.getsource(modeling.apply_rotary_pos_emb)
     except (AttributeError, OSError, TypeError):
         apply = "rotate_half("
-    names = re.findall(r"\b(rotate_half\w*)\(", apply) or ["rotate_half"]
+    names = re.findall(r"\b(rotate_half\w*|_apply_rotary_emb)\(", apply) or ["rotate_half"]  # gpt-oss: the latter
     return _source(getattr(modeling, names[0], None))
 
 
@@ -160,8 +186,25 @@ def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
     return "interleaved" if "::2]" in _rotate_source(module) else "half"
 
 
+def _input_width(module: nn.Module, layout: Layout) -> int:
+    """The width of the tokens the module takes: the input side of its query (or fused) projection."""
+    weight: Any = module.get_submodule(str(layout.q or layout.qkv)).weight
+    return int(weight.shape[0] if layout.transposed else weight.shape[1])
+
+
+def _decodes(core: Any) -> bool:
+    """Whether token-by-token decoding describes the class: not T5's bidirectional relative bias (an encoder's:
+    the bias of a key after the query differs from the one before, and decoding sees only keys before)."""
+    return not (isinstance(getattr(core, "relative_attention_bias", None), nn.Module)
+                and not getattr(core, "is_decoder", False))
+
+
 def _rotary_fraction(module: nn.Module) -> float:
-    """The fraction of each head the rotary embedding turns (``partial_rotary_factor``, 1.0 when absent)."""
+    """The fraction of each head the rotary embedding turns (``partial_rotary_factor``; GPT-J's and CodeGen's
+    ``rotary_dim`` features of ``head_dim``; 1.0 when absent)."""
+    rotary_dim, head_dim = getattr(module, "rotary_dim", None), getattr(module, "head_dim", None)
+    if isinstance(rotary_dim, int) and isinstance(head_dim, int) and head_dim > 0:
+        return min(rotary_dim, head_dim) / head_dim
     factor = _rope_params(module).get("partial_rotary_factor",
                                       getattr(getattr(module, "config", None), "partial_rotary_factor", None))
     return 1.0 if factor is None else float(factor)
@@ -183,6 +226,13 @@ def _rope_params(module: nn.Module) -> dict[str, Any]:
     if "rope_theta" not in params and nested is not None and isinstance(params.get(nested), dict):
         return dict(params[nested])
     return params
+
+
+def _literal_theta(rotary_class: type) -> float | None:
+    """The rope base a modeling module writes as a number (GPT-J's and CodeGen's ``10000 ** (...)`` in
+    ``create_sinusoidal_positions``), for a class whose config has no ``rope_theta``."""
+    found = re.findall(r"\b(\d+(?:\.\d+)?)\s*\*\*\s*\(", _source(importlib.import_module(rotary_class.__module__)))
+    return float(found[0]) if len(set(found)) == 1 else None
 
 
 def _rope_theta(module: nn.Module) -> float | None:
@@ -225,12 +275,11 @@ def _heads_as_positions(cls: type) -> bool:
     return "unsqueeze_dim=2" in _source(forward) and "position_ids" not in inspect.signature(forward).parameters
 
 
-def _ignores_rotary(module: nn.Module, call: Callable[..., Tensor]) -> bool:
+def _ignores_rotary(module: nn.Module, call: Callable[..., Tensor], width: int) -> bool:
     """Whether the class gives the same output with its rotary tables and with the identity turn (cos 1, sin 0)
     on three random tokens: a class whose config switches rotary off (Zamba2's ``use_mem_rope=False``)."""
     m: Any = copy.deepcopy(module).double().eval()
-    linear: Any = getattr(m, "q_proj", None) or m.qkv_proj
-    x = torch.randn(1, 3, int(linear.in_features), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(1, 3, width, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     keep = additive_mask(torch.ones(1, 1, 3, 3, dtype=torch.bool), torch.float64)
     with torch.no_grad():
         turned = call(m, x, keep, 5)
@@ -271,6 +320,74 @@ def _frequencies(rotary_class: type, layer_type: str | None) -> Callable[[Any], 
     return read
 
 
+def _forward_source(module: nn.Module) -> str:
+    return _source(type(module).forward)
+
+
+def _softcap(module: nn.Module) -> str | None:
+    """Logit soft-capping (Gemma 2, T5Gemma, VaultGemma): the attribute the class passes to its attention function
+    as ``softcap=self.<path>``, when it holds a cap."""
+    found = re.search(r"\bsoftcap=self\.([\w.]+)", _forward_source(module))
+    if found is None:
+        return None
+    try:
+        value: Any = module
+        for part in found.group(1).split("."):
+            value = getattr(value, part)
+    except AttributeError:
+        return None
+    return found.group(1) if value else None
+
+
+def _sinks(module: nn.Module) -> str | None:
+    """Attention sinks (gpt-oss, Granite SWA, Flint): the per-head parameter the class passes to its attention
+    function as ``s_aux=self.<name>``."""
+    found = re.search(r"\bs_aux=self\.(\w+)", _forward_source(module))
+    return found.group(1) if found is not None and isinstance(getattr(module, found.group(1), None), Tensor) else None
+
+
+#: the output gate's forms the reference computes, each ``out * sigmoid(proj(hidden_states))`` with nothing else
+#: on the gate (Dory's scaled gate and Beam's gate bias do not match: they stay set aside)
+_GATE_FORMS = (
+    r"(?P<var>\w+) = self\.(?P<proj>g_proj|gate_proj)\(hidden_states\)(\.view\(hidden_shape\))?\n[\s\S]*"
+    r"(torch\.sigmoid\((?P=var)\)|(?P=var)\.unsqueeze\(-1\)\.sigmoid\(\))",
+    r"torch\.sigmoid\(self\.(?P<proj>g_proj|gate_proj)\(hidden_states\)\)",
+)
+
+
+def _output_gate(module: nn.Module) -> OutputGate | None:
+    """An output gate ``sigmoid(W_g x)`` on the attention output: a ``gate_proj``/``g_proj`` linear layer in one of
+    :data:`_GATE_FORMS` (AFMoE, HRM, Step 3.7, LFM 3), or Qwen3-Next's gate chunked from each head's query rows."""
+    source = _forward_source(module)
+    if re.search(r"torch\.chunk\(\s*self\.q_proj\(hidden_states\)[^\n]*head_dim \* 2\), 2", source) and (
+            "torch.sigmoid(gate)" in source):
+        return OutputGate("q_proj", in_query=True)
+    for form in _GATE_FORMS:
+        found = re.search(form, source)
+        if found is not None and isinstance(getattr(module, found.group("proj"), None), nn.Linear):
+            return OutputGate(found.group("proj"))
+    return None
+
+
+def _sub_norm(module: nn.Module) -> str | None:
+    """A norm on the attention output before the output projection (BitNet's ``attn_sub_norm``): an RMSNorm or
+    LayerNorm child the class applies as ``attn_output = self.<name>(attn_output)``."""
+    found = re.search(r"attn_output = self\.(\w+)\(attn_output\)", _forward_source(module))
+    norm = None if found is None else getattr(module, found.group(1), None)
+    if isinstance(norm, nn.LayerNorm) or type(norm).__name__.endswith("RMSNorm"):
+        return found.group(1) if found is not None else None
+    return None
+
+
+def _split_scale(module: nn.Module) -> float | None:
+    """The logit scale of a class that multiplies its queries and its keys each by ``scaling`` and calls its
+    attention function with ``scaling=1.0`` (OpenAI's privacy filter: ``d^-1/4`` twice): ``scaling**2``."""
+    source = _forward_source(module)
+    scaling = getattr(module, "scaling", None)
+    both = all(f"{z}_states = {z}_states * self.scaling" in source for z in ("query", "key"))
+    return float(scaling) ** 2 if both and "scaling=1.0" in source and isinstance(scaling, float | int) else None
+
+
 def hf_causes(module: nn.Module) -> list[str]:
     """Known causes of a class computing something else than the reference (each FAIL of such a class is a true
     behaviour of it, and this names why)."""
@@ -297,6 +414,15 @@ def hf_notes(module: nn.Module) -> list[str]:
     return notes
 
 
+def _layout_reads(module: nn.Module) -> set[str]:
+    """The direct children a classic layout reads (a block's attention and output modules, its norms)."""
+    try:
+        layout = find_layout(module, _norm_paths(module))
+    except AuditUsageError:
+        return set()
+    return layout.reads() | ({"relative_attention_bias"} if layout.relative_bias else set()) | {"q_attn"}
+
+
 def hf_limits(module: nn.Module) -> list[str]:
     """What this class computes that the reference does not model (the sweep reports such a class as recognised but
     not audited: its FAILs would be about the reference, not the class)."""
@@ -309,18 +435,20 @@ def hf_limits(module: nn.Module) -> list[str]:
                                                  if kind in ("dynamic", "longrope") else
                                                  "frequencies of a kind the reference does not read") + ")")
     for name in ("attn_logit_softcapping", "logit_softcapping"):
-        if getattr(config, name, None):
+        if getattr(config, name, None) and _softcap(module) is None:
             limits.append(name)
-    if getattr(module, "sinks", None) is not None:
+    if getattr(module, "sinks", None) is not None and _sinks(module) is None:
         limits.append("attention sinks")
-    read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module)}
+    gate = _output_gate(module)
+    read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module),
+            *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or ""}
     for name, child in module.named_children():
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity):
             limits.append(f"submodule {name!r} ({type(child).__name__}) the spec does not read")
     return limits
 
 
-def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
+def hf_spec(cls_or_module: type | nn.Module, *, cross: bool | None = None) -> ModuleSpec:
     """A :class:`ModuleSpec` for a Hugging Face attention class of the common shape, read from a built instance:
     ``q_proj/k_proj/v_proj/o_proj`` (or a fused ``qkv_proj``), heads from the config, ``head_dim`` and ``scaling``
     from the module, q/k norms, the rotary class of its modeling module (its pairing, partial rotary factor and the
@@ -328,22 +456,63 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
     builder does) and, where ``forward`` takes a cache, token-by-token decoding. A class whose forward takes
     ``(query, key, value)`` is audited as attention over separate key and value inputs; one that takes
     ``encoder_hidden_states`` / ``cross_attention_states`` / ``key_value_states`` as cross-attention over one
-    memory tensor.
+    memory tensor (when that argument is required, the class is a cross-attention one, or ``cross=True``: BART's
+    attention is both, self-attention by default).
+
+    The classic layouts too (:mod:`._hf_layouts`): ``query/key/value`` (BERT), ``q/k/v/o`` with T5's relative
+    position bias, ``out_proj`` (BART, CLIP, OPT, GPT-J), ``Conv1D`` weights (GPT-2), ``Wqkv`` (ModernBERT),
+    CodeGen's grouped fused projection, and attention blocks (BERT's ``self`` + ``output.dense``; their residual
+    and Add & Norm bypassed). A class with a shipped spec the generic reading cannot replace (a fused projection
+    laid out per head or per group, BLOOM's ALiBi) gets that spec.
 
     Raises:
         AuditUsageError: the class is not of that shape (the message says what is missing).
     """
-    module = hf_build(cls_or_module) if isinstance(cls_or_module, type) else cls_or_module
+    module = hf_build(cls_or_module, cross=bool(cross)) if isinstance(cls_or_module, type) else cls_or_module
+    shipped = _shipped_spec(type(module), bool(cross))
+    if shipped is not None and (shipped.qkv_layout != "blocks" or shipped.name == "bloom" or shipped.memory):
+        return shipped
+    try:
+        return _generic_spec(module, cross)
+    except AuditUsageError:
+        if shipped is None:
+            raise
+        return shipped
+
+
+def _shipped_spec(cls: type, cross: bool) -> ModuleSpec | None:
+    """The shipped spec written for ``cls`` (or a base class of it) and for its self- or cross-attention form (GPT-2
+    has one of each: its cross-attention reads ``q_attn`` and a fused ``[k; v]``), if any."""
+    from . import specs  # noqa: F401  (registers the shipped specs)
+
+    names = {f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__}
+    found = [spec for spec in SHIPPED_SPECS.values() if spec.module_type in names]
+    return next((spec for spec in found if spec.memory == cross), None) if cross else next(
+        (spec for spec in found if not spec.memory), None)
+
+
+def _memory_arg(module: nn.Module, core: Any, signature: Any, cross: bool | None) -> str | None:
+    """The argument that carries the memory of a cross-attention call, or None for self-attention."""
+    arg = next((n for n in _MEMORY_ARGS if n in signature), None)
+    if arg is None or cross is False:
+        return None
+    named = any("Cross" in type(m).__name__ or getattr(m, "is_cross_attention", False) is True for m in (module, core))
+    return arg if cross or named or signature[arg].default is inspect.Parameter.empty else None
+
+
+def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     cls = type(module)
-    fused = isinstance(getattr(module, "qkv_proj", None), nn.Linear) and getattr(module, "q_proj", None) is None
-    needed = ("qkv_proj", "o_proj") if fused else ("q_proj", "k_proj", "v_proj", "o_proj")
-    missing = [name for name in needed if not isinstance(getattr(module, name, None), nn.Linear)]
-    if missing:
-        raise AuditUsageError(f"{cls.__qualname__}: not of the common shape (no {', '.join(missing)} linear layer)")
+    q_norm, k_norm = _norm_paths(module)
+    layout = find_layout(module, (q_norm, k_norm))
+    core: Any = module.get_submodule(layout.core.rstrip(".")) if layout.core else module
+    if layout.core:
+        q_norm, k_norm = (None if n is None else layout.core + n for n in _norm_paths(core))
     signature = inspect.signature(cls.forward).parameters
     params = list(signature)[1:]
     separate = params[:3] == ["query", "key", "value"]
-    memory_arg = next((n for n in _MEMORY_ARGS if n in signature), None)
+    memory_arg = _memory_arg(module, core, signature, cross)
+    mask_arg = next((n for n in ("attention_mask", "mask") if n in signature), "attention_mask")
+    memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
     unknown = [n for n, p in signature.items() if n != "self" and n not in _PROVIDED
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
@@ -362,8 +531,23 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
                               f"(forward(x): an image-grid rotary), which the audit's 1-D positions do not describe")
     heads = _heads_as_positions(cls)
     cache_arg = next((n for n in ("cache", "past_key_values", "past_key_value") if n in signature), None)
-    theta = _rope_theta(module)
+    theta = _rope_theta(core)
+    if theta is None and rotary_class is not None:
+        theta = _literal_theta(rotary_class)
     source = _source(cls.forward)
+    residual = False  # decided below, once the module can be called
+
+    def positions(x: Tensor, offset: int) -> dict[str, Tensor]:
+        """``cache_position``, for a forward that reads it (T5 on transformers 5.0: the length of its bias)."""
+        return {"cache_position": torch.arange(offset, offset + x.shape[1])} if "cache_position" in signature else {}
+
+    def invoke(m: Any, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        """The module's output (the first of a tuple); a block's residual and Add & Norm bypassed."""
+        if residual:
+            bypass_norms(m, layout.norms)
+        out = m(x, *args, **kwargs)
+        result: Tensor = out[0] if isinstance(out, tuple) else out
+        return result - x if residual else result
 
     def rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
         assert rotary_class is not None
@@ -376,18 +560,19 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
         return cos.to(x.dtype), sin.to(x.dtype)
 
     def call(m: Any, x: Tensor, mask: Tensor | None, offset: int, cache: Any = None) -> Tensor:
-        kwargs: dict[str, Any] = {"attention_mask": mask}
+        kwargs: dict[str, Any] = {mask_arg: mask}
         if takes_rotary:
             kwargs["position_embeddings"] = rotary(m, x, offset)
+        elif "position_embeddings" in signature:  # required but unused by this layer (Flint's full-attention layers)
+            kwargs["position_embeddings"] = None
         if "position_ids" in signature:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
         if "layer_idx" in signature:
             kwargs["layer_idx"] = getattr(m, "layer_idx", 0)
+        kwargs.update(positions(x, offset))
         if cache is not None and cache_arg is not None:
             kwargs[cache_arg] = cache
-        out = m(x, **kwargs)
-        result: Tensor = out[0] if isinstance(out, tuple) else out
-        return result
+        return invoke(m, x, **kwargs)
 
     def window_keep(m: Any, keep: Tensor, t: int, s: int) -> Tensor:
         window = getattr(m, "sliding_window", None)
@@ -410,56 +595,56 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
         if separate:
             assert key is not None
             assert value is not None
-            out = m(x, key, value, attention_mask=mask_for(m, x, key.shape[1], keep, is_causal))
-            return out[0] if isinstance(out, tuple) else out  # type: ignore[no-any-return]
+            return invoke(m, x, key, value, **{mask_arg: mask_for(m, x, key.shape[1], keep, is_causal)},
+                          **positions(x, 0))
         if memory_arg is not None:
             assert key is not None
-            out = m(x, **{memory_arg: key, "attention_mask": mask_for(m, x, key.shape[1], keep, is_causal)})
-            return out[0] if isinstance(out, tuple) else out  # type: ignore[no-any-return]
+            return invoke(m, x, **{memory_arg: key, memory_mask: mask_for(m, x, key.shape[1], keep, is_causal)},
+                          **positions(x, 0))
         return call(m, x, mask_for(m, x, x.shape[1], keep, is_causal), 0)
 
     def decode(m: Any, x: Tensor) -> Tensor:
         from transformers import DynamicCache, EncoderDecoderCache
 
-        cache: Any = DynamicCache(config=m.config)
+        owner = m.get_submodule(layout.core.rstrip(".")) if layout.core else m
+        cache: Any = DynamicCache(config=owner.config) if hasattr(owner, "config") else DynamicCache()
         layer = getattr(m, "layer_idx", 0) or 0
         if layer >= len(cache.layers) or not hasattr(cache.layers[layer], "update"):
             # a hybrid model's config puts a recurrent (mamba) layer first: the attention layer's own cache is the
             # plain one the model gives its attention layers
             cache = DynamicCache()
         if "self_attention_cache" in source:  # a decoder's self-attention in an encoder-decoder model
-            cache = EncoderDecoderCache(cache, DynamicCache(config=m.config))
+            cache = EncoderDecoderCache(cache, DynamicCache())
         return torch.cat([call(m, x[:, i:i + 1], None, i, cache) for i in range(x.shape[1])], dim=1)
 
+    width = _input_width(module, layout)
+    residual = has_residual(module, layout, lambda m, x: forward(m, x, x, x, None, False), width)
     try:
-        ignored = takes_rotary and not heads and _ignores_rotary(module, call)
+        ignored = takes_rotary and not heads and _ignores_rotary(module, call, width)
     except Exception as err:
         raise AuditUsageError(f"{cls.__qualname__}: not of the common shape (a call on (b, t, e) tokens with 1-D "
                               f"rotary tables raised {type(err).__name__}: {str(err).splitlines()[0][:100]})") from err
     if ignored:
         takes_rotary = False  # the config switches it off (Zamba2's use_mem_rope): audited without positions
-    config = module.config
     self_attention = not separate and memory_arg is None
-    q_norm, k_norm = _norm_paths(module)
-    window = getattr(module, "sliding_window", None)
+    window = getattr(core, "sliding_window", None)
     turn, normed = source.find("apply_rotary_pos_emb("), source.find(f"self.{q_norm}(") if q_norm else -1
     v_scale = getattr(module, "v_scale", None)
     # Llama 3's or YaRN's frequencies: read from the module's own rotary class (the default: from the base alone)
     frequencies = (_frequencies(rotary_class, _layer_type(module))
                    if takes_rotary and rotary_class is not None and _rope_type(module) in _STATIC_ROPE[1:] else None)
     spec = ModuleSpec(
-        f"hf:{cls.__name__}", forward, _HF if self_attention else _HF_CROSS, num_heads="config.num_attention_heads",
-        **({"qkv": "qkv_proj", "q": None, "k": None, "v": None} if fused else {}),  # type: ignore[arg-type]
-        num_kv_heads="config.num_key_value_heads" if getattr(config, "num_key_value_heads", None) else None,
-        head_dim="head_dim" if hasattr(module, "head_dim") else None,
-        scale="scaling" if hasattr(module, "scaling") else None,
-        rotary=(Rotary(theta, _rotary_style(module), fraction=_rotary_fraction(module), frequencies=frequencies)
+        f"hf:{cls.__name__}", forward, _HF if self_attention else _HF_CROSS,
+        **{**layout.fields(), **({"scale": split} if (split := _split_scale(module)) is not None else {})},
+        rotary=(Rotary(theta, _rotary_style(module), fraction=_rotary_fraction(core), frequencies=frequencies)
                 if (takes_rotary or internal) and theta is not None and not heads else None),
-        decode=decode if cache_arg is not None and self_attention else None,
-        build=lambda c, overrides: hf_build(c, overrides),
+        decode=decode if cache_arg is not None and self_attention and _decodes(core) else None,
+        build=lambda c, overrides: hf_build(c, overrides, cross=memory_arg is not None),
+        position_bias=relative_bias(layout.core) if layout.relative_bias else None,
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
         q_norm=q_norm, k_norm=k_norm, window=None if window is None else int(window),
-        norms_after_rotary=0 <= turn < normed)  # HunYuan and nanochat normalise the turned q and k
+        norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
+        softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module))
     if isinstance(v_scale, float | int) and v_scale != 1:  # MiMo-V2-Flash scales its values by a constant
         plain = spec
 
@@ -468,6 +653,7 @@ def hf_spec(cls_or_module: type | nn.Module) -> ModuleSpec:
             return dataclasses.replace(w, wv=w.wv * float(v_scale), bv=None if w.bv is None else w.bv * float(v_scale))
 
         spec = dataclasses.replace(spec, weights=scaled)
+    REBUILDS[spec] = "from typed_transformer.audit import hf_spec\nspec = hf_spec(module)"  # for repros
     return spec
 
 

@@ -18,7 +18,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._core import Adapter, AuditReport, CandidateRaised, CheckFailure, CheckResult, Conventions, Example, error
+from ._core import (
+    PAPER,
+    Adapter,
+    AuditReport,
+    CandidateRaised,
+    CheckFailure,
+    CheckResult,
+    Conventions,
+    Difference,
+    Example,
+    error,
+    reference_attention,
+)
 
 #: probes run in float64; a candidate computing in float32 inside still matches within this relative error
 _RTOL = 1e-4
@@ -47,6 +59,9 @@ class Finding:
     message: str
     example: Example | None = None
     repro: str = ""
+    #: ``(field, value)``: the finding is no bug when the user declares that value (a boolean mask of
+    #: nn.MultiheadAttention's polarity beside float masks): ``known`` with it removes the finding
+    declarable: tuple[str, Any] | None = None
 
     def __str__(self) -> str:
         return f"{self.field}: {self.message}"
@@ -63,10 +78,19 @@ class Inference:
     findings: list[Finding] = field(default_factory=list)
     probes: int = 0
     seconds: float = 0.0
+    #: inferred conventions that differ from the paper's attention (see :func:`with_differences`)
+    differences: list[Difference] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        """The report's opening block: every inferred field with what decided it, then the findings."""
-        out = [f"inferred conventions ({self.probes} probes, {self.seconds:.2g} s):"]
+        """The report's opening block: the differences from the paper's attention, then every inferred field
+        with what decided it, then the findings."""
+        out = []
+        if self.differences:
+            undeclared = sum(not d.declared for d in self.differences)
+            out.append(f"differences from the paper's attention ({len(self.differences)}, {undeclared} not "
+                       f"declared{': the audit does not pass until they are' if undeclared else ''}):")
+            out += [f"  - {d.line()}" for d in self.differences]
+        out.append(f"inferred conventions ({self.probes} probes, {self.seconds:.2g} s):")
         out += [f"  {e}" for e in self.evidence.values()]
         if self.findings:
             out.append("findings (behaviours that match no documented convention; each fails the audit):")
@@ -161,10 +185,11 @@ class _Prober:
             changes: dict[str, Any] = {name: value}
             self.conv = dataclasses.replace(self.conv, **changes)
 
-    def find(self, name: str, message: str, conv: Conventions | None = None, example: Example | None = None) -> None:
+    def find(self, name: str, message: str, conv: Conventions | None = None, example: Example | None = None,
+             declarable: tuple[str, Any] | None = None) -> None:
         self.findings.append(Finding(name, message, example,
                                      "" if example is None or conv is None
-                                     else self.repro(conv, example, f"inference of {name}")))
+                                     else self.repro(conv, example, f"inference of {name}"), declarable))
 
 
 def _describe(out: Tensor | Exception) -> str:
@@ -197,62 +222,90 @@ def _signature(p: _Prober, candidate: Any) -> None:
                  + (" (**kwargs)" if has and arg not in params else ""))
 
 
-def _estimate_scale(p: _Prober, d: int, h: int) -> tuple[float | None, Example, Tensor | Exception]:
-    """The logit scale from query 1 against two keys (``t = s = 2``, ``dv = 1``; query 1 sees both keys under
-    any causal rule): ``p1 = sigmoid(scale * (l1 - l0))``."""
-    example = p.example(t=2, s=2, h=h, d=d, dv=1)
-    for offset in range(40):
-        example = p.example(t=2, s=2, h=h, d=d, dv=1, offset=offset)
+def _estimate_scale(p: _Prober, d: int, h: int, s: int = 2) -> tuple[float | None, Example, Tensor | Exception]:
+    """The logit scale from the last query against ``s`` keys (``t = s``: the last query sees every key under any
+    causal rule; ``dv = s``: its ``s`` attention weights ``w`` are recovered exactly from ``out = w @ v``), fitted
+    as ``log w_j = scale * (q . k_j) + c``; None when the output is no softmax-weighted mean of the values."""
+    for offset in range(40):  # logits about 1 apart (amplitude d^-1/4), well-conditioned values
+        example = dataclasses.replace(p.example(t=s, s=s, h=h, d=d, dv=s, offset=offset), amplitude=d ** -0.25)
         q, k, v = example.inputs()
-        delta = (q[0, 0, 1] * (k[0, 0, 1] - k[0, 0, 0])).sum()
-        dv = v[0, 0, 1, 0] - v[0, 0, 0, 0]
-        if abs(float(delta)) > 0.5 and abs(float(dv)) > 0.5 and abs(float(delta)) < 3.0:
+        logits = k[0, 0] @ q[0, 0, -1]
+        gaps = (logits[:, None] - logits[None, :]).abs() + 10 * torch.eye(s, dtype=torch.float64)
+        if float(gaps.min()) > 0.2 and float(logits.max() - logits.min()) < 4 and float(
+                torch.linalg.cond(v[0, 0])) < 50:
             break
     out = p.call(p.conv, example)
-    if not isinstance(out, Tensor) or out.shape != (1, h, 2, 1) or not bool(torch.isfinite(out).all()):
+    if not isinstance(out, Tensor) or out.shape != (1, h, s, s) or not bool(torch.isfinite(out).all()):
         return None, example, out
     q, k, v = example.inputs()
-    delta = (q[0, 0, 1] * (k[0, 0, 1] - k[0, 0, 0])).sum()
-    p1 = float((out[0, 0, 1, 0].double() - v[0, 0, 0, 0]) / (v[0, 0, 1, 0] - v[0, 0, 0, 0]))
-    if not 0.0 < p1 < 1.0:
+    logits = k[0, 0] @ q[0, 0, -1]
+    weights = torch.linalg.solve(v[0, 0].T, out[0, 0, -1].double())
+    if not bool((weights > 1e-9).all()) or abs(float(weights.sum()) - 1.0) > 1e-3:
         return None, example, out
-    return math.log(p1 / (1.0 - p1)) / float(delta), example, out
+    logw, centred = weights.log(), logits - logits.mean()
+    slope = float((centred * (logw - logw.mean())).sum() / (centred * centred).sum())
+    fit = slope * centred + logw.mean()
+    if float((logw - fit).abs().max()) > 1e-3 * max(1.0, abs(slope) * float(centred.abs().max())):
+        return None, example, out  # weighted, but no softmax of one scale times the logits
+    return slope, example, out
 
 
 def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-3 * max(abs(a), abs(b))
 
 
+#: the probes' (head size, key length): two head sizes at one length, two lengths at one head size
+_SCALE_PROBES = ((2, 4), (8, 4), (2, 7))
+
+
 def _scale(p: _Prober) -> bool:
-    """``scale``: ``1/sqrt(d)`` at d = 2 and 8, or one constant (one query against two keys, in the first layout
-    where that call gives a weighted mean). False when nothing further can be inferred."""
-    estimates: dict[int, tuple[float, Example]] = {}
+    """``scale``: ``1/sqrt(d)`` at (d, s) = (2, 4), (8, 4) and (2, 7), or one constant (the last query against
+    every key, in the first layout where that call gives a weighted mean). A scale that depends on the key
+    length (``1/sqrt(s)``) is a finding named so, and stops inference. False when nothing further can be
+    inferred."""
+    estimates: dict[tuple[int, int], tuple[float, Example]] = {}
     failure: tuple[str, Example, Tensor | Exception] | None = None
     for layout in ("bhtd", "bthd"):
         p.conv = dataclasses.replace(p.conv, layout=layout)
         estimates = {}
-        for d in (2, 8):
-            value, example, out = _estimate_scale(p, d, 1)
+        for d, s in _SCALE_PROBES:
+            value, example, out = _estimate_scale(p, d, 1, s)
             if value is None:
                 failure = failure or (layout, example, out)
                 break
-            estimates[d] = (value, example)
-        if len(estimates) == 2:
+            estimates[d, s] = (value, example)
+        if len(estimates) == len(_SCALE_PROBES):
             break
     else:
         assert failure is not None
         layout, example, out = failure
         p.conv = dataclasses.replace(p.conv, layout="bhtd")
-        p.find("scale", f"two queries against two keys (h=1, {layout}) {_describe(out)}"
-               + ("" if isinstance(out, Exception) else " (not a weighted mean of the two values)"), p.conv, example)
+        if isinstance(out, Tensor) and out.shape == (1, 1, example.s, example.s) and bool(out.isfinite().all()):
+            weights = torch.linalg.solve(example.inputs()[2][0, 0].T, out[0, 0, -1].double())
+            p.find("reference", f"the last query against s={example.s} keys (d={example.d}, no mask, no is_causal) "
+                   f"is no softmax-weighted mean of the values: its weights solve to ["
+                   + ", ".join(f"{w:.3g}" for w in weights.tolist()) + "]: not a convention, a bug "
+                   "(the checks show where the output differs)", p.conv, example)
+        else:
+            p.find("scale", f"queries against {example.s} keys (h=1, {layout}) {_describe(out)}", p.conv, example)
         return False
-    (s2, _), (s8, e8) = estimates[2], estimates[8]
-    if _close(s2, 1 / math.sqrt(2)) and _close(s8, 1 / math.sqrt(8)):
-        p.decide("scale", None, f"logit scale {s2:.4g} at d=2 and {s8:.4g} at d=8: 1/sqrt(d)", p.conv, e8)
+    (s2, _), (s8, e8), (s27, e27) = estimates[2, 4], estimates[8, 4], estimates[2, 7]
+    if _close(s2, 1 / math.sqrt(2)) and _close(s8, 1 / math.sqrt(8)) and _close(s27, 1 / math.sqrt(2)):
+        p.decide("scale", None, f"logit scale {s2:.4g} at d=2 and {s8:.4g} at d=8 (s=4), {s27:.4g} at s=7 (d=2): "
+                 f"1/sqrt(d)", p.conv, e8)
+    elif not _close(s2, s27):
+        named = (": 1/sqrt(s), the key length where the paper has the head size d"
+                 if _close(s2, 1 / math.sqrt(4)) and _close(s27, 1 / math.sqrt(7)) else "")
+        also = "" if _close(s2, s8) else f"; and on the head size: {s2:.4g} at d=2, {s8:.4g} at d=8 (s=4)"
+        p.find("scale", f"the scale depends on the key length: logit scale {s2:.4g} at s=4 and {s27:.4g} at s=7 "
+               f"(d=2){named}{also}", p.conv, e27)
+        p.conv = dataclasses.replace(p.conv, scale=None)
+        return False  # every later probe has its own key length: they would only blame other fields
     elif _close(s2, s8):
-        p.decide("scale", round(s8, 6), f"logit scale {s8:.6g} at d=2 and d=8: a constant, not 1/sqrt(d)", p.conv, e8)
+        p.decide("scale", round(s8, 6), f"logit scale {s8:.6g} at d=2 and d=8, s=4 and s=7: a constant, not "
+                 f"1/sqrt(d)", p.conv, e8)
     else:
-        p.find("scale", f"logit scale {s2:.4g} at d=2 and {s8:.4g} at d=8: neither 1/sqrt(d) nor a constant",
+        p.find("scale", f"logit scale {s2:.4g} at d=2 and {s8:.4g} at d=8 (s=4): neither 1/sqrt(d) nor a constant",
                p.conv, e8)
         p.conv = dataclasses.replace(p.conv, scale=None)
     return True
@@ -281,7 +334,7 @@ def _layout(p: _Prober) -> bool:
         single = p.example(t=3, s=4, h=1, d=4, dv=3)
         if _any_reference(p, conv, single, p.call(conv, single)):
             p.conv = conv
-            scale, _, _ = _estimate_scale(p, 4, 2)
+            scale, _, _ = _estimate_scale(p, 4, 2, 4)
             p.decide("layout", layout, f"h=1, t=3, s=4 matches the reference in {layout}", conv, single)
             expected = 1 / math.sqrt(4) if p.conv.scale is None else p.conv.scale
             seen = f"{scale:.4g}" if scale is not None else "no weighted mean"
@@ -335,6 +388,10 @@ def _causal(p: _Prober) -> None:
     if not p.matches(plain, p.reference(conv, square)) and p.matches(plain, p.reference(causal_conv, square)):
         p.decide("always_causal", True, "t=s=3 without is_causal: query i sees keys j <= i only", causal_conv, square)
         conv = p.conv
+    elif not p.matches(plain, p.reference(conv, square)):  # not causality's: no causal finding to blame it on
+        p.find("reference", f"t=s=3 without mask or is_causal {_describe(plain)} from the reference, plain or "
+               f"always causal: not a convention, a bug (the checks show where the output differs)", conv, square)
+        return
     else:
         p.decide("always_causal", False, "t=s=3 without is_causal: every query sees every key", conv, square)
     if not conv.supports_causal and not conv.always_causal:
@@ -393,37 +450,20 @@ _MASK2 = torch.tensor([[True, True, False, True], [True, False, True, True], [Fa
 
 
 def _mask(p: _Prober) -> bool:
-    """``mask_kind`` and ``mask_polarity`` (a (1, 1, t, s) mask, t=3, s=4), then per-head masks."""
+    """``mask_kind`` and ``mask_polarity`` (a (1, 1, t, s) mask, t=3, s=4: a function is probed with a boolean
+    and a float mask, see :func:`_mask_kinds`), then per-head masks."""
     conv = p.conv
     t, s = (4, 4) if p.tied else (3, 4)
     keep = _MASK[:t, :s][None, None]
     example = p.example(t=t, s=s, keep=keep, offset=4)
-    trials: list[tuple[str, str]] = [("bool", "keep"), ("bool", "drop"), ("additive", "keep")]
-    if p.adapter.fixed is not None:  # a module's spec converts masks itself
-        trials = [(conv.mask_kind, conv.mask_polarity)]
-    outs = []
-    for kind, polarity in trials:
-        trial = dataclasses.replace(conv, mask_kind=kind, mask_polarity=polarity)  # type: ignore[arg-type]
-        out = p.call(trial, example)
-        outs.append(out)
-        if p.matches(out, p.reference(trial, example)):
-            if p.adapter.fixed is None:
-                what = "True = may attend" if polarity == "keep" else "True = masked out"
-                p.decide("mask_kind", kind, f"a {'boolean' if kind == 'bool' else '0/-inf float'} mask is applied",
-                         trial, example)
-                if kind == "bool":
-                    p.decide("mask_polarity", polarity, f"a boolean mask (1, 1, 3, 4) with {what}", trial, example)
-            break
-    else:
-        ignored = any(p.matches(out, p.reference(conv, example, keep=torch.ones_like(keep))) for out in outs)
-        if ignored:
-            p.find("supports_mask", "attn_mask is accepted and ignored (the output is the unmasked one, whatever "
-                   "the mask)", conv, example)
-        else:
-            p.find("mask_polarity", "attn_mask (1, 1, t, s) masks under no convention: neither boolean True = may "
-                   "attend, boolean True = masked out, nor additive 0/-inf (" + "; ".join(map(_describe, outs))
-                   + ")", conv, example)
-        return False
+    if p.adapter.fixed is None:
+        if not _mask_kinds(p, example):
+            return False
+    else:  # a module's spec converts masks itself
+        out = p.call(conv, example)
+        if not p.matches(out, p.reference(conv, example)):
+            _unmasked(p, conv, example, [out], f"the spec's {conv.mask_kind} mask")
+            return False
     conv = p.conv
     if p.adapter.fixed is not None and p.adapter.fixed["h"] < 2:
         return True
@@ -442,6 +482,79 @@ def _mask(p: _Prober) -> bool:
         p.find("per_head_masks", f"a per-head mask (1, {heads}, {t}, {s}) is accepted but not applied head by head",
                conv, example)
     return True
+
+
+def _added_as_numbers(p: _Prober, conv: Conventions, example: Example, out: Tensor | Exception) -> bool:
+    """``out`` is the unmasked attention with the boolean mask added to its scaled logits as +1/+0 (the silent
+    bug of an "eager" path given a boolean mask where it expects a float one)."""
+    if not isinstance(out, Tensor) or example.keep is None:
+        return False
+    q, k, v = example.inputs()
+    ref = reference_attention(q, k, v, None, conventions=dataclasses.replace(conv, always_causal=False),
+                              bias=example.mask().to(torch.float64))  # type: ignore[union-attr]
+    return p.matches(out, ref)
+
+
+def _unmasked(p: _Prober, conv: Conventions, example: Example, outs: list[Tensor | Exception], what: str) -> None:
+    """The finding of a mask that matches no convention: ignored, added as numbers, or neither."""
+    keep = example.mask()
+    assert keep is not None
+    if any(p.matches(out, p.reference(conv, example, keep=torch.ones_like(keep))) for out in outs):
+        p.find("supports_mask", "attn_mask is accepted and ignored (the output is the unmasked one, whatever "
+               "the mask)", conv, example)
+    elif any(_added_as_numbers(p, conv, example, out) for out in outs):
+        p.find("mask_kind", f"{what} is added to the logits as +1/+0 (True -> +1): it masks nothing (a boolean mask "
+               f"given to a path that adds float masks)", conv, example)
+    else:
+        p.find("mask_polarity", "attn_mask (1, 1, t, s) masks under no convention: neither boolean True = may "
+               "attend, boolean True = masked out, nor additive 0/-inf (" + "; ".join(map(_describe, outs))
+               + ")", conv, example)
+
+
+def _mask_kinds(p: _Prober, example: Example) -> bool:
+    """A function's ``mask_kind`` and ``mask_polarity``: one boolean mask and one float 0/-inf mask, each must
+    match a documented convention when accepted, and both must agree: a boolean mask added as +1/+0 while the
+    float mask works is a finding (not "additive"), and so is a boolean path flipped against the float path
+    (True = masked out beside 0 = may attend: a finding unless ``known`` says ``mask_polarity="drop"``,
+    nn.MultiheadAttention's)."""
+    conv = p.conv
+    trials = {(kind, polarity): dataclasses.replace(conv, mask_kind=kind, mask_polarity=polarity)  # type: ignore[arg-type]
+              for kind, polarity in (("bool", "keep"), ("bool", "drop"), ("additive", "keep"))}
+    outs = {key: p.call(trial, example) for key, trial in trials.items()}
+    ok = {key: p.matches(outs[key], p.reference(trial, example)) for key, trial in trials.items()}
+    additive, shape = ok["additive", "keep"], tuple(example.mask().shape)  # type: ignore[union-attr]
+    both = " (a float 0/-inf mask is applied too)" if additive else ""
+    if ok["bool", "keep"] or ok["bool", "drop"]:
+        polarity = "keep" if ok["bool", "keep"] else "drop"
+        trial = trials["bool", polarity]
+        p.decide("mask_kind", "bool", f"a boolean mask is applied{both}", trial, example)
+        what = "True = may attend" if polarity == "keep" else "True = masked out"
+        p.decide("mask_polarity", polarity, f"a boolean mask {shape} with {what}{both}", trial, example)
+        if polarity == "drop" and additive:
+            p.find("mask_polarity", f"the boolean path is flipped against the float one: a boolean mask {shape} "
+                   f"applies True = masked out, a float mask 0 = may attend (if True = masked out is intended, as in "
+                   f"nn.MultiheadAttention, declare known={{'mask_polarity': 'drop'}} / --expect "
+                   f"mask_polarity=drop)", trial, example, declarable=("mask_polarity", "drop"))
+        elif not additive and not isinstance(outs["additive", "keep"], Exception):
+            p.find("mask_kind", f"a float 0/-inf mask {shape} is accepted but not added to the logits "
+                   f"({_describe(outs['additive', 'keep'])}); the boolean mask is applied with {what}",
+                   trials["additive", "keep"], example)
+        return True
+    if additive:
+        p.decide("mask_kind", "additive", "a 0/-inf float mask is applied", trials["additive", "keep"], example)
+        if not isinstance(outs["bool", "keep"], Exception):  # a boolean mask accepted, and wrong
+            bool_conv = trials["bool", "keep"]
+            if _added_as_numbers(p, bool_conv, example, outs["bool", "keep"]):
+                p.find("mask_kind", f"a boolean mask {shape} is added to the logits as +1/+0 (True -> +1), "
+                       f"masking nothing, while a float 0/-inf mask is applied: the silent bug of a path that adds "
+                       f"masks given a boolean one", bool_conv, example)
+            else:
+                p.find("mask_polarity", f"a boolean mask {shape} is accepted but masks under no convention "
+                       f"({_describe(outs['bool', 'keep'])}), while a float 0/-inf mask is applied",
+                       bool_conv, example)
+        return True
+    _unmasked(p, conv, example, list(outs.values()), "a boolean mask")
+    return False
 
 
 def _fully_masked(p: _Prober, masks: bool) -> None:
@@ -586,6 +699,7 @@ def with_inference(report: AuditReport, inference: Inference) -> AuditReport:
     """The report of an audit under inferred conventions: it opens with them and their evidence, and a
     ``conventions`` row comes first: PASS, or one FAIL per finding (with its input and repro)."""
     report.inferred = inference.lines()
+    report.differences = list(inference.differences)
     rows = [CheckResult("conventions", "FAIL", message=str(f), examples=inference.probes,
                         counterexample=None if f.example is None else dataclasses.asdict(f.example),
                         repro=f.repro or None) for f in inference.findings]
@@ -664,7 +778,10 @@ def with_known(inference: Inference, known: dict[str, Any]) -> Inference:
     behaviour); a field no probe decided (an earlier finding stopped inference) takes the known value."""
     check_known(known)
     declared = dataclasses.replace(inference.conventions, **known)
-    conv, evidence, findings = inference.conventions, dict(inference.evidence), list(inference.findings)
+    conv, evidence = inference.conventions, dict(inference.evidence)
+    findings = [f for f in inference.findings
+                if f.declarable is None or not (f.declarable[0] in known
+                                                and _same(f.declarable[0], known[f.declarable[0]], f.declarable[1]))]
     for name, said in known.items():
         seen_evidence = evidence.get(name)
         seen = getattr(inference.conventions, name)
@@ -679,4 +796,30 @@ def with_known(inference: Inference, known: dict[str, Any]) -> Inference:
         else:
             findings.append(Finding(name, f"known {name}={said!r}; behaves as {seen!r}: {seen_evidence.seen}",
                                     seen_evidence.example, seen_evidence.repro))
-    return Inference(inference.candidate, conv, evidence, findings, inference.probes, inference.seconds)
+    return Inference(inference.candidate, conv, evidence, findings, inference.probes, inference.seconds,
+                     inference.differences)
+
+
+def with_differences(inference: Inference, declared: dict[str, Any], *, head_size: int | None = None
+                     ) -> Inference:
+    """``inference`` with its :attr:`~Inference.differences`: each decided field (:data:`PAPER`'s) whose value
+    differs from the paper's attention, declared when ``declared`` (what the user knows; a module's spec) gives
+    it the same value. ``head_size``: a module's, whose scale comes from its spec (declared, listed when it is
+    not ``1/sqrt(d)``)."""
+    found = []
+    for name, (paper, said) in PAPER.items():
+        value = getattr(inference.conventions, name)
+        evidence = inference.evidence.get(name)
+        if name == "scale" and head_size is not None:
+            if value is None or _close(float(value), 1 / math.sqrt(head_size)):
+                continue
+            found.append(Difference(name, value, said, f"the spec's scale (d={head_size})", True))
+            continue
+        if evidence is None or evidence.example is None or _same(name, paper, value):
+            continue  # not decided by a probe (kept as declared), or the paper's
+        seen = evidence.seen.removeprefix("known (given), confirmed: ")
+        said_so = name in declared and (_same(name, declared[name], value) or (
+            # rows that differ by dtype ("any"), one of them the declared kind (Hugging Face's eager kernels)
+            name == "fully_masked" and value == "any" and _ROW_NAMES.get(declared[name], "-") in evidence.seen))
+        found.append(Difference(name, value, said, seen, said_so))
+    return dataclasses.replace(inference, differences=found)

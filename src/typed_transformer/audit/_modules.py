@@ -5,7 +5,9 @@ weights into the reference and runs every check on a deep copy of the module."""
 import copy
 import dataclasses
 import inspect
+import json
 import math
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -38,7 +40,15 @@ from ._core import (
     rotate,
 )
 from ._functions import infer_function_conventions, run_audit
-from ._infer import Inference, check_known, contradictions, infer_adapter, with_inference, with_known
+from ._infer import (
+    Inference,
+    check_known,
+    contradictions,
+    infer_adapter,
+    with_differences,
+    with_inference,
+    with_known,
+)
 
 #: ``forward(module, x, key, value, keep, is_causal) -> (b, t, e)``: call the module on ``x (b, t, eq)`` (and
 #: ``key (b, s, ek)``, ``value (b, s, ev)``; both None for a self-attention spec) with the canonical keep-mask
@@ -87,6 +97,12 @@ class Weights:
     #: ``add_bias_kv`` then ``add_zero_attn``): ``(n, g d)`` and ``(n, g dv)``; always visible
     extra_k: Float64[Tensor, "n gd"] | None = None
     extra_v: Float64[Tensor, "n gdv"] | None = None
+    #: an output gate's projection of the query input, ``(h, eq)`` (one gate per head) or ``(h dv, eq)`` (one per
+    #: output feature), query heads in canonical order: the attention output is multiplied by ``sigmoid(x wg^T + bg)``
+    wg: Float64[Tensor, "ng eq"] | None = None
+    bg: Float64[Tensor, " ng"] | None = None
+    #: attention sinks: one learned logit per query head (canonical order), in each row's softmax denominator
+    sinks: Float64[Tensor, " nh"] | None = None
 
     __shape_checked__ = ("__init__",)
 
@@ -118,6 +134,21 @@ alibi_bias = typechecked(alibi_bias)
 #: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers
 #: the shipped ones here when the package loads (this module never imports it).
 SHIPPED_SPECS: dict[str, "ModuleSpec"] = {}
+
+
+#: The library specs read from the module (``audit_module(module, "litgpt")``, ``"auto"``): name -> reader;
+#: :mod:`typed_transformer.audit._libraries` registers them when the package loads (this module never imports it).
+LIBRARY_READERS: dict[str, Callable[[Any], "ModuleSpec"]] = {}
+
+
+def library_setup(module: Any, name: str) -> str:
+    """Lines that define ``module`` and ``spec`` in a fresh interpreter for a library spec (the repro's top): the
+    module from the factory that built it when it can be imported, then ``library_spec(module, name)``."""
+    line = None if isinstance(module, nn.Module) else import_line(module, "factory")
+    built = (f"{line}\nmodule = factory()" if line is not None else
+             f"module = ...  # the {type(module).__qualname__ if isinstance(module, nn.Module) else 'module'} you "
+             f"audited: build it here (pass a factory to get this line filled in)")
+    return f"{built}\nfrom typed_transformer.audit import library_spec\nspec = library_spec(module, {name!r})"
 
 
 @dataclass(frozen=True)
@@ -174,6 +205,38 @@ class ModuleSpec:
     qkv_layout: Literal["blocks", "heads", "groups"] = "blocks"
     #: the q/k norms apply to the turned queries and keys (HunYuan's order), not before the rotary embedding
     norms_after_rotary: bool = False
+    #: logit soft-capping (Gemma 2): the cap ``c`` (a number or an attribute path; None there: no cap), the scaled
+    #: logits become ``c * tanh(l / c)`` before the bias and the mask
+    softcap: float | str | None = None
+    #: attention sinks (gpt-oss): the attribute holding one learned logit per query head
+    sinks: str | None = None
+    #: an output gate: ``out * sigmoid(gate(x))`` on the attention output before the output projection
+    gate: "OutputGate | None" = None
+    #: a norm on the attention output ``(b, t, h dv)`` before the gate and the output projection (BitNet's
+    #: ``attn_sub_norm``): recomputed as the q/k norms are, over every head when its weight is ``h dv`` wide
+    sub_norm: str | None = None
+    #: q/k norms the spec computes itself, from the module: ``norms(module) -> {"q": f, "k": f}`` with ``f`` on
+    #: ``(b, h or g, t, d)`` heads in canonical order (x-transformers' l2 ``qk_norm``); before the rotary embedding
+    norms: Callable[[Any], dict[str, Callable[[Tensor], Tensor]]] | None = None
+    #: ``unmodelled(module)``: the constructor options this module was built with that the spec does not model,
+    #: each named (``"sparse_topk=2"``); a module with any is refused before any check runs
+    unmodelled: Callable[[Any], list[str]] | None = None
+
+
+#: Python lines that rebuild a spec in a fresh interpreter once ``module`` is defined (``hf_spec`` registers
+#: ``spec = hf_spec(module)`` for the specs it makes; a spec changed afterwards is another key, not found here)
+REBUILDS: "weakref.WeakKeyDictionary[ModuleSpec, str]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class OutputGate:
+    """An output gate (Qwen3-Next, AFMoE, Step 3.7, LFM 3): the attention output ``o (b, t, h, dv)`` times
+    ``sigmoid(x W_g^T + b_g)``, one gate per head or per output feature as the gate projection's width says (``h`` or
+    ``h dv`` outputs). ``proj``: the gate's linear layer; ``in_query=True``: the gate is the second half of each
+    head's rows of the query projection (Qwen3-Next's ``q_proj`` of ``h * 2d`` outputs, chunked per head)."""
+
+    proj: str = "gate_proj"
+    in_query: bool = False
 
 
 def resolve(module: Any, path: str, spec: str) -> Any:
@@ -241,20 +304,37 @@ def spec_weights(module: Any, spec: ModuleSpec) -> Weights:
                 raise AuditUsageError(f"spec {spec.name!r}: give qkv or all of q, k and v")
         (wq, bq), (wk, bk), (wv, bv) = (_linear(module, getattr(spec, n), spec) for n in ("q", "k", "v"))
     wo, bo = (None, None) if spec.out is None else _linear(module, spec.out, spec)
+    wg, bg = None, None
+    if spec.gate is not None and spec.gate.in_query:  # Qwen3-Next: q_proj rows (h [query gate] d)
+        wq, wg = rearrange(wq, "(h two d) e -> two (h d) e", h=h, two=2)
+        bq, bg = (None, None) if bq is None else rearrange(bq, "(h two d) -> two (h d)", h=h, two=2)
+    elif spec.gate is not None and resolve(module, spec.gate.proj, spec.name) is not None:  # None: no gate
+        wg, bg = _linear(module, spec.gate.proj, spec)
     d = wq.shape[0] // h if spec.head_dim is None else int(resolve(module, spec.head_dim, spec.name))
     if wq.shape[0] != h * d or wk.shape[0] % g or wv.shape[0] % g or wk.shape[0] // g != d:
         raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: projections of "
                               f"{wq.shape[0]}/{wk.shape[0]}/{wv.shape[0]} outputs do not split into {h} query heads "
                               f"and {g} key/value heads of size {d}")
     dv = wv.shape[0] // g
+    sinks = None if spec.sinks is None else resolve(module, spec.sinks, spec.name).detach().double().reshape(-1)
+    if sinks is not None and sinks.shape[0] != h:
+        raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: {spec.sinks!r} holds "
+                              f"{sinks.shape[0]} sink logits, expected one per query head ({h})")
+    if wg is not None and wg.shape[0] not in (h, h * dv):
+        raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: the output gate has "
+                              f"{wg.shape[0]} outputs, expected one per head ({h}) or per feature ({h * dv})")
     if spec.grouping == "r g" and g != h:  # to canonical (g r) order
         wq = rearrange(wq, "(r g d) e -> (g r d) e", g=g, d=d)
         bq = None if bq is None else rearrange(bq, "(r g d) -> (g r d)", g=g, d=d)
         if wo is not None:
             wo = rearrange(wo, "o (r g dv) -> o (g r dv)", g=g, dv=dv)
+        sinks = None if sinks is None else rearrange(sinks, "(r g) -> (g r)", g=g)
+        if wg is not None:
+            wg = rearrange(wg, "(r g n) e -> (g r n) e", g=g, r=h // g)
+            bg = None if bg is None else rearrange(bg, "(r g n) -> (g r n)", g=g, r=h // g)
     scale = 1.0 / math.sqrt(d) if spec.scale is None else float(
         spec.scale if isinstance(spec.scale, float | int) else resolve(module, spec.scale, spec.name))
-    return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, g, d, dv, scale)
+    return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, g, d, dv, scale, wg=wg, bg=bg, sinks=sinks)
 
 
 def _split_groups(w: Tensor, g: int, r: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -279,6 +359,8 @@ def _norm(module: Any, path: str, spec: ModuleSpec) -> Callable[[Tensor], Tensor
     if layer is None:
         return None
     weight, bias = getattr(layer, "weight", None), getattr(layer, "bias", None)
+    if weight is None and isinstance(getattr(layer, "scale", None), Tensor):  # torchtune's RMSNorm calls it scale
+        weight = layer.scale
     eps = getattr(layer, "eps", getattr(layer, "variance_epsilon", None))
     if eps is None:
         raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: the norm {path!r} "
@@ -351,6 +433,11 @@ class ModuleAdapter:
             raise AuditUsageError(f"{type(module).__module__}.{type(module).__qualname__} does not match spec "
                                   f"{spec.name!r}: expected a {spec.module_type} (a class of the same shape: reuse "
                                   f"the spec as dataclasses.replace(SPECS[{spec.name!r}], module_type=''))")
+        unmodelled = [] if spec.unmodelled is None else spec.unmodelled(module)
+        if unmodelled:
+            raise AuditUsageError(f"spec {spec.name!r} does not model {type(module).__qualname__}'s option"
+                                  f"{'s' if len(unmodelled) > 1 else ''} {', '.join(unmodelled)}: the audit would "
+                                  f"compare it with attention it does not compute (write a spec that models it)")
         self.spec = spec
         self.original = copy.deepcopy(module).eval()
         self.weights = spec_weights(self.original, spec)
@@ -392,13 +479,31 @@ class ModuleAdapter:
             norm = None if path is None else _norm(self.original, path, spec)
             if norm is not None:
                 self.norms[which] = norm
+        if spec.norms is not None:
+            self.norms.update(spec.norms(self.original))
+        cap = spec.softcap if spec.softcap is None or isinstance(spec.softcap, float | int) else resolve(
+            self.original, spec.softcap, spec.name)
+        #: the logit cap (None: no soft-capping; a config's 0 or None switches it off)
+        self.softcap: float | None = float(cap) if cap else None
+        self.sub_norm = None if spec.sub_norm is None else _norm(self.original, spec.sub_norm, spec)
         positional = [what for what, present in (("rotary positions", self.rotary is not None),
                                                   ("a position bias", spec.position_bias is not None),
                                                   ("a sliding window", self.window is not None)) if present]
         self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
-        #: lines defining ``module`` and ``spec`` for :meth:`repro`
-        self.setup = module_setup(module, spec)
+        self._setup: str | None = None
+        self._given = module
+
+    @property
+    def setup(self) -> str:
+        """Lines defining ``module`` and ``spec`` for :meth:`repro` (made when first asked for)."""
+        if self._setup is None:
+            self._setup = module_setup(self._given, self.spec)
+        return self._setup
+
+    @setup.setter
+    def setup(self, lines: str) -> None:
+        self._setup = lines
 
     def module(self, dtype: torch.dtype) -> nn.Module:
         """The module copy in ``dtype`` (made once)."""
@@ -410,7 +515,7 @@ class ModuleAdapter:
              ) -> CandidateOutput:
         x, key, value = (z.to(dtype) for z in self._memory(ins))
         module = self.module(dtype)
-        with candidate_code():
+        with candidate_code(x=x, key=key, value=value, mask=keep):
             if self.conventions.self_attention:
                 return self.spec.forward(module, x, None, None, keep, is_causal)
             return self.spec.forward(module, x, key, value, keep, is_causal)
@@ -493,13 +598,19 @@ class ModuleAdapter:
         bias = self.bias(t, s, dtype)
         if bias is not None and self.weights.extra_k is not None:
             bias = torch.cat([bias, bias.new_zeros(*bias.shape[:-1], self.weights.extra_k.shape[0])], dim=-1)
-        if self.softmax_dtype is None:
-            out = reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions, bias=bias)
-        else:  # a variant the diagnosis tries: the softmax in a lower precision, as many libraries compute it
-            out = _lowp_softmax_attention(q, k, v, effective_keep(keep, is_causal, t, k.shape[2], self.conventions),
-                                          self.weights.scale, bias, self.softmax_dtype)
-        out = rearrange(out, "b h t dv -> b t (h dv)")
         w = self.weights
+        # softmax_dtype: a variant the diagnosis tries, the softmax in a lower precision as many libraries compute it
+        out = reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions, bias=bias,
+                                  softcap=self.softcap, sinks=None if w.sinks is None else w.sinks.to(dtype),
+                                  softmax_dtype=self.softmax_dtype)
+        if self.sub_norm is not None:
+            out = self.sub_norm(out)
+        out = rearrange(out, "b h t dv -> b t (h dv)")
+        if w.wg is not None:
+            x = ins[0].to(dtype)
+            gate = torch.sigmoid(einsum(x, w.wg.to(dtype), "b t e, n e -> b t n")
+                                 + (0.0 if w.bg is None else w.bg.to(dtype)))
+            out = out * (gate.repeat_interleave(w.dv, dim=-1) if gate.shape[-1] == w.h else gate)
         if w.wo is None:
             return out
         out = einsum(out, w.wo.to(dtype), "b t i, o i -> b t o")
@@ -526,16 +637,18 @@ class ModuleAdapter:
         if self.spec.decode is None:
             return None
         module = copy.deepcopy(self.module(dtype))
-        with candidate_code():
-            return self.spec.decode(module, ins[0].to(dtype))
+        x = ins[0].to(dtype)
+        with candidate_code(x=x):
+            return self.spec.decode(module, x)
 
     def fast_path(self, x: Float[Tensor, "b t e"], padding: Bool[Tensor, "b t"], dtype: torch.dtype
                   ) -> CandidateOutput | None:
         if self.spec.fast_path is None:
             return None
         module = copy.deepcopy(self.module(dtype))
-        with candidate_code():
-            return self.spec.fast_path(module, x.to(dtype), padding)
+        x = x.to(dtype)
+        with candidate_code(x=x, padding=padding):
+            return self.spec.fast_path(module, x, padding)
 
     def repro(self, example: Example, check: str) -> str:
         """A snippet that runs as printed in a fresh interpreter: :attr:`setup` defines ``module`` and
@@ -550,27 +663,17 @@ class ModuleAdapter:
                 + repro_comparison(check))
 
 
-def _lowp_softmax_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, scale: float, bias: Tensor | None,
-                            softmax_dtype: torch.dtype) -> Tensor:
-    """Attention whose softmax runs in ``softmax_dtype`` (Hugging Face's eager kernels: ``softmax(..., dtype=
-    torch.float32)``), everything else in ``q``'s dtype; ``(b, h, t, dv)``."""
-    r = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
-    logits = einsum(q, k, "b h t d, b h s d -> b h t s") * scale
-    if bias is not None:
-        logits = logits + bias.to(logits.dtype)
-    if keep is not None:
-        logits = logits.masked_fill(~keep, -math.inf)
-    weights = logits.softmax(dim=-1, dtype=softmax_dtype).to(q.dtype)
-    return einsum(weights, v, "b h t s, b h s dv -> b h t dv")
-
-
 def module_setup(module: Any, spec: ModuleSpec) -> str:
-    """Lines that define ``spec`` and ``module`` in a fresh interpreter: a shipped spec by name, a user's spec
-    by the module-level name it has where its forward is defined; a module by the factory that built it when
-    the factory can be imported. What cannot be imported is left for the reader, with a comment that says so."""
+    """Lines that define ``module`` and ``spec`` in a fresh interpreter. The module: by the factory that built it
+    when the factory can be imported, else rebuilt from its class and constructor arguments where the library
+    keeps them (a Hugging Face class from its config; ``nn.MultiheadAttention`` from its attributes) with its
+    weights (:func:`weights_lines`). The spec: a shipped one by name, one that says how to rebuild itself
+    (``hf_spec``) that way, a user's by the module-level name it has (where its forward is defined first). What
+    cannot be rebuilt is left for the reader, with a comment that says so."""
     if SHIPPED_SPECS.get(spec.name) is spec:
         spec_line = f"from typed_transformer.audit import SPECS\nspec = SPECS[{spec.name!r}]"
+    elif _rebuild(spec) is not None:
+        spec_line = str(_rebuild(spec))
     else:
         search = tuple(dict.fromkeys(getattr(f, "__module__", "") for f in (spec.forward, spec.weights, spec.build)
                                      if f is not None))
@@ -580,10 +683,78 @@ def module_setup(module: Any, spec: ModuleSpec) -> str:
     if not isinstance(module, nn.Module):  # a factory
         line = import_line(module, "factory")
         if line is not None:
-            return f"{spec_line}\n{line}\nmodule = factory()"
-        module = None
-    name = "a module" if module is None else f"the {type(module).__qualname__} you audited"
-    return f"{spec_line}\nmodule = ...  # {name}: build it here (pass a factory to get this line filled in)"
+            return f"{line}\nmodule = factory()\n{spec_line}"
+        return f"module = ...  # a module: build it here (the factory you passed cannot be imported)\n{spec_line}"
+    built = _constructor_lines(module)
+    if built is None:
+        return (f"module = ...  # the {type(module).__qualname__} you audited: build it here (its constructor "
+                f"arguments are not kept by its class; pass an importable factory to get this line filled in)\n"
+                f"{spec_line}")
+    return f"{built}\n{weights_lines(module)}\n{spec_line}"
+
+
+def _rebuild(spec: ModuleSpec) -> str | None:
+    try:
+        return REBUILDS.get(spec)
+    except TypeError:  # a spec with an unhashable field is in no registry
+        return None
+
+
+def _constructor_lines(module: nn.Module) -> str | None:
+    """Lines that build a module of ``module``'s class with its constructor arguments, or None where its class
+    does not keep them: a Hugging Face attention class ``(config[, layer_idx])`` from its config (eager
+    attention), ``nn.MultiheadAttention`` from its attributes."""
+    cls_line = import_line(type(module), "Module")
+    if cls_line is None:
+        return None
+    if type(module) is nn.MultiheadAttention:
+        m = module
+        return (f"{cls_line}\nmodule = Module({m.embed_dim}, {m.num_heads}, bias={m.in_proj_bias is not None}, "
+                f"add_bias_kv={m.bias_k is not None}, add_zero_attn={m.add_zero_attn}, kdim={m.kdim}, "
+                f"vdim={m.vdim}, batch_first={m.batch_first})")
+    config = getattr(module, "config", None)
+    to_json = getattr(config, "to_json_string", None)
+    config_line = None if config is None else import_line(type(config), "Config")
+    params = list(inspect.signature(type(module)).parameters)
+    if to_json is None or config_line is None or params[:1] != ["config"] or not set(params[1:]) <= {"layer_idx"}:
+        return None
+    layer = f", layer_idx={getattr(module, 'layer_idx', 0) or 0}" if "layer_idx" in params else ""
+    fields = json.dumps(json.loads(to_json(use_diff=True)), separators=(",", ":"))  # what differs from the defaults
+    return (f"import json\n{config_line}\n{cls_line}\n"
+            f"config = Config()\n"
+            f"for key, value in json.loads({fields!r}).items():\n"
+            f"    setattr(config, key, value)  # as built (a tiny config need not pass from_dict's validation)\n"
+            f"config._attn_implementation = 'eager'\nmodule = Module(config{layer})")
+
+
+#: the largest module whose weights a repro carries in its text (more: the repro draws its own and says so)
+REPRO_WEIGHTS = 8192
+
+
+def weights_lines(module: nn.Module) -> str:
+    """The line that gives a rebuilt ``module`` the audited one's weights: ``randomize_parameters(module, seed)``
+    when that is what they are (seeds 0-9), else the state dict itself, base64 in the text, for a module of at
+    most :data:`REPRO_WEIGHTS` values; else random weights, with a comment that says they are not the audited ones."""
+    params = list(module.parameters())
+    for seed in range(10):
+        generator = torch.Generator().manual_seed(seed)
+        if all(torch.equal(p.detach().cpu(), (torch.randn(p.shape, generator=generator, dtype=torch.float64) * 0.5
+                                              ).to(p.dtype)) for p in params):
+            return (f"from typed_transformer.strategies import randomize_parameters\n"
+                    f"module = randomize_parameters(module, {seed})")
+    state = module.state_dict()
+    if sum(t.numel() for t in state.values()) <= REPRO_WEIGHTS:
+        import base64
+        import io
+
+        buffer = io.BytesIO()
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, buffer)
+        text = base64.b64encode(buffer.getvalue()).decode()
+        return (f"import base64, io\nmodule.load_state_dict(torch.load(io.BytesIO(base64.b64decode({text!r}))))"
+                f"  # the audited weights")
+    return ("from typed_transformer.strategies import randomize_parameters\n"
+            "module = randomize_parameters(module, 0)  # NOT the audited weights (too many to carry): a bug of the "
+            "code shows with these too")
 
 
 #: How the hint names each fused layout.
@@ -632,6 +803,13 @@ def layout_hint(adapter: ModuleAdapter, report: AuditReport) -> None:
             row.message = f"{row.message}; {hint}"
 
 
+def spec_differences(adapter: ModuleAdapter, inference: Inference, known: dict[str, Any]) -> Inference:
+    """``inference``'s differences from the paper's attention, declared where the spec's conventions (or
+    ``known``) give the inferred value: a module's spec describes its library's own conventions."""
+    declared = {**dataclasses.asdict(adapter.conventions), **known}
+    return with_differences(inference, declared, head_size=None if adapter.fixed is None else adapter.fixed["d"])
+
+
 def audit_module(
     module: nn.Module | Callable[[], nn.Module],
     spec: "ModuleSpec | str",
@@ -655,7 +833,8 @@ def audit_module(
 
     Args:
         module: the module, or a zero-argument factory of one.
-        spec: a :class:`ModuleSpec` or the name of a shipped one (:data:`SPECS`).
+        spec: a :class:`ModuleSpec`, the name of a shipped one (:data:`SPECS`), of a library whose spec is read from
+            the module (``"litgpt"``, ``"timm"``, ...: :func:`library_spec`) or ``"auto"`` (chosen from its class).
         conventions: override the spec's conventions, or ``"infer"``: the spec says where the weights live,
             inference decides the behavioural fields (causal alignment and decode rule, always causal, fully
             masked rows, masks with ``is_causal``) and the report opens with them.
@@ -670,11 +849,15 @@ def audit_module(
         AuditUsageError: the module does not match the spec (the message names the missing attribute).
         KeyError: an unknown spec name.
     """
-    if isinstance(spec, str):
-        if spec not in SHIPPED_SPECS:
-            raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SHIPPED_SPECS)}")
-        spec = SHIPPED_SPECS[spec]
     candidate = module if isinstance(module, nn.Module) else module()
+    if isinstance(spec, str):
+        if spec in LIBRARY_READERS:  # a library's zero-line spec, read from the module ("auto": from its class)
+            setup = setup or library_setup(module, spec)
+            spec = LIBRARY_READERS[spec](candidate)
+        elif spec not in SHIPPED_SPECS:
+            raise KeyError(f"unknown spec {spec!r}; shipped specs: {', '.join(SHIPPED_SPECS)}, auto")
+        else:
+            spec = SHIPPED_SPECS[spec]
     infer = conventions == "infer"
     if known is not None and not infer:
         raise ValueError("known= goes with conventions='infer' (declared conventions already say every field)")
@@ -687,7 +870,8 @@ def audit_module(
     inference = infer_adapter(adapter, seed=seed) if infer else None
     if inference is not None and known:
         inference = with_known(inference, dict(known))
-    if inference is not None:
+    if inference is not None:  # the spec's conventions are the module's declared ones
+        inference = spec_differences(adapter, inference, dict(known or {}))
         adapter.conventions = inference.conventions
     described = {"spec": spec.name, **dataclasses.asdict(adapter.conventions)}
     report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
@@ -726,6 +910,7 @@ def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str
     if spec is not None:
         module_spec = SHIPPED_SPECS[spec] if isinstance(spec, str) else spec
         check_known(options)
-        inference = infer_adapter(ModuleAdapter(candidate, module_spec, name=name), seed=seed)  # type: ignore[arg-type]
-        return with_known(inference, options) if options else inference
+        adapter = ModuleAdapter(candidate, module_spec, name=name)  # type: ignore[arg-type]
+        inference = infer_adapter(adapter, seed=seed)
+        return spec_differences(adapter, with_known(inference, options) if options else inference, options)
     return infer_function_conventions(candidate, seed=seed, name=name, **options)

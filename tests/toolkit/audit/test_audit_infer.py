@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tests.support import audit_candidates as cands
+from tests.support.limits import HANG_SECONDS
 from typed_transformer import scaled_dot_product_attention
 from typed_transformer.audit import Conventions, audit_attention, candidate_call, infer_conventions
 
@@ -19,28 +20,44 @@ OURS = dict(layout="bhtd", mask_polarity="keep", mask_kind="bool", causal_alignm
             per_head_masks=True, mask_with_causal=True, decode_sees_all=False, always_causal=False)
 
 
-@pytest.mark.parametrize(("candidate", "expected"), [
-    (scaled_dot_product_attention, OURS),
-    (cands.naive_attention, dict(OURS, causal_alignment="top-left", fully_masked="nan", supports_gqa=False)),
-    (cands.bthd_attention, dict(OURS, layout="bthd")),
-    (cands.drop_mask_attention, {"mask_polarity": "drop"}),
-    (cands.additive_only, {"mask_kind": "additive", "mask_polarity": "keep"}),
-    (cands.unit_scale_attention, {"scale": 1.0}),
-    (cands.plain_attention, {"supports_mask": False, "supports_causal": False, "always_causal": False}),
-    (cands.interleaved_groups, {"supports_gqa": True, "grouping": "r g"}),
-    (cands.decode_sees_all, {"causal_alignment": "top-left", "decode_sees_all": True}),
-    (cands.always_causal, {"always_causal": True, "supports_causal": False, "causal_alignment": "top-left"}),
+@pytest.mark.parametrize(("candidate", "expected", "differences"), [
+    (scaled_dot_product_attention, OURS, {}),
+    (cands.naive_attention, dict(OURS, causal_alignment="top-left", fully_masked="nan", supports_gqa=False),
+     {"causal_alignment": "top-left", "fully_masked": "nan"}),
+    (cands.bthd_attention, dict(OURS, layout="bthd"), {}),
+    (cands.drop_mask_attention, {"mask_polarity": "drop"}, {"mask_polarity": "drop"}),
+    (cands.additive_only, {"mask_kind": "additive", "mask_polarity": "keep"}, {}),
+    (cands.unit_scale_attention, {"scale": 1.0}, {"scale": 1.0, "causal_alignment": "top-left"}),
+    (cands.plain_attention, {"supports_mask": False, "supports_causal": False, "always_causal": False}, {}),
+    (cands.interleaved_groups, {"supports_gqa": True, "grouping": "r g"}, {}),
+    (cands.decode_sees_all, {"causal_alignment": "top-left", "decode_sees_all": True},
+     {"causal_alignment": "top-left", "decode_sees_all": True}),
+    (cands.always_causal, {"always_causal": True, "supports_causal": False, "causal_alignment": "top-left"},
+     {"causal_alignment": "top-left", "fully_masked": "nan", "always_causal": True}),
     (F.scaled_dot_product_attention, {"causal_alignment": "top-left", "layout": "bhtd", "mask_polarity": "keep",
-                                      "supports_gqa": True, "enable_gqa": True, "grouping": "g r"}),
-    (cands.sdpa_gqa_right, {"supports_gqa": True, "enable_gqa": True, "grouping": "g r"}),
-    (cands.sdpa_gqa_tiled, {"supports_gqa": True, "enable_gqa": True, "grouping": "r g"}),
+                                      "supports_gqa": True, "enable_gqa": True, "grouping": "g r"},
+     {"causal_alignment": "top-left"}),
+    (cands.sdpa_gqa_right, {"supports_gqa": True, "enable_gqa": True, "grouping": "g r"},
+     {"causal_alignment": "top-left"}),
+    (cands.sdpa_gqa_tiled, {"supports_gqa": True, "enable_gqa": True, "grouping": "r g"},
+     {"causal_alignment": "top-left"}),
 ], ids=lambda x: getattr(x, "__name__", "") if callable(x) else "")
-def test_inference_on_correct_candidates(candidate: Callable[..., Tensor], expected: dict[str, Any]) -> None:
+def test_inference_on_correct_candidates(candidate: Callable[..., Tensor], expected: dict[str, Any],
+                                         differences: dict[str, Any]) -> None:
+    """Right conventions, no finding; every difference from the paper's attention is listed and keeps the audit
+    from passing until it is declared (no check fails either way)."""
     inference = infer_conventions(candidate)
     assert inference.findings == []
     for name, value in expected.items():
         assert getattr(inference.conventions, name) == value, name
-    assert audit_attention(candidate, conventions="infer", max_examples=8).passed
+    assert {d.field: d.value for d in inference.differences} == differences
+    report = audit_attention(candidate, conventions="infer", max_examples=8)
+    assert report.failed == []
+    assert report.undeclared == list(differences)
+    assert report.passed == (not differences)
+    if differences:
+        assert audit_attention(candidate, conventions="infer", known=differences, max_examples=2,
+                               dtypes=(torch.float64,)).passed
 
 
 def test_enable_gqa_is_inferred_with_its_evidence() -> None:
@@ -112,7 +129,8 @@ def test_report_opens_with_the_inferred_conventions() -> None:
 
 def test_always_causal_is_audited_on_causal_examples_only() -> None:
     report = audit_attention(cands.always_causal, conventions="infer", max_examples=8)
-    assert report.passed, report.table()
+    assert report.failed == [], report.table()
+    assert report.undeclared == ["causal_alignment", "fully_masked", "always_causal"]  # nanoGPT's, not the paper's
     assert any("always_causal=True" in note for note in report.untested)
     # declared as an ordinary candidate, it fails reference and the report names always_causal
     declared = audit_attention(cands.always_causal, conventions=Conventions(supports_causal=False,
@@ -153,7 +171,8 @@ def test_options_and_bad_arguments() -> None:
 def test_known_fields_agreeing_with_the_behaviour_are_confirmed() -> None:
     report = audit_attention(cands.naive_attention, conventions="infer", max_examples=5, dtypes=(torch.float64,),
                              known={"causal_alignment": "top-left", "layout": "bhtd"})
-    assert report.passed, report.table()
+    assert report.failed == [], report.table()
+    assert report.undeclared == ["fully_masked"]  # NaN rows: not declared
     assert any(line.startswith("  causal_alignment = 'top-left': known (given), confirmed: is_causal=True")
                for line in report.inferred), report.inferred
 
@@ -178,7 +197,8 @@ def test_known_fields_that_only_narrow_what_is_drawn() -> None:
     assert "narrows what is drawn; behaves as 'nan'" in inference.evidence["fully_masked"].seen
     report = audit_attention(cands.naive_attention, conventions="infer", max_examples=4, dtypes=(torch.float64,),
                              known={"supports_mask": False})
-    assert report.passed
+    assert report.failed == []
+    assert report.undeclared == ["causal_alignment", "fully_masked"]
     assert report.status("masking") == "SKIP"
 
 
@@ -272,5 +292,5 @@ def test_docs_audit_opens_with_infer_and_its_block_is_current() -> None:
     assert not [line for line in page[:first].splitlines() if line.startswith("|")]
     assert 'conventions="infer"' in page[first:page.index("```", first + 3)]
     check = subprocess.run([sys.executable, str(root / "benchmarks" / "audit_infer_docs.py"), "--check"],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=HANG_SECONDS)
     assert check.returncode == 0, check.stdout + check.stderr

@@ -2,16 +2,19 @@
 command line with the same seeded weights) and a user's spec named by its import path, from the command line
 and from Python."""
 
+import dataclasses
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from torch import nn
 
-from typed_transformer.audit import AuditReport, audit_module
+from tests.support.limits import HANG_SECONDS
+from typed_transformer.audit import AuditReport, Example, ModuleAdapter, audit_module
 from typed_transformer.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,11 +25,12 @@ def _repros(text: str) -> list[str]:
     return re.findall(r"^import torch\n.*?# check \w+$", text, flags=re.MULTILINE | re.DOTALL)
 
 
-def _run(snippet: str) -> float:
-    """Run ``snippet`` in a fresh interpreter at the repository root; the max error it prints."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+def _run(snippet: str, folder: Path | None = None) -> float:
+    """Run ``snippet`` in a fresh interpreter at the repository root (in ``folder``, with it on the path, when
+    given); the max error it prints."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*([str(folder)] if folder else []), str(ROOT)])}
+    done = subprocess.run([sys.executable, "-c", snippet], cwd=folder or ROOT, env=env, capture_output=True,
+                          text=True, timeout=HANG_SECONDS, check=False)
     assert done.returncode == 0, f"{snippet}\n---\n{done.stderr}"
     found = re.search(r"^max error (\S+)$", done.stdout, flags=re.MULTILINE)
     assert found is not None, done.stdout
@@ -88,12 +92,96 @@ def test_a_user_spec_and_factory_passed_in_python_are_named_by_their_import_path
     assert _run(repro) > 1e-2
 
 
-def test_a_module_object_leaves_one_line_to_fill_in() -> None:
+def test_a_module_object_is_rebuilt_from_its_config_with_its_weights() -> None:
     from tests.support.audit_specs import NEOX_AS_BLOCKS
 
     repro = audit_module(_neox(), NEOX_AS_BLOCKS, checks=["reference"], max_examples=3)["reference"].repro
     assert repro is not None
-    assert "module = ...  # the GPTNeoXAttention you audited: build it here" in repro
+    assert "config = Config()" in repro
+    assert "module = randomize_parameters(module, 0)" in repro  # recognised as the seeded weights it has
+    assert _run(repro) > 1e-2
+
+
+_USER_MODULE = """
+import dataclasses
+import torch
+from torch import nn
+from typed_transformer.audit import SPECS
+
+def halved(m, x, key, value, keep, is_causal):  # planted: half the output
+    return 0.5 * SPECS["torch_mha"].forward(m, x, key, value, keep, is_causal)
+
+HALVED = dataclasses.replace(SPECS["torch_mha"], name="halved", forward=halved)
+
+class Opaque(nn.MultiheadAttention):
+    def __init__(self, *args):  # its constructor arguments are not kept
+        super().__init__(8, 2, batch_first=True)
+"""
+
+
+def _user_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A user's module ``user_attention_specs`` in a temporary folder on ``sys.path``."""
+    import importlib
+
+    (tmp_path / "user_attention_specs.py").write_text(_USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module("user_attention_specs")
+
+
+def test_a_user_spec_in_a_module_and_an_instance_with_its_own_weights_run(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    user = _user_folder(tmp_path, monkeypatch)
+    module = nn.MultiheadAttention(8, 2, batch_first=True, add_bias_kv=True)
+    with torch.no_grad():
+        for i, param in enumerate(module.parameters()):  # weights no seed draws: carried in the repro
+            param.copy_(torch.linspace(-1, 1, param.numel()).reshape(param.shape) * (i + 1) / 3)
+    report = audit_module(module, user.HALVED, checks=["reference"], max_examples=3, dtypes=[torch.float64])
+    repro = report["reference"].repro
+    assert repro is not None
+    assert "from user_attention_specs import HALVED as spec" in repro
+    assert "module = Module(8, 2, bias=True, add_bias_kv=True" in repro
+    assert "# the audited weights" in repro
+    printed = _run(repro, tmp_path)
+    assert printed > 1e-2  # half the output: far from the reference
+    fields = dict(report["reference"].counterexample or {})
+    example = Example(**{**fields, "widths": tuple(fields["widths"])})
+    adapter = ModuleAdapter(module, user.HALVED)
+    out = adapter.call(example.inputs(), example.mask(), example.is_causal, example.torch_dtype)
+    here = float((out.detach().double() - adapter.reference(example.inputs(), example.mask(), example.is_causal,
+                                                   torch.float64)).abs().max())
+    assert printed == pytest.approx(here, rel=1e-9)  # the audited module's own difference, in a fresh interpreter
+
+
+def test_a_module_whose_class_keeps_no_constructor_arguments_says_so(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    user = _user_folder(tmp_path, monkeypatch)
+    repro = audit_module(user.Opaque(), user.HALVED, checks=["reference"], max_examples=3)["reference"].repro
+    assert repro is not None
+    assert "module = ...  # the Opaque you audited: build it here (its constructor arguments are not kept" in repro
+
+
+def test_a_zero_spec_hugging_face_repro_rebuilds_module_and_spec(tmp_path: Path) -> None:
+    pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+    import torch
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssAttention
+
+    from typed_transformer.audit import hf_build, hf_spec
+    from typed_transformer.strategies import randomize_parameters
+
+    module = randomize_parameters(hf_build(GptOssAttention), 2)
+    report = audit_module(module, hf_spec(module), checks=["reference"], max_examples=3, dtypes=[torch.float64],
+                          conventions="infer")
+    repro = report["reference"].repro
+    assert repro is not None
+    assert "spec = hf_spec(module)" in repro
+    assert "module = randomize_parameters(module, 2)" in repro
+    assert _run(repro, tmp_path) < 1e-6  # the rebuilt class: its float32 rotary tables in a float64 run only
+    changed = audit_module(module, dataclasses.replace(hf_spec(module), sinks=None), checks=["reference"],
+                           max_examples=3)["reference"].repro  # a spec changed by hand cannot be rebuilt
+    assert changed is not None
+    assert "spec = ...  # the ModuleSpec 'hf:GptOssAttention' you passed" in changed
 
 
 def test_a_spec_defined_in_a_script_is_not_imported_from_the_script() -> None:
@@ -111,7 +199,7 @@ def test_a_spec_defined_in_a_script_is_not_imported_from_the_script() -> None:
         "print(report['reference'].repro)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+                          timeout=HANG_SECONDS, check=False)
     assert done.returncode == 0, done.stderr
     assert "__main__" not in done.stdout, done.stdout
     assert "__mp_main__" not in done.stdout, done.stdout

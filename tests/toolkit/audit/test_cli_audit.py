@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.limits import HANG_SECONDS
 from typed_transformer.audit import FUNCTION_CHECKS, MODULE_CHECKS
 from typed_transformer.cli import main
 
@@ -45,8 +46,8 @@ def test_audit_wrong_implementation_exits_1(capsys: pytest.CaptureFixture[str]) 
     assert rows["scale"] == "FAIL"
     assert rows["reference"] == "FAIL"
     assert rows["dtype"] == "PASS"
-    assert "Example(" in out
-    assert "candidate_call(example" in out
+    assert "q = randn((" in out  # the repro builds the counterexample plainly
+    assert "out = candidate(qc, kc, vc" in out
 
 
 def test_audit_other_conventions(capsys: pytest.CaptureFixture[str]) -> None:
@@ -170,10 +171,13 @@ def test_audit_a_hugging_face_class_with_zero_lines_of_spec(capsys: pytest.Captu
     assert code == 0, out
     assert out.splitlines()[0].startswith("audit of transformers.models.qwen2.modeling_qwen2:Qwen2Attention (spec hf")
     assert "inferred conventions (" in out
-    code = main(["audit", "--module", "transformers.models.gpt_neox.modeling_gpt_neox:GPTNeoXAttention", "--spec",
-                 "hf", "--infer"])
+    # the classic families too, from the import path alone (BERT's block: self-attention + output.dense)
+    code = main(["audit", "--module", "transformers.models.bert.modeling_bert:BertAttention", "--spec", "hf",
+                 "--infer", "--checks", "reference,masking", *QUICK, "--dtypes", "float32"])
+    assert code == 0, capsys.readouterr().out
+    code = main(["audit", "--module", "torch.nn:Bilinear", "--spec", "hf", "--infer"])
     assert code == 2
-    assert "not of the common shape" in capsys.readouterr().err
+    assert "Bilinear: no config class found" in capsys.readouterr().err
 
 
 def test_audit_gqa_passes_enable_gqa_to_torch_sdpa(capsys: pytest.CaptureFixture[str]) -> None:
@@ -216,7 +220,7 @@ def test_without_the_audit_extra_any_audit_flags_give_the_install_line_and_other
             "assert 'typed_transformer.audit' not in sys.modules\n"
             "sys.exit(main(['audit', 'torch.nn.functional:scaled_dot_product_attention', '--layout', 'bthd',"
             " '--no-mask']))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_SECONDS)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.splitlines()
     assert lines[0] == ("typed-transformer train: error: argument --max-iters: expected an integer from 1 to "
@@ -244,3 +248,35 @@ def test_the_conventions_flags_are_the_conventions_fields() -> None:
     given = {dest: getattr(args, dest) for dest in declared if getattr(args, dest) is not None}
     assert given == {"supports_mask": False, "supports_gqa": True, "scale": 0.5, "layout": "bthd"}
     assert Conventions(**given) == Conventions(supports_mask=False, supports_gqa=True, scale=0.5, layout="bthd")
+
+
+@pytest.mark.parametrize("infer", [[], ["--infer"]], ids=["declared", "infer"])
+@pytest.mark.parametrize(("candidate", "what"), [
+    ("exits_on_first_call", "called sys.exit(0); the audit stopped there"),
+    # a limit no correct call comes near is not needed here: this candidate never returns
+    ("hangs", "did not return within the time limit of 0.2 s per call; the audit stopped there"),
+])
+def test_a_call_that_exits_or_hangs_fails_in_one_line(candidate: str, what: str, infer: list[str],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["audit", f"tests.support.audit_candidates:{candidate}", *infer, *QUICK,
+                 "--call-time-limit", "0.2"])
+    out = capsys.readouterr().out
+    assert code == 1
+    where = "probing its conventions (--infer)" if infer else \
+        "in check reference [float32] (b=1 h=1 g=1 t=1 s=1 d=1 dv=1, seed 0)"
+    assert out == f"audit of tests.support.audit_candidates:{candidate}: FAIL: a call of the candidate {where} {what}\n"
+
+
+def test_a_candidate_that_modifies_its_inputs_is_named_with_the_input_and_the_call(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "report.json"
+    code = main(["audit", "tests.support.audit_candidates:modifies_query", *QUICK, "--checks", "reference",
+                 "--dtypes", "float64", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert code == 1
+    row = json.loads(path.read_text())["results"][0]
+    assert row["status"] == "FAIL"
+    assert row["message"] == ("the candidate modified its input q in place during the call (the counterexample's): "
+                              "inputs must be left as given")
+    assert row["counterexample"]["b"] >= 1  # the call: its example, with its repro in the table
+    assert "candidate_call(example" in out

@@ -1,0 +1,307 @@
+"""The classic Hugging Face layouts :func:`~typed_transformer.audit.hf_spec` reads besides the common shape, by the
+names transformers gives them: separate ``query/key/value`` (BERT and its descendants), ``q/k/v/o`` (T5),
+``q_lin/k_lin/v_lin/out_lin`` (DistilBERT), ``out_proj`` (BART, CLIP, OPT, GPT-J), fused ``c_attn`` ``Conv1D``
+weights stored ``(in, out)`` (GPT-2), ``Wqkv/Wo`` (ModernBERT), CodeGen's fused ``qkv_proj`` laid out per model-
+parallel group (``[q v k]`` in each of ``mp_num`` groups), and an *attention block*: the self-attention module
+(a child, e.g. BERT's ``self``) with the output projection in a sibling module (BERT's ``output.dense``).
+
+A block's residual connection and its LayerNorm (BERT's post-norm ``LayerNorm(x + dense(attention))``, T5's
+pre-norm ``x + attention(LayerNorm(x))``) are the layer's "Add & Norm", not attention: the audit calls the block's
+own ``forward`` with those norms replaced by the identity and subtracts the input, so that what it compares with the
+reference is the output projection of the attention, computed by the block's own code (:func:`bypass_norms`)."""
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from ._core import AuditUsageError
+
+_Q = ("q_proj", "query", "q", "q_lin", "to_q")
+_K = ("k_proj", "key", "k", "k_lin", "to_k")
+_V = ("v_proj", "value", "v", "v_lin", "to_v")
+_FUSED = ("qkv_proj", "c_attn", "Wqkv", "qkv", "in_proj")
+_OUT = ("o_proj", "out_proj", "o", "out_lin", "c_proj", "Wo", "dense", "proj", "to_out")
+#: a sibling module that holds the output projection (BERT's ``output``: ``BertSelfOutput.dense``)
+_OUTPUT_MODULES = ("output",)
+_HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head")
+_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
+_HEAD_DIM = ("head_dim", "attention_head_size", "key_value_proj_dim", "head_size", "dim_per_head")
+_SCALE = ("scaling", "scale", "inv_norm_factor")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a class's projections and sizes are: paths relative to the audited module (``core`` is the prefix of
+    the submodule that holds the query/key/value projections: ``""`` or ``"self."``)."""
+
+    core: str
+    q: str | None
+    k: str | None
+    v: str | None
+    qkv: str | None
+    out: str | None
+    transposed: bool
+    num_heads: str
+    num_kv_heads: str | None
+    head_dim: str | None
+    scale: float | str | None
+    #: the core has T5's relative position bias (``relative_attention_bias``): the reference adds it, scale 1
+    relative_bias: bool = False
+    #: the norm modules outside the core (a block's Add & Norm, bypassed when the block has a residual)
+    norms: tuple[str, ...] = ()
+    #: CodeGen: a fused projection laid out per model-parallel group, read by this function instead
+    weights: Callable[[Any], Any] | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The :class:`~typed_transformer.audit.ModuleSpec` fields this layout gives."""
+        return {"q": self.q, "k": self.k, "v": self.v, "qkv": self.qkv, "out": self.out,
+                "transposed": self.transposed, "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
+                "head_dim": self.head_dim, "scale": self.scale,
+                **({"weights": self.weights} if self.weights is not None else {})}
+
+    def reads(self) -> set[str]:
+        """The module's direct children the layout reads (a block's norms, which it bypasses; a norm of the
+        attention module itself, such as BitNet's sub-norm, is not read)."""
+        paths = [self.core, self.q, self.k, self.v, self.qkv, self.out, *(self.norms if self.core else ())]
+        return {p.split(".")[0] for p in paths if p}
+
+
+def _projection(module: Any, name: str) -> bool:
+    """``module.name`` is a projection: a module with a 2-D weight (``nn.Linear``, Hugging Face's ``Conv1D``)."""
+    weight = getattr(getattr(module, name, None), "weight", None)
+    return isinstance(getattr(module, name, None), nn.Module) and isinstance(weight, Tensor) and weight.ndim == 2
+
+
+def _first(module: Any, names: tuple[str, ...], kind: type | tuple[type, ...]) -> str | None:
+    return next((n for n in names if isinstance(getattr(module, n, None), kind)
+                 and not isinstance(getattr(module, n), bool)), None)
+
+
+def _output(module: nn.Module, core: nn.Module, prefix: str, used: set[str]) -> str | None:
+    """The output projection: in the core, then in the module beside it, then in a sibling output module."""
+    own = next((n for n in _OUT if n not in used and _projection(core, n)), None)
+    if own is not None:
+        return prefix + own
+    if prefix:
+        beside = next((n for n in _OUT if _projection(module, n)), None)
+        if beside is not None:
+            return beside
+    for name in _OUTPUT_MODULES:
+        child = getattr(module if prefix else core, name, None)
+        inner = next((n for n in _OUT if child is not None and _projection(child, n)), None)
+        if inner is not None:
+            return f"{name}.{inner}"
+    return None
+
+
+def _sizes(core: Any, prefix: str) -> tuple[str, str | None, str | None, float | str | None]:
+    config = getattr(core, "config", None)
+    if isinstance(getattr(config, "num_attention_heads", None), int):
+        heads = prefix + "config.num_attention_heads"
+    else:
+        own = _first(core, _HEADS, int)
+        if own is None:
+            raise AuditUsageError(f"{type(core).__qualname__}: no head count (none of {', '.join(_HEADS)}, no "
+                                  f"config.num_attention_heads)")
+        heads = prefix + own
+    if getattr(config, "num_key_value_heads", None):
+        kv: str | None = prefix + "config.num_key_value_heads"
+    else:
+        own_kv = _first(core, _KV_HEADS, int)
+        kv = None if own_kv is None else prefix + own_kv
+    head_dim = _first(core, _HEAD_DIM, int)
+    scale: float | str | None = _first(core, _SCALE, (float, int))
+    if scale is None and hasattr(core, "has_relative_attention_bias"):
+        scale = 1.0  # T5 (before transformers gave it a scaling attribute): no 1/sqrt(d)
+    return (heads, kv, None if head_dim is None else prefix + head_dim,
+            prefix + scale if isinstance(scale, str) else scale)
+
+
+def _norms(module: nn.Module, prefix: str, qk_norms: tuple[str | None, str | None]) -> tuple[str, ...]:
+    """Norm modules of ``module`` outside its core (a LayerNorm, or a class whose name says Norm)."""
+    found = []
+    for name, child in module.named_modules():
+        inside = bool(prefix) and (name + ".").startswith(prefix)
+        if not name or inside or name in qk_norms:
+            continue
+        if isinstance(child, nn.LayerNorm | nn.RMSNorm) or "Norm" in type(child).__name__:
+            found.append(name)
+    return tuple(found)
+
+
+def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (None, None)) -> Layout:
+    """The layout of ``module``: its query/key/value projections (in itself or in a child), the output projection,
+    the head count, head size and scale (attributes of the core, or its config).
+
+    Raises:
+        AuditUsageError: no query/key/value projections under the known names.
+    """
+    for prefix, core in [("", module)] + [(f"{n}.", c) for n, c in module.named_children()]:  # noqa: B007
+        q, k, v = (next((n for n in names if _projection(core, n)), None) for names in (_Q, _K, _V))
+        fused = None if q and k and v else next((n for n in _FUSED if _projection(core, n)), None)
+        if (q and k and v) or fused:
+            break
+    else:
+        raise AuditUsageError(f"{type(module).__qualname__}: no query/key/value projections (looked for "
+                              f"{'/'.join(_Q)}, {'/'.join(_K)}, {'/'.join(_V)} or a fused {'/'.join(_FUSED)}, in "
+                              f"the class and its children)")
+    used = {n for n in (q, k, v, fused) if n}
+    out = _output(module, core, prefix, used)
+    heads, kv, head_dim, scale = _sizes(core, prefix)
+    first = getattr(core, fused or q or "")
+    codegen = fused is not None and isinstance(getattr(core, "mp_num", None), int)
+    return Layout(prefix, None if fused else prefix + str(q), None if fused else prefix + str(k),
+                  None if fused else prefix + str(v), prefix + fused if fused else None, out,
+                  type(first).__name__ == "Conv1D", heads, kv, head_dim, scale,
+                  relative_bias=isinstance(getattr(core, "relative_attention_bias", None), nn.Embedding),
+                  norms=_norms(module, prefix, qk_norms),
+                  weights=_codegen_weights(prefix, str(fused), out) if codegen else None)
+
+
+def _codegen_weights(prefix: str, fused: str, out: str | None) -> Callable[[Any], Any]:
+    """CodeGen's ``qkv_proj``: ``mp_num`` groups of rows, each ``[q v k]`` (in that order) of ``h d / mp_num``."""
+
+    def read(m: Any) -> Any:
+        from ._modules import Weights, resolve
+
+        core = resolve(m, prefix.rstrip("."), "hf") if prefix else m
+        w = getattr(core, fused).weight.detach().double()
+        q, v, k = rearrange(w, "(mp three l) e -> three (mp l) e", mp=core.mp_num, three=3)
+        o = None if out is None else resolve(m, out, "hf")
+        h, d = int(core.num_attention_heads), int(core.head_dim)
+        return Weights(q, k, v, None if o is None else o.weight.detach().double(), None, None, None,
+                       None if o is None or o.bias is None else o.bias.detach().double(), h, h, d, d,
+                       float(getattr(core, "scaling", d ** -0.5)))
+
+    return read
+
+
+def relative_bias(core: str) -> Callable[[Any, int, int], Tensor]:
+    """T5's relative position bias of the core at ``core`` (``""``: the module), written out from its embedding
+    table by the shipped T5 spec."""
+    from ._modules import resolve
+    from .specs import _t5_bias
+
+    def bias(m: Any, t: int, s: int) -> Tensor:
+        owner = resolve(m, core.rstrip("."), "hf") if core else m
+        if "bidirectional" in inspect.signature(owner._relative_position_bucket).parameters:
+            return _t5_bias(owner, t, s)
+        # UMT5: a method of its own that reads is_decoder and the bucket sizes from the module
+        relative = torch.arange(s)[None, :] - torch.arange(s - t, s)[:, None]
+        table: Tensor = owner.relative_attention_bias.weight.detach().double()
+        return rearrange(table[owner._relative_position_bucket(relative)], "t s h -> h t s")
+
+    return bias
+
+
+def bypass_norms(module: nn.Module, norms: tuple[str, ...]) -> None:
+    """Replace the norm modules at ``norms`` (paths) by the identity, in place (on the audit's copy)."""
+    for path in norms:
+        parent_path, _, name = path.rpartition(".")
+        parent = module.get_submodule(parent_path) if parent_path else module
+        if not isinstance(getattr(parent, name, None), nn.Identity):
+            setattr(parent, name, nn.Identity())
+
+
+def has_residual(module: nn.Module, layout: Layout, call: Callable[[nn.Module, Tensor], Tensor], width: int) -> bool:
+    """Whether the module adds its input to its output (a block's residual): with the norms outside the core
+    bypassed and the output projection zeroed, a residual block returns its input, a plain one zeros."""
+    if layout.out is None:
+        return False
+    m = _probe_copy(module, layout)
+    x = torch.randn(1, 3, width, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    try:
+        with torch.no_grad():
+            out = call(m, x)
+    except Exception:
+        return False
+    return bool(out.shape == x.shape and torch.allclose(out, x, rtol=0, atol=1e-9))
+
+
+def _probe_copy(module: nn.Module, layout: Layout) -> nn.Module:
+    import copy
+
+    m = copy.deepcopy(module).double().eval()
+    bypass_norms(m, layout.norms)
+    assert layout.out is not None
+    out = m.get_submodule(layout.out)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.zero_()
+    return m
+
+
+# ----------------------------------------------------------------------------------------------------
+# constructors: what a class's __init__ takes, read through decorators
+# ----------------------------------------------------------------------------------------------------
+
+
+def init_parameters(cls: type) -> dict[str, inspect.Parameter]:
+    """The parameters of ``cls.__init__`` after ``self``, read through decorators: ``inspect.unwrap``, or, for a
+    wrapper that keeps no ``__wrapped__`` (``(*args, **kwargs)`` only), the ``__init__`` in its closure."""
+    init: Any = inspect.unwrap(cls.__init__)  # type: ignore[misc]
+    params = dict(inspect.signature(init).parameters)
+    if all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for n, p in params.items() if n != "self"):
+        for cell in getattr(init, "__closure__", None) or ():
+            inner = cell.cell_contents
+            if inspect.isfunction(inner) and inner.__name__ == "__init__":
+                params = dict(inspect.signature(inspect.unwrap(inner)).parameters)
+                break
+    params.pop("self", None)
+    return params
+
+
+def config_from_configuration_module(cls: type, module_name: str) -> type | None:
+    """The config class of ``cls``'s model package (``configuration_<model>``): the one whose name starts with the
+    class's model prefix, else the first (DistilBERT's attention keeps no annotation and its module no pretrained
+    model with a ``config_class`` in some versions)."""
+    package, _, modeling = module_name.rpartition(".")
+    try:
+        configuration = importlib.import_module(f"{package}.{modeling.replace('modeling_', 'configuration_', 1)}")
+    except ImportError:
+        return None
+    from transformers import PretrainedConfig
+
+    found = [obj for obj in vars(configuration).values() if isinstance(obj, type) and issubclass(obj, PretrainedConfig)
+             and obj.__module__ == configuration.__name__]
+    found.sort(key=lambda c: (not cls.__name__.lower().startswith(c.__name__.removesuffix("Config").lower()),
+                              len(c.__name__)))
+    return found[0] if found else None
+
+
+#: constructor parameters filled from the tiny config: sizes, the layer index, T5's relative bias on
+_SIZE_PARAMS = {"embed_dim": "hidden_size", "hidden_size": "hidden_size", "dim": "hidden_size",
+                "d_model": "hidden_size", "embed_size": "hidden_size", "num_heads": "num_attention_heads",
+                "num_attention_heads": "num_attention_heads", "n_heads": "num_attention_heads",
+                "heads": "num_attention_heads"}
+
+
+def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tuple[list[Any], dict[str, Any]]:
+    """``(args, kwargs)`` for ``cls``: the config (by name, or as the first argument), the sizes an ``(embed_dim,
+    num_heads)`` constructor takes (from the config), ``layer_idx``, ``has_relative_attention_bias=True`` (T5's first
+    layer, the one that owns the bias), and ``is_cross_attention``/``is_decoder`` for cross-attention."""
+    params = init_parameters(cls)
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for i, (name, p) in enumerate(params.items()):
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if name == "config" or (i == 0 and name not in _SIZE_PARAMS and p.default is p.empty):
+            (kwargs.__setitem__(name, config) if name == "config" else args.append(config))
+        elif name in _SIZE_PARAMS and getattr(config, _SIZE_PARAMS[name], None) is not None:
+            kwargs[name] = int(getattr(config, _SIZE_PARAMS[name]))
+        elif name in ("layer_idx", "layer_id"):
+            kwargs[name] = layer
+        elif name == "has_relative_attention_bias" or (name in ("is_cross_attention", "is_decoder") and cross):
+            kwargs[name] = True
+    return args, kwargs
+
+
+__all__ = ["Layout", "bypass_norms", "config_from_configuration_module", "constructor_arguments", "find_layout",
+           "has_residual", "init_parameters", "relative_bias"]
