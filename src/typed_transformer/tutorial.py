@@ -37,7 +37,9 @@ __all__ = ["gpt_from_tutorial_state_dict", "load_tutorial_weights"]
 _FEED_FORWARD = ("ffd.network", "ffwd.net")
 
 
-def _need(state: Mapping[str, Tensor], key: str) -> Tensor:
+def _need(state: Mapping[str, Tensor], key: str, read: set[str]) -> Tensor:
+    """``state[key]``, noted in ``read`` (the names the mapping used: the rest are reported as left over)."""
+    read.add(key)
     try:
         return state[key]
     except KeyError:
@@ -63,7 +65,9 @@ def gpt_from_tutorial_state_dict(state_dict: Mapping[str, Shaped[Tensor, "..."]]
             weights do not fit (each missing or left-over name is reported).
     """
     state = dict(state_dict)
-    tok, pos = _need(state, "token_embedding_table.weight"), _need(state, "position_embedding_table.weight")
+    read: set[str] = set()
+    tok = _need(state, "token_embedding_table.weight", read)
+    pos = _need(state, "position_embedding_table.weight", read)
     layers = sorted({int(m[1]) for key in state if (m := re.match(r"blocks\.(\d+)\.", key))})
     heads = sorted({int(m[1]) for key in state if (m := re.match(r"blocks\.0\.sa\.heads\.(\d+)\.", key))})
     if not layers or not heads:
@@ -75,20 +79,19 @@ def gpt_from_tutorial_state_dict(state_dict: Mapping[str, Shaped[Tensor, "..."]]
                               block_size=pos.shape[0], qkv_bias=qkv_bias)
     ours: dict[str, Tensor] = {"tok_emb.weight": tok, "pos.weight": pos}
     for name in ("ln_f.weight", "ln_f.bias", "lm_head.weight", "lm_head.bias"):
-        ours[name] = _need(state, name)
+        ours[name] = _need(state, name, read)
     for i in layers:
         kinds = ("weight", "bias") if qkv_bias else ("weight",)
         for kind in kinds:  # [q | k | v], each the heads stacked in order
             ours[f"blocks.{i}.attn.in_proj.{kind}"] = torch.cat([
-                _need(state, f"blocks.{i}.sa.heads.{j}.{part}.{kind}")
+                _need(state, f"blocks.{i}.sa.heads.{j}.{part}.{kind}", read)
                 for part in ("query", "key", "value") for j in heads])
         renames = {"ln1": "ln_1", "ln2": "ln_2", "sa.proj": "attn.out_proj", f"{ffd}.0": "mlp.linear1",
                    f"{ffd}.2": "mlp.linear2"}
         for theirs, mine in renames.items():
             for kind in ("weight", "bias"):
-                ours[f"blocks.{i}.{mine}.{kind}"] = _need(state, f"blocks.{i}.{theirs}.{kind}")
-    used = {k for k in state if not k.endswith(".tril")}
-    left = sorted(k for k in used if not _mapped(k, ffd))
+                ours[f"blocks.{i}.{mine}.{kind}"] = _need(state, f"blocks.{i}.{theirs}.{kind}", read)
+    left = sorted(k for k in state if k not in read and not k.endswith(".tril"))  # tril: a buffer, not a weight
     model = GPT(config)
     try:
         with torch.no_grad():
@@ -100,15 +103,6 @@ def gpt_from_tutorial_state_dict(state_dict: Mapping[str, Shaped[Tensor, "..."]]
         raise ValueError(f"from_tutorial_state_dict: weights do not fit (missing {missing[:3]}, unexpected "
                          f"{(list(unexpected) + left)[:3]})")
     return model.to(tok.dtype)
-
-
-def _mapped(key: str, ffd: str) -> bool:
-    """Whether ``key`` is one of the names the mapping reads."""
-    top = ("token_embedding_table.weight", "position_embedding_table.weight", "ln_f.weight", "ln_f.bias",
-           "lm_head.weight", "lm_head.bias")
-    block = rf"blocks\.\d+\.(ln1|ln2|sa\.proj|{re.escape(ffd)}\.0|{re.escape(ffd)}\.2)\.(weight|bias)"
-    head = r"blocks\.\d+\.sa\.heads\.\d+\.(query|key|value)\.(weight|bias)"
-    return key in top or re.fullmatch(block, key) is not None or re.fullmatch(head, key) is not None
 
 
 def load_tutorial_weights(path: str | Path) -> GPT:
