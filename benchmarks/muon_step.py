@@ -4,7 +4,8 @@ The baby preset (4 layers, 128 wide, block 64), one thread, random tokens. Print
 interleaved rounds in this one process (so a loaded machine slows every variant alike):
 
 * the Newton-Schulz phase of one Muon step on the 16 hidden matrices: one matrix at a time against the matrices
-  of one shape stacked in one batched product (``torch.baddbmm``), at 5, 4 and 3 steps, and compiled
+  of one shape stacked in one batched product (``torch.baddbmm``), step by step and in the Gram form (the
+  default, where it costs fewer FLOPs: ``typed_transformer.muon``), at 5, 4 and 3 steps, and compiled
   (``torch.compile``, inductor, compiled once before the timing);
 * whole training steps (forward, backward, clipping, the optimizer) with AdamW and with Muon, at batch 12 and at
   batch 24 (Muon's cost is per step, not per token), as milliseconds per 1000 tokens, and their ratios.
@@ -46,12 +47,13 @@ def median_ms(variants: dict[str, Callable[[], object]], rounds: int, repeat: in
 
 
 def newton_schulz_flops(model: GPT, steps: int) -> float:
-    """The Newton-Schulz iteration's FLOPs in one Muon step: per step of an ``m x n`` matrix (``m <= n``), the
-    Gram matrix ``2 m^2 n``, its square ``2 m^3`` and the product with X ``2 m^2 n``."""
+    """The Newton-Schulz iteration's FLOPs in one Muon step, as :func:`muon.newton_schulz` runs it: step by step
+    on an ``m x n`` matrix (``m <= n``) ``steps (4 m^2 n + 2 m^3)``, in the Gram form (``n > 1.5 m``)
+    ``4 m^2 n + (8 steps - 6) m^3``."""
     total = 0.0
     for p in muon.hidden_matrices(model, [model.lm_head]):
         m, n = sorted(p.shape)
-        total += steps * (4 * m * m * n + 2 * m**3)
+        total += 4 * m * m * n + (8 * steps - 6) * m**3 if n > 1.5 * m else steps * (4 * m * m * n + 2 * m**3)
     return total
 
 
@@ -71,7 +73,12 @@ def newton_schulz_variants(model: GPT) -> dict[str, Callable[[], object]]:
     def batched(steps: int, fn: Callable[[Tensor, int], Tensor] = plain) -> Callable[[], object]:
         return lambda: [fn(s, steps) for s in stacks]
 
-    return {"one matrix at a time, 5 steps": one_at_a_time(5), "batched by shape, 5 steps": batched(5),
+    def step_by_step(x: Tensor, steps: int) -> Tensor:
+        return plain(x, steps, gram_form=False)
+
+    return {"one matrix at a time, 5 steps": one_at_a_time(5),
+            "batched by shape, 5 steps, no Gram form": batched(5, step_by_step),
+            "batched by shape, 5 steps": batched(5),
             "batched by shape, 4 steps": batched(4), "batched by shape, 3 steps": batched(3),
             "batched by shape, 5 steps, compiled": batched(5, compiled)}
 

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from tests.support.cli import run
+from typed_transformer import muon
 from typed_transformer.checkpoint import CheckpointError, load_checkpoint
 from typed_transformer.config import TrainConfig
 from typed_transformer.data import TextData
@@ -273,3 +274,29 @@ def test_a_seq2seq_muon_run_resumes_bit_identical_and_keeps_its_momentum(tmp_pat
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     capsys.readouterr()
+
+
+@pytest.mark.parametrize(("shape", "gram_form"), [((128, 384), True), ((512, 128), True), ((128, 128), False),
+                                                   ((96, 144), False)])
+def test_the_gram_form_runs_where_it_costs_fewer_flops(shape: tuple[int, int], gram_form: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only for matrices more than 1.5x longer than wide (the module's FLOP count), and it agrees with the
+    step-by-step iteration to float32 rounding."""
+    calls: list[torch.Size] = []
+    real = muon._gram_form
+
+    def spy(x: Tensor, steps: int) -> Tensor:
+        calls.append(x.shape)
+        return real(x, steps)
+
+    monkeypatch.setattr(muon, "_gram_form", spy)
+    torch.manual_seed(2)
+    u = torch.randn(2, *shape)
+    o = newton_schulz(u)
+    assert bool(calls) == gram_form
+    x = u.mT if shape[0] > shape[1] else u
+    x = x / torch.linalg.matrix_norm(x, keepdim=True)
+    for _ in range(5):
+        a = x @ x.mT
+        x = 3.4445 * x + (-4.7750 * a + 2.0315 * a @ a) @ x
+    torch.testing.assert_close(o, x.mT if shape[0] > shape[1] else x, rtol=0, atol=2e-5)
