@@ -463,14 +463,15 @@ def hf_spec(cls_or_module: type | nn.Module, *, cross: bool | None = None) -> Mo
     position bias, ``out_proj`` (BART, CLIP, OPT, GPT-J), ``Conv1D`` weights (GPT-2), ``Wqkv`` (ModernBERT),
     CodeGen's grouped fused projection, and attention blocks (BERT's ``self`` + ``output.dense``; their residual
     and Add & Norm bypassed). A class with a shipped spec the generic reading cannot replace (a fused projection
-    laid out per head or per group, BLOOM's ALiBi) gets that spec.
+    laid out per head or per group, ALiBi: BLOOM's, MPT's, Falcon's with ``alibi=True``) gets that spec: the one
+    whose options fit the module (Falcon's ``falcon`` or ``falcon_alibi`` as its config's ``alibi`` says).
 
     Raises:
         AuditUsageError: the class is not of that shape (the message says what is missing).
     """
     module = hf_build(cls_or_module, cross=bool(cross)) if isinstance(cls_or_module, type) else cls_or_module
-    shipped = _shipped_spec(type(module), bool(cross))
-    if shipped is not None and (shipped.qkv_layout != "blocks" or shipped.name == "bloom" or shipped.memory):
+    shipped = _shipped_spec(module, bool(cross))
+    if shipped is not None and (shipped.qkv_layout != "blocks" or shipped.alibi is not None or shipped.memory):
         return shipped
     try:
         return _generic_spec(module, cross)
@@ -480,13 +481,15 @@ def hf_spec(cls_or_module: type | nn.Module, *, cross: bool | None = None) -> Mo
         return shipped
 
 
-def _shipped_spec(cls: type, cross: bool) -> ModuleSpec | None:
-    """The shipped spec written for ``cls`` (or a base class of it) and for its self- or cross-attention form (GPT-2
-    has one of each: its cross-attention reads ``q_attn`` and a fused ``[k; v]``), if any."""
+def _shipped_spec(module: nn.Module, cross: bool) -> ModuleSpec | None:
+    """The shipped spec written for ``module``'s class (or a base class of it), for its self- or cross-attention form
+    (GPT-2 has one of each: its cross-attention reads ``q_attn`` and a fused ``[k; v]``) and for the options it was
+    built with (a spec that does not model one of them is passed over), if any."""
     from . import specs  # noqa: F401  (registers the shipped specs)
 
-    names = {f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__}
-    found = [spec for spec in SHIPPED_SPECS.values() if spec.module_type in names]
+    names = {f"{c.__module__}.{c.__qualname__}" for c in type(module).__mro__}
+    found = [spec for spec in SHIPPED_SPECS.values() if spec.module_type in names
+             and (spec.unmodelled is None or not spec.unmodelled(module))]
     return next((spec for spec in found if spec.memory == cross), None) if cross else next(
         (spec for spec in found if not spec.memory), None)
 

@@ -111,15 +111,16 @@ class Weights:
 PositionBias = Callable[[Any, int, int], Tensor]
 
 
-def alibi_bias(h: int, t: int, s: int, *, form: Literal["distance", "key"] = "distance"
-               ) -> Float64[Tensor, "{h} {t} {s}"]:
+def alibi_bias(h: int, t: int, s: int, *, form: Literal["distance", "key"] = "distance",
+               slopes: Float64[Tensor, " {h}"] | None = None) -> Float64[Tensor, "{h} {t} {s}"]:
     """ALiBi's bias ``(h, t, s)`` for ``t`` queries (the last ``t`` of ``s`` positions) and ``s`` keys, float64,
     with the paper's head slopes (:func:`~typed_transformer.positions.alibi_slopes`: ``m_i = 2^(-8 i / h)`` for
     a power-of-two ``h``, the paper's interpolation otherwise). ``form="distance"``: ``-m_i * |p - j|`` for the
     query at position ``p``; under a causal mask the paper's ``-m_i (p - j)``, without one the symmetric form
     x-transformers and ours use. ``form="key"``: ``m_i * j``, BLOOM's and MPT's (softmax-equal to the paper's under
-    a causal mask: the two differ by ``-m_i p``, one constant per query row)."""
-    slopes = alibi_slopes(h)
+    a causal mask: the two differ by ``-m_i p``, one constant per query row). ``slopes``: other slopes than the
+    paper's (a module's, scaled)."""
+    slopes = alibi_slopes(h) if slopes is None else slopes
     keys = torch.arange(s, dtype=torch.float64)[None]
     if form == "key":
         return slopes[:, None, None] * keys.expand(t, s)
@@ -128,6 +129,19 @@ def alibi_bias(h: int, t: int, s: int, *, form: Literal["distance", "key"] = "di
 
 
 alibi_bias = typechecked(alibi_bias)
+
+
+@dataclass(frozen=True)
+class ALiBi:
+    """ALiBi (Press et al., 2022): a bias on each logit linear in the key-query distance, one slope per query head,
+    the paper's ``m_i = 2^(-8 i / h)`` (interpolated for a head count that is not a power of two:
+    :func:`~typed_transformer.positions.alibi_slopes`). ``form``: as :func:`alibi_bias` (``"distance"``: the
+    paper's ``-m_i |p - j|``; ``"key"``: ``m_i j``, BLOOM's, MPT's and Falcon's, softmax-equal to the paper's under
+    a causal mask). ``factor``: a number or an attribute path multiplying every slope (Falcon adds its ALiBi before
+    scaling the logits by ``1 / sqrt(d)``: ``factor="inv_norm_factor"``)."""
+
+    form: Literal["distance", "key"] = "distance"
+    factor: float | str = 1.0
 
 
 #: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers
@@ -217,6 +231,9 @@ class ModuleSpec:
     #: q/k norms the spec computes itself, from the module: ``norms(module) -> {"q": f, "k": f}`` with ``f`` on
     #: ``(b, h or g, t, d)`` heads in canonical order (x-transformers' l2 ``qk_norm``); before the rotary embedding
     norms: Callable[[Any], dict[str, Callable[[Tensor], Tensor]]] | None = None
+    #: ALiBi: a per-head linear bias of the key-query distance with the paper's slopes, added to the scaled logits
+    #: (beside ``position_bias`` when both are given)
+    alibi: ALiBi | None = None
     #: ``unmodelled(module)``: the constructor options this module was built with that the spec does not model,
     #: each named (``"sparse_topk=2"``); a module with any is refused before any check runs
     unmodelled: Callable[[Any], list[str]] | None = None
@@ -485,8 +502,17 @@ class ModuleAdapter:
         #: the logit cap (None: no soft-capping; a config's 0 or None switches it off)
         self.softcap: float | None = float(cap) if cap else None
         self.sub_norm = None if spec.sub_norm is None else _norm(self.original, spec.sub_norm, spec)
+        factor = None if spec.alibi is None else spec.alibi.factor
+        #: ALiBi's slopes ``(h,)`` in canonical head order (None: no ALiBi)
+        self.alibi_slopes: Tensor | None = None
+        if spec.alibi is not None and factor is not None:
+            slopes = alibi_slopes(w.h) * float(factor if isinstance(factor, float | int)
+                                               else resolve(self.original, factor, spec.name))
+            self.alibi_slopes = (rearrange(slopes, "(r g) -> (g r)", g=w.g) if spec.grouping == "r g" and w.g != w.h
+                                 else slopes)
         positional = [what for what, present in (("rotary positions", self.rotary is not None),
-                                                  ("a position bias", spec.position_bias is not None),
+                                                  ("a position bias", spec.position_bias is not None
+                                                   or spec.alibi is not None),
                                                   ("a sliding window", self.window is not None)) if present]
         self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
@@ -564,14 +590,18 @@ class ModuleAdapter:
         return (ins[0], ins[1], ins[1]) if self.spec.memory else ins
 
     def bias(self, t: int, s: int, dtype: torch.dtype) -> Float[Tensor, "1 h_or_1 {t} {s}"] | None:
-        """The additive position bias ``(1, 1 or h, t, s)`` the spec declares, or None."""
+        """The additive position bias ``(1, 1 or h, t, s)`` the spec declares (its ``position_bias`` plus its ALiBi),
+        or None."""
+        alibi = None
+        if self.spec.alibi is not None and self.alibi_slopes is not None:
+            alibi = alibi_bias(self.weights.h, t, s, form=self.spec.alibi.form, slopes=self.alibi_slopes)
         if self.spec.position_bias is None:
-            return None
+            return None if alibi is None else alibi.to(dtype)[None]
         bias = self.spec.position_bias(self.original, t, s).detach().to(dtype)
         if bias.ndim != 3 or bias.shape[0] not in (1, self.weights.h) or tuple(bias.shape[1:]) != (t, s):
             raise AuditUsageError(f"spec {self.spec.name!r}: position_bias(module, {t}, {s}) gave shape "
                                   f"{tuple(bias.shape)}, expected (1 or {self.weights.h}, {t}, {s})")
-        return bias[None]
+        return (bias if alibi is None else bias + alibi.to(dtype))[None]
 
     def visible(self, keep: KeepMask | None, is_causal: bool, t: int, s: int
                 ) -> tuple[Bool[Tensor, "#b #h #t _"] | None, bool]:

@@ -1,0 +1,118 @@
+"""Attention variants the reference computes beyond plain softmax attention: ALiBi in the forms transformers uses
+(BLOOM's and Falcon's tensor passed into attention, MPT's position bias) and differential attention (DiffLlama).
+Each on a real class audited with zero lines of spec, and with a planted bug that fails the check that should
+catch it."""
+
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from typed_transformer.audit import audit_module
+from typed_transformer.audit._hf import hf_build, hf_spec
+from typed_transformer.positions import alibi_slopes
+from typed_transformer.strategies import randomize_parameters
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+
+QUICK: dict[str, Any] = {"max_examples": 4, "dtypes": (torch.float32,), "seed": 0}
+
+
+def _audit(module: nn.Module, **kwargs: Any) -> Any:
+    return audit_module(module, hf_spec(module), conventions="infer", **{**QUICK, **kwargs})
+
+
+def _built(cls: type, overrides: dict[str, Any] | None = None) -> Any:
+    return randomize_parameters(hf_build(cls, overrides), 0)
+
+
+@pytest.mark.parametrize(("model", "name", "overrides", "spec", "factor"), [
+    ("bloom", "BloomAttention", {}, "bloom", 1.0),
+    ("mpt", "MptAttention", {"n_heads": 6, "d_model": 24}, "mpt", 1.0),  # six heads: the interpolated slopes
+    ("falcon", "FalconAttention", {"alibi": True}, "falcon_alibi", "inv_norm_factor"),
+])
+def test_alibi_is_read_from_the_class_and_audited(model: str, name: str, overrides: dict[str, Any], spec: str,
+                                                  factor: Any) -> None:
+    import importlib
+
+    module = _built(getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name), overrides)
+    found = hf_spec(module)
+    assert (found.name, found.alibi is not None, found.rotary) == (spec, True, None)
+    assert found.alibi is not None
+    assert (found.alibi.form, found.alibi.factor) == ("key", factor)
+    report = _audit(module, checks=["reference", "causality", "masking", "incremental_decoding"])
+    assert report.passed, report.table()
+    assert report.status("incremental_decoding") == "PASS"
+
+
+def test_falcon_without_alibi_keeps_its_rotary_spec() -> None:
+    from transformers.models.falcon.modeling_falcon import FalconAttention
+
+    spec = hf_spec(_built(FalconAttention))
+    assert (spec.name, spec.alibi, spec.rotary is not None) == ("falcon", None, True)
+
+
+def test_the_falcon_spec_refuses_a_falcon_built_with_alibi() -> None:
+    from transformers.models.falcon.modeling_falcon import FalconAttention
+
+    from typed_transformer.audit import AuditUsageError
+
+    with pytest.raises(AuditUsageError, match=r"does not model FalconAttention's option alibi=True"):
+        audit_module(_built(FalconAttention, {"alibi": True}), "falcon", **QUICK)
+
+
+def test_mpt_with_clip_qkv_is_refused_by_name() -> None:
+    from transformers.models.mpt.modeling_mpt import MptAttention
+
+    from typed_transformer.audit import AuditUsageError
+
+    module = _built(MptAttention)
+    module.clip_qkv = 0.5
+    with pytest.raises(AuditUsageError, match=r"clip_qkv=0.5"):
+        audit_module(module, "mpt", **QUICK)
+
+
+def test_alibi_with_its_sign_flipped_fails_reference() -> None:
+    from transformers.models.mpt.modeling_mpt import MptAttention
+
+    class FlipsTheBias(MptAttention):
+        """Bug: the bias rewards distant keys (``+m |p - j|``)."""
+
+        def forward(self, hidden_states: Any, position_bias: Any, *args: Any, **kwargs: Any) -> Any:
+            return super().forward(hidden_states, -position_bias, *args, **kwargs)
+
+    report = _audit(_built(FlipsTheBias), checks=["reference"])
+    assert report.status("reference") == "FAIL", report.table()
+
+
+def test_alibi_slopes_not_interpolated_fail_reference() -> None:
+    from transformers.models.mpt.modeling_mpt import MptAttention
+
+    class GeometricSlopes(MptAttention):
+        """Bug: six heads get ``2^(-8 i / 6)``, not the paper's interpolation (which the tiny module needs)."""
+
+        def forward(self, hidden_states: Any, position_bias: Any, *args: Any, **kwargs: Any) -> Any:
+            slopes = torch.tensor([2.0 ** (-8 * i / self.n_heads) for i in range(1, self.n_heads + 1)])
+            keys = torch.arange(1 - position_bias.shape[-1], 1, dtype=torch.float32)
+            bias = (slopes[:, None, None] * keys).to(position_bias.dtype)
+            return super().forward(hidden_states, bias, *args, **kwargs)
+
+    assert not torch.allclose(torch.tensor([2.0 ** (-8 * i / 6) for i in range(1, 7)], dtype=torch.float64),
+                              alibi_slopes(6))
+    report = _audit(_built(GeometricSlopes, {"n_heads": 6, "d_model": 24}), checks=["reference"])
+    assert report.status("reference") == "FAIL", report.table()
+
+
+def test_alibi_added_after_the_scale_fails_reference() -> None:
+    from transformers.models.falcon.modeling_falcon import FalconAttention
+
+    class ScalesTheBiasTwice(FalconAttention):
+        """Bug: the bias reaches the logits with ``sqrt(d)`` times Falcon's slopes (added after the logit scale)."""
+
+        def forward(self, hidden_states: Any, alibi: Any, *args: Any, **kwargs: Any) -> Any:
+            return super().forward(hidden_states, alibi * math.sqrt(self.head_dim), *args, **kwargs)
+
+    report = _audit(_built(ScalesTheBiasTwice, {"alibi": True}), checks=["reference"])
+    assert report.status("reference") == "FAIL", report.table()
