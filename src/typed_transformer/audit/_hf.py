@@ -30,6 +30,7 @@ from ._hf_layouts import (
 from ._modules import (
     REBUILDS,
     SHIPPED_SPECS,
+    Differential,
     ModuleSpec,
     OutputGate,
     Rotary,
@@ -369,10 +370,23 @@ def _output_gate(module: nn.Module) -> OutputGate | None:
     return None
 
 
+def _differential(module: nn.Module) -> Differential | None:
+    """Differential attention (DiffLlama): ``attn_output1 - lambda_full * attn_output2`` over the two halves of the
+    heads, ``lambda_full`` from the learned ``lambda_q1 .. lambda_k2`` and ``lambda_init``."""
+    source = re.sub(r"\s+", " ", _forward_source(module))
+    forms = ("lambda_full = lambda_1 - lambda_2 + self.lambda_init", "attn_output1 - lambda_full * attn_output2",
+             "torch.chunk(attn_output, 2, dim=2)")
+    lambdas = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+    found = all(form in source for form in forms) and all(isinstance(getattr(module, n, None), Tensor) for n in lambdas)
+    return Differential() if found and isinstance(getattr(module, "lambda_init", None), float | int) else None
+
+
 def _sub_norm(module: nn.Module) -> str | None:
-    """A norm on the attention output before the output projection (BitNet's ``attn_sub_norm``): an RMSNorm or
-    LayerNorm child the class applies as ``attn_output = self.<name>(attn_output)``."""
-    found = re.search(r"attn_output = self\.(\w+)\(attn_output\)", _forward_source(module))
+    """A norm on the attention output before the output projection (BitNet's ``attn_sub_norm``; DiffLlama's
+    ``groupnorm``, before its ``(1 - lambda_init)``): an RMSNorm or LayerNorm child the class applies as
+    ``attn_output = self.<name>(attn_output)``."""
+    found = re.search(r"attn_output = (?:\(1 - self\.lambda_init\) \* )?self\.(\w+)\(attn_output\)",
+                      _forward_source(module))
     norm = None if found is None else getattr(module, found.group(1), None)
     if isinstance(norm, nn.LayerNorm) or type(norm).__name__.endswith("RMSNorm"):
         return found.group(1) if found is not None else None
@@ -647,7 +661,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
         q_norm=q_norm, k_norm=k_norm, window=None if window is None else int(window),
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
-        softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module))
+        softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
+        differential=_differential(module))
     if isinstance(v_scale, float | int) and v_scale != 1:  # MiMo-V2-Flash scales its values by a constant
         plain = spec
 

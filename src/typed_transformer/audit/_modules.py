@@ -144,6 +144,23 @@ class ALiBi:
     factor: float | str = 1.0
 
 
+@dataclass(frozen=True)
+class Differential:
+    """Differential attention (Ye et al., 2024, "Differential Transformer"; DiffLlama): query heads ``p`` and
+    ``p + h/2`` are the two maps of one differential head ``p``, whose value is the key/value heads ``j`` and
+    ``j + g/2`` side by side (``j`` the key/value head of query head ``p``, ``2 dv`` wide):
+    ``o_p = (softmax(s_p) - lambda softmax(s_{p + h/2})) [v_j; v_{j + g/2}]``, then the spec's ``sub_norm`` (the
+    paper's group norm, over each differential head) and ``(1 - lambda_init)``. ``lambda = exp(lambda_q1 . lambda_k1)
+    - exp(lambda_q2 . lambda_k2) + lambda_init``: the four attribute paths of the learned vectors and that of
+    ``lambda_init`` (or a number)."""
+
+    lambda_q1: str = "lambda_q1"
+    lambda_k1: str = "lambda_k1"
+    lambda_q2: str = "lambda_q2"
+    lambda_k2: str = "lambda_k2"
+    lambda_init: float | str = "lambda_init"
+
+
 #: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers
 #: the shipped ones here when the package loads (this module never imports it).
 SHIPPED_SPECS: dict[str, "ModuleSpec"] = {}
@@ -234,6 +251,8 @@ class ModuleSpec:
     #: ALiBi: a per-head linear bias of the key-query distance with the paper's slopes, added to the scaled logits
     #: (beside ``position_bias`` when both are given)
     alibi: ALiBi | None = None
+    #: differential attention (DiffLlama): two softmax maps per head subtracted with a learned lambda
+    differential: Differential | None = None
     #: ``unmodelled(module)``: the constructor options this module was built with that the spec does not model,
     #: each named (``"sparse_topk=2"``); a module with any is refused before any check runs
     unmodelled: Callable[[Any], list[str]] | None = None
@@ -510,6 +529,11 @@ class ModuleAdapter:
                                                else resolve(self.original, factor, spec.name))
             self.alibi_slopes = (rearrange(slopes, "(r g) -> (g r)", g=w.g) if spec.grouping == "r g" and w.g != w.h
                                  else slopes)
+        #: differential attention's ``(lambda, lambda_init)`` (None: plain attention)
+        self.differential = None if spec.differential is None else _lambdas(self.original, spec)
+        if self.differential is not None and (w.h % 2 or w.g % 2):
+            raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: differential "
+                                  f"attention pairs heads, and {w.h} query heads on {w.g} key/value heads do not pair")
         positional = [what for what, present in (("rotary positions", self.rotary is not None),
                                                   ("a position bias", spec.position_bias is not None
                                                    or spec.alibi is not None),
@@ -628,12 +652,20 @@ class ModuleAdapter:
         if bias is not None and self.weights.extra_k is not None:
             bias = torch.cat([bias, bias.new_zeros(*bias.shape[:-1], self.weights.extra_k.shape[0])], dim=-1)
         w = self.weights
+        if self.differential is not None:  # key/value head j carries the value of its differential head
+            half = torch.arange(w.g) % (w.g // 2)
+            v = torch.cat([v[:, half], v[:, half + w.g // 2]], dim=-1)
         # softmax_dtype: a variant the diagnosis tries, the softmax in a lower precision as many libraries compute it
         out = reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions, bias=bias,
                                   softcap=self.softcap, sinks=None if w.sinks is None else w.sinks.to(dtype),
                                   softmax_dtype=self.softmax_dtype)
+        if self.differential is not None:
+            lam, _ = self.differential
+            out = out[:, :w.h // 2] - lam * out[:, w.h // 2:]
         if self.sub_norm is not None:
             out = self.sub_norm(out)
+        if self.differential is not None:
+            out = (1 - self.differential[1]) * out
         out = rearrange(out, "b h t dv -> b t (h dv)")
         if w.wg is not None:
             x = ins[0].to(dtype)
@@ -690,6 +722,21 @@ class ModuleAdapter:
                 f"example = Example({fields})\n"
                 f"adapter = ModuleAdapter(module, spec, conventions={self.conventions!r})\n"
                 + repro_comparison(check))
+
+
+def _lambdas(module: Any, spec: ModuleSpec) -> tuple[float, float]:
+    """Differential attention's ``(lambda, lambda_init)``, read from the module in float64."""
+    assert spec.differential is not None
+    diff = spec.differential
+
+    def dot(q: str, k: str) -> Tensor:
+        vectors: list[Tensor] = [resolve(module, path, spec.name).detach().double() for path in (q, k)]
+        return (vectors[0] * vectors[1]).sum()
+
+    init = diff.lambda_init
+    init = float(init if isinstance(init, float | int) else resolve(module, init, spec.name))
+    lam = torch.exp(dot(diff.lambda_q1, diff.lambda_k1)) - torch.exp(dot(diff.lambda_q2, diff.lambda_k2)) + init
+    return float(lam), init
 
 
 def module_setup(module: Any, spec: ModuleSpec) -> str:

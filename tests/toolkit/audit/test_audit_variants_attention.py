@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from typed_transformer.audit import audit_module
-from typed_transformer.audit._hf import hf_build, hf_spec
+from typed_transformer.audit._hf import hf_build, hf_limits, hf_spec
 from typed_transformer.positions import alibi_slopes
 from typed_transformer.strategies import randomize_parameters
 
@@ -115,4 +115,47 @@ def test_alibi_added_after_the_scale_fails_reference() -> None:
             return super().forward(hidden_states, alibi * math.sqrt(self.head_dim), *args, **kwargs)
 
     report = _audit(_built(ScalesTheBiasTwice, {"alibi": True}), checks=["reference"])
+    assert report.status("reference") == "FAIL", report.table()
+
+
+def test_differential_attention_is_computed() -> None:
+    from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
+
+    module = _built(DiffLlamaAttention)
+    spec = hf_spec(module)
+    assert spec.differential is not None
+    assert spec.sub_norm == "groupnorm"
+    assert hf_limits(module) == []
+    report = _audit(module, checks=["reference", "causality", "masking", "incremental_decoding"])
+    assert report.passed, report.table()
+    assert report.status("incremental_decoding") == "PASS"
+
+
+def test_differential_attention_without_its_lambda_init_scale_fails_reference() -> None:
+    from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
+
+    assert _audit(_built(DiffLlamaAttention), checks=["reference"]).passed  # the class itself passes
+    module = _built(DiffLlamaAttention)
+    # Bug: the group norm's output reaches o_proj without the (1 - lambda_init) factor
+    module.groupnorm.register_forward_hook(lambda m, _args, out: out / (1 - module.lambda_init))
+    report = _audit(module, checks=["reference"])
+    assert report.status("reference") == "FAIL", report.table()
+
+
+def test_differential_attention_with_lambda_reversed_fails_reference() -> None:
+    from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
+
+    class ReversedLambda(DiffLlamaAttention):
+        """Bug: ``lambda = exp(lambda_q2 . lambda_k2) - exp(lambda_q1 . lambda_k1) + lambda_init``."""
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            one, two = (self.lambda_q1, self.lambda_k1), (self.lambda_q2, self.lambda_k2)
+            (self.lambda_q1, self.lambda_k1), (self.lambda_q2, self.lambda_k2) = two, one
+            try:
+                return super().forward(*args, **kwargs)
+            finally:
+                (self.lambda_q1, self.lambda_k1), (self.lambda_q2, self.lambda_k2) = one, two
+
+    assert _audit(_built(DiffLlamaAttention), checks=["reference"]).passed  # the class itself passes
+    report = _audit(_built(ReversedLambda), checks=["reference"])
     assert report.status("reference") == "FAIL", report.table()
