@@ -31,6 +31,7 @@ from ._modules import (
     REBUILDS,
     SHIPPED_SPECS,
     Differential,
+    Latent,
     ModuleSpec,
     OutputGate,
     Rotary,
@@ -45,7 +46,11 @@ from ._modules import (
 TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4,
                         "intermediate_size": 32, "num_hidden_layers": 1, "vocab_size": 64,
                         "max_position_embeddings": 64, "attention_dropout": 0.0, "attention_bias": False,
-                        "attention_hidden_size": 32, "rotary_dim": 2}
+                        "attention_hidden_size": 32, "rotary_dim": 2,
+                        # multi-head latent attention (DeepSeek V2/V3): heads of 4 + 4 query/key features (the
+                        # last 4 turned), values of 4, latents of 8
+                        "kv_lora_rank": 8, "q_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4,
+                        "v_head_dim": 4}
 
 _HF = Conventions(self_attention=True, fully_masked="uniform")
 _HF_CROSS = Conventions(fully_masked="uniform")
@@ -189,7 +194,7 @@ def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
 
 def _input_width(module: nn.Module, layout: Layout) -> int:
     """The width of the tokens the module takes: the input side of its query (or fused) projection."""
-    weight: Any = module.get_submodule(str(layout.q or layout.qkv)).weight
+    weight: Any = module.get_submodule(str(layout.q or layout.qkv or _LATENT.kv_a)).weight
     return int(weight.shape[0] if layout.transposed else weight.shape[1])
 
 
@@ -287,8 +292,9 @@ def _ignores_rotary(module: nn.Module, call: Callable[..., Tensor], width: int) 
         original = m.forward
 
         def identity(*args: Any, **kwargs: Any) -> Any:
-            cos, sin = kwargs["position_embeddings"]
-            kwargs["position_embeddings"] = (torch.ones_like(cos), torch.zeros_like(sin))
+            tables = kwargs["position_embeddings"]
+            kwargs["position_embeddings"] = (torch.ones_like(tables) if isinstance(tables, Tensor)  # complex turns
+                                             else (torch.ones_like(tables[0]), torch.zeros_like(tables[1])))
             return original(*args, **kwargs)
 
         m.forward = identity
@@ -323,6 +329,12 @@ def _frequencies(rotary_class: type, layer_type: str | None) -> Callable[[Any], 
 
 def _forward_source(module: nn.Module) -> str:
     return _source(type(module).forward)
+
+
+def _library_source(module: nn.Module) -> str:
+    """The source of ``forward`` of the module's class as transformers defines it (a user's subclass that wraps its
+    ``forward`` keeps the variant its base class computes)."""
+    return _source(getattr(_transformers_class(type(module)), "forward", None))
 
 
 def _softcap(module: nn.Module) -> str | None:
@@ -370,10 +382,49 @@ def _output_gate(module: nn.Module) -> OutputGate | None:
     return None
 
 
+#: the names DeepSeek V2/V3 give the parts of multi-head latent attention
+_LATENT = Latent()
+
+
+def _latent(module: nn.Module) -> Latent | None:
+    """Multi-head latent attention (DeepSeek V2/V3 and the models built like them): a compressed key/value projection
+    ``kv_a_proj_with_mqa`` with its norm and ``kv_b_proj``, the query full-rank (``q_proj``) or low-rank (``q_a_proj``,
+    ``q_a_layernorm``, ``q_b_proj``), the sizes as attributes; the source splits the latent from the shared rotary
+    key and concatenates each head's unturned and turned features."""
+    lat = _LATENT
+    parts = [lat.kv_a, lat.kv_norm, lat.kv_b] + ([lat.q] if getattr(module, lat.q, None) is not None
+                                                  else [lat.q_a, lat.q_norm, lat.q_b])
+    sizes = (lat.rank, lat.nope, lat.rope, lat.value, "num_heads", "scaling")
+    source = re.sub(r"\s+", " ", _library_source(module))
+    forms = (f"self.{lat.kv_a}(hidden_states)", "self.expand_kv(", "torch.cat((q_")
+    if (all(isinstance(getattr(module, p, None), nn.Module) for p in parts)
+            and all(isinstance(getattr(module, n, None), int | float) for n in sizes)
+            and all(form in source for form in forms)
+            and "kv_b_proj(kv_nope)" in _source(getattr(type(module), "expand_kv", None))):
+        return lat
+    return None
+
+
+def _latent_layout() -> Layout:
+    """The layout of a latent attention class: its output projection and sizes (its projections: :class:`Latent`)."""
+    return Layout("", None, None, None, None, "o_proj", False, "num_heads", None, None, "scaling")
+
+
+def _latent_style(module: nn.Module) -> Literal["half", "interleaved"]:
+    """The pairing of a latent attention class's rotary features: DeepSeek V2 turns complex pairs
+    ``(x[2i], x[2i+1])`` (``view_as_complex``); V3 does when its config's ``rope_interleave`` is set (its output laid
+    out de-interleaved, the same permutation of q and k, which leaves ``q . k`` unchanged), else ``rotate_half``."""
+    modeling = _source(_modeling(type(module)).__dict__.get("apply_rotary_emb"))
+    if "view_as_complex" in modeling and "apply_rotary_emb(" in _library_source(module):
+        return "interleaved"
+    interleave = getattr(getattr(module, "config", None), "rope_interleave", False)
+    return "interleaved" if interleave and "rope_interleave" in _library_source(module) else "half"
+
+
 def _differential(module: nn.Module) -> Differential | None:
     """Differential attention (DiffLlama): ``attn_output1 - lambda_full * attn_output2`` over the two halves of the
     heads, ``lambda_full`` from the learned ``lambda_q1 .. lambda_k2`` and ``lambda_init``."""
-    source = re.sub(r"\s+", " ", _forward_source(module))
+    source = re.sub(r"\s+", " ", _library_source(module))
     forms = ("lambda_full = lambda_1 - lambda_2 + self.lambda_init", "attn_output1 - lambda_full * attn_output2",
              "torch.chunk(attn_output, 2, dim=2)")
     lambdas = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
@@ -386,7 +437,7 @@ def _sub_norm(module: nn.Module) -> str | None:
     ``groupnorm``, before its ``(1 - lambda_init)``): an RMSNorm or LayerNorm child the class applies as
     ``attn_output = self.<name>(attn_output)``."""
     found = re.search(r"attn_output = (?:\(1 - self\.lambda_init\) \* )?self\.(\w+)\(attn_output\)",
-                      _forward_source(module))
+                      _library_source(module))
     norm = None if found is None else getattr(module, found.group(1), None)
     if isinstance(norm, nn.LayerNorm) or type(norm).__name__.endswith("RMSNorm"):
         return found.group(1) if found is not None else None
@@ -454,7 +505,9 @@ def hf_limits(module: nn.Module) -> list[str]:
     if getattr(module, "sinks", None) is not None and _sinks(module) is None:
         limits.append("attention sinks")
     gate = _output_gate(module)
-    read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module),
+    latent = [] if _latent(module) is None else [getattr(_LATENT, f) for f in ("q", "q_a", "q_norm", "q_b", "kv_a",
+                                                                              "kv_norm", "kv_b")]
+    read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module), *latent,
             *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or ""}
     for name, child in module.named_children():
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity):
@@ -520,7 +573,8 @@ def _memory_arg(module: nn.Module, core: Any, signature: Any, cross: bool | None
 def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     cls = type(module)
     q_norm, k_norm = _norm_paths(module)
-    layout = find_layout(module, (q_norm, k_norm))
+    latent = _latent(module)
+    layout = _latent_layout() if latent is not None else find_layout(module, (q_norm, k_norm))
     core: Any = module.get_submodule(layout.core.rstrip(".")) if layout.core else module
     if layout.core:
         q_norm, k_norm = (None if n is None else layout.core + n for n in _norm_paths(core))
@@ -566,14 +620,17 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         result: Tensor = out[0] if isinstance(out, tuple) else out
         return result - x if residual else result
 
-    def rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+    def rotary(m: Any, x: Tensor, offset: int) -> Any:
         assert rotary_class is not None
         embedding = rotary_class(config=m.config)
         n = m.config.num_attention_heads if heads else x.shape[1]
         positions = torch.arange(0 if heads else offset, (0 if heads else offset) + n)[None].expand(x.shape[0], -1)
         extra = ({"layer_type": _layer_type(m)} if "layer_type" in inspect.signature(embedding.forward).parameters
                  else {})
-        cos, sin = embedding(x, positions, **extra)
+        tables = embedding(x, positions, **extra)
+        if isinstance(tables, Tensor):  # DeepSeek V2's complex turns exp(i p theta), as its model passes them
+            return tables
+        cos, sin = tables
         return cos.to(x.dtype), sin.to(x.dtype)
 
     def call(m: Any, x: Tensor, mask: Tensor | None, offset: int, cache: Any = None) -> Tensor:
@@ -653,7 +710,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     spec = ModuleSpec(
         f"hf:{cls.__name__}", forward, _HF if self_attention else _HF_CROSS,
         **{**layout.fields(), **({"scale": split} if (split := _split_scale(module)) is not None else {})},
-        rotary=(Rotary(theta, _rotary_style(module), fraction=_rotary_fraction(core), frequencies=frequencies)
+        rotary=(Rotary(theta, _latent_style(module) if latent else _rotary_style(module),
+                       fraction=_rotary_fraction(core), frequencies=frequencies)
                 if (takes_rotary or internal) and theta is not None and not heads else None),
         decode=decode if cache_arg is not None and self_attention and _decodes(core) else None,
         build=lambda c, overrides: hf_build(c, overrides, cross=memory_arg is not None),
@@ -662,7 +720,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         q_norm=q_norm, k_norm=k_norm, window=None if window is None else int(window),
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
-        differential=_differential(module))
+        differential=_differential(module), latent=latent)
     if isinstance(v_scale, float | int) and v_scale != 1:  # MiMo-V2-Flash scales its values by a constant
         plain = spec
 

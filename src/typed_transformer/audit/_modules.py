@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from einops import einsum, rearrange
+from einops import einsum, rearrange, repeat
 from jaxtyping import Bool, Float, Float64
 from torch import Tensor, nn
 
@@ -161,6 +161,29 @@ class Differential:
     lambda_init: float | str = "lambda_init"
 
 
+@dataclass(frozen=True)
+class Latent:
+    """Multi-head latent attention (DeepSeek-V2, 2024; DeepSeek V2/V3): keys and values come from one compressed
+    latent ``c = RMSNorm(x W_kva^c)`` of ``rank`` features per token, ``[k_nope_h; v_h] = c W_kvb`` for each head;
+    the rotary part of the keys ``k_rope = x W_kva^r`` (``rope`` features, the rows of ``kv_a`` after the latent's) is
+    one for every head. Each head's query is ``[q_nope_h; q_rope_h]``, from ``q`` (a full-rank projection) or, where
+    that attribute is None, from the low-rank ``q_b(RMSNorm(q_a(x)))``; its key ``[k_nope_h; k_rope]``. The rotary
+    embedding turns the last ``rope`` features of each query and key. Attribute paths of the module's layers and
+    sizes."""
+
+    q: str = "q_proj"
+    q_a: str = "q_a_proj"
+    q_norm: str = "q_a_layernorm"
+    q_b: str = "q_b_proj"
+    kv_a: str = "kv_a_proj_with_mqa"
+    kv_norm: str = "kv_a_layernorm"
+    kv_b: str = "kv_b_proj"
+    rank: str = "kv_lora_rank"
+    nope: str = "qk_nope_head_dim"
+    rope: str = "qk_rope_head_dim"
+    value: str = "v_head_dim"
+
+
 #: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers
 #: the shipped ones here when the package loads (this module never imports it).
 SHIPPED_SPECS: dict[str, "ModuleSpec"] = {}
@@ -253,6 +276,9 @@ class ModuleSpec:
     alibi: ALiBi | None = None
     #: differential attention (DiffLlama): two softmax maps per head subtracted with a learned lambda
     differential: Differential | None = None
+    #: multi-head latent attention (DeepSeek V2/V3): where its low-rank projections are; ``weights`` is then
+    #: :func:`latent_weights` and the reference projects through the latent itself
+    latent: Latent | None = None
     #: ``unmodelled(module)``: the constructor options this module was built with that the spec does not model,
     #: each named (``"sparse_topk=2"``); a module with any is refused before any check runs
     unmodelled: Callable[[Any], list[str]] | None = None
@@ -304,6 +330,8 @@ def spec_weights(module: Any, spec: ModuleSpec) -> Weights:
     """Read the module's projections as the spec describes them."""
     if spec.weights is not None:
         return spec.weights(module)
+    if spec.latent is not None:
+        return latent_weights(module, spec)
     h = int(resolve(module, spec.num_heads, spec.name))
     g = h if spec.num_kv_heads is None else int(resolve(module, spec.num_kv_heads, spec.name))
     if spec.qkv is not None:
@@ -370,6 +398,60 @@ def spec_weights(module: Any, spec: ModuleSpec) -> Weights:
     scale = 1.0 / math.sqrt(d) if spec.scale is None else float(
         spec.scale if isinstance(spec.scale, float | int) else resolve(module, spec.scale, spec.name))
     return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, g, d, dv, scale, wg=wg, bg=bg, sinks=sinks)
+
+
+def latent_weights(module: Any, spec: ModuleSpec) -> Weights:
+    """A latent attention module's sizes (``h`` heads of ``nope + rope`` query/key features and ``value`` value
+    features, one key/value head per query head) and output projection. Its queries, keys and values are not linear
+    in ``x`` (RMSNorms inside): the reference computes them with :func:`latent_projections`; ``wq``, ``wk`` and ``wv``
+    are the linear maps with those norms left out, kept only for their shapes."""
+    assert spec.latent is not None
+    lat, name = spec.latent, spec.name
+    h = int(resolve(module, spec.num_heads, name))
+    nope, rope, dv, rank = (int(resolve(module, path, name)) for path in (lat.nope, lat.rope, lat.value, lat.rank))
+    q_full = resolve(module, lat.q, name)
+    wq = (_linear(module, lat.q, spec)[0] if q_full is not None
+          else _linear(module, lat.q_b, spec)[0] @ _linear(module, lat.q_a, spec)[0])
+    wa, wb = _linear(module, lat.kv_a, spec)[0], _linear(module, lat.kv_b, spec)[0]
+    kv = rearrange(wb @ wa[:rank], "(h n) e -> h n e", h=h)
+    wk = rearrange(torch.cat([kv[:, :nope], wa[rank:][None].expand(h, rope, wa.shape[1])], dim=1), "h d e -> (h d) e")
+    wo, bo = (None, None) if spec.out is None else _linear(module, spec.out, spec)
+    scale = 1.0 / math.sqrt(nope + rope) if spec.scale is None else float(
+        spec.scale if isinstance(spec.scale, float | int) else resolve(module, spec.scale, name))
+    return Weights(wq, wk, rearrange(kv[:, nope:], "h n e -> (h n) e"), wo, None, None, None, bo, h, h, nope + rope,
+                   dv, scale)
+
+
+def latent_projections(module: Any, spec: ModuleSpec) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """``project(x (b, t, e)) -> (q (b, h, t, d), k (b, h, t, d), v (b, h, t, dv))`` of a latent attention module
+    (:class:`Latent`), before the rotary embedding, in ``x``'s dtype (the norms in float64, as :func:`_norm`)."""
+    assert spec.latent is not None
+    lat, name = spec.latent, spec.name
+    h = int(resolve(module, spec.num_heads, name))
+    nope, rank = int(resolve(module, lat.nope, name)), int(resolve(module, lat.rank, name))
+    full = resolve(module, lat.q, name) is not None
+    layers = {path: _linear(module, path, spec) for path in ((lat.q,) if full else (lat.q_a, lat.q_b))
+              + (lat.kv_a, lat.kv_b)}
+    kv_norm, q_norm = _norm(module, lat.kv_norm, spec), None if full else _norm(module, lat.q_norm, spec)
+
+    def lin(z: Tensor, path: str) -> Tensor:
+        weight, bias = layers[path]
+        y = einsum(z, weight.to(z.dtype), "b t e, o e -> b t o")
+        return y if bias is None else y + bias.to(z.dtype)
+
+    def norm(f: Callable[[Tensor], Tensor] | None, z: Tensor) -> Tensor:
+        assert f is not None
+        return f(z[:, None])[:, 0]  # the norm works on (b, h, t, d): one "head"
+
+    def project(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q = lin(x, lat.q) if full else lin(norm(q_norm, lin(x, lat.q_a)), lat.q_b)
+        compressed = lin(x, lat.kv_a)
+        kv = rearrange(lin(norm(kv_norm, compressed[..., :rank]), lat.kv_b), "b s (h n) -> b h s n", h=h)
+        k_rope = repeat(compressed[..., rank:], "b s r -> b h s r", h=h)
+        return (rearrange(q, "b t (h d) -> b h t d", h=h), torch.cat([kv[..., :nope], k_rope], dim=-1),
+                kv[..., nope:])
+
+    return project
 
 
 def _split_groups(w: Tensor, g: int, r: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -505,6 +587,10 @@ class ModuleAdapter:
             if spec.rotary.frequencies is not None:
                 inverse, magnitude = spec.rotary.frequencies(self.original)
                 self.rotary_frequencies = (inverse.detach().double(), float(magnitude))
+        #: a latent attention module's projections (None: linear ones, from :attr:`weights`)
+        self.latent = None if spec.latent is None else latent_projections(self.original, spec)
+        if spec.latent is not None and self.rotary is not None:  # the last ``rope`` features of each head turn
+            self.rotary_dims, self.rotary_last = int(resolve(self.original, spec.latent.rope, spec.name)), True
         window = spec.window
         if isinstance(window, str):
             window = resolve(self.original, window, spec.name)  # None: this module has no window
@@ -577,9 +663,12 @@ class ModuleAdapter:
             y = einsum(z, weight.to(dtype), "b t e, o e -> b t o")
             return y if bias is None else y + bias.to(dtype)
 
-        q = rearrange(lin(x, w.wq, w.bq), "b t (h d) -> b h t d", h=w.h)
-        k = rearrange(lin(key, w.wk, w.bk), "b s (g d) -> b g s d", g=w.g)
-        v = rearrange(lin(value, w.wv, w.bv), "b s (g d) -> b g s d", g=w.g)
+        if self.latent is not None:  # self-attention through a compressed latent: x gives q, k and v
+            q, k, v = self.latent(x)
+        else:
+            q = rearrange(lin(x, w.wq, w.bq), "b t (h d) -> b h t d", h=w.h)
+            k = rearrange(lin(key, w.wk, w.bk), "b s (g d) -> b g s d", g=w.g)
+            v = rearrange(lin(value, w.wv, w.bv), "b s (g d) -> b g s d", g=w.g)
         after = self.spec.norms_after_rotary
         if "q" in self.norms and not after:
             q = self.norms["q"](q)

@@ -3,6 +3,7 @@
 Each on a real class audited with zero lines of spec, and with a planted bug that fails the check that should
 catch it."""
 
+import functools
 import math
 from typing import Any
 
@@ -148,7 +149,8 @@ def test_differential_attention_with_lambda_reversed_fails_reference() -> None:
     class ReversedLambda(DiffLlamaAttention):
         """Bug: ``lambda = exp(lambda_q2 . lambda_k2) - exp(lambda_q1 . lambda_k1) + lambda_init``."""
 
-        def forward(self, *args: Any, **kwargs: Any) -> Any:
+        @functools.wraps(DiffLlamaAttention.forward)  # its signature: hf_spec reads the arguments forward takes
+        def forward(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
             one, two = (self.lambda_q1, self.lambda_k1), (self.lambda_q2, self.lambda_k2)
             (self.lambda_q1, self.lambda_k1), (self.lambda_q2, self.lambda_k2) = two, one
             try:
@@ -157,5 +159,63 @@ def test_differential_attention_with_lambda_reversed_fails_reference() -> None:
                 (self.lambda_q1, self.lambda_k1), (self.lambda_q2, self.lambda_k2) = one, two
 
     assert _audit(_built(DiffLlamaAttention), checks=["reference"]).passed  # the class itself passes
-    report = _audit(_built(ReversedLambda), checks=["reference"])
+    bugged = _built(ReversedLambda)
+    assert hf_spec(bugged).differential is not None  # read from the class it subclasses
+    report = _audit(bugged, checks=["reference"])
     assert report.status("reference") == "FAIL", report.table()
+
+
+#: DeepSeek's attention expands its latent to every query head, then repeats the heads again by
+#: ``num_attention_heads // num_key_value_heads``: it runs only with as many key/value heads as query heads
+MLA_HEADS = {"num_key_value_heads": 4}
+
+
+@pytest.mark.parametrize(("model", "name", "overrides", "style"), [
+    ("deepseek_v2", "DeepseekV2Attention", {}, "interleaved"),  # low-rank query, complex turns
+    ("deepseek_v2", "DeepseekV2Attention", {"q_lora_rank": None}, "interleaved"),  # full-rank query
+    ("deepseek_v3", "DeepseekV3Attention", {}, "interleaved"),  # rope_interleave (its default)
+    ("deepseek_v3", "DeepseekV3Attention", {"rope_interleave": False, "q_lora_rank": None}, "half"),
+])
+def test_latent_attention_is_computed(model: str, name: str, overrides: dict[str, Any], style: str) -> None:
+    import importlib
+
+    cls = getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name)
+    module = _built(cls, {**MLA_HEADS, **overrides})
+    spec = hf_spec(module)
+    assert spec.latent is not None
+    assert spec.rotary is not None
+    assert spec.rotary.style == style
+    assert hf_limits(module) == []
+    report = _audit(module, checks=["reference", "causality", "rope", "incremental_decoding"])
+    assert report.passed, report.table()
+    assert report.status("incremental_decoding") == report.status("rope") == "PASS"
+
+
+def test_latent_attention_without_its_latent_norm_fails_reference() -> None:
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
+
+    module = _built(DeepseekV3Attention, MLA_HEADS)
+    assert _audit(module, checks=["reference"]).passed  # the class itself passes
+    module.kv_a_layernorm.register_forward_hook(lambda _m, args, _out: args[0])  # Bug: the latent is not normalised
+    report = _audit(module, checks=["reference"])
+    assert report.status("reference") == "FAIL", report.table()
+
+
+def test_latent_attention_with_the_other_rotary_pairing_fails_rope() -> None:
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
+
+    class HalfPairs(DeepseekV3Attention):
+        """Bug: turns (x[i], x[i + d/2]) pairs where its config says interleaved (x[2i], x[2i+1])."""
+
+        @functools.wraps(DeepseekV3Attention.forward)
+        def forward(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            self.config.rope_interleave = False
+            try:
+                return super().forward(*args, **kwargs)
+            finally:
+                self.config.rope_interleave = True
+
+    bugged = _built(HalfPairs, MLA_HEADS)
+    assert hf_spec(bugged).latent is not None  # read from the class it subclasses
+    report = _audit(bugged, checks=["reference", "rope"])
+    assert report.status("rope") == "FAIL", report.table()
