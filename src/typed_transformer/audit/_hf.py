@@ -33,10 +33,12 @@ from ._modules import (
     Differential,
     Latent,
     ModuleSpec,
+    MRope,
     OutputGate,
     Rotary,
     Weights,
     additive_mask,
+    mrope_positions,
     spec_weights,
     with_causal,
 )
@@ -405,6 +407,17 @@ def _latent(module: nn.Module) -> Latent | None:
     return None
 
 
+def _mrope(module: nn.Module) -> MRope | None:
+    """M-RoPE with its sections in consecutive blocks (Qwen2-VL, Qwen2.5-VL, GLM-4V): the model's rotary class
+    recomposes its frequencies as ``cat([m[i % 3] for i, m in enumerate(freq.split(self.mrope_section))])`` and the
+    config's rope parameters give ``mrope_section``. Interleaved sections (Qwen3-VL's) are another layout: not read
+    (audited with text positions, as 1-D rotary)."""
+    rotary = _rotary_class(module)
+    source = re.sub(r"\s+", " ", _source(rotary))
+    form = "torch.cat([m[i % 3] for i, m in enumerate(freq.split(self.mrope_section, dim=-1))], dim=-1)"
+    return MRope() if form in source and "mrope_section" in _rope_params(module) else None
+
+
 def _latent_layout() -> Layout:
     """The layout of a latent attention class: its output projection and sizes (its projections: :class:`Latent`)."""
     return Layout("", None, None, None, None, "o_proj", False, "num_heads", None, None, "scaling")
@@ -502,6 +515,9 @@ def hf_limits(module: nn.Module) -> list[str]:
     for name in ("attn_logit_softcapping", "logit_softcapping"):
         if getattr(config, name, None) and _softcap(module) is None:
             limits.append(name)
+    if uses_rotary and "mrope_section" in _rope_params(module) and _mrope(module) is None:
+        limits.append("M-RoPE sections of another layout than consecutive blocks (Qwen3-VL's interleaved): audited "
+                      "with text positions only (1-D rotary)")
     if getattr(module, "sinks", None) is not None and _sinks(module) is None:
         limits.append("attention sinks")
     gate = _output_gate(module)
@@ -574,6 +590,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     cls = type(module)
     q_norm, k_norm = _norm_paths(module)
     latent = _latent(module)
+    mrope = _mrope(module)
     layout = _latent_layout() if latent is not None else find_layout(module, (q_norm, k_norm))
     core: Any = module.get_submodule(layout.core.rstrip(".")) if layout.core else module
     if layout.core:
@@ -625,6 +642,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         embedding = rotary_class(config=m.config)
         n = m.config.num_attention_heads if heads else x.shape[1]
         positions = torch.arange(0 if heads else offset, (0 if heads else offset) + n)[None].expand(x.shape[0], -1)
+        if mrope is not None:  # 3-D positions (temporal, height, width): an image grid, not text
+            positions = mrope_positions(offset, n)[:, None].expand(3, x.shape[0], n)
         extra = ({"layer_type": _layer_type(m)} if "layer_type" in inspect.signature(embedding.forward).parameters
                  else {})
         tables = embedding(x, positions, **extra)
@@ -720,7 +739,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         q_norm=q_norm, k_norm=k_norm, window=None if window is None else int(window),
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
-        differential=_differential(module), latent=latent)
+        differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None)
     if isinstance(v_scale, float | int) and v_scale != 1:  # MiMo-V2-Flash scales its values by a constant
         plain = spec
 

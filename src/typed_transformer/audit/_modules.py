@@ -184,6 +184,26 @@ class Latent:
     value: str = "v_head_dim"
 
 
+def mrope_positions(offset: int, n: int) -> Tensor:
+    """The 3-D positions ``(3, n)`` (temporal, height, width) the audit gives tokens ``offset .. offset + n - 1`` of an
+    M-RoPE module: frames of a 2 x 2 image grid, token ``i`` at ``(f, f + (i // 2) % 2, f + i % 2)`` with
+    ``f = i // 4`` (as Qwen2-VL numbers an image's patches: each axis from the grid's first position on). No two axes
+    agree on every token, so a module that turns every frequency by one axis fails."""
+    i = torch.arange(offset, offset + n)
+    frame = i // 4
+    return torch.stack([frame, frame + (i // 2) % 2, frame + i % 2])
+
+
+@dataclass(frozen=True)
+class MRope:
+    """M-RoPE (Qwen2-VL, 2024): the rotary frequencies split into consecutive sections (``sections``: their sizes, a
+    tuple or an attribute path such as ``"config.rope_parameters.mrope_section"``, summing to ``d/2``); section ``i``
+    turns by axis ``i mod 3`` of each token's 3-D position (temporal, height, width). The audit gives the tokens
+    :func:`mrope_positions` (``positions(module, offset, n) -> (3, n)`` in the spec's forward too)."""
+
+    sections: str | tuple[int, ...] = "config.rope_parameters.mrope_section"
+
+
 #: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers
 #: the shipped ones here when the package loads (this module never imports it).
 SHIPPED_SPECS: dict[str, "ModuleSpec"] = {}
@@ -279,6 +299,9 @@ class ModuleSpec:
     #: multi-head latent attention (DeepSeek V2/V3): where its low-rank projections are; ``weights`` is then
     #: :func:`latent_weights` and the reference projects through the latent itself
     latent: Latent | None = None
+    #: M-RoPE with 3-D positions (Qwen2-VL): each frequency section turns by its own axis of
+    #: :func:`mrope_positions`; the spec's forward passes the module those positions
+    mrope: MRope | None = None
     #: ``unmodelled(module)``: the constructor options this module was built with that the spec does not model,
     #: each named (``"sparse_topk=2"``); a module with any is refused before any check runs
     unmodelled: Callable[[Any], list[str]] | None = None
@@ -591,6 +614,16 @@ class ModuleAdapter:
         self.latent = None if spec.latent is None else latent_projections(self.original, spec)
         if spec.latent is not None and self.rotary is not None:  # the last ``rope`` features of each head turn
             self.rotary_dims, self.rotary_last = int(resolve(self.original, spec.latent.rope, spec.name)), True
+        #: M-RoPE: the axis (0, 1, 2) of the 3-D position each rotated frequency turns by (None: 1-D positions)
+        self.mrope_axes: Tensor | None = None
+        if spec.mrope is not None and self.rotary is not None:
+            sections = spec.mrope.sections
+            sizes = [int(n) for n in (sections if isinstance(sections, tuple) else resolve(self.original, sections,
+                                                                                           spec.name))]
+            if sum(sizes) != self.rotary_dims // 2:
+                raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: M-RoPE sections "
+                                      f"{sizes} do not sum to the {self.rotary_dims // 2} rotated frequencies")
+            self.mrope_axes = torch.cat([torch.full((n,), i % 3) for i, n in enumerate(sizes)])
         window = spec.window
         if isinstance(window, str):
             window = resolve(self.original, window, spec.name)  # None: this module has no window
@@ -694,8 +727,12 @@ class ModuleAdapter:
         d = x.shape[-1]
         low, high = (d - self.rotary_dims, d) if self.rotary_last else (0, self.rotary_dims)
         inverse, magnitude = self.rotary_frequencies or (None, 1.0)
+        positions = None
+        if self.mrope_axes is not None:  # each frequency turns by its section's axis of the 3-D positions
+            grid = mrope_positions(offset, x.shape[2]).double()
+            positions = grid[self.mrope_axes].T  # (t, frequencies)
         rotated = rotate(x[..., low:high], *self.rotary, offset=offset, tables=self.rotary_tables,
-                         frequencies=inverse, magnitude=magnitude)
+                         frequencies=inverse, magnitude=magnitude, positions=positions)
         return torch.cat([x[..., :low], rotated, x[..., high:]], dim=-1)
 
     def _memory(self, ins: Inputs) -> Inputs:

@@ -219,3 +219,53 @@ def test_latent_attention_with_the_other_rotary_pairing_fails_rope() -> None:
     assert hf_spec(bugged).latent is not None  # read from the class it subclasses
     report = _audit(bugged, checks=["reference", "rope"])
     assert report.status("rope") == "FAIL", report.table()
+
+
+#: heads of 6: three rotated frequencies, one per M-RoPE section (temporal, height, width)
+MROPE_HEADS = {"head_dim": 6, "hidden_size": 24}
+
+
+@pytest.mark.parametrize(("model", "name"), [("qwen2_vl", "Qwen2VLAttention"),
+                                             ("qwen2_5_vl", "Qwen2_5_VLAttention")])
+def test_mrope_is_computed_with_3d_positions(model: str, name: str) -> None:
+    import importlib
+
+    from typed_transformer.audit._modules import ModuleAdapter, mrope_positions
+
+    module = _built(getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name),
+                    MROPE_HEADS)
+    spec = hf_spec(module)
+    assert spec.mrope is not None
+    assert hf_limits(module) == []
+    axes = ModuleAdapter(module, spec).mrope_axes
+    assert axes is not None
+    assert axes.tolist() == [0, 1, 2]
+    grid = mrope_positions(0, 8)
+    assert not any(torch.equal(grid[a], grid[b]) for a, b in ((0, 1), (0, 2), (1, 2)))  # not text positions
+    report = _audit(module, checks=["reference", "causality", "rope", "incremental_decoding"])
+    assert report.passed, report.table()
+    assert report.status("incremental_decoding") == report.status("rope") == "PASS"
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_mrope_turning_every_section_by_one_axis_fails_reference(axis: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLAttention, Qwen2VLRotaryEmbedding
+
+    module = _built(Qwen2VLAttention, MROPE_HEADS)
+    assert _audit(module, checks=["reference"]).passed  # the class itself passes
+
+    def one_axis(self: Any, freq: torch.Tensor) -> torch.Tensor:
+        """Bug: every frequency turns by the same axis of the 3-D positions (text positions where it is 0)."""
+        return torch.cat((freq[axis], freq[axis]), dim=-1)
+
+    monkeypatch.setattr(Qwen2VLRotaryEmbedding, "recomposition_frequencies", one_axis)
+    report = _audit(module, checks=["reference"])
+    assert report.status("reference") == "FAIL", report.table()
+
+
+def test_interleaved_mrope_sections_are_named_as_a_limit() -> None:
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextAttention
+
+    module = _built(Qwen3VLTextAttention, MROPE_HEADS)
+    assert hf_spec(module).mrope is None
+    assert any("M-RoPE sections of another layout" in limit for limit in hf_limits(module))
