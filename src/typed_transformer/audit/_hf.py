@@ -415,7 +415,22 @@ def _mrope(module: nn.Module) -> MRope | None:
     rotary = _rotary_class(module)
     source = re.sub(r"\s+", " ", _source(rotary))
     form = "torch.cat([m[i % 3] for i, m in enumerate(freq.split(self.mrope_section, dim=-1))], dim=-1)"
+    axial = ("freq_h, freq_w = (m[:, i % 2] for i, m in enumerate(freq.chunk(2, dim=-1)))",
+             "torch.cat([freq_h, freq_w], dim=-1)", "inv_freq_2d = torch.cat([inv_freq[0::2], inv_freq[1::2]])")
+    if all(part in source for part in axial) and _rope_type(module) == "axial":
+        return _AXIAL
     return MRope() if form in source and "mrope_section" in _rope_params(module) else None
+
+
+def _axial_sections(module: Any) -> tuple[int, int]:
+    """Pixtral's axial sections: the first half of the rotated frequencies turned by the height, the rest by the
+    width (its inverse frequencies ``base^(-2i/d)``, the even-indexed ones first: read from its rotary class)."""
+    quarter = int(module.head_dim) // 4
+    return quarter, quarter
+
+
+#: axial rotary (Pixtral): the frequencies in two halves, turned by height then width (2-D M-RoPE)
+_AXIAL = MRope(sections=_axial_sections, axes=(1, 2))
 
 
 def _latent_layout() -> Layout:
@@ -508,7 +523,7 @@ def hf_limits(module: nn.Module) -> list[str]:
     limits = []
     uses_rotary = "position_embeddings" in inspect.signature(type(module).forward).parameters
     kind = _rope_type(module)
-    if uses_rotary and kind not in _STATIC_ROPE:
+    if uses_rotary and kind not in _STATIC_ROPE and _mrope(module) != _AXIAL:
         limits.append(f"rope_type {kind!r} (" + ("frequencies recomputed from each call's length"
                                                  if kind in ("dynamic", "longrope") else
                                                  "frequencies of a kind the reference does not read") + ")")
@@ -642,7 +657,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         embedding = rotary_class(config=m.config)
         n = m.config.num_attention_heads if heads else x.shape[1]
         positions = torch.arange(0 if heads else offset, (0 if heads else offset) + n)[None].expand(x.shape[0], -1)
-        if mrope is not None:  # 3-D positions (temporal, height, width): an image grid, not text
+        if mrope == _AXIAL:  # (height, width) of each patch, shared by the batch
+            positions = mrope_positions(offset, n)[1:].T
+        elif mrope is not None:  # 3-D positions (temporal, height, width): an image grid, not text
             positions = mrope_positions(offset, n)[:, None].expand(3, x.shape[0], n)
         extra = ({"layer_type": _layer_type(m)} if "layer_type" in inspect.signature(embedding.forward).parameters
                  else {})
@@ -724,8 +741,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     turn, normed = source.find("apply_rotary_pos_emb("), source.find(f"self.{q_norm}(") if q_norm else -1
     v_scale = getattr(module, "v_scale", None)
     # Llama 3's or YaRN's frequencies: read from the module's own rotary class (the default: from the base alone)
-    frequencies = (_frequencies(rotary_class, _layer_type(module))
-                   if takes_rotary and rotary_class is not None and _rope_type(module) in _STATIC_ROPE[1:] else None)
+    frequencies = (_frequencies(rotary_class, _layer_type(module)) if takes_rotary and rotary_class is not None and (
+        _rope_type(module) in _STATIC_ROPE[1:] or mrope == _AXIAL) else None)
     spec = ModuleSpec(
         f"hf:{cls.__name__}", forward, _HF if self_attention else _HF_CROSS,
         **{**layout.fields(), **({"scale": split} if (split := _split_scale(module)) is not None else {})},

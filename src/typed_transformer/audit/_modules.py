@@ -197,11 +197,14 @@ def mrope_positions(offset: int, n: int) -> Tensor:
 @dataclass(frozen=True)
 class MRope:
     """M-RoPE (Qwen2-VL, 2024): the rotary frequencies split into consecutive sections (``sections``: their sizes, a
-    tuple or an attribute path such as ``"config.rope_parameters.mrope_section"``, summing to ``d/2``); section ``i``
-    turns by axis ``i mod 3`` of each token's 3-D position (temporal, height, width). The audit gives the tokens
-    :func:`mrope_positions` (``positions(module, offset, n) -> (3, n)`` in the spec's forward too)."""
+    tuple, an attribute path such as ``"config.rope_parameters.mrope_section"`` or ``sections(module)``, summing to
+    ``d/2``); section ``i`` turns by axis ``i mod 3`` of each token's 3-D position (temporal, height, width), or by
+    axis ``axes[i]``. Axial rotary (Pixtral) is the 2-D case: two sections, turned by height and by width
+    (``axes=(1, 2)``). The audit gives the tokens :func:`mrope_positions` (the spec's forward passes the module
+    those positions too)."""
 
-    sections: str | tuple[int, ...] = "config.rope_parameters.mrope_section"
+    sections: str | tuple[int, ...] | Callable[[Any], Sequence[int]] = "config.rope_parameters.mrope_section"
+    axes: tuple[int, ...] | None = None
 
 
 #: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers
@@ -617,13 +620,14 @@ class ModuleAdapter:
         #: M-RoPE: the axis (0, 1, 2) of the 3-D position each rotated frequency turns by (None: 1-D positions)
         self.mrope_axes: Tensor | None = None
         if spec.mrope is not None and self.rotary is not None:
-            sections = spec.mrope.sections
-            sizes = [int(n) for n in (sections if isinstance(sections, tuple) else resolve(self.original, sections,
-                                                                                           spec.name))]
+            sections, axes = spec.mrope.sections, spec.mrope.axes
+            sizes = [int(n) for n in (sections if isinstance(sections, tuple) else sections(self.original)
+                                      if callable(sections) else resolve(self.original, sections, spec.name))]
             if sum(sizes) != self.rotary_dims // 2:
                 raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: M-RoPE sections "
                                       f"{sizes} do not sum to the {self.rotary_dims // 2} rotated frequencies")
-            self.mrope_axes = torch.cat([torch.full((n,), i % 3) for i, n in enumerate(sizes)])
+            self.mrope_axes = torch.cat([torch.full((n,), i % 3 if axes is None else axes[i])
+                                         for i, n in enumerate(sizes)])
         window = spec.window
         if isinstance(window, str):
             window = resolve(self.original, window, spec.name)  # None: this module has no window

@@ -269,3 +269,39 @@ def test_interleaved_mrope_sections_are_named_as_a_limit() -> None:
     module = _built(Qwen3VLTextAttention, MROPE_HEADS)
     assert hf_spec(module).mrope is None
     assert any("M-RoPE sections of another layout" in limit for limit in hf_limits(module))
+
+
+#: heads of 8: two rotated frequencies per axis of Pixtral's axial rotary
+AXIAL_HEADS = {"head_dim": 8, "hidden_size": 32}
+
+
+def test_axial_rotary_is_computed_with_2d_positions() -> None:
+    from transformers.models.pixtral.modeling_pixtral import PixtralAttention
+
+    from typed_transformer.audit._modules import ModuleAdapter
+
+    module = _built(PixtralAttention, AXIAL_HEADS)
+    spec = hf_spec(module)
+    assert spec.mrope is not None
+    assert spec.mrope.axes == (1, 2)
+    assert hf_limits(module) == []  # its rope_type 'axial' was set aside before
+    axes = ModuleAdapter(module, spec).mrope_axes
+    assert axes is not None
+    assert axes.tolist() == [1, 1, 2, 2]  # height, then width
+    report = _audit(module, checks=["reference", "batch_independence", "rope"])
+    assert report.passed, report.table()
+
+
+def test_axial_rotary_turned_by_height_alone_fails_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers.models.pixtral.modeling_pixtral import PixtralAttention, PixtralVisionRotaryEmbedding
+
+    module = _built(PixtralAttention, AXIAL_HEADS)
+    assert _audit(module, checks=["reference"]).passed  # the class itself passes
+
+    def height_only(self: Any, freq: torch.Tensor) -> torch.Tensor:
+        """Bug: every frequency turns by the patch's row, none by its column."""
+        return torch.cat([freq[:, 0], freq[:, 0]], dim=-1)
+
+    monkeypatch.setattr(PixtralVisionRotaryEmbedding, "recomposition_frequencies", height_only)
+    report = _audit(module, checks=["reference"])
+    assert report.status("reference") == "FAIL", report.table()
