@@ -573,8 +573,11 @@ def hf_spec(cls_or_module: type | nn.Module, *, cross: bool | None = None) -> Mo
         return shipped
     try:
         return _generic_spec(module, cross)
-    except AuditUsageError:
+    except AuditUsageError as err:
         if shipped is None:
+            refused = _refused_options(module)
+            if refused:  # the class has a shipped spec, which does not model an option it was built with
+                raise AuditUsageError(f"{type(module).__qualname__}: {refused}; and {err}") from err
             raise
         return shipped
 
@@ -590,6 +593,15 @@ def _shipped_spec(module: nn.Module, cross: bool) -> ModuleSpec | None:
              and (spec.unmodelled is None or not spec.unmodelled(module))]
     return next((spec for spec in found if spec.memory == cross), None) if cross else next(
         (spec for spec in found if not spec.memory), None)
+
+
+def _refused_options(module: nn.Module) -> str:
+    """What the shipped specs written for ``module``'s class do not model of it (MPT's ``clip_qkv``), or ``""``."""
+    names = {f"{c.__module__}.{c.__qualname__}" for c in type(module).__mro__}
+    refused = [f"spec {spec.name!r} does not model its option {', '.join(spec.unmodelled(module))}"
+               for spec in SHIPPED_SPECS.values() if spec.module_type in names and spec.unmodelled is not None
+               and spec.unmodelled(module)]
+    return "; ".join(refused)
 
 
 def _memory_arg(module: nn.Module, core: Any, signature: Any, cross: bool | None) -> str | None:

@@ -73,6 +73,8 @@ def test_mpt_with_clip_qkv_is_refused_by_name() -> None:
     module.clip_qkv = 0.5
     with pytest.raises(AuditUsageError, match=r"clip_qkv=0.5"):
         audit_module(module, "mpt", **QUICK)
+    with pytest.raises(AuditUsageError, match=r"spec 'mpt' does not model its option clip_qkv=0.5"):
+        hf_spec(module)  # the reason the sweep gives
 
 
 def test_alibi_with_its_sign_flipped_fails_reference() -> None:
