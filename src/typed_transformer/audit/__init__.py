@@ -80,6 +80,7 @@ from ._hf import hf_build, hf_causes, hf_limits, hf_notes, hf_spec
 from ._infer import INFERRED, Evidence, Finding, Inference
 from ._libraries import import_without_torchvision, library_spec
 from ._modules import (
+    ALiBi,
     ModuleAdapter,
     ModuleSpec,
     Rotary,
@@ -120,6 +121,7 @@ __all__ = [
     "INFERRED",
     "MODULE_CHECKS",
     "SPECS",
+    "ALiBi",
     "Adapter",
     "AuditCase",
     "AuditReport",

@@ -288,7 +288,7 @@ DEFAULT_CONVENTIONS = Conventions()
 
 def rotate(x: Float[Tensor, "b h t d"], base: float, style: Literal["half", "interleaved"], offset: int = 0, *,
            tables: torch.dtype = torch.float64, frequencies: Float[Tensor, " i"] | None = None,
-           magnitude: float = 1.0) -> Float[Tensor, "b h t d"]:
+           magnitude: float = 1.0, positions: Float64[Tensor, "t i"] | None = None) -> Float[Tensor, "b h t d"]:
     """The reference rotary embedding of ``x (b, h, t, d)`` at positions ``offset + j``: pairs
     ``(x[i], x[i + d/2])`` (``"half"``, GPT-NeoX / Llama) or ``(x[2i], x[2i + 1])`` (``"interleaved"``, GPT-J,
     the RoFormer paper), angle ``pos * base^(-2i/d)``; computed in float64, returned in ``x``'s dtype. Written out
@@ -296,21 +296,24 @@ def rotate(x: Float[Tensor, "b h t d"], base: float, style: Literal["half", "int
     ``tables``: the dtype of the angles and their cos/sin (float32: the tables most libraries build whatever the
     input dtype, computed as they compute them: ``1 / base^(2i/d)``, times the position, in that dtype).
     ``frequencies`` (``d/2`` of them) replace ``base^(-2i/d)`` and ``magnitude`` multiplies cos and sin: a rope
-    type other than the default (Llama 3's, YaRN's), its frequencies read from the module's own rotary class."""
+    type other than the default (Llama 3's, YaRN's), its frequencies read from the module's own rotary class.
+    ``positions`` ``(t, d/2)``: the position each frequency of each token turns by, in place of ``offset + j``
+    (M-RoPE: each frequency section reads its own axis of 3-D positions)."""
     half = x.shape[-1] // 2
     if frequencies is not None and frequencies.shape != (half,):
         raise AuditUsageError(f"rotate: {tuple(frequencies.shape)} frequencies for {x.shape[-1]} rotated features "
                               f"(expected {half})")
     if tables == torch.float64:
-        positions = torch.arange(offset, offset + x.shape[2], dtype=torch.float64)
+        steps = torch.arange(offset, offset + x.shape[2], dtype=torch.float64)
         inverse = (base ** (-torch.arange(half, dtype=torch.float64) / half) if frequencies is None
                    else frequencies.double())
-        theta = einsum(positions, inverse, "t, i -> t i")
+        theta = (einsum(steps, inverse, "t, i -> t i") if positions is None
+                 else positions * inverse[None, :])
     else:
         inverse = (1.0 / (base ** (torch.arange(0, 2 * half, 2, dtype=torch.int64).to(tables) / (2 * half)))
                    if frequencies is None else frequencies.to(tables))
-        positions = torch.arange(offset, offset + x.shape[2], dtype=torch.int64).to(tables)
-        theta = positions[:, None] * inverse[None, :]
+        steps = torch.arange(offset, offset + x.shape[2], dtype=torch.int64).to(tables)
+        theta = (steps[:, None] if positions is None else positions.to(tables)) * inverse[None, :]
     y = x.double()
     if style == "interleaved":
         first, second = y[..., 0::2], y[..., 1::2]

@@ -30,11 +30,15 @@ from ._hf_layouts import (
 from ._modules import (
     REBUILDS,
     SHIPPED_SPECS,
+    Differential,
+    Latent,
     ModuleSpec,
+    MRope,
     OutputGate,
     Rotary,
     Weights,
     additive_mask,
+    mrope_positions,
     spec_weights,
     with_causal,
 )
@@ -44,7 +48,11 @@ from ._modules import (
 TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4,
                         "intermediate_size": 32, "num_hidden_layers": 1, "vocab_size": 64,
                         "max_position_embeddings": 64, "attention_dropout": 0.0, "attention_bias": False,
-                        "attention_hidden_size": 32, "rotary_dim": 2}
+                        "attention_hidden_size": 32, "rotary_dim": 2,
+                        # multi-head latent attention (DeepSeek V2/V3): heads of 4 + 4 query/key features (the
+                        # last 4 turned), values of 4, latents of 8
+                        "kv_lora_rank": 8, "q_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4,
+                        "v_head_dim": 4}
 
 _HF = Conventions(self_attention=True, fully_masked="uniform")
 _HF_CROSS = Conventions(fully_masked="uniform")
@@ -188,7 +196,7 @@ def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
 
 def _input_width(module: nn.Module, layout: Layout) -> int:
     """The width of the tokens the module takes: the input side of its query (or fused) projection."""
-    weight: Any = module.get_submodule(str(layout.q or layout.qkv)).weight
+    weight: Any = module.get_submodule(str(layout.q or layout.qkv or _LATENT.kv_a)).weight
     return int(weight.shape[0] if layout.transposed else weight.shape[1])
 
 
@@ -286,8 +294,9 @@ def _ignores_rotary(module: nn.Module, call: Callable[..., Tensor], width: int) 
         original = m.forward
 
         def identity(*args: Any, **kwargs: Any) -> Any:
-            cos, sin = kwargs["position_embeddings"]
-            kwargs["position_embeddings"] = (torch.ones_like(cos), torch.zeros_like(sin))
+            tables = kwargs["position_embeddings"]
+            kwargs["position_embeddings"] = (torch.ones_like(tables) if isinstance(tables, Tensor)  # complex turns
+                                             else (torch.ones_like(tables[0]), torch.zeros_like(tables[1])))
             return original(*args, **kwargs)
 
         m.forward = identity
@@ -322,6 +331,12 @@ def _frequencies(rotary_class: type, layer_type: str | None) -> Callable[[Any], 
 
 def _forward_source(module: nn.Module) -> str:
     return _source(type(module).forward)
+
+
+def _library_source(module: nn.Module) -> str:
+    """The source of ``forward`` of the module's class as transformers defines it (a user's subclass that wraps its
+    ``forward`` keeps the variant its base class computes)."""
+    return _source(getattr(_transformers_class(type(module)), "forward", None))
 
 
 def _softcap(module: nn.Module) -> str | None:
@@ -369,10 +384,88 @@ def _output_gate(module: nn.Module) -> OutputGate | None:
     return None
 
 
+#: the names DeepSeek V2/V3 give the parts of multi-head latent attention
+_LATENT = Latent()
+
+
+def _latent(module: nn.Module) -> Latent | None:
+    """Multi-head latent attention (DeepSeek V2/V3 and the models built like them): a compressed key/value projection
+    ``kv_a_proj_with_mqa`` with its norm and ``kv_b_proj``, the query full-rank (``q_proj``) or low-rank (``q_a_proj``,
+    ``q_a_layernorm``, ``q_b_proj``), the sizes as attributes; the source splits the latent from the shared rotary
+    key and concatenates each head's unturned and turned features."""
+    lat = _LATENT
+    parts = [lat.kv_a, lat.kv_norm, lat.kv_b] + ([lat.q] if getattr(module, lat.q, None) is not None
+                                                  else [lat.q_a, lat.q_norm, lat.q_b])
+    sizes = (lat.rank, lat.nope, lat.rope, lat.value, "num_heads", "scaling")
+    source = re.sub(r"\s+", " ", _library_source(module))
+    forms = (f"self.{lat.kv_a}(hidden_states)", "self.expand_kv(", "torch.cat((q_")
+    if (all(isinstance(getattr(module, p, None), nn.Module) for p in parts)
+            and all(isinstance(getattr(module, n, None), int | float) for n in sizes)
+            and all(form in source for form in forms)
+            and "kv_b_proj(kv_nope)" in _source(getattr(type(module), "expand_kv", None))):
+        return lat
+    return None
+
+
+def _mrope(module: nn.Module) -> MRope | None:
+    """M-RoPE with its sections in consecutive blocks (Qwen2-VL, Qwen2.5-VL, GLM-4V): the model's rotary class
+    recomposes its frequencies as ``cat([m[i % 3] for i, m in enumerate(freq.split(self.mrope_section))])`` and the
+    config's rope parameters give ``mrope_section``. Interleaved sections (Qwen3-VL's) are another layout: not read
+    (audited with text positions, as 1-D rotary)."""
+    rotary = _rotary_class(module)
+    source = re.sub(r"\s+", " ", _source(rotary))
+    form = "torch.cat([m[i % 3] for i, m in enumerate(freq.split(self.mrope_section, dim=-1))], dim=-1)"
+    axial = ("freq_h, freq_w = (m[:, i % 2] for i, m in enumerate(freq.chunk(2, dim=-1)))",
+             "torch.cat([freq_h, freq_w], dim=-1)", "inv_freq_2d = torch.cat([inv_freq[0::2], inv_freq[1::2]])")
+    if all(part in source for part in axial) and _rope_type(module) == "axial":
+        return _AXIAL
+    return MRope() if form in source and "mrope_section" in _rope_params(module) else None
+
+
+def _axial_sections(module: Any) -> tuple[int, int]:
+    """Pixtral's axial sections: the first half of the rotated frequencies turned by the height, the rest by the
+    width (its inverse frequencies ``base^(-2i/d)``, the even-indexed ones first: read from its rotary class)."""
+    quarter = int(module.head_dim) // 4
+    return quarter, quarter
+
+
+#: axial rotary (Pixtral): the frequencies in two halves, turned by height then width (2-D M-RoPE)
+_AXIAL = MRope(sections=_axial_sections, axes=(1, 2))
+
+
+def _latent_layout() -> Layout:
+    """The layout of a latent attention class: its output projection and sizes (its projections: :class:`Latent`)."""
+    return Layout("", None, None, None, None, "o_proj", False, "num_heads", None, None, "scaling")
+
+
+def _latent_style(module: nn.Module) -> Literal["half", "interleaved"]:
+    """The pairing of a latent attention class's rotary features: DeepSeek V2 turns complex pairs
+    ``(x[2i], x[2i+1])`` (``view_as_complex``); V3 does when its config's ``rope_interleave`` is set (its output laid
+    out de-interleaved, the same permutation of q and k, which leaves ``q . k`` unchanged), else ``rotate_half``."""
+    modeling = _source(_modeling(type(module)).__dict__.get("apply_rotary_emb"))
+    if "view_as_complex" in modeling and "apply_rotary_emb(" in _library_source(module):
+        return "interleaved"
+    interleave = getattr(getattr(module, "config", None), "rope_interleave", False)
+    return "interleaved" if interleave and "rope_interleave" in _library_source(module) else "half"
+
+
+def _differential(module: nn.Module) -> Differential | None:
+    """Differential attention (DiffLlama): ``attn_output1 - lambda_full * attn_output2`` over the two halves of the
+    heads, ``lambda_full`` from the learned ``lambda_q1 .. lambda_k2`` and ``lambda_init``."""
+    source = re.sub(r"\s+", " ", _library_source(module))
+    forms = ("lambda_full = lambda_1 - lambda_2 + self.lambda_init", "attn_output1 - lambda_full * attn_output2",
+             "torch.chunk(attn_output, 2, dim=2)")
+    lambdas = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+    found = all(form in source for form in forms) and all(isinstance(getattr(module, n, None), Tensor) for n in lambdas)
+    return Differential() if found and isinstance(getattr(module, "lambda_init", None), float | int) else None
+
+
 def _sub_norm(module: nn.Module) -> str | None:
-    """A norm on the attention output before the output projection (BitNet's ``attn_sub_norm``): an RMSNorm or
-    LayerNorm child the class applies as ``attn_output = self.<name>(attn_output)``."""
-    found = re.search(r"attn_output = self\.(\w+)\(attn_output\)", _forward_source(module))
+    """A norm on the attention output before the output projection (BitNet's ``attn_sub_norm``; DiffLlama's
+    ``groupnorm``, before its ``(1 - lambda_init)``): an RMSNorm or LayerNorm child the class applies as
+    ``attn_output = self.<name>(attn_output)``."""
+    found = re.search(r"attn_output = (?:\(1 - self\.lambda_init\) \* )?self\.(\w+)\(attn_output\)",
+                      _library_source(module))
     norm = None if found is None else getattr(module, found.group(1), None)
     if isinstance(norm, nn.LayerNorm) or type(norm).__name__.endswith("RMSNorm"):
         return found.group(1) if found is not None else None
@@ -430,17 +523,22 @@ def hf_limits(module: nn.Module) -> list[str]:
     limits = []
     uses_rotary = "position_embeddings" in inspect.signature(type(module).forward).parameters
     kind = _rope_type(module)
-    if uses_rotary and kind not in _STATIC_ROPE:
+    if uses_rotary and kind not in _STATIC_ROPE and _mrope(module) != _AXIAL:
         limits.append(f"rope_type {kind!r} (" + ("frequencies recomputed from each call's length"
                                                  if kind in ("dynamic", "longrope") else
                                                  "frequencies of a kind the reference does not read") + ")")
     for name in ("attn_logit_softcapping", "logit_softcapping"):
         if getattr(config, name, None) and _softcap(module) is None:
             limits.append(name)
+    if uses_rotary and "mrope_section" in _rope_params(module) and _mrope(module) is None:
+        limits.append("M-RoPE sections of another layout than consecutive blocks (Qwen3-VL's interleaved): audited "
+                      "with text positions only (1-D rotary)")
     if getattr(module, "sinks", None) is not None and _sinks(module) is None:
         limits.append("attention sinks")
     gate = _output_gate(module)
-    read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module),
+    latent = [] if _latent(module) is None else [getattr(_LATENT, f) for f in ("q", "q_a", "q_norm", "q_b", "kv_a",
+                                                                              "kv_norm", "kv_b")]
+    read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module), *latent,
             *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or ""}
     for name, child in module.named_children():
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity):
@@ -463,32 +561,47 @@ def hf_spec(cls_or_module: type | nn.Module, *, cross: bool | None = None) -> Mo
     position bias, ``out_proj`` (BART, CLIP, OPT, GPT-J), ``Conv1D`` weights (GPT-2), ``Wqkv`` (ModernBERT),
     CodeGen's grouped fused projection, and attention blocks (BERT's ``self`` + ``output.dense``; their residual
     and Add & Norm bypassed). A class with a shipped spec the generic reading cannot replace (a fused projection
-    laid out per head or per group, BLOOM's ALiBi) gets that spec.
+    laid out per head or per group, ALiBi: BLOOM's, MPT's, Falcon's with ``alibi=True``) gets that spec: the one
+    whose options fit the module (Falcon's ``falcon`` or ``falcon_alibi`` as its config's ``alibi`` says).
 
     Raises:
         AuditUsageError: the class is not of that shape (the message says what is missing).
     """
     module = hf_build(cls_or_module, cross=bool(cross)) if isinstance(cls_or_module, type) else cls_or_module
-    shipped = _shipped_spec(type(module), bool(cross))
-    if shipped is not None and (shipped.qkv_layout != "blocks" or shipped.name == "bloom" or shipped.memory):
+    shipped = _shipped_spec(module, bool(cross))
+    if shipped is not None and (shipped.qkv_layout != "blocks" or shipped.alibi is not None or shipped.memory):
         return shipped
     try:
         return _generic_spec(module, cross)
-    except AuditUsageError:
+    except AuditUsageError as err:
         if shipped is None:
+            refused = _refused_options(module)
+            if refused:  # the class has a shipped spec, which does not model an option it was built with
+                raise AuditUsageError(f"{type(module).__qualname__}: {refused}; and {err}") from err
             raise
         return shipped
 
 
-def _shipped_spec(cls: type, cross: bool) -> ModuleSpec | None:
-    """The shipped spec written for ``cls`` (or a base class of it) and for its self- or cross-attention form (GPT-2
-    has one of each: its cross-attention reads ``q_attn`` and a fused ``[k; v]``), if any."""
+def _shipped_spec(module: nn.Module, cross: bool) -> ModuleSpec | None:
+    """The shipped spec written for ``module``'s class (or a base class of it), for its self- or cross-attention form
+    (GPT-2 has one of each: its cross-attention reads ``q_attn`` and a fused ``[k; v]``) and for the options it was
+    built with (a spec that does not model one of them is passed over), if any."""
     from . import specs  # noqa: F401  (registers the shipped specs)
 
-    names = {f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__}
-    found = [spec for spec in SHIPPED_SPECS.values() if spec.module_type in names]
+    names = {f"{c.__module__}.{c.__qualname__}" for c in type(module).__mro__}
+    found = [spec for spec in SHIPPED_SPECS.values() if spec.module_type in names
+             and (spec.unmodelled is None or not spec.unmodelled(module))]
     return next((spec for spec in found if spec.memory == cross), None) if cross else next(
         (spec for spec in found if not spec.memory), None)
+
+
+def _refused_options(module: nn.Module) -> str:
+    """What the shipped specs written for ``module``'s class do not model of it (MPT's ``clip_qkv``), or ``""``."""
+    names = {f"{c.__module__}.{c.__qualname__}" for c in type(module).__mro__}
+    refused = [f"spec {spec.name!r} does not model its option {', '.join(spec.unmodelled(module))}"
+               for spec in SHIPPED_SPECS.values() if spec.module_type in names and spec.unmodelled is not None
+               and spec.unmodelled(module)]
+    return "; ".join(refused)
 
 
 def _memory_arg(module: nn.Module, core: Any, signature: Any, cross: bool | None) -> str | None:
@@ -503,7 +616,9 @@ def _memory_arg(module: nn.Module, core: Any, signature: Any, cross: bool | None
 def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     cls = type(module)
     q_norm, k_norm = _norm_paths(module)
-    layout = find_layout(module, (q_norm, k_norm))
+    latent = _latent(module)
+    mrope = _mrope(module)
+    layout = _latent_layout() if latent is not None else find_layout(module, (q_norm, k_norm))
     core: Any = module.get_submodule(layout.core.rstrip(".")) if layout.core else module
     if layout.core:
         q_norm, k_norm = (None if n is None else layout.core + n for n in _norm_paths(core))
@@ -549,14 +664,21 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         result: Tensor = out[0] if isinstance(out, tuple) else out
         return result - x if residual else result
 
-    def rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+    def rotary(m: Any, x: Tensor, offset: int) -> Any:
         assert rotary_class is not None
         embedding = rotary_class(config=m.config)
         n = m.config.num_attention_heads if heads else x.shape[1]
         positions = torch.arange(0 if heads else offset, (0 if heads else offset) + n)[None].expand(x.shape[0], -1)
+        if mrope == _AXIAL:  # (height, width) of each patch, shared by the batch
+            positions = mrope_positions(offset, n)[1:].T
+        elif mrope is not None:  # 3-D positions (temporal, height, width): an image grid, not text
+            positions = mrope_positions(offset, n)[:, None].expand(3, x.shape[0], n)
         extra = ({"layer_type": _layer_type(m)} if "layer_type" in inspect.signature(embedding.forward).parameters
                  else {})
-        cos, sin = embedding(x, positions, **extra)
+        tables = embedding(x, positions, **extra)
+        if isinstance(tables, Tensor):  # DeepSeek V2's complex turns exp(i p theta), as its model passes them
+            return tables
+        cos, sin = tables
         return cos.to(x.dtype), sin.to(x.dtype)
 
     def call(m: Any, x: Tensor, mask: Tensor | None, offset: int, cache: Any = None) -> Tensor:
@@ -631,12 +753,13 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     turn, normed = source.find("apply_rotary_pos_emb("), source.find(f"self.{q_norm}(") if q_norm else -1
     v_scale = getattr(module, "v_scale", None)
     # Llama 3's or YaRN's frequencies: read from the module's own rotary class (the default: from the base alone)
-    frequencies = (_frequencies(rotary_class, _layer_type(module))
-                   if takes_rotary and rotary_class is not None and _rope_type(module) in _STATIC_ROPE[1:] else None)
+    frequencies = (_frequencies(rotary_class, _layer_type(module)) if takes_rotary and rotary_class is not None and (
+        _rope_type(module) in _STATIC_ROPE[1:] or mrope == _AXIAL) else None)
     spec = ModuleSpec(
         f"hf:{cls.__name__}", forward, _HF if self_attention else _HF_CROSS,
         **{**layout.fields(), **({"scale": split} if (split := _split_scale(module)) is not None else {})},
-        rotary=(Rotary(theta, _rotary_style(module), fraction=_rotary_fraction(core), frequencies=frequencies)
+        rotary=(Rotary(theta, _latent_style(module) if latent else _rotary_style(module),
+                       fraction=_rotary_fraction(core), frequencies=frequencies)
                 if (takes_rotary or internal) and theta is not None and not heads else None),
         decode=decode if cache_arg is not None and self_attention and _decodes(core) else None,
         build=lambda c, overrides: hf_build(c, overrides, cross=memory_arg is not None),
@@ -644,7 +767,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
         q_norm=q_norm, k_norm=k_norm, window=None if window is None else int(window),
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
-        softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module))
+        softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
+        differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None)
     if isinstance(v_scale, float | int) and v_scale != 1:  # MiMo-V2-Flash scales its values by a constant
         plain = spec
 

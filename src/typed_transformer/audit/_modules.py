@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from einops import einsum, rearrange
+from einops import einsum, rearrange, repeat
 from jaxtyping import Bool, Float, Float64
 from torch import Tensor, nn
 
@@ -111,15 +111,16 @@ class Weights:
 PositionBias = Callable[[Any, int, int], Tensor]
 
 
-def alibi_bias(h: int, t: int, s: int, *, form: Literal["distance", "key"] = "distance"
-               ) -> Float64[Tensor, "{h} {t} {s}"]:
+def alibi_bias(h: int, t: int, s: int, *, form: Literal["distance", "key"] = "distance",
+               slopes: Float64[Tensor, " {h}"] | None = None) -> Float64[Tensor, "{h} {t} {s}"]:
     """ALiBi's bias ``(h, t, s)`` for ``t`` queries (the last ``t`` of ``s`` positions) and ``s`` keys, float64,
     with the paper's head slopes (:func:`~typed_transformer.positions.alibi_slopes`: ``m_i = 2^(-8 i / h)`` for
     a power-of-two ``h``, the paper's interpolation otherwise). ``form="distance"``: ``-m_i * |p - j|`` for the
     query at position ``p``; under a causal mask the paper's ``-m_i (p - j)``, without one the symmetric form
     x-transformers and ours use. ``form="key"``: ``m_i * j``, BLOOM's and MPT's (softmax-equal to the paper's under
-    a causal mask: the two differ by ``-m_i p``, one constant per query row)."""
-    slopes = alibi_slopes(h)
+    a causal mask: the two differ by ``-m_i p``, one constant per query row). ``slopes``: other slopes than the
+    paper's (a module's, scaled)."""
+    slopes = alibi_slopes(h) if slopes is None else slopes
     keys = torch.arange(s, dtype=torch.float64)[None]
     if form == "key":
         return slopes[:, None, None] * keys.expand(t, s)
@@ -128,6 +129,82 @@ def alibi_bias(h: int, t: int, s: int, *, form: Literal["distance", "key"] = "di
 
 
 alibi_bias = typechecked(alibi_bias)
+
+
+@dataclass(frozen=True)
+class ALiBi:
+    """ALiBi (Press et al., 2022): a bias on each logit linear in the key-query distance, one slope per query head,
+    the paper's ``m_i = 2^(-8 i / h)`` (interpolated for a head count that is not a power of two:
+    :func:`~typed_transformer.positions.alibi_slopes`). ``form``: as :func:`alibi_bias` (``"distance"``: the
+    paper's ``-m_i |p - j|``; ``"key"``: ``m_i j``, BLOOM's, MPT's and Falcon's, softmax-equal to the paper's under
+    a causal mask). ``factor``: a number or an attribute path multiplying every slope (Falcon adds its ALiBi before
+    scaling the logits by ``1 / sqrt(d)``: ``factor="inv_norm_factor"``)."""
+
+    form: Literal["distance", "key"] = "distance"
+    factor: float | str = 1.0
+
+
+@dataclass(frozen=True)
+class Differential:
+    """Differential attention (Ye et al., 2024, "Differential Transformer"; DiffLlama): query heads ``p`` and
+    ``p + h/2`` are the two maps of one differential head ``p``, whose value is the key/value heads ``j`` and
+    ``j + g/2`` side by side (``j`` the key/value head of query head ``p``, ``2 dv`` wide):
+    ``o_p = (softmax(s_p) - lambda softmax(s_{p + h/2})) [v_j; v_{j + g/2}]``, then the spec's ``sub_norm`` (the
+    paper's group norm, over each differential head) and ``(1 - lambda_init)``. ``lambda = exp(lambda_q1 . lambda_k1)
+    - exp(lambda_q2 . lambda_k2) + lambda_init``: the four attribute paths of the learned vectors and that of
+    ``lambda_init`` (or a number)."""
+
+    lambda_q1: str = "lambda_q1"
+    lambda_k1: str = "lambda_k1"
+    lambda_q2: str = "lambda_q2"
+    lambda_k2: str = "lambda_k2"
+    lambda_init: float | str = "lambda_init"
+
+
+@dataclass(frozen=True)
+class Latent:
+    """Multi-head latent attention (DeepSeek-V2, 2024; DeepSeek V2/V3): keys and values come from one compressed
+    latent ``c = RMSNorm(x W_kva^c)`` of ``rank`` features per token, ``[k_nope_h; v_h] = c W_kvb`` for each head;
+    the rotary part of the keys ``k_rope = x W_kva^r`` (``rope`` features, the rows of ``kv_a`` after the latent's) is
+    one for every head. Each head's query is ``[q_nope_h; q_rope_h]``, from ``q`` (a full-rank projection) or, where
+    that attribute is None, from the low-rank ``q_b(RMSNorm(q_a(x)))``; its key ``[k_nope_h; k_rope]``. The rotary
+    embedding turns the last ``rope`` features of each query and key. Attribute paths of the module's layers and
+    sizes."""
+
+    q: str = "q_proj"
+    q_a: str = "q_a_proj"
+    q_norm: str = "q_a_layernorm"
+    q_b: str = "q_b_proj"
+    kv_a: str = "kv_a_proj_with_mqa"
+    kv_norm: str = "kv_a_layernorm"
+    kv_b: str = "kv_b_proj"
+    rank: str = "kv_lora_rank"
+    nope: str = "qk_nope_head_dim"
+    rope: str = "qk_rope_head_dim"
+    value: str = "v_head_dim"
+
+
+def mrope_positions(offset: int, n: int) -> Tensor:
+    """The 3-D positions ``(3, n)`` (temporal, height, width) the audit gives tokens ``offset .. offset + n - 1`` of an
+    M-RoPE module: frames of a 2 x 2 image grid, token ``i`` at ``(f, f + (i // 2) % 2, f + i % 2)`` with
+    ``f = i // 4`` (as Qwen2-VL numbers an image's patches: each axis from the grid's first position on). No two axes
+    agree on every token, so a module that turns every frequency by one axis fails."""
+    i = torch.arange(offset, offset + n)
+    frame = i // 4
+    return torch.stack([frame, frame + (i // 2) % 2, frame + i % 2])
+
+
+@dataclass(frozen=True)
+class MRope:
+    """M-RoPE (Qwen2-VL, 2024): the rotary frequencies split into consecutive sections (``sections``: their sizes, a
+    tuple, an attribute path such as ``"config.rope_parameters.mrope_section"`` or ``sections(module)``, summing to
+    ``d/2``); section ``i`` turns by axis ``i mod 3`` of each token's 3-D position (temporal, height, width), or by
+    axis ``axes[i]``. Axial rotary (Pixtral) is the 2-D case: two sections, turned by height and by width
+    (``axes=(1, 2)``). The audit gives the tokens :func:`mrope_positions` (the spec's forward passes the module
+    those positions too)."""
+
+    sections: str | tuple[int, ...] | Callable[[Any], Sequence[int]] = "config.rope_parameters.mrope_section"
+    axes: tuple[int, ...] | None = None
 
 
 #: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers
@@ -217,6 +294,17 @@ class ModuleSpec:
     #: q/k norms the spec computes itself, from the module: ``norms(module) -> {"q": f, "k": f}`` with ``f`` on
     #: ``(b, h or g, t, d)`` heads in canonical order (x-transformers' l2 ``qk_norm``); before the rotary embedding
     norms: Callable[[Any], dict[str, Callable[[Tensor], Tensor]]] | None = None
+    #: ALiBi: a per-head linear bias of the key-query distance with the paper's slopes, added to the scaled logits
+    #: (beside ``position_bias`` when both are given)
+    alibi: ALiBi | None = None
+    #: differential attention (DiffLlama): two softmax maps per head subtracted with a learned lambda
+    differential: Differential | None = None
+    #: multi-head latent attention (DeepSeek V2/V3): where its low-rank projections are; ``weights`` is then
+    #: :func:`latent_weights` and the reference projects through the latent itself
+    latent: Latent | None = None
+    #: M-RoPE with 3-D positions (Qwen2-VL): each frequency section turns by its own axis of
+    #: :func:`mrope_positions`; the spec's forward passes the module those positions
+    mrope: MRope | None = None
     #: ``unmodelled(module)``: the constructor options this module was built with that the spec does not model,
     #: each named (``"sparse_topk=2"``); a module with any is refused before any check runs
     unmodelled: Callable[[Any], list[str]] | None = None
@@ -268,6 +356,8 @@ def spec_weights(module: Any, spec: ModuleSpec) -> Weights:
     """Read the module's projections as the spec describes them."""
     if spec.weights is not None:
         return spec.weights(module)
+    if spec.latent is not None:
+        return latent_weights(module, spec)
     h = int(resolve(module, spec.num_heads, spec.name))
     g = h if spec.num_kv_heads is None else int(resolve(module, spec.num_kv_heads, spec.name))
     if spec.qkv is not None:
@@ -334,6 +424,60 @@ def spec_weights(module: Any, spec: ModuleSpec) -> Weights:
     scale = 1.0 / math.sqrt(d) if spec.scale is None else float(
         spec.scale if isinstance(spec.scale, float | int) else resolve(module, spec.scale, spec.name))
     return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, g, d, dv, scale, wg=wg, bg=bg, sinks=sinks)
+
+
+def latent_weights(module: Any, spec: ModuleSpec) -> Weights:
+    """A latent attention module's sizes (``h`` heads of ``nope + rope`` query/key features and ``value`` value
+    features, one key/value head per query head) and output projection. Its queries, keys and values are not linear
+    in ``x`` (RMSNorms inside): the reference computes them with :func:`latent_projections`; ``wq``, ``wk`` and ``wv``
+    are the linear maps with those norms left out, kept only for their shapes."""
+    assert spec.latent is not None
+    lat, name = spec.latent, spec.name
+    h = int(resolve(module, spec.num_heads, name))
+    nope, rope, dv, rank = (int(resolve(module, path, name)) for path in (lat.nope, lat.rope, lat.value, lat.rank))
+    q_full = resolve(module, lat.q, name)
+    wq = (_linear(module, lat.q, spec)[0] if q_full is not None
+          else _linear(module, lat.q_b, spec)[0] @ _linear(module, lat.q_a, spec)[0])
+    wa, wb = _linear(module, lat.kv_a, spec)[0], _linear(module, lat.kv_b, spec)[0]
+    kv = rearrange(wb @ wa[:rank], "(h n) e -> h n e", h=h)
+    wk = rearrange(torch.cat([kv[:, :nope], wa[rank:][None].expand(h, rope, wa.shape[1])], dim=1), "h d e -> (h d) e")
+    wo, bo = (None, None) if spec.out is None else _linear(module, spec.out, spec)
+    scale = 1.0 / math.sqrt(nope + rope) if spec.scale is None else float(
+        spec.scale if isinstance(spec.scale, float | int) else resolve(module, spec.scale, name))
+    return Weights(wq, wk, rearrange(kv[:, nope:], "h n e -> (h n) e"), wo, None, None, None, bo, h, h, nope + rope,
+                   dv, scale)
+
+
+def latent_projections(module: Any, spec: ModuleSpec) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """``project(x (b, t, e)) -> (q (b, h, t, d), k (b, h, t, d), v (b, h, t, dv))`` of a latent attention module
+    (:class:`Latent`), before the rotary embedding, in ``x``'s dtype (the norms in float64, as :func:`_norm`)."""
+    assert spec.latent is not None
+    lat, name = spec.latent, spec.name
+    h = int(resolve(module, spec.num_heads, name))
+    nope, rank = int(resolve(module, lat.nope, name)), int(resolve(module, lat.rank, name))
+    full = resolve(module, lat.q, name) is not None
+    layers = {path: _linear(module, path, spec) for path in ((lat.q,) if full else (lat.q_a, lat.q_b))
+              + (lat.kv_a, lat.kv_b)}
+    kv_norm, q_norm = _norm(module, lat.kv_norm, spec), None if full else _norm(module, lat.q_norm, spec)
+
+    def lin(z: Tensor, path: str) -> Tensor:
+        weight, bias = layers[path]
+        y = einsum(z, weight.to(z.dtype), "b t e, o e -> b t o")
+        return y if bias is None else y + bias.to(z.dtype)
+
+    def norm(f: Callable[[Tensor], Tensor] | None, z: Tensor) -> Tensor:
+        assert f is not None
+        return f(z[:, None])[:, 0]  # the norm works on (b, h, t, d): one "head"
+
+    def project(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q = lin(x, lat.q) if full else lin(norm(q_norm, lin(x, lat.q_a)), lat.q_b)
+        compressed = lin(x, lat.kv_a)
+        kv = rearrange(lin(norm(kv_norm, compressed[..., :rank]), lat.kv_b), "b s (h n) -> b h s n", h=h)
+        k_rope = repeat(compressed[..., rank:], "b s r -> b h s r", h=h)
+        return (rearrange(q, "b t (h d) -> b h t d", h=h), torch.cat([kv[..., :nope], k_rope], dim=-1),
+                kv[..., nope:])
+
+    return project
 
 
 def _split_groups(w: Tensor, g: int, r: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -469,6 +613,21 @@ class ModuleAdapter:
             if spec.rotary.frequencies is not None:
                 inverse, magnitude = spec.rotary.frequencies(self.original)
                 self.rotary_frequencies = (inverse.detach().double(), float(magnitude))
+        #: a latent attention module's projections (None: linear ones, from :attr:`weights`)
+        self.latent = None if spec.latent is None else latent_projections(self.original, spec)
+        if spec.latent is not None and self.rotary is not None:  # the last ``rope`` features of each head turn
+            self.rotary_dims, self.rotary_last = int(resolve(self.original, spec.latent.rope, spec.name)), True
+        #: M-RoPE: the axis (0, 1, 2) of the 3-D position each rotated frequency turns by (None: 1-D positions)
+        self.mrope_axes: Tensor | None = None
+        if spec.mrope is not None and self.rotary is not None:
+            sections, axes = spec.mrope.sections, spec.mrope.axes
+            sizes = [int(n) for n in (sections if isinstance(sections, tuple) else sections(self.original)
+                                      if callable(sections) else resolve(self.original, sections, spec.name))]
+            if sum(sizes) != self.rotary_dims // 2:
+                raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: M-RoPE sections "
+                                      f"{sizes} do not sum to the {self.rotary_dims // 2} rotated frequencies")
+            self.mrope_axes = torch.cat([torch.full((n,), i % 3 if axes is None else axes[i])
+                                         for i, n in enumerate(sizes)])
         window = spec.window
         if isinstance(window, str):
             window = resolve(self.original, window, spec.name)  # None: this module has no window
@@ -485,8 +644,22 @@ class ModuleAdapter:
         #: the logit cap (None: no soft-capping; a config's 0 or None switches it off)
         self.softcap: float | None = float(cap) if cap else None
         self.sub_norm = None if spec.sub_norm is None else _norm(self.original, spec.sub_norm, spec)
+        factor = None if spec.alibi is None else spec.alibi.factor
+        #: ALiBi's slopes ``(h,)`` in canonical head order (None: no ALiBi)
+        self.alibi_slopes: Tensor | None = None
+        if spec.alibi is not None and factor is not None:
+            slopes = alibi_slopes(w.h) * float(factor if isinstance(factor, float | int)
+                                               else resolve(self.original, factor, spec.name))
+            self.alibi_slopes = (rearrange(slopes, "(r g) -> (g r)", g=w.g) if spec.grouping == "r g" and w.g != w.h
+                                 else slopes)
+        #: differential attention's ``(lambda, lambda_init)`` (None: plain attention)
+        self.differential = None if spec.differential is None else _lambdas(self.original, spec)
+        if self.differential is not None and (w.h % 2 or w.g % 2):
+            raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: differential "
+                                  f"attention pairs heads, and {w.h} query heads on {w.g} key/value heads do not pair")
         positional = [what for what, present in (("rotary positions", self.rotary is not None),
-                                                  ("a position bias", spec.position_bias is not None),
+                                                  ("a position bias", spec.position_bias is not None
+                                                   or spec.alibi is not None),
                                                   ("a sliding window", self.window is not None)) if present]
         self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
@@ -527,9 +700,12 @@ class ModuleAdapter:
             y = einsum(z, weight.to(dtype), "b t e, o e -> b t o")
             return y if bias is None else y + bias.to(dtype)
 
-        q = rearrange(lin(x, w.wq, w.bq), "b t (h d) -> b h t d", h=w.h)
-        k = rearrange(lin(key, w.wk, w.bk), "b s (g d) -> b g s d", g=w.g)
-        v = rearrange(lin(value, w.wv, w.bv), "b s (g d) -> b g s d", g=w.g)
+        if self.latent is not None:  # self-attention through a compressed latent: x gives q, k and v
+            q, k, v = self.latent(x)
+        else:
+            q = rearrange(lin(x, w.wq, w.bq), "b t (h d) -> b h t d", h=w.h)
+            k = rearrange(lin(key, w.wk, w.bk), "b s (g d) -> b g s d", g=w.g)
+            v = rearrange(lin(value, w.wv, w.bv), "b s (g d) -> b g s d", g=w.g)
         after = self.spec.norms_after_rotary
         if "q" in self.norms and not after:
             q = self.norms["q"](q)
@@ -555,8 +731,12 @@ class ModuleAdapter:
         d = x.shape[-1]
         low, high = (d - self.rotary_dims, d) if self.rotary_last else (0, self.rotary_dims)
         inverse, magnitude = self.rotary_frequencies or (None, 1.0)
+        positions = None
+        if self.mrope_axes is not None:  # each frequency turns by its section's axis of the 3-D positions
+            grid = mrope_positions(offset, x.shape[2]).double()
+            positions = grid[self.mrope_axes].T  # (t, frequencies)
         rotated = rotate(x[..., low:high], *self.rotary, offset=offset, tables=self.rotary_tables,
-                         frequencies=inverse, magnitude=magnitude)
+                         frequencies=inverse, magnitude=magnitude, positions=positions)
         return torch.cat([x[..., :low], rotated, x[..., high:]], dim=-1)
 
     def _memory(self, ins: Inputs) -> Inputs:
@@ -564,14 +744,18 @@ class ModuleAdapter:
         return (ins[0], ins[1], ins[1]) if self.spec.memory else ins
 
     def bias(self, t: int, s: int, dtype: torch.dtype) -> Float[Tensor, "1 h_or_1 {t} {s}"] | None:
-        """The additive position bias ``(1, 1 or h, t, s)`` the spec declares, or None."""
+        """The additive position bias ``(1, 1 or h, t, s)`` the spec declares (its ``position_bias`` plus its ALiBi),
+        or None."""
+        alibi = None
+        if self.spec.alibi is not None and self.alibi_slopes is not None:
+            alibi = alibi_bias(self.weights.h, t, s, form=self.spec.alibi.form, slopes=self.alibi_slopes)
         if self.spec.position_bias is None:
-            return None
+            return None if alibi is None else alibi.to(dtype)[None]
         bias = self.spec.position_bias(self.original, t, s).detach().to(dtype)
         if bias.ndim != 3 or bias.shape[0] not in (1, self.weights.h) or tuple(bias.shape[1:]) != (t, s):
             raise AuditUsageError(f"spec {self.spec.name!r}: position_bias(module, {t}, {s}) gave shape "
                                   f"{tuple(bias.shape)}, expected (1 or {self.weights.h}, {t}, {s})")
-        return bias[None]
+        return (bias if alibi is None else bias + alibi.to(dtype))[None]
 
     def visible(self, keep: KeepMask | None, is_causal: bool, t: int, s: int
                 ) -> tuple[Bool[Tensor, "#b #h #t _"] | None, bool]:
@@ -598,12 +782,20 @@ class ModuleAdapter:
         if bias is not None and self.weights.extra_k is not None:
             bias = torch.cat([bias, bias.new_zeros(*bias.shape[:-1], self.weights.extra_k.shape[0])], dim=-1)
         w = self.weights
+        if self.differential is not None:  # key/value head j carries the value of its differential head
+            half = torch.arange(w.g) % (w.g // 2)
+            v = torch.cat([v[:, half], v[:, half + w.g // 2]], dim=-1)
         # softmax_dtype: a variant the diagnosis tries, the softmax in a lower precision as many libraries compute it
         out = reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions, bias=bias,
                                   softcap=self.softcap, sinks=None if w.sinks is None else w.sinks.to(dtype),
                                   softmax_dtype=self.softmax_dtype)
+        if self.differential is not None:
+            lam, _ = self.differential
+            out = out[:, :w.h // 2] - lam * out[:, w.h // 2:]
         if self.sub_norm is not None:
             out = self.sub_norm(out)
+        if self.differential is not None:
+            out = (1 - self.differential[1]) * out
         out = rearrange(out, "b h t dv -> b t (h dv)")
         if w.wg is not None:
             x = ins[0].to(dtype)
@@ -660,6 +852,21 @@ class ModuleAdapter:
                 f"example = Example({fields})\n"
                 f"adapter = ModuleAdapter(module, spec, conventions={self.conventions!r})\n"
                 + repro_comparison(check))
+
+
+def _lambdas(module: Any, spec: ModuleSpec) -> tuple[float, float]:
+    """Differential attention's ``(lambda, lambda_init)``, read from the module in float64."""
+    assert spec.differential is not None
+    diff = spec.differential
+
+    def dot(q: str, k: str) -> Tensor:
+        vectors: list[Tensor] = [resolve(module, path, spec.name).detach().double() for path in (q, k)]
+        return (vectors[0] * vectors[1]).sum()
+
+    init = diff.lambda_init
+    init = float(init if isinstance(init, float | int) else resolve(module, init, spec.name))
+    lam = torch.exp(dot(diff.lambda_q1, diff.lambda_k1)) - torch.exp(dot(diff.lambda_q2, diff.lambda_k2)) + init
+    return float(lam), init
 
 
 def module_setup(module: Any, spec: ModuleSpec) -> str:

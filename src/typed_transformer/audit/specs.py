@@ -2,7 +2,8 @@
 (``nn.MultiheadAttention``), ``typed_transformer`` (our ``MultiHeadAttention``, with rotary and KV cache),
 ``gpt2`` (Hugging Face ``GPT2Attention``), ``bert`` (``BertSelfAttention``), ``llama`` (``LlamaAttention``,
 rotary embedding and KV cache), the shapes beyond plain self-attention (``gpt2_cross``, ``bart``, ``whisper``:
-cross-attention with one memory tensor; ``t5``: relative position bias; ``bloom``: ALiBi, fused qkv per head;
+cross-attention with one memory tensor; ``t5``: relative position bias; ``bloom``, ``mpt``, ``falcon_alibi``:
+ALiBi (BLOOM's fused qkv per head);
 ``gpt_neox``, ``phi``: partial rotary; ``falcon``: fused qkv per key/value group; ``mistral``, ``qwen2``:
 sliding window; ``qwen3``, ``olmo2``: q/k norms),
 ``torchtune`` (``torchtune.modules.MultiHeadAttention``) and
@@ -29,12 +30,12 @@ from torch import Tensor, nn
 from ._core import AuditUsageError, Conventions
 from ._modules import (
     SHIPPED_SPECS,
+    ALiBi,
     ModuleSpec,
     OutputGate,
     Rotary,
     Weights,
     additive_mask,
-    alibi_bias,
     resolve,
     spec_weights,
     with_causal,
@@ -373,9 +374,48 @@ def _bloom_decode(m: Any, x: Tensor) -> Tensor:
 
 BLOOM = ModuleSpec("bloom", _bloom_forward, _HF, q=None, k=None, v=None, qkv="query_key_value", qkv_layout="heads",
                    out="dense", head_dim="head_dim", scale="inv_norm_factor",
-                   position_bias=lambda m, t, s: alibi_bias(m.num_heads, t, s, form="key"), decode=_bloom_decode,
+                   alibi=ALiBi("key"), decode=_bloom_decode,
                    build=lambda cls, config: _hf_build(cls, "BloomConfig", config, layer_idx=0),
                    module_type="transformers.models.bloom.modeling_bloom.BloomAttention")
+
+
+
+def _mpt_bias(m: Any) -> Tensor:
+    """MPT's ALiBi tensor ``(h, 1, max_seq_len)``, built as its model builds it (``build_mpt_alibi_tensor``: part of
+    the code audited); the class slices the last ``s`` keys of it."""
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    bias: Tensor = build_mpt_alibi_tensor(m.n_heads, m.max_seq_length)  # type: ignore[no-untyped-call]
+    return bias
+
+
+def _mpt_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                 is_causal: bool) -> Tensor:
+    """MPT's mask is boolean, True where a key is masked (its model casts the additive mask to bool)."""
+    b, t = x.shape[0], x.shape[1]
+    keep = with_causal(keep, is_causal, t, t)
+    masked = None if keep is None else ~keep.expand(b, keep.shape[1], t, t)
+    result: Tensor = m(x, _mpt_bias(m).to(x.dtype), attention_mask=masked)[0]
+    return result
+
+
+def _mpt_decode(m: Any, x: Tensor) -> Tensor:
+    from transformers import DynamicCache
+
+    cache = DynamicCache()  # MptAttention keeps no config
+    return torch.cat([m(x[:, i:i + 1], _mpt_bias(m).to(x.dtype), cache=cache)[0] for i in range(x.shape[1])], dim=1)
+
+
+def _mpt_unmodelled(m: Any) -> list[str]:
+    """MPT's ``clip_qkv`` clamps the fused projection's outputs: not part of the reference."""
+    return [f"clip_qkv={m.clip_qkv}"] if m.clip_qkv else []
+
+
+#: MPT: ALiBi from ``build_mpt_alibi_tensor`` (``m_i (j - L + 1)``, the key form up to one constant)
+MPT = ModuleSpec("mpt", _mpt_forward, _HF, q=None, k=None, v=None, qkv="Wqkv", out="out_proj", num_heads="n_heads",
+                 head_dim="head_dim", scale="softmax_scale", alibi=ALiBi("key"), decode=_mpt_decode,
+                 build=lambda cls, config: _hf_build(cls, "MptConfig", config, layer_idx=0),
+                 unmodelled=_mpt_unmodelled, module_type="transformers.models.mpt.modeling_mpt.MptAttention")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -444,6 +484,41 @@ PHI = _rope_spec("phi", "phi", "PhiConfig", "Phi", out="dense", rotary=_PARTIAL,
 FALCON = _rope_spec("falcon", "falcon", "FalconConfig", "Falcon", "layer_past", call={"alibi": None},
                     decode_mask=True, q=None, k=None, v=None, qkv="query_key_value", qkv_layout="groups", out="dense",
                     num_heads="num_heads", num_kv_heads="num_kv_heads", head_dim="head_dim", scale="inv_norm_factor")
+
+
+def _falcon_alibi(m: Any, b: int, s: int, dtype: torch.dtype) -> Tensor:
+    """Falcon's ALiBi tensor ``(b h, 1, s)``, as its model builds it (``build_alibi_tensor``: part of the code
+    audited)."""
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
+
+    alibi: Tensor = build_alibi_tensor(torch.ones(b, s, dtype=torch.long), m.num_heads, dtype)
+    return alibi
+
+
+def _falcon_alibi_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                          is_causal: bool) -> Tensor:
+    b, t = x.shape[0], x.shape[1]
+    result: Tensor = m(x, _falcon_alibi(m, b, t, x.dtype), _hf_mask(x, keep, is_causal))[0]
+    return result
+
+
+def _falcon_alibi_decode(m: Any, x: Tensor) -> Tensor:
+    from transformers import DynamicCache
+
+    cache, b = DynamicCache(config=m.config), x.shape[0]
+    # an all-visible additive mask for each token: its eager kernel adds one always
+    return torch.cat([m(x[:, i:i + 1], _falcon_alibi(m, b, i + 1, x.dtype),
+                        torch.zeros(b, 1, 1, i + 1, dtype=x.dtype), layer_past=cache)[0]
+                      for i in range(x.shape[1])], dim=1)
+
+
+#: Falcon built with ``alibi=True`` (Falcon-RW): no rotary, ALiBi added to ``q.k`` before its ``1/sqrt(d)``
+FALCON_ALIBI = dataclasses.replace(
+    FALCON, name="falcon_alibi", forward=_falcon_alibi_forward, decode=_falcon_alibi_decode, rotary=None,
+    alibi=ALiBi("key", factor="inv_norm_factor"),
+    unmodelled=lambda m: [] if m.config.alibi else ["alibi=False (the falcon spec describes it)"])
+FALCON = dataclasses.replace(FALCON, unmodelled=lambda m: ["alibi=True (the falcon_alibi spec describes it)"]
+                             if m.config.alibi else [])
 MISTRAL = _rope_spec("mistral", "mistral", "MistralConfig", "Mistral", window="config.sliding_window")
 QWEN2 = _rope_spec("qwen2", "qwen2", "Qwen2Config", "Qwen2", window="sliding_window")
 #: OLMo-2: RMSNorm over every head's queries (and keys) at once, a weight ``h * d`` wide
@@ -617,9 +692,10 @@ X_TRANSFORMERS = ModuleSpec(
 
 #: The shipped specs by name.
 SPECS: dict[str, ModuleSpec] = {spec.name: spec for spec in (
-    TORCH_MHA, TYPED_TRANSFORMER, GPT2, GPT2_CROSS, BERT, BART, WHISPER, T5, BLOOM, LLAMA, GPT_NEOX, FALCON, PHI,
-    MISTRAL, QWEN2, QWEN3, OLMO2, TORCHTUNE, X_TRANSFORMERS)}
+    TORCH_MHA, TYPED_TRANSFORMER, GPT2, GPT2_CROSS, BERT, BART, WHISPER, T5, BLOOM, MPT, LLAMA, GPT_NEOX, FALCON,
+    FALCON_ALIBI, PHI, MISTRAL, QWEN2, QWEN3, OLMO2, TORCHTUNE, X_TRANSFORMERS)}
 SHIPPED_SPECS.update(SPECS)  # audit_module(..., spec="name") finds them there (_modules never imports this module)
 
-__all__ = ["BART", "BERT", "BLOOM", "FALCON", "GPT2", "GPT2_CROSS", "GPT_NEOX", "LLAMA", "MISTRAL", "OLMO2", "PHI",
-           "QWEN2", "QWEN3", "SPECS", "T5", "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER", "WHISPER", "X_TRANSFORMERS"]
+__all__ = ["BART", "BERT", "BLOOM", "FALCON", "FALCON_ALIBI", "GPT2", "GPT2_CROSS", "GPT_NEOX", "LLAMA", "MISTRAL",
+           "MPT", "OLMO2", "PHI", "QWEN2", "QWEN3", "SPECS", "T5", "TORCHTUNE", "TORCH_MHA", "TYPED_TRANSFORMER",
+           "WHISPER", "X_TRANSFORMERS"]
