@@ -56,8 +56,9 @@ def full_split_loss(model: GPT, data: TextData) -> float:
 def run(path: Path, learning_rate: float, seed: int, max_iters: int) -> tuple[float, float, float, int]:
     """One run: (learning rate, val on the 20 batches, val on the whole split, seed)."""
     torch.set_num_threads(1)
-    config = TrainConfig.for_preset("baby", learning_rate=learning_rate, min_lr=learning_rate / 10, seed=seed,
-                                    threads=1, sample_tokens=0, checkpoint_interval=10**6, max_iters=max_iters)
+    config = TrainConfig.for_preset("baby", optimizer="adamw", learning_rate=learning_rate,
+                                    min_lr=learning_rate / 10, seed=seed, threads=1, sample_tokens=0,
+                                    checkpoint_interval=10**6, max_iters=max_iters)
     data = TextData.from_text(load_text(path), 64)
     torch.manual_seed(seed)
     model = GPT(GPTConfig.preset("baby", data.tokenizer.vocab_size))
@@ -84,7 +85,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=None, help="Tiny Shakespeare (default: beside the checkout)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, one thread each")
-    parser.add_argument("--max-iters", type=int, default=TrainConfig.for_preset("baby").max_iters,
+    parser.add_argument("--max-iters", type=int,
+                        default=TrainConfig.for_preset("baby", optimizer="adamw").max_iters,
                         help="iterations per run (default: the preset's)")
     parser.add_argument("--write", action="store_true", help=f"replace the block of {PAGE.name}")
     args = parser.parse_args()

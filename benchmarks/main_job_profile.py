@@ -118,7 +118,7 @@ class Profile:
 
 def instrument(profile: Profile) -> None:
     """Wrap the functions that do each phase of ``typed-transformer train`` (looked up where it calls them)."""
-    from typed_transformer import data, gpt, training
+    from typed_transformer import data, gpt, muon, training
 
     profile.wrap(data, "load_text", "data", "reading the text and encoding it (train/val split)")
     profile.wrap(data, "default_corpus", "data", "")
@@ -127,14 +127,16 @@ def instrument(profile: Profile) -> None:
     profile.wrap(training, "measure_matmul_flops", "peak",
                  "the peak FLOP/s measurements, at the start and the end (the MFU baseline)")
     profile.wrap(torch.optim.AdamW, "__init__", "optimizer",
-                 "building AdamW (would import torch._dynamo, if not yet imported)")
+                 "building the optimizer (would import torch._dynamo, if not yet imported)")
+    profile.wrap(muon.MuonAdamW, "__init__", "optimizer", "")
     profile.wrap(training, "evaluate", "eval", "evaluations (20 batches per split; the check before each save)")
     profile.wrap(training.Trainer, "trial_step", "threads",
                  "timing thread counts (--threads auto) on trial steps that are not kept")
     profile.wrap(training.Trainer, "next_batch", "batch", "drawing the training batches")
     profile.wrap(training.Trainer, "_backward", "backward", "training steps: forward and backward")
     profile.wrap(torch.nn.utils, "clip_grad_norm_", "clip", "training steps: gradient clipping")
-    profile.wrap(torch.optim.AdamW, "step", "step", "training steps: the optimizer step")
+    profile.wrap(torch.optim.AdamW, "step", "step", "training steps: the optimizer step (AdamW, or Muon and AdamW)")
+    profile.wrap(muon.MuonAdamW, "step", "step", "")
     profile.wrap(training, "save_checkpoint", "save", "writing the checkpoints")
     profile.wrap(training, "plot_history", "plot", "drawing the loss plots (matplotlib's import the first time)")
     profile.wrap(training, "sample_text", "sample", "sampling the text printed at the end")
@@ -173,13 +175,13 @@ def optimizer_steps() -> tuple[float, float]:
     return statistics.median(samples["foreach"]), statistics.median(samples["fused"])
 
 
-def run(data: Path, extra: list[str], max_iters: int) -> tuple[Profile, float, float, str]:
+def run(data: Path, extra: list[str], max_iters: int | None) -> tuple[Profile, float, float, str]:
     """The main job in this process: (phases, wall seconds, CPU seconds, its output)."""
     profile = Profile()
     output = io.StringIO()
     with tempfile.TemporaryDirectory() as out:
         argv = ["train", "--data", str(data), "--out", str(Path(out) / "run"), "--no-progress",
-                "--max-iters", str(max_iters), *extra]
+                *(["--max-iters", str(max_iters)] if max_iters is not None else []), *extra]
         instrument(profile)
         try:
             start_wall, start_cpu = time.perf_counter(), time.process_time()
@@ -193,7 +195,8 @@ def run(data: Path, extra: list[str], max_iters: int) -> tuple[Profile, float, f
     return profile, wall, cpu, output.getvalue()
 
 
-def report(profile: Profile, wall: float, cpu: float, output: str, *, name: str, extra: list[str], max_iters: int,
+def report(profile: Profile, wall: float, cpu: float, output: str, *, name: str, extra: list[str],
+           max_iters: int | None,
            start: float) -> list[str]:
     decisions = [line.split(" (")[0] for line in output.splitlines() if re.match(r"threads: \d", line)]
     threads = f"thread counts chosen in turn: {', '.join(d.removeprefix('threads: ') for d in decisions)}" \
@@ -201,7 +204,8 @@ def report(profile: Profile, wall: float, cpu: float, output: str, *, name: str,
     imports = (_TORCH_WALL - _STARTED_WALL, _TORCH_CPU - _STARTED_CPU, _PACKAGE_WALL - _TORCH_WALL,
                _PACKAGE_CPU - _TORCH_CPU)
     total = start + imports[0] + imports[2] + wall
-    lines = [f"main job: typed-transformer train --data {name} --max-iters {max_iters}"
+    iters = "" if max_iters is None else f" --max-iters {max_iters}"
+    lines = [f"main job: typed-transformer train --data {name}{iters}"
              f"{' ' + ' '.join(extra) if extra else ''}, torch {torch.__version__}, {os.cpu_count()} cores, load "
              f"average {os.getloadavg()[0]:.2f} at the end; {threads}; wall seconds, and the CPU seconds of all "
              "the process's threads",
@@ -230,7 +234,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=None,
                         help="text file (default: Tiny Shakespeare beside the checkout, else the main job's corpus)")
-    parser.add_argument("--max-iters", type=int, default=2000, help="iterations (default 2000, the main job's)")
+    parser.add_argument("--max-iters", type=int, default=None, help="iterations (default: the main job's)")
     parser.add_argument("--extra", default="", help="flags added to the main job's command (quoted)")
     parser.add_argument("--write", type=Path, default=None, help="a page with two main-job-profile markers")
     args = parser.parse_args()

@@ -14,8 +14,8 @@ import torch
 from ._options import THREADS_HELP, parse_threads
 from .validation import check_positive_int
 
-__all__ = ["DEFAULT_PRESET", "DTYPES", "MAX_ITERS", "MAX_SEED", "MAX_TOKENS", "PRESET_TRAINING", "TrainConfig",
-           "describe_presets"]
+__all__ = ["DEFAULT_PRESET", "DTYPES", "MAX_ITERS", "MAX_SEED", "MAX_TOKENS", "PRESET_TRAINING",
+           "PRESET_TRAINING_BY_OPTIMIZER", "TrainConfig", "describe_presets"]
 
 #: Bounds of the command line's counts (docs/reliability.md).
 MAX_ITERS = 10**9
@@ -27,27 +27,38 @@ _SCALE = "scale and speed"  # the --help section of the flags about speed and sc
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 #: Training settings of a model preset where they differ from :class:`TrainConfig`'s defaults (nanoGPT's).
-#: ``baby``: peak learning rate 3e-3 (min 3e-4) instead of nanoGPT's 1e-3. Over 2000 iterations on Tiny
-#: Shakespeare, two seeds each, the full-split validation loss was 1.908 at 1e-3, 1.821 at 2e-3, 1.789 at
-#: 3e-3 and 1.784 at 5e-3; 3e-3 is the smallest rate within noise of the best (README, "Quality").
+#: ``baby``: Muon on the hidden matrices over 1000 iterations, evaluated every 100 (it reaches nanoGPT's final
+#: val loss in about 600 iterations where AdamW needs about 1450: docs/lab/time-to-quality.md), and the peak
+#: learning rate 3e-3 (min 3e-4) instead of nanoGPT's 1e-3 for the AdamW half. Over 2000 iterations of AdamW on
+#: Tiny Shakespeare, two seeds each, the full-split validation loss was 1.908 at 1e-3, 1.821 at 2e-3, 1.789 at
+#: 3e-3 and 1.784 at 5e-3; 3e-3 is the smallest rate within noise of the best (docs/lab/lr-sweep.md).
 PRESET_TRAINING: dict[str, dict[str, Any]] = {
-    "baby": {"learning_rate": 3e-3, "min_lr": 3e-4},
+    "baby": {"learning_rate": 3e-3, "min_lr": 3e-4, "optimizer": "muon", "max_iters": 1000, "eval_interval": 100},
     "seed": {},
+}
+#: A preset's settings for the optimizer it does not choose itself, over :data:`PRESET_TRAINING`'s: the baby
+#: preset with ``--optimizer adamw`` is nanoGPT's run (2000 iterations, evaluated every 250).
+PRESET_TRAINING_BY_OPTIMIZER: dict[str, dict[str, dict[str, Any]]] = {
+    "baby": {"adamw": {"max_iters": 2000, "eval_interval": 250}},
 }
 #: The preset a run gets when it names none.
 DEFAULT_PRESET = "baby"
 
 def describe_presets() -> str:
     """The presets in a line (``--preset``'s help): each one's model sizes (:data:`~typed_transformer.gpt.PRESETS`)
-    and training settings (:data:`PRESET_TRAINING`); what a preset does not set is the flag's default."""
+    and training settings (:data:`PRESET_TRAINING`, :data:`PRESET_TRAINING_BY_OPTIMIZER`); what a preset does
+    not set is the flag's default."""
     from .gpt import PRESETS
+
+    def setting(key: str, value: Any) -> str:
+        return f"{key} {value:g}" if isinstance(value, float) and not isinstance(value, bool) else f"{key} {value}"
 
     def one(name: str) -> str:
         settings = {**PRESETS[name], **PRESET_TRAINING.get(name, {})}
         default = " (default)" if name == DEFAULT_PRESET else ""
-        return f"{name}{default}: " + ", ".join(f"{key} {value:g}" if isinstance(value, float) and not
-                                                 isinstance(value, bool) else f"{key} {value}"
-                                                 for key, value in settings.items())
+        other = [f"with --optimizer {optimizer}: " + " and ".join(setting(k, v) for k, v in changed.items())
+                 for optimizer, changed in PRESET_TRAINING_BY_OPTIMIZER.get(name, {}).items()]
+        return f"{name}{default}: " + ", ".join([setting(k, v) for k, v in settings.items()] + other)
 
     return "; ".join(one(name) for name in PRESETS) + "; other settings: the flags' defaults"
 
@@ -59,7 +70,8 @@ class TrainConfig:
 
     # Fields with "help" are the train command's flags (typed_transformer._options); the ranges keep a typo from
     # asking for an allocation that takes the machine down or an evaluation that never ends.
-    max_iters: int = field(default=2000, metadata={"help": "optimizer steps (default 2000)", "range": (1, MAX_ITERS)})
+    max_iters: int = field(default=2000, metadata={"help": "optimizer steps (default 2000, or the preset's)",
+                                                   "range": (1, MAX_ITERS)})
     batch_size: int = field(default=12, metadata={"help": "default 12", "range": (1, 4096)})
     learning_rate: float = field(default=1e-3, metadata={
         "flag": "lr", "help": "peak learning rate, decaying to a tenth (default 1e-3, or the preset's)",
@@ -71,7 +83,8 @@ class TrainConfig:
     #: The optimizer: AdamW on every parameter, or Muon on the hidden matrices and AdamW on the rest
     #: (typed_transformer.muon; docs/training.md).
     optimizer: Literal["adamw", "muon"] = field(default="adamw", metadata={
-        "help": "adamw, or muon: Muon on the hidden matrices and AdamW on the rest (default adamw)"})
+        "help": "adamw, or muon: Muon on the hidden matrices and AdamW on the rest (default adamw, or the "
+                "preset's)"})
     muon_lr: float = field(default=0.02, metadata={
         "help": "Muon's peak learning rate, on the schedule of --lr (default 0.02; with --optimizer muon)",
         "interval": "(0, 1]", "noun": "a learning rate"})
@@ -81,7 +94,7 @@ class TrainConfig:
     beta2: float = 0.99
     grad_clip: float = 1.0
     eval_interval: int = field(default=250, metadata={
-        "help": "iterations between evaluations (default 250; checkpoints: --checkpoint-interval)",
+        "help": "iterations between evaluations (default 250, or the preset's; checkpoints: --checkpoint-interval)",
         "range": (1, MAX_ITERS)})
     eval_iters: int = field(default=20, metadata={"help": "batches per evaluation (default 20)", "range": (1, 1000)})
     checkpoint_interval: int = field(default=250, metadata={
@@ -106,11 +119,15 @@ class TrainConfig:
 
     @classmethod
     def for_preset(cls, preset: str, **overrides: Any) -> "TrainConfig":
-        """The defaults with the preset's own settings (:data:`PRESET_TRAINING`), then ``overrides``
-        (see :meth:`overridden`)."""
+        """The defaults with the preset's own settings (:data:`PRESET_TRAINING`, and
+        :data:`PRESET_TRAINING_BY_OPTIMIZER` for the optimizer the run uses), then ``overrides`` (see
+        :meth:`overridden`)."""
         if preset not in PRESET_TRAINING:
             raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESET_TRAINING)}")
-        return cls.overridden(PRESET_TRAINING[preset], **overrides)
+        settings = PRESET_TRAINING[preset]
+        optimizer = overrides.get("optimizer", settings.get("optimizer", cls.optimizer))
+        settings = {**settings, **PRESET_TRAINING_BY_OPTIMIZER.get(preset, {}).get(optimizer, {})}
+        return cls.overridden(settings, **overrides)
 
     @classmethod
     def overridden(cls, base: dict[str, Any], **overrides: Any) -> "TrainConfig":

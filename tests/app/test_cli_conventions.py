@@ -174,7 +174,7 @@ def test_the_train_flags_are_the_config_dataclasses_fields() -> None:
     from dataclasses import fields
 
     import typed_transformer.cli as cli
-    from typed_transformer.config import PRESET_TRAINING, TrainConfig
+    from typed_transformer.config import PRESET_TRAINING, PRESET_TRAINING_BY_OPTIMIZER, TrainConfig
     from typed_transformer.gpt import PRESETS, GPTConfig
 
     train = dict(_parsers(build_parser(), "typed-transformer"))["typed-transformer train"]
@@ -194,8 +194,11 @@ def test_the_train_flags_are_the_config_dataclasses_fields() -> None:
     assert [name.removesuffix(" (default)") for name in described] == list(PRESETS)
     for name, settings in described.items():  # every setting of each preset, from PRESETS and PRESET_TRAINING
         preset = name.removesuffix(" (default)")
+        other = [f"with --optimizer {optimizer}: " + " and ".join(f"{key} {value}" for key, value in changed.items())
+                 for optimizer, changed in PRESET_TRAINING_BY_OPTIMIZER.get(preset, {}).items()]
         assert settings.split(", ") == [f"{key} {value:g}" if type(value) is float else f"{key} {value}"
-                                        for key, value in {**PRESETS[preset], **PRESET_TRAINING[preset]}.items()]
+                                        for key, value in {**PRESETS[preset], **PRESET_TRAINING[preset]}.items()
+                                        ] + other
     for module in ("cli.py", "_options.py"):  # no argparse private API
         source = (Path(cli.__file__).parent / module).read_text(encoding="utf-8")
         assert "_actions" not in source

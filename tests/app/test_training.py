@@ -429,7 +429,11 @@ def test_periodic_checkpoints_are_written(tmp_path: Path, data: TextData) -> Non
 
 
 def test_presets_bring_their_own_training_settings() -> None:
-    assert TrainConfig.for_preset("baby") == TrainConfig(learning_rate=3e-3, min_lr=3e-4)
+    assert TrainConfig.for_preset("baby") == TrainConfig(learning_rate=3e-3, min_lr=3e-4, optimizer="muon",
+                                                         max_iters=1000, eval_interval=100)
+    # the other optimizer: AdamW's own settings for the preset (nanoGPT's length), a flag still winning
+    assert TrainConfig.for_preset("baby", optimizer="adamw") == TrainConfig(learning_rate=3e-3, min_lr=3e-4)
+    assert TrainConfig.for_preset("baby", optimizer="adamw", max_iters=5).max_iters == 5
     assert TrainConfig.for_preset("seed") == TrainConfig()
     assert TrainConfig.for_preset("baby", learning_rate=1e-2) == TrainConfig(learning_rate=1e-2, min_lr=1e-3)
     assert TrainConfig.for_preset("baby", max_iters=5).learning_rate == 3e-3
