@@ -366,6 +366,20 @@ class ChangingLoad:
         return result, costs[torch.get_num_threads()]
 
 
+def _killing(kills: tuple[int, ...], counts: dict[int, int]) -> Callable[[int], None]:
+    """An ``on_step`` that notes the thread count of each kept step and raises :class:`Killed` once after each
+    iteration of ``kills``."""
+    stopped: set[int] = set()
+
+    def on_step(iteration: int) -> None:
+        counts[iteration] = torch.get_num_threads()
+        if iteration in kills and iteration not in stopped:
+            stopped.add(iteration)
+            raise Killed
+
+    return on_step
+
+
 def _auto_run(out: Path, kills: tuple[int, ...], counts: dict[int, int],
               ) -> dict[str, torch.Tensor]:
     """The run to ``max_iters``, stopped by a kill after each iteration of ``kills`` and resumed from its
@@ -374,13 +388,7 @@ def _auto_run(out: Path, kills: tuple[int, ...], counts: dict[int, int],
     config = TrainConfig(max_iters=20, batch_size=8, eval_interval=100, eval_iters=1, checkpoint_interval=4,
                          warmup_iters=2, sample_tokens=0, threads="auto")
 
-    def on_step(iteration: int) -> None:
-        counts[iteration] = torch.get_num_threads()
-        if iteration in kills and iteration not in stopped:
-            stopped.add(iteration)
-            raise Killed
-
-    stopped: set[int] = set()
+    on_step = _killing(kills, counts)
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=data.tokenizer.vocab_size, block_size=16, n_layer=2, n_head=4, n_embd=64,
                           dropout=0.1))
@@ -419,13 +427,7 @@ def _auto_seq2seq_run(out: Path, kills: tuple[int, ...], counts: dict[int, int])
     config = Seq2SeqConfig(max_len=4, d_model=16, nhead=2, layers=1, dim_feedforward=32, batch_size=8, max_iters=20,
                            eval_interval=4, eval_pairs=10, dropout=0.1)
 
-    def on_step(iteration: int) -> None:
-        counts[iteration] = torch.get_num_threads()
-        if iteration in kills and iteration not in stopped:
-            stopped.add(iteration)
-            raise Killed
-
-    stopped: set[int] = set()
+    on_step = _killing(kills, counts)
     resume = False
     while True:
         try:
