@@ -11,6 +11,7 @@ reads and writes anything) and the full-disk case mounts a 12 MB tmpfs; without 
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -36,6 +37,9 @@ BEGIN, END = "<!-- reliability-cases:begin -->", "<!-- reliability-cases:end -->
 TINY = ["--block-size", "8", "--eval-interval", "5", "--eval-iters", "2", "--batch-size", "4", "--sample-tokens",
         "0", "--no-progress"]
 LONG = ["--max-iters", "100000", "--checkpoint-interval", "1000"]
+#: The tiny encoder-decoder's flags (train-seq2seq), shown as ``...`` in the tables too.
+S2S_TINY = ["--d-model", "16", "--nhead", "2", "--layers", "1", "--dim-feedforward", "32", "--batch-size", "16",
+            "--eval-pairs", "20", "--max-len", "4", "--no-progress"]
 NOBODY = 65534
 #: Imports what the commands need, then (as root) becomes ``nobody``, then runs the command line on sys.argv.
 AS_NOBODY = f"""
@@ -55,6 +59,35 @@ real = training.learning_rate
 training.learning_rate = lambda config, iteration: 1e30 if iteration >= 10 else real(config, iteration)
 sys.exit(main(sys.argv[1:]))
 """
+#: A command stuck in one torch kernel of hours that never looks for signals (as attention over a 200,000-character
+#: pair was): ``ready`` on stdout once the main thread has been inside the kernel for half a second.
+STUCK = """
+import sys, threading, time
+import typed_transformer.cli as cli
+entering = threading.Event()
+def say_ready():
+    entering.wait()
+    time.sleep(0.5)
+    print("ready", flush=True)
+def stuck(args):
+    import torch
+    ones = torch.ones(1).expand(2**50)
+    threading.Thread(target=say_ready, daemon=True).start()
+    entering.set()
+    return float(ones.sum())
+cli._run_training_command = stuck
+sys.exit(cli.main(sys.argv[1:]))
+"""
+#: The audit's candidates (modules in the lab's directory, which the audit imports from).
+CANDIDATES = {
+    "exits0.py": "import sys\n\ndef attention(q, k, v, *, attn_mask=None, is_causal=False):\n    sys.exit(0)\n",
+    "hangs.py": "import time\n\ndef attention(q, k, v, *, attn_mask=None, is_causal=False):\n    while True:\n"
+                "        time.sleep(0.01)\n",
+    "inplace.py": "from typed_transformer.attention import scaled_dot_product_attention\n\n"
+                  "def attention(q, k, v, *, attn_mask=None, is_causal=False):\n"
+                  "    out = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)\n"
+                  "    q.mul_(2)  # the right answer, then the query doubled in place\n    return out\n",
+}
 #: safetensors made impossible to import (a core install), then the command line.
 WITHOUT_SAFETENSORS = """
 import sys
@@ -69,6 +102,7 @@ class Outcome:
     code: int
     stderr: str
     note: str = ""  # what else the row must say (a file left untouched, the lines torchrun added)
+    stdout: str = ""
 
 
 @dataclass
@@ -98,10 +132,12 @@ class Lab:
         return [sys.executable, "-c", prelude, *argv] if prelude else [self.executable, *argv]
 
     def run(self, argv: list[str], *, prelude: str | None = None, preexec: Callable[[], None] | None = None,
-            timeout: float = 600) -> Outcome:
-        done = subprocess.run(self.command(argv, prelude=prelude), cwd=self.work, capture_output=True, text=True,
-                              env=self.env, preexec_fn=preexec, timeout=timeout, check=False)
-        return Outcome(done.returncode, done.stderr)
+            timeout: float = 600, stdin: str | None = None) -> Outcome:
+        """The command, its stdin the file ``stdin`` of the lab (else this script's)."""
+        with open(self.work / stdin, "rb") if stdin is not None else contextlib.nullcontext() as given:
+            done = subprocess.run(self.command(argv, prelude=prelude), cwd=self.work, capture_output=True, text=True,
+                                  env=self.env, preexec_fn=preexec, timeout=timeout, check=False, stdin=given)
+        return Outcome(done.returncode, done.stderr, stdout=done.stdout)
 
     def start(self, argv: list[str]) -> subprocess.Popen[str]:
         """Start the command with the default action of every signal the cases send (this script may run
@@ -144,6 +180,38 @@ def prepare(lab: Lab) -> None:
     (work / "empty-run").mkdir()
     (work / "exits.py").write_text("import sys\nsys.exit(3)\n", encoding="utf-8")
     write_corrupt_checkpoints(work)
+    prepare_seq2seq(lab)
+
+
+def prepare_seq2seq(lab: Lab) -> None:
+    """``s2s``, a 4-iteration run of the reversal task; the pairs files and stdin files of the seq2seq cases;
+    ``junk.safetensors``, ``s2s``'s checkpoint with an extra tensor ``junk.x`` (re-signed)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from typed_transformer.checkpoint import _digest
+
+    work = lab.work
+    for name, text in CANDIDATES.items():
+        (work / name).write_text(text, encoding="utf-8")
+    made = lab.run(["train-seq2seq", *S2S_TINY, "--max-iters", "4", "--out", "s2s"])
+    if made.code != 0:
+        raise SystemExit(f"the seq2seq run failed:\n{made.stderr}")
+    words = [f"{a}{b}{c}" for a in "abc" for b in "abc" for c in "ab"]
+    (work / "odd.tsv").write_text("".join(f"{w}\t{w[::-1]}\n" for w in words[:-1])
+                                  + f"{words[-1]}\u2028\x85\x0c\t{words[-1][::-1]}\n", encoding="utf-8")
+    (work / "long.tsv").write_text("".join(f"{w}\t{w[::-1]}\n" for w in words) + "ab" * 300 + "\tba\n",
+                                   encoding="utf-8")
+    (work / "crlf.txt").write_bytes(b"0123\r\n\r\n31\r\n")
+    (work / "notutf8.txt").write_bytes(b"12\n3\xff1\n")
+    (work / "longsource.txt").write_text("12\n" + "0123456789" * 60 + "\n", encoding="utf-8")
+    (work / "outside.json").write_text("not train-seq2seq's\n", encoding="utf-8")
+    with safe_open(str(work / "s2s" / "checkpoint.safetensors"), framework="pt") as handle:
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+        metadata = dict(handle.metadata())
+    tensors["junk.x"] = torch.zeros(2)
+    metadata["sha256"] = _digest(tensors, metadata)
+    save_file(tensors, str(work / "junk.safetensors"), metadata=metadata)
 
 
 Change = Callable[[dict[str, torch.Tensor], dict[str, str]], object]
@@ -390,6 +458,116 @@ def audit_exit(lab: Lab, case: Case) -> Outcome:
     return lab.run(case.argv)
 
 
+def audit_report(lab: Lab, case: Case) -> Outcome:
+    """The audit's FAIL line (its report is on stdout; stderr stays empty), the report's length beside it."""
+    outcome = lab.run(case.argv)
+    fails = [line for line in outcome.stdout.splitlines() if "FAIL" in line]
+    if outcome.stderr.strip() or not fails:
+        raise RuntimeError(f"expected a FAIL line on stdout and nothing on stderr:\n{outcome.stdout}{outcome.stderr}")
+    lines = len(outcome.stdout.splitlines())
+    return Outcome(outcome.code, fails[0], f"the report's FAIL line, on stdout ({lines} line(s) of report); "
+                   "stderr empty")
+
+
+def pairs_kept(lab: Lab, case: Case) -> Outcome:
+    """train-seq2seq on ``odd.tsv``: every line one pair, the unusual characters in the vocabulary."""
+    from typed_transformer.seq2seq_data import read_pairs
+    from typed_transformer.seq2seq_training import load_seq2seq
+
+    outcome = lab.run(case.argv)
+    path = lab.work / case.argv[case.argv.index("--data") + 1]
+    lines = path.read_bytes().count(b"\n")
+    chars = load_seq2seq(lab.work / case.argv[case.argv.index("--out") + 1]).vocab.chars
+    held = [f"U+{ord(c):04X}" for c in "\u2028\x85\x0c" if c in chars]
+    outcome.note = (f"{len(read_pairs(path))} pairs from the file's {lines} lines; the vocabulary holds "
+                    f"{', '.join(held)}")
+    return outcome
+
+
+def stdin_from(name: str | None) -> Callable[[Lab, Case], Outcome]:
+    """The command with stdin the lab's file ``name``, or (None) closed, as ``<&-`` closes it."""
+    def run(lab: Lab, case: Case) -> Outcome:
+        if name is None:
+            return lab.run(case.argv, preexec=lambda: os.close(0))
+        outcome = lab.run(case.argv, stdin=name)
+        outcome.note = f"stdout: {len(outcome.stdout.splitlines())} translation(s)" if outcome.code == 0 else ""
+        return outcome
+    return run
+
+
+def config_link(lab: Lab, case: Case) -> Outcome:
+    out = lab.work / case.argv[case.argv.index("--out") + 1]
+    out.mkdir()
+    (out / "config.json").symlink_to(Path("..") / "outside.json")
+    outcome = lab.run(case.argv)
+    content = (lab.work / "outside.json").read_text(encoding="utf-8")
+    kind = "a symbolic link" if (out / "config.json").is_symlink() else "a file"
+    outcome.note = f"outside.json unchanged ({content.strip()!r}); {out.name}/config.json now {kind}"
+    return outcome
+
+
+def edited_data(lab: Lab, case: Case) -> Outcome:
+    """Train 2 iterations on ``edited.tsv``, swap two characters of a target (the same characters), resume."""
+    data = lab.work / "edited.tsv"
+    data.write_text((lab.work / "odd.tsv").read_text(encoding="utf-8"), encoding="utf-8")
+    first = lab.run([*case.argv[:case.argv.index("--resume")], *case.argv[case.argv.index("--resume") + 1:]])
+    if first.code != 0:
+        raise RuntimeError(f"the first run failed:\n{first.stderr}")
+    data.write_text(data.read_text(encoding="utf-8").replace("aab\tbaa", "aab\taba", 1), encoding="utf-8")
+    return lab.run(case.argv)
+
+
+def stuck_then_sigterm(lab: Lab, case: Case) -> Outcome:
+    """The command stuck in one long torch call, SIGTERM once it is in it; the note says how soon it ended."""
+    process = subprocess.Popen(lab.command(case.argv, prelude=STUCK), cwd=lab.work, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=lab.env, preexec_fn=_default_signals)
+    try:
+        assert process.stdout is not None
+        if process.stdout.readline() != "ready\n":
+            raise RuntimeError("the stuck command did not say ready")
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=300)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return Outcome(process.returncode, stderr, f"ended {took:.1f} s after the signal")
+
+
+def killed_and_resumed(lab: Lab, case: Case) -> Outcome:
+    """An uninterrupted run; the same run killed (kill -9) once its first checkpoint is on disk, then resumed;
+    the note compares the two checkpoints tensor by tensor. One thread: with ``--threads auto`` two runs repeat
+    each other only under the same step times (docs/reliability.md; the tests inject them)."""
+    from typed_transformer.seq2seq_training import load_seq2seq
+
+    out = case.argv.index("--out") + 1
+    straight = [*case.argv[:out], "k-whole", *case.argv[out + 1:]]
+    straight.remove("--resume")
+    fresh = [word for word in case.argv if word != "--resume"]
+    whole = lab.run(straight)
+    if whole.code != 0:
+        raise RuntimeError(f"the uninterrupted run failed:\n{whole.stderr}")
+    checkpoint = lab.work / case.argv[out] / "checkpoint.safetensors"
+    process = lab.start(fresh)
+    while not checkpoint.exists() and process.poll() is None:
+        time.sleep(0.01)
+    process.kill()
+    process.communicate()
+    if process.returncode != -signal.SIGKILL:
+        raise RuntimeError(f"the run ended before it was killed (exit {process.returncode})")
+    killed_at = load_seq2seq(checkpoint).iteration
+    outcome = lab.run(case.argv)
+    a, b = load_seq2seq(lab.work / "k-whole"), load_seq2seq(checkpoint)
+    weights = a.model.state_dict()
+    equal = sum(torch.equal(value, b.model.state_dict()[name]) for name, value in weights.items())
+    same = "equal" if a.history == b.history else "different"
+    outcome.note = (f"killed after the checkpoint of iteration {killed_at}; {equal} of {len(weights)} tensors "
+                    f"bit-identical to the uninterrupted run's, histories {same}")
+    return outcome
+
+
 def without_safetensors(lab: Lab, case: Case) -> Outcome:
     outcome = lab.run(case.argv, prelude=WITHOUT_SAFETENSORS)
     outcome.stderr = outcome.stderr.replace(f"'{ROOT}[", "'.[")  # the checkout, as a clone names it
@@ -519,6 +697,9 @@ def _faults() -> list[Case]:
              signalled(signal.SIGINT, signal.SIGINT)),
         Case("Signals", "Ctrl-C during generate", generate, signalled(signal.SIGINT, after=10.0)),
         Case("Signals", "SIGTERM during generate", generate, signalled(signal.SIGTERM, after=10.0)),
+        Case("Signals", "SIGTERM inside one torch call of hours", ["generate", "--checkpoint", "run"],
+             stuck_then_sigterm, "typed-transformer generate --checkpoint run  # patched: one torch call of hours, "
+             "then SIGTERM"),
         Case("Several processes", "torchrun into the directory of a finished run",
              ["train", "--data", "input.txt", *TINY, "--out", "main-job"], torchrun_refusal),
         Case("Several processes", "torchrun, rank 1 killed (kill -9) after a save", [*ddp, "--out", "ddp1"],
@@ -526,12 +707,54 @@ def _faults() -> list[Case]:
         Case("Several processes", "torchrun, rank 0 killed (kill -9) after a save", [*ddp, "--out", "ddp0"],
              torchrun_killed(0)),
         Case("Audit", "a module that calls sys.exit(3) when imported", ["audit", "exits:attention"], audit_exit),
+        Case("Audit", "a candidate that calls sys.exit(0) on its first call", ["audit", "exits0:attention"],
+             audit_report),
+        Case("Audit", "a candidate that calls sys.exit(0) on its first call (--infer)",
+             ["audit", "exits0:attention", "--infer"], audit_report),
+        Case("Audit", "a candidate that never returns", ["audit", "hangs:attention", "--call-time-limit", "5"],
+             audit_report),
+        Case("Audit", "a candidate that never returns (--infer)",
+             ["audit", "hangs:attention", "--infer", "--call-time-limit", "5"], audit_report),
+        Case("Audit", "a candidate that doubles its query in place after computing the right answer",
+             ["audit", "inplace:attention", "--checks", "reference", "--dtypes", "float64", "--max-examples", "4"],
+             audit_report),
         Case("Install", "generate without the [train] extra", ["generate", "--checkpoint", "run"],
              without_safetensors, "typed-transformer generate --checkpoint run  # safetensors not installed"),
     ]
 
 
-CASES: list[Case] = [*_arguments(), *_data(), *_checkpoint(), *_resume(), *_out(), *_faults()]
+def _seq2seq() -> list[Case]:
+    translate = ["translate", "--checkpoint", "s2s"]
+    return [
+        Case("Seq2seq", "a pair holding U+2028, U+0085 and U+000C (one line: one pair)",
+             ["train-seq2seq", "--data", "odd.tsv", *S2S_TINY, "--max-iters", "2", "--out", "u1"], pairs_kept),
+        Case("Seq2seq", "a pair of 600 characters (the longest sequence is 512)",
+             ["train-seq2seq", "--data", "long.tsv", *S2S_TINY, "--max-iters", "2", "--out", "u2"]),
+        Case("Seq2seq", "translate with stdin closed", translate, stdin_from(None),
+             "typed-transformer translate --checkpoint s2s <&-"),
+        Case("Seq2seq", "translate: CRLF lines on stdin", translate, stdin_from("crlf.txt"),
+             "typed-transformer translate --checkpoint s2s < crlf.txt  # 0123, an empty line, 31, each ending \\r\\n"),
+        Case("Seq2seq", "translate: a byte that is not UTF-8 on stdin", translate, stdin_from("notutf8.txt"),
+             "typed-transformer translate --checkpoint s2s < notutf8.txt  # 12, then 3 0xff 1"),
+        Case("Seq2seq", "translate: a source of 600 characters", translate, stdin_from("longsource.txt"),
+             "typed-transformer translate --checkpoint s2s < longsource.txt  # 12, then 600 digits"),
+        Case("Seq2seq", "translate: an extra tensor `junk.x` (re-signed)",
+             ["translate", "--checkpoint", "junk.safetensors", "--text", "12"]),
+        Case("Seq2seq", "`config.json` a symbolic link to ../outside.json",
+             ["train-seq2seq", *S2S_TINY, "--max-iters", "2", "--out", "u3"], config_link),
+        Case("Seq2seq", "--resume on an edited data file (the same characters)",
+             ["train-seq2seq", "--data", "edited.tsv", *S2S_TINY, "--max-iters", "4", "--resume", "--out", "u4"],
+             edited_data, "typed-transformer train-seq2seq --data edited.tsv ... --max-iters 4 --resume --out u4  "
+             "# after 2 iterations, aab<TAB>baa edited to aab<TAB>aba"),
+        Case("Seq2seq", "kill -9 after the first checkpoint, then --resume",
+             ["train-seq2seq", *S2S_TINY, "--max-iters", "600", "--eval-interval", "50", "--threads", "1",
+              "--resume", "--out", "u5"], killed_and_resumed,
+             "typed-transformer train-seq2seq ... --max-iters 600 --eval-interval 50 --threads 1 --out u5; kill -9; "
+             "the same with --resume"),
+    ]
+
+
+CASES: list[Case] = [*_arguments(), *_data(), *_checkpoint(), *_resume(), *_out(), *_seq2seq(), *_faults()]
 SECTIONS = list(dict.fromkeys(case.section for case in CASES))
 #: Every table's header (the sections of the several-process rows: our lines, then what torchrun added).
 HEADER = "| Case | Command | Exit | Last line on stderr |\n|---|---|---|---|"
@@ -542,9 +765,10 @@ def shown(case: Case) -> str:
         return case.shown
     argv, words, i = case.argv, [], 0
     while i < len(argv):
-        if argv[i:i + len(TINY)] == TINY:
+        tiny = next((flags for flags in (TINY, S2S_TINY) if argv[i:i + len(flags)] == flags), None)
+        if tiny is not None:
             words.append("...")
-            i += len(TINY)
+            i += len(tiny)
             continue
         words.append(_quote(argv[i]))
         i += 1

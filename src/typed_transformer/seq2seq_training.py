@@ -152,6 +152,8 @@ class Seq2SeqCheckpoint:
     optimizer_state: dict[str, Any] | None = None
     #: sha256 of the pairs of ``--data`` (None for a synthetic task, and in checkpoints written before it was kept)
     data_sha256: str | None = None
+    #: The thread tuner's schedule (``RunThreads.state()``) of a ``threads="auto"`` run, for a resumed run to continue
+    thread_state: dict[str, Any] | None = None
 
 
 @dataclass
@@ -250,7 +252,7 @@ def evaluate_pairs(model: Seq2SeqTransformer, vocab: PairVocab, pairs: list[Pair
 
 def save_seq2seq(path: Path, model: Seq2SeqTransformer, vocab: PairVocab, config: Seq2SeqConfig, *,
                  iteration: int, history: list[dict[str, float]], optimizer: torch.optim.Optimizer | None,
-                 data_sha256: str | None = None) -> Path:
+                 data_sha256: str | None = None, thread_state: dict[str, Any] | None = None) -> Path:
     """Write the checkpoint atomically (the file or the directory to put it in)."""
     if path.is_dir() or not path.suffix:
         path = path / CHECKPOINT_NAME
@@ -267,6 +269,8 @@ def save_seq2seq(path: Path, model: Seq2SeqTransformer, vocab: PairVocab, config
                 "iteration": str(iteration), "history": json.dumps(history), "optimizer": json.dumps(optimizer_meta)}
     if data_sha256 is not None:
         metadata["data_sha256"] = data_sha256
+    if thread_state is not None:
+        metadata["thread_state"] = json.dumps(thread_state)
     metadata["sha256"] = _digest(tensors, metadata)
     write_atomically(path, tensors, metadata)
     return path
@@ -318,8 +322,11 @@ def load_seq2seq(path: str | Path) -> Seq2SeqCheckpoint:
                                   [p for group in _muon_groups(model, config) for p in group["params"]],
                                   torch.optim.Adam)
         data_sha256 = metadata.get("data_sha256")
+        thread_state = json.loads(metadata["thread_state"]) if "thread_state" in metadata else None
+        if thread_state is not None and not isinstance(thread_state, dict):
+            raise ValueError(f"thread_state must be a dict, got {type(thread_state).__name__}")
         return Seq2SeqCheckpoint(model, vocab, config, int(metadata["iteration"]), json.loads(metadata["history"]),
-                                 optimizer_state, data_sha256)
+                                 optimizer_state, data_sha256, thread_state)
     except CheckpointError:
         raise
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
@@ -428,6 +435,7 @@ class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
     (greedy decoding of the held-out pairs) and a checkpoint every ``eval_interval`` steps. One process."""
 
     desc = "train-seq2seq"
+    keeps_thread_state = True  # a resumed threads="auto" run changes counts where the uninterrupted run does
     __shape_checked__ = ("next_batch",)
     model: Seq2SeqTransformer
 
@@ -465,6 +473,7 @@ class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
         if resume.optimizer_state is not None:
             self.optimizer.load_state_dict(resume.optimizer_state)
         self.history, self.start = list(resume.history), resume.iteration
+        self.thread_state = resume.thread_state
 
     def run(self) -> Seq2SeqResult:
         self.began = time.perf_counter()
@@ -494,7 +503,8 @@ class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
 
     def save(self, iteration: int) -> Path:
         path = save_seq2seq(self.out, self.model, self.vocab, self.settings, iteration=iteration,
-                            history=self.history, optimizer=self.optimizer, data_sha256=self.data_sha256)
+                            history=self.history, optimizer=self.optimizer, data_sha256=self.data_sha256,
+                            thread_state=None if self.run_threads is None else self.run_threads.state())
         self.saved = (iteration, path)
         return path
 
@@ -553,9 +563,9 @@ def train_command(args: Any) -> int:
     return 0
 
 
-def _stdin_lines(stdin: TextIO | None) -> list[str]:
-    """The non-blank lines of stdin, each without its ``\n`` or ``\r\n``; a line that is not UTF-8 is named
-    with its byte and line number, a closed stdin (``<&-``) is nothing to translate."""
+def _stdin_lines(stdin: TextIO | None) -> list[tuple[str, str]]:
+    """The non-blank lines of stdin as ``("stdin line N", line)``, each without its ``\n`` or ``\r\n``; a line
+    that is not UTF-8 is named with its byte and line number, a closed stdin (``<&-``) is nothing to translate."""
     if stdin is None:
         raise ValueError("nothing to translate: give --text or lines on stdin (stdin is closed)")
     buffer = getattr(stdin, "buffer", None)
@@ -571,7 +581,7 @@ def _stdin_lines(stdin: TextIO | None) -> list[str]:
             raise ValueError(f"stdin line {number} is not UTF-8 (byte 0x{raw[err.start]:02x} at byte "
                              f"{err.start + 1} of the line)") from None
         if line.strip(" \t"):
-            lines.append(line)
+            lines.append((f"stdin line {number}", line))
     return lines
 
 
@@ -580,11 +590,16 @@ def translate_command(args: Any) -> int:
     import sys
 
     checkpoint = load_seq2seq(args.checkpoint)
-    texts = list(args.text or []) or _stdin_lines(sys.stdin)
-    if not texts:
+    sources = [(f"--text {i}", text) for i, text in enumerate(args.text or [], 1)] or _stdin_lines(sys.stdin)
+    if not sources:
         raise ValueError("nothing to translate: give --text or lines on stdin")
+    texts = [text for _, text in sources]
     if "" in texts:
         raise ValueError(f"--text is empty (text {texts.index('') + 1})")
+    for where, text in sources:  # refused before any attention runs over it
+        if len(text) > MAX_PAIR_LENGTH:
+            raise ValueError(f"{where} has {len(text):,} characters; at most {MAX_PAIR_LENGTH} (the longest sequence "
+                             "train-seq2seq trains on)")
     if not 1 <= args.beam < checkpoint.vocab.size:
         raise ValueError(f"--beam must be in [1, {checkpoint.vocab.size - 1}] for this vocabulary, got {args.beam}")
     for line in translate(checkpoint.model, checkpoint.vocab, texts, beam=args.beam,

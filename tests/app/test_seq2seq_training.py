@@ -232,6 +232,41 @@ def test_translate_with_stdin_closed_is_one_line(tmp_path: Path, capsys: pytest.
                                                  "lines on stdin (stdin is closed)")
 
 
+@pytest.mark.parametrize("where", ["stdin", "--text"])
+def test_translate_refuses_a_source_longer_than_the_longest_sequence_naming_its_line(
+        where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source over MAX_PAIR_LENGTH characters (each in the vocabulary) is refused in one line naming it, before
+    the encoder runs attention over it."""
+    from typed_transformer.seq2seq import Seq2SeqTransformer
+    from typed_transformer.seq2seq_data import MAX_PAIR_LENGTH
+
+    out = tmp_path / "run"
+    assert run(["train-seq2seq", *TINY, "--max-iters", "2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    encoded: list[int] = []
+    encode = Seq2SeqTransformer.encode
+
+    def counted(self: Seq2SeqTransformer, src: torch.Tensor) -> torch.Tensor:
+        encoded.append(src.shape[1])
+        return encode(self, src)
+
+    monkeypatch.setattr(Seq2SeqTransformer, "encode", counted)
+    long = "0123456789" * 60 + "0"  # 601 characters
+    assert len(long) > MAX_PAIR_LENGTH
+    if where == "stdin":
+        monkeypatch.setattr("sys.stdin", _bytes_stdin(f"12\n\n{long}\n".encode()))
+        argv, named = ["translate", "--checkpoint", str(out)], "stdin line 3"
+    else:
+        argv, named = ["translate", "--checkpoint", str(out), "--text", "12", "--text", long], "--text 2"
+    assert run(argv) == 2
+    assert one_line(capsys.readouterr().err) == (f"typed-transformer: error: {named} has 601 characters; at most "
+                                                 f"{MAX_PAIR_LENGTH} (the longest sequence train-seq2seq trains on)")
+    assert encoded == []
+    assert run(["translate", "--checkpoint", str(out), "--text", long[:MAX_PAIR_LENGTH], "--max-new-tokens",
+                "2"]) == 0  # the longest one is translated
+    assert encoded == [MAX_PAIR_LENGTH]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_run_stopped_on_an_evaluation_iteration_keeps_that_evaluation(signum: int, tmp_path: Path) -> None:
     """The resumed run starts after the evaluation it would have made: the stopped run makes it."""

@@ -1,5 +1,6 @@
 """The intra-op thread count: the tuner's timing logic (with a fake clock), who decides, drift re-checks."""
 
+import io
 import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from typed_transformer import threads
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.data import TextData
 from typed_transformer.gpt import GPT, GPTConfig
+from typed_transformer.seq2seq_training import Seq2SeqConfig, load_seq2seq, train_seq2seq
 from typed_transformer.threads import ThreadChoice, ThreadTuner, candidate_counts, resolve_threads, tune_threads
 from typed_transformer.training import StepLoop, TrainConfig, train
 
@@ -364,6 +366,20 @@ class ChangingLoad:
         return result, costs[torch.get_num_threads()]
 
 
+def _killing(kills: tuple[int, ...], counts: dict[int, int]) -> Callable[[int], None]:
+    """An ``on_step`` that notes the thread count of each kept step and raises :class:`Killed` once after each
+    iteration of ``kills``."""
+    stopped: set[int] = set()
+
+    def on_step(iteration: int) -> None:
+        counts[iteration] = torch.get_num_threads()
+        if iteration in kills and iteration not in stopped:
+            stopped.add(iteration)
+            raise Killed
+
+    return on_step
+
+
 def _auto_run(out: Path, kills: tuple[int, ...], counts: dict[int, int],
               ) -> dict[str, torch.Tensor]:
     """The run to ``max_iters``, stopped by a kill after each iteration of ``kills`` and resumed from its
@@ -372,13 +388,7 @@ def _auto_run(out: Path, kills: tuple[int, ...], counts: dict[int, int],
     config = TrainConfig(max_iters=20, batch_size=8, eval_interval=100, eval_iters=1, checkpoint_interval=4,
                          warmup_iters=2, sample_tokens=0, threads="auto")
 
-    def on_step(iteration: int) -> None:
-        counts[iteration] = torch.get_num_threads()
-        if iteration in kills and iteration not in stopped:
-            stopped.add(iteration)
-            raise Killed
-
-    stopped: set[int] = set()
+    on_step = _killing(kills, counts)
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=data.tokenizer.vocab_size, block_size=16, n_layer=2, n_head=4, n_embd=64,
                           dropout=0.1))
@@ -408,3 +418,40 @@ def test_a_resumed_auto_run_replays_the_thread_counts_under_a_changing_load(
     assert resumed == whole  # every kept step at the whole run's count (tuning afresh on resume changes them)
     for name, value in uninterrupted.items():
         assert torch.equal(got[name], value), f"{name} differs after a kill and resume under a changing load"
+
+
+def _auto_seq2seq_run(out: Path, kills: tuple[int, ...], counts: dict[int, int]) -> dict[str, torch.Tensor]:
+    """train-seq2seq's run to ``max_iters`` with ``threads="auto"`` (the command's default), stopped by a kill
+    after each iteration of ``kills`` and resumed from its checkpoint (every 4 iterations); ``counts`` as in
+    :func:`_auto_run`."""
+    config = Seq2SeqConfig(max_len=4, d_model=16, nhead=2, layers=1, dim_feedforward=32, batch_size=8, max_iters=20,
+                           eval_interval=4, eval_pairs=10, dropout=0.1)
+
+    on_step = _killing(kills, counts)
+    resume = False
+    while True:
+        try:
+            return train_seq2seq(config, out, resume=resume, log=io.StringIO(), on_step=on_step,
+                                 threads="auto").model.state_dict()
+        except Killed:
+            resume = True
+
+
+def test_a_resumed_auto_seq2seq_run_replays_the_thread_counts_under_a_changing_load(
+        tmp_path: Path, no_user_setting: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """train-seq2seq keeps the tuner's state in its checkpoints as train does: a run killed (kill -9) twice and
+    resumed equals the uninterrupted run bit for bit, every kept step at the same thread count."""
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    load = ChangingLoad(change=10)
+    monkeypatch.setattr(StepLoop, "measure", lambda trainer, work: load.measure(trainer, work))
+    whole: dict[int, int] = {}
+    uninterrupted = _auto_seq2seq_run(tmp_path / "whole", (), whole)
+    assert (whole[1], whole[20]) == (1, 2), whole
+    changed = [i for i in whole if i > 1 and whole[i] != whole[i - 1]]
+    assert len(changed) == 1
+    resumed: dict[int, int] = {}
+    got = _auto_seq2seq_run(tmp_path / "killed", (13, changed[0] + 2), resumed)
+    assert resumed == whole
+    for name, value in uninterrupted.items():
+        assert torch.equal(got[name], value), f"{name} differs after a kill and resume under a changing load"
+    assert load_seq2seq(tmp_path / "killed").history == load_seq2seq(tmp_path / "whole").history

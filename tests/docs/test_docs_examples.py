@@ -115,3 +115,23 @@ def test_the_testing_page_shows_how_to_test_your_own_attention_with_the_strategi
     for part in ("def my_attention(", "attention_inputs(", "keep_masks(", "causal_mask(",
                  "scaled_dot_product_attention(", "test_a_wrong_attention_is_caught()"):
         assert part in example, part
+
+
+def test_the_tutorial_mistakes_page_checks_each_mistake_against_the_reference() -> None:
+    """docs/tutorial-mistakes.md: one section per mistake of the founding tutorials (issue 31), each with an
+    executed check (none skipped) that asserts the difference; test_examples_run runs them."""
+    page = (ROOT / "docs" / "tutorial-mistakes.md").read_text(encoding="utf-8")
+    assert "docs/tutorial-mistakes.md" not in SKIPPED
+    sections = re.split(r"^## ", page, flags=re.MULTILINE)[1:]
+    titles = [section.splitlines()[0] for section in sections]
+    for number, words in enumerate(("Heads merged without moving them back", "misprinted permute",
+                                    "Concatenation \"along the sequence\"", "missing `1 / sqrt(d_k)`",
+                                    "mask below the diagonal and the softmax over queries", "`eps` outside the root"),
+                                   1):
+        (title,) = [t for t in titles if t.startswith(f"{number}. ")]
+        assert words in title, title
+        section = sections[titles.index(title)]
+        checks = [block for block in re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+                  if "assert" in block or block.startswith(">>>")]  # an assertion, or a doctest's printed output
+        assert checks, f"section {title!r} has no executed check"
+        assert not _SKIP.search(section), f"section {title!r} skips an example"
