@@ -7,8 +7,9 @@ reference, not the module.
 
 Libraries: ``litgpt`` (``CausalSelfAttention``: its rope cache and KV cache), ``diffusers`` (``Attention`` with its
 processors, self- or cross-attention), ``open_clip`` (``Attention``), ``timm`` (``Attention``, the vision
-transformers' blocks' attention), ``torchtune`` (``MultiHeadAttention``), ``x_transformers`` (``Attention``) and
-``torchtitan`` (its Llama 3 ``Attention``). Each library is imported only when one of its modules is audited."""
+transformers' blocks' attention), ``torchtune`` (``MultiHeadAttention``) and ``x_transformers`` (``Attention``).
+Each library is imported only when one of its modules is audited. Each spec's ``Options`` (``LIBRARY_OPTIONS``)
+lists every constructor option of its class as modelled, refused or inert."""
 
 import dataclasses
 import functools
