@@ -68,7 +68,7 @@ def _diffusers_cases() -> list[tuple[str, str, str]]:
                "qk rms_norm": "qk_norm='rms_norm'", "qk fp32_layer_norm": "qk_norm='fp32_layer_norm'",
                "no scale_qk": "scale_qk=False", "rescale_output_factor=2": "rescale_output_factor=2.0",
                "upcast softmax and attention": "upcast_softmax=True, upcast_attention=True",
-               "kv_heads=2": "kv_heads=2", "out_dim=32": "out_dim=32, dim_head=8",
+               "kv_heads=2": "kv_heads=2", "out_dim=32": "out_dim=32",
                "residual_connection": "residual_connection=True", "norm_num_groups=4": "norm_num_groups=4",
                "qk l2": "qk_norm='l2'"}
     processors = {"AttnProcessor2_0": "AttnProcessor2_0()", "AttnProcessor": "AttnProcessor()",

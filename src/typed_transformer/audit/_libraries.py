@@ -31,6 +31,7 @@ from ._modules import (
     LIBRARY_READERS,
     SHIPPED_SPECS,
     ModuleSpec,
+    Options,
     Rotary,
     Weights,
     additive_mask,
@@ -49,22 +50,6 @@ def _refuse(module: Any, spec: str, unmodelled: list[str]) -> None:
         raise AuditUsageError(f"{type(module).__qualname__} computes what spec {spec!r} does not model: "
                               f"{'; '.join(unmodelled)}. The reference has no such step, so a FAIL would be about the "
                               f"reference, not the module: not audited")
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """Every constructor option of a library's attention class, as its spec treats it (the tests check the list
-    against the class's own signature, so an option a new release adds fails them until it is listed here):
-    ``modelled`` (the spec reads it from the module), ``refused`` (the spec refuses a module built with it, by name,
-    before any check runs) or ``inert`` (no effect on what the audit compares: dropout, off in the audit's eval
-    mode; device and dtype; an option read only together with a refused one). An option both modelled and refused
-    is modelled for some values and refused for the others (the message names the value)."""
-
-    #: the class (``module.path.Name``) whose constructor (litgpt: whose ``Config`` fields its code reads) is listed
-    cls: str
-    modelled: tuple[str, ...]
-    refused: tuple[str, ...]
-    inert: tuple[str, ...] = ()
 
 
 def _pair(layer: Any) -> tuple[Tensor, Tensor | None]:
@@ -523,6 +508,12 @@ LIBRARY_SPECS: dict[str, Callable[[Any], ModuleSpec]] = {
 LIBRARY_OPTIONS: dict[str, Options] = {
     "litgpt": LITGPT_OPTIONS, "timm": TIMM_OPTIONS, "open_clip": OPEN_CLIP_OPTIONS, "diffusers": DIFFUSERS_OPTIONS,
     "torchtune": TORCHTUNE_OPTIONS}
+
+
+def _register_shipped_options() -> None:
+    from .specs import TORCH_MHA_OPTIONS, TYPED_TRANSFORMER_OPTIONS
+
+    LIBRARY_OPTIONS.update(torch_mha=TORCH_MHA_OPTIONS, typed_transformer=TYPED_TRANSFORMER_OPTIONS)
 #: the static spec of each library (its class and how the command line builds one), by name
 LIBRARY_BASES: dict[str, ModuleSpec] = {"litgpt": LITGPT, "timm": TIMM, "open_clip": OPEN_CLIP, "diffusers": DIFFUSERS}
 
@@ -592,6 +583,7 @@ def _read(module: Any, name: str) -> ModuleSpec:
 
 
 _register()
+_register_shipped_options()
 
 __all__ = ["DIFFUSERS", "LIBRARY_OPTIONS", "LIBRARY_SPECS", "OPEN_CLIP", "TIMM", "Options", "diffusers_spec",
            "import_without_torchvision", "library_spec", "open_clip_spec", "timm_spec", "torchtune_decode",

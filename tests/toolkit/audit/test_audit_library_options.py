@@ -35,9 +35,18 @@ def _listed(library: str) -> set[str]:
     return {*options.modelled, *options.refused, *options.inert}
 
 
-@pytest.mark.parametrize("library", ["timm", "open_clip", "diffusers", "torchtune"])
+#: the shipped specs of classes outside any third-party library (nothing to import)
+OWN = ("torch_mha", "typed_transformer")
+
+
+def _need(library: str) -> None:
+    if library not in OWN:
+        _import(library)
+
+
+@pytest.mark.parametrize("library", ["timm", "open_clip", "diffusers", "torchtune", *OWN])
 def test_every_constructor_option_is_listed(library: str) -> None:
-    _import(library)
+    _need(library)
     cls = _class(LIBRARY_OPTIONS[library].cls)
     signature = set(inspect.signature(inspect.unwrap(vars(cls)["__init__"])).parameters) - {"self"}
     assert signature == _listed(library)
@@ -91,6 +100,17 @@ def _litgpt(name: str, **options: Any) -> nn.Module:
     sizes = {"n_embd": 32, "n_head": 4, "n_query_groups": 2, "head_size": 8, "n_layer": 1, "block_size": 64}
     module: nn.Module = CausalSelfAttention(Config.from_name(name, **{**sizes, **options}), block_idx=0)
     return module
+
+
+def _ours(**options: Any) -> nn.Module:
+    from typed_transformer.multihead import MultiHeadAttention
+
+    module: nn.Module = MultiHeadAttention(16, 4, **options)
+    return module
+
+
+def _torch_mha(**options: Any) -> nn.Module:
+    return nn.MultiheadAttention(16, 4, **options)
 
 
 def _lora(width: int) -> Callable[[], nn.Module]:
@@ -150,6 +170,10 @@ REFUSED: list[tuple[str, Callable[..., nn.Module], dict[str, Any], str]] = [
     ("torchtune", _torchtune, {"v_proj": _lora(8)}, "v_proj=LoRALinear"),
     ("torchtune", _torchtune, {"output_proj": _lora(16)}, "output_proj=LoRALinear"),
     ("torchtune", _torchtune, {"pos_embeddings": _vision_rope}, "pos_embeddings=VisionRotaryPositionalEmbeddings"),
+    ("typed_transformer", _ours, {"add_bias_kv": True}, "add_bias_kv=True"),
+    ("typed_transformer", _ours, {"add_zero_attn": True}, "add_zero_attn=True"),
+    ("typed_transformer", _ours, {"kdim": 10}, "kdim"),
+    ("typed_transformer", _ours, {"vdim": 10}, "vdim"),
     ("litgpt", lambda **o: _litgpt("gemma-2-2b", **o), {}, "attention_logit_softcapping"),
     ("litgpt", lambda **o: _litgpt("Llama-3.1-8B", **o), {}, "rope_adjustments"),
     ("litgpt", lambda **o: _litgpt("Gemma-3-1b-it", **o), {}, "rope_local_base_freq"),
@@ -165,7 +189,7 @@ def _made(options: dict[str, Any]) -> dict[str, Any]:
                          ids=[f"{case[0]}-{case[3]}" for case in REFUSED])
 def test_an_unmodelled_option_is_refused_by_name_before_any_check(
         library: str, build: Callable[..., nn.Module], options: dict[str, Any], named: str) -> None:
-    _import(library)
+    _need(library)
     module = build(**_made(options))
     calls: list[int] = []
     module.register_forward_pre_hook(lambda *_: calls.append(1))
@@ -209,6 +233,12 @@ def _rms(size: int) -> Callable[[], nn.Module]:
     return make
 
 
+def _rotary() -> nn.Module:
+    from typed_transformer.positions import RotaryEmbedding
+
+    return RotaryEmbedding(4, base=500.0)
+
+
 def _rms_layer() -> type:
     from timm.layers.norm import RmsNorm
 
@@ -236,6 +266,10 @@ MODELLED: list[tuple[str, Callable[..., nn.Module], dict[str, Any]]] = [
     ("torchtune", _torchtune, {"pos_embeddings": _rope("Phi3RotaryPositionalEmbeddings")}),
     ("torchtune", _torchtune, {"pos_embeddings": _rope("Qwen2RotaryPositionalEmbeddings")}),
     ("torchtune", _torchtune, {"q_norm": _rms(4), "k_norm": _rms(4)}),
+    ("torch_mha", _torch_mha, {"kdim": 12, "vdim": 10, "bias": False}),
+    ("torch_mha", _torch_mha, {"add_bias_kv": True, "add_zero_attn": True, "batch_first": True}),
+    ("typed_transformer", _ours, {"input_dim": 12, "kdim": 12, "vdim": 12, "bias": False}),
+    ("typed_transformer", _ours, {"num_kv_heads": 2, "backend": "sdpa", "rotary": _rotary}),
     ("litgpt", lambda **o: _litgpt("Qwen3-0.6B", **o), {}),  # per-head q/k RMSNorm
     ("litgpt", lambda **o: _litgpt("OLMo-2-1124-7B", **o), {}),  # OLMo-2's q/k norm over every head
     ("litgpt", lambda **o: _litgpt("phi-2", **o), {"head_size": 20, "n_embd": 80}),  # partial rotary, biases
@@ -248,7 +282,7 @@ MODELLED: list[tuple[str, Callable[..., nn.Module], dict[str, Any]]] = [
                          ids=[f"{case[0]}-{','.join(case[2]) or 'named config'}" for case in MODELLED])
 def test_a_modelled_option_passes_against_the_real_module(
         library: str, build: Callable[..., nn.Module], options: dict[str, Any]) -> None:
-    _import(library)
+    _need(library)
     module = randomize_parameters(build(**_made(options)), 0)
     report = audit_module(module, library, **QUICK)
     assert report.passed, report.table()
