@@ -178,6 +178,29 @@ print(type(attention.processor).__name__, "raised:", raised)
 reproduced = raised is not None
 '''),
     Finding(
+        "diffusers' `AttnProcessor2_0` ignores `Attention(scale_qk=False)`",
+        "diffusers",
+        "`scale_qk=False` sets the module's `scale` to 1 (logits `q.k`, not `q.k / sqrt(d)`), and diffusers then "
+        "picks the classic `AttnProcessor`, which applies it. `AttnProcessor2_0`, set explicitly (`processor=` or "
+        "`set_processor`, as pipelines do for speed), never passes `attn.scale` to `scaled_dot_product_attention`, "
+        "which divides by `sqrt(d)` anyway: the same module gives another answer, with no warning. The audit's "
+        "zero-line spec reads `scale`; every check of such a module fails.",
+        "reference",
+        '''import torch
+from diffusers.models.attention_processor import Attention, AttnProcessor2_0
+
+torch.manual_seed(0)
+attention = Attention(16, heads=4, dim_head=4, scale_qk=False)
+x = torch.randn(2, 3, 16)
+with torch.no_grad():
+    chosen = attention(x)
+    attention.set_processor(AttnProcessor2_0())
+    fast = attention(x)
+difference = float((chosen - fast).abs().max())
+print("scale:", attention.scale, f"| AttnProcessor2_0 against the chosen processor: max difference {difference:.3f}")
+reproduced = difference > 1e-4
+'''),
+    Finding(
         "diffusers' `RMSNorm` q/k norm computes its variance in float32 for float64 inputs",
         "diffusers",
         "`Attention(..., qk_norm=\"rms_norm\")` normalises queries and keys with diffusers' `RMSNorm`, which takes the "
