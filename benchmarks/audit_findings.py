@@ -178,6 +178,29 @@ print(type(attention.processor).__name__, "raised:", raised)
 reproduced = raised is not None
 '''),
     Finding(
+        "diffusers' `AttnProcessor2_0` ignores `Attention(scale_qk=False)`",
+        "diffusers",
+        "`scale_qk=False` sets the module's `scale` to 1 (logits `q.k`, not `q.k / sqrt(d)`), and diffusers then "
+        "picks the classic `AttnProcessor`, which applies it. `AttnProcessor2_0`, set explicitly (`processor=` or "
+        "`set_processor`, as pipelines do for speed), never passes `attn.scale` to `scaled_dot_product_attention`, "
+        "which divides by `sqrt(d)` anyway: the same module gives another answer, with no warning. The audit's "
+        "zero-line spec reads `scale`; every check of such a module fails.",
+        "reference",
+        '''import torch
+from diffusers.models.attention_processor import Attention, AttnProcessor2_0
+
+torch.manual_seed(0)
+attention = Attention(16, heads=4, dim_head=4, scale_qk=False)
+x = torch.randn(2, 3, 16)
+with torch.no_grad():
+    chosen = attention(x)
+    attention.set_processor(AttnProcessor2_0())
+    fast = attention(x)
+difference = float((chosen - fast).abs().max())
+print("scale:", attention.scale, f"| AttnProcessor2_0 against the chosen processor: max difference {difference:.3f}")
+reproduced = difference > 1e-4
+'''),
+    Finding(
         "diffusers' `RMSNorm` q/k norm computes its variance in float32 for float64 inputs",
         "diffusers",
         "`Attention(..., qk_norm=\"rms_norm\")` normalises queries and keys with diffusers' `RMSNorm`, which takes the "
@@ -322,14 +345,40 @@ print("float64 call raised:", raised)
 reproduced = raised is not None
 '''),
     ],
+    "timm": [
+        Finding(
+            "timm's `Attention` manual (non-fused) path drops `attn_mask` when `is_causal=True`",
+            "timm",
+            "With `fused_attn=False` (timm's own softmax, as under `TIMM_FUSED_ATTN=0` or on exporters) the module "
+            "applies the causal mask and ignores `attn_mask` whenever `is_causal=True`; the SDPA path honours both. "
+            "The audit's `mask_and_causal` check fails on the manual path only.",
+            "mask_and_causal",
+            '''import torch
+from typed_transformer.audit import import_without_torchvision
+
+import_without_torchvision()  # the registry's torchvision is a CUDA build; attention never uses it
+from timm.layers.attention import Attention
+
+torch.manual_seed(0)
+attention = Attention(16, num_heads=4).eval()
+x = torch.randn(1, 4, 16)
+keep = torch.ones(1, 1, 4, 4, dtype=torch.bool)
+keep[..., 1:, 0] = False  # queries 1.. may not see key 0
+with torch.no_grad():
+    fused = attention(x, attn_mask=keep & torch.ones(4, 4, dtype=torch.bool).tril())  # SDPA: mask and causal
+    attention.fused_attn = False
+    manual = attention(x, attn_mask=keep, is_causal=True)
+    causal_only = attention(x, is_causal=True)
+print(f"manual path against mask and causal together: max difference {float((manual - fused).abs().max()):.3f}")
+print(f"manual path against the causal flag alone: max difference {float((manual - causal_only).abs().max()):.3f}")
+reproduced = float((manual - causal_only).abs().max()) == 0.0 and float((manual - fused).abs().max()) > 1e-4
+'''),
+    ],
 }
 
-#: Findings the audit made on libraries the test extras cannot install here (not re-checked by this script).
-NOT_INSTALLABLE = [
-    ("timm", "timm's `Attention` manual (non-fused) path drops `attn_mask` when `is_causal=True`",
-     "timm cannot be installed beside the CPU torch of this project (the registry's torchvision it requires is a "
-     "CUDA build), so this page cannot re-check it; the audit's `mask_and_causal` check is what fails."),
-]
+#: Findings without a repro this script can run (none today: timm's moved to LIBRARY_FINDINGS once it imported
+#: through the torchvision shim).
+NOT_INSTALLABLE: list[tuple[str, str, str]] = []
 
 
 def version(library: str) -> str | None:

@@ -3,13 +3,14 @@
     python benchmarks/audit_library_sweep.py timm          # writes docs/audit-timm-sweep.md
     python benchmarks/audit_library_sweep.py litgpt --print   # prints the page instead (in .venv-litgpt: see below)
 
-Libraries: litgpt, diffusers, open_clip, timm, torchtune, x_transformers, torchtitan. Each case builds one attention
+Libraries: litgpt, diffusers, open_clip, timm, torchtune, x_transformers (torchtitan: see docs/audit.md for why
+not). Each case builds one attention
 module small, from the library's own configs and constructors (litgpt: every named config of ``litgpt.Config``, shrunk
 to 4 heads and deduplicated by the options its attention reads; torchtune: its model builders; the others: their
 constructors over several option combinations), randomizes its parameters (seed 0) and audits it with
 ``audit_module(module, "<library>")`` (float32 and float64, 4 examples per check, seed 0): the spec is read from the
 module. A module with an option the spec does not model is refused by name before any check runs (listed, not
-audited). Each FAIL is re-audited in a fresh interpreter before it is counted. litgpt (and torchtitan) run in
+audited). Each FAIL is re-audited in a fresh interpreter before it is counted. litgpt runs in
 ``.venv-litgpt`` and timm and open_clip import through a torchvision shim: ``benchmarks/library_envs.sh`` sets them up.
 """
 
@@ -67,7 +68,7 @@ def _diffusers_cases() -> list[tuple[str, str, str]]:
                "qk rms_norm": "qk_norm='rms_norm'", "qk fp32_layer_norm": "qk_norm='fp32_layer_norm'",
                "no scale_qk": "scale_qk=False", "rescale_output_factor=2": "rescale_output_factor=2.0",
                "upcast softmax and attention": "upcast_softmax=True, upcast_attention=True",
-               "kv_heads=2": "kv_heads=2", "out_dim=32": "out_dim=32, dim_head=8",
+               "kv_heads=2": "kv_heads=2", "out_dim=32": "out_dim=32",
                "residual_connection": "residual_connection=True", "norm_num_groups=4": "norm_num_groups=4",
                "qk l2": "qk_norm='l2'"}
     processors = {"AttnProcessor2_0": "AttnProcessor2_0()", "AttnProcessor": "AttnProcessor()",
@@ -151,17 +152,11 @@ def _x_transformers_cases() -> list[tuple[str, str, str]]:
             for label, args in options.items()]
 
 
-def _torchtitan_cases() -> list[tuple[str, str, str]]:
-    imports = "from torchtitan.models.llama3.model import Attention\n"
-    return [("llama3 Attention", imports, "Attention")]
-
-
 CASES = {"litgpt": _litgpt_cases, "diffusers": _diffusers_cases, "open_clip": _open_clip_cases, "timm": _timm_cases,
-         "torchtune": _torchtune_cases, "x_transformers": _x_transformers_cases, "torchtitan": _torchtitan_cases}
-#: the import that says whether the library is there (torchtitan: the module its attention lives in)
+         "torchtune": _torchtune_cases, "x_transformers": _x_transformers_cases}
+#: the import that says whether the library is there
 IMPORTS = {"litgpt": "litgpt.model", "diffusers": "diffusers.models.attention_processor", "open_clip": "open_clip",
-           "timm": "timm", "torchtune": "torchtune.modules", "x_transformers": "x_transformers",
-           "torchtitan": "torchtitan.models.llama3.model"}
+           "timm": "timm", "torchtune": "torchtune.modules", "x_transformers": "x_transformers"}
 
 
 def setup(library: str, imports: str, expression: str) -> str:
@@ -252,7 +247,7 @@ def page(library: str, version: str, rows: list[dict[str, Any]], seconds: float,
             if first["repro"]:
                 where = "the audit-test extra" if library == "diffusers" else "benchmarks/library_envs.sh"
                 skip = ([f'<!-- skip: next "{library} is not in the test environment: {where} installs it" -->']
-                        if library in ("diffusers", "litgpt", "open_clip", "timm", "torchtitan") else [])
+                        if library in ("diffusers", "litgpt", "open_clip", "timm") else [])
                 lines += ["", f"The repro of `{first['check']}`:", "", *skip, "```python", first["repro"], "```"]
             lines.append("")
     if refused:
@@ -286,7 +281,6 @@ NOTES = {
                  "through its KV cache (`setup_cache`).",
     "x_transformers": "`x_transformers.Attention` (16 wide, 4 heads of 4) over its options; every option the spec "
                       "does not model is found by comparing the module with a default `Attention` of its shape.",
-    "torchtitan": "The Llama 3 `Attention` of torchtitan.",
 }
 
 

@@ -29,6 +29,7 @@ done
 $py benchmarks/audit_library_docs.py                  # docs/audit.md: each library's zero-line audit
 .venv-litgpt/bin/python benchmarks/audit_library_docs.py litgpt
 $py benchmarks/audit_findings.py --library open_clip_torch   # docs/audit-findings.md: findings outside the extras
+$py benchmarks/audit_findings.py --library timm
 .venv-litgpt/bin/python benchmarks/audit_findings.py --library litgpt
 bash benchmarks/hf_oldest_env.sh && .venv-hf-oldest/bin/python benchmarks/audit_hf_sweep.py --jobs 2 --oldest  # docs/audit-hf-sweep-oldest.md
 $py benchmarks/reliability_cases.py --write          # docs/reliability.md: every case tried (as root: all rows)

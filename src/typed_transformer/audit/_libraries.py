@@ -7,8 +7,9 @@ reference, not the module.
 
 Libraries: ``litgpt`` (``CausalSelfAttention``: its rope cache and KV cache), ``diffusers`` (``Attention`` with its
 processors, self- or cross-attention), ``open_clip`` (``Attention``), ``timm`` (``Attention``, the vision
-transformers' blocks' attention), ``torchtune`` (``MultiHeadAttention``), ``x_transformers`` (``Attention``) and
-``torchtitan`` (its Llama 3 ``Attention``). Each library is imported only when one of its modules is audited."""
+transformers' blocks' attention), ``torchtune`` (``MultiHeadAttention``) and ``x_transformers`` (``Attention``).
+Each library is imported only when one of its modules is audited. Each spec's ``Options`` (``LIBRARY_OPTIONS``)
+lists every constructor option of its class as modelled, refused or inert."""
 
 import dataclasses
 import functools
@@ -30,6 +31,7 @@ from ._modules import (
     LIBRARY_READERS,
     SHIPPED_SPECS,
     ModuleSpec,
+    Options,
     Rotary,
     Weights,
     additive_mask,
@@ -141,6 +143,12 @@ TIMM = ModuleSpec(
     build=lambda cls, config: cls(**config), module_type="timm.layers.attention.Attention")
 
 
+TIMM_OPTIONS = Options(
+    "timm.layers.attention.Attention",
+    modelled=("dim", "num_heads", "attn_head_dim", "dim_out", "qkv_bias", "qk_norm", "proj_bias", "norm_layer"),
+    refused=("scale_norm", "gated"), inert=("attn_drop", "proj_drop", "device", "dtype"))
+
+
 def timm_spec(module: Any) -> ModuleSpec:
     """timm's ``Attention`` (the attention of ``VisionTransformer``'s blocks and many others): a fused ``qkv`` in
     blocks, ``proj``, its q/k norms; both kernels (``fused_attn``: SDPA, or its own softmax). Refused: ``scale_norm``
@@ -184,6 +192,13 @@ OPEN_CLIP = ModuleSpec(
     "open_clip", _open_clip_forward, Conventions(self_attention=True, fully_masked="zero"),
     weights=_open_clip_weights, build=lambda cls, config: cls(**config),
     module_type="open_clip.transformer.Attention")
+
+
+OPEN_CLIP_OPTIONS = Options(
+    "open_clip.transformer.Attention",
+    modelled=("dim", "num_heads", "qkv_bias", "qk_norm", "scale_heads", "norm_layer"),
+    refused=("scaled_cosine", "inner_norm"),
+    inert=("logit_scale_max", "attn_drop", "proj_drop"))  # logit_scale_max: read only with scaled_cosine
 
 
 def open_clip_spec(module: Any) -> ModuleSpec:
@@ -233,19 +248,44 @@ def _diffusers_weights(m: Any) -> Weights:
 #: the processors whose computation the spec describes (self- or cross-attention of the plain kind)
 DIFFUSERS_PROCESSORS = ("AttnProcessor", "AttnProcessor2_0", "SlicedAttnProcessor", "FusedAttnProcessor2_0")
 
+DIFFUSERS_OPTIONS = Options(
+    "diffusers.models.attention_processor.Attention",
+    modelled=("query_dim", "cross_attention_dim", "heads", "kv_heads", "dim_head", "bias", "upcast_attention",
+              "upcast_softmax", "qk_norm", "out_bias", "scale_qk", "eps", "rescale_output_factor", "processor",
+              "out_dim", "elementwise_affine"),
+    refused=("qk_norm", "processor", "cross_attention_norm", "added_kv_proj_dim", "norm_num_groups",
+             "spatial_norm_dim", "only_cross_attention", "residual_connection", "pre_only"),
+    # read only with a refused option (cross_attention_norm, added_kv_proj_dim) or by a refused processor;
+    # is_causal is stored, and the modelled processors never read it; _from_deprecated_attn_block: weight loading
+    inert=("dropout", "cross_attention_norm_num_groups", "added_proj_bias", "out_context_dim", "context_pre_only",
+           "_from_deprecated_attn_block", "is_causal"))
+
 DIFFUSERS = ModuleSpec(
     "diffusers", _diffusers_forward, Conventions(self_attention=True, fully_masked="uniform"),
     weights=_diffusers_weights, build=lambda cls, config: cls(**config),
     module_type="diffusers.models.attention_processor.Attention")
 
 
+def _across_heads(module: Any) -> bool:
+    """Whether ``norm_q`` normalizes every head's features together (``qk_norm='..._across_heads'``; one head: the
+    same computation as per head)."""
+    norm = getattr(module, "norm_q", None)
+    shape = getattr(norm, "normalized_shape", None) or getattr(getattr(norm, "weight", None), "shape", None)
+    return (norm is not None and shape is not None and int(module.heads) > 1
+            and int(tuple(shape)[-1]) == int(module.inner_dim))
+
+
+def _diffusers_norm_kind(module: Any) -> str:
+    return "rms_norm" if "RMS" in type(getattr(module, "norm_q", None)).__name__ else "layer_norm"
+
+
 def diffusers_spec(module: Any) -> ModuleSpec:
     """diffusers' ``Attention`` with its processor: self-attention, or cross-attention over one memory tensor
     (``cross_attention_dim``), grouped key/value heads, biases, q/k norms (``layer_norm``, ``fp32_layer_norm``,
-    ``rms_norm`` per head, or across heads), ``scale_qk``, ``rescale_output_factor``. Refused: a processor of
+    ``rms_norm``, per head), ``scale_qk``, ``rescale_output_factor``. Refused: a processor of
     another kind (rotary, IP-adapter, joint attention: each computes its own variant), ``residual_connection``,
-    group, spatial and cross norms, added key/value projections, ``l2`` q/k norms and a module without output
-    projection (``pre_only``)."""
+    group, spatial and cross norms, added key/value projections (and ``only_cross_attention``), ``l2`` and
+    across-heads q/k norms and a module without output projection (``pre_only``)."""
     processor = type(getattr(module, "processor", None)).__name__
     _refuse(module, "diffusers", [what for what, present in (
         (f"processor {processor} (the spec describes {', '.join(DIFFUSERS_PROCESSORS)})",
@@ -256,7 +296,11 @@ def diffusers_spec(module: Any) -> ModuleSpec:
         ("cross_attention_norm (a norm on the memory)", getattr(module, "norm_cross", None) is not None),
         ("added_kv_proj_dim (added key/value projections)", getattr(module, "add_k_proj", None) is not None),
         ("pre_only=True (no output projection)", getattr(module, "to_out", None) is None),
-        ("qk_norm='l2'", type(getattr(module, "norm_q", None)).__name__ == "LpNorm")) if present])
+        ("only_cross_attention=True (keys and values only from the added projections)",
+         bool(getattr(module, "only_cross_attention", False))),
+        ("qk_norm='l2'", type(getattr(module, "norm_q", None)).__name__ == "LpNorm"),
+        (f"qk_norm='{_diffusers_norm_kind(module)}_across_heads' (a norm over every head's features: the modelled "
+         f"processors apply norm_q to each head)", _across_heads(module))) if present])
     fields: dict[str, Any] = {}
     if getattr(module, "norm_q", None) is not None:
         fields.update(q_norm="norm_q", k_norm="norm_k")
@@ -289,20 +333,43 @@ def _torchtune_frequencies(m: Any) -> tuple[Tensor, float]:
     return theta.detach().double(), 1.0
 
 
+TORCHTUNE_OPTIONS = Options(
+    "torchtune.modules.attention.MultiHeadAttention",
+    modelled=("embed_dim", "num_heads", "num_kv_heads", "head_dim", "q_proj", "k_proj", "v_proj", "output_proj",
+              "pos_embeddings", "q_norm", "k_norm", "kv_cache", "max_seq_len", "is_causal"),
+    refused=("q_proj", "k_proj", "v_proj", "output_proj", "pos_embeddings"), inert=("attn_dropout",))
+#: the rotary classes the torchtune spec models (``pos_embeddings``): each pairs neighbours or halves as named
+TORCHTUNE_ROTARIES = {"RotaryPositionalEmbeddings": "interleaved", "Llama3ScaledRoPE": "interleaved",
+                      "Phi3RotaryPositionalEmbeddings": "half", "Qwen2RotaryPositionalEmbeddings": "half"}
+
+
+def _torchtune_unmodelled(module: Any) -> list[str]:
+    """Projections that are not a plain ``nn.Linear`` (LoRA's adapters, quantized layers) and a rotary class other
+    than the modelled ones (the 2-D vision rotary among them)."""
+    unmodelled = [f"{name}={type(getattr(module, name)).__name__} (only a plain nn.Linear is read)"
+                  for name in ("q_proj", "k_proj", "v_proj", "output_proj")
+                  if type(getattr(module, name, None)) is not nn.Linear]
+    rope = getattr(module, "pos_embeddings", None)
+    if rope is not None and type(rope).__name__ not in TORCHTUNE_ROTARIES:
+        unmodelled.append(f"pos_embeddings={type(rope).__name__} (modelled: {', '.join(TORCHTUNE_ROTARIES)})")
+    return unmodelled
+
+
 def torchtune_spec(module: Any) -> ModuleSpec:
     """torchtune's ``MultiHeadAttention`` as its builders make it: grouped key/value heads, biases, q/k norms
     (applied after the rotary embedding, torchtune's order; its ``RMSNorm`` keeps its weight as ``scale``), the
     rotary classes (``RotaryPositionalEmbeddings`` and ``Llama3ScaledRoPE`` pair neighbours, Phi-3's and Qwen2's
-    halves; the frequencies read from their ``theta``), token-by-token decoding with its KV cache. Refused: the
-    2-D ``VisionRotaryPositionalEmbeddings``."""
+    halves; the frequencies read from their ``theta``), token-by-token decoding with its KV cache. Refused: any
+    other rotary class (the 2-D ``VisionRotaryPositionalEmbeddings`` among them) and projections that are not a
+    plain ``nn.Linear`` (LoRA)."""
     from .specs import TORCHTUNE
 
+    _refuse(module, "torchtune", _torchtune_unmodelled(module))
     rope = getattr(module, "pos_embeddings", None)
-    kind = type(rope).__name__
-    _refuse(module, "torchtune", [f"pos_embeddings {kind} (a 2-D image-grid rotary)"] if "Vision" in kind else [])
     fields: dict[str, Any] = {"decode": torchtune_decode}
     if rope is not None:
-        style: Literal["half", "interleaved"] = "half" if kind.startswith(("Phi3", "Qwen2")) else "interleaved"
+        style: Literal["half", "interleaved"] = "half" if TORCHTUNE_ROTARIES[type(rope).__name__] == "half" \
+            else "interleaved"
         fields["rotary"] = Rotary("pos_embeddings.base", style, frequencies=_torchtune_frequencies)
     if getattr(module, "q_norm", None) is not None:
         fields.update(q_norm="q_norm", k_norm="k_norm", norms_after_rotary=True)
@@ -399,6 +466,14 @@ def _litgpt_config(config: dict[str, Any]) -> Any:
     return Config.from_name(name, **config) if name is not None else Config(**config)
 
 
+LITGPT_OPTIONS = Options(
+    "litgpt.config.Config",
+    modelled=("n_embd", "n_head", "n_query_groups", "head_size", "bias", "attn_bias", "norm_qk", "norm_qk_type",
+              "norm_class", "norm_eps", "rope_interleave", "rope_n_elem", "rotary_percentage", "rope_base",
+              "rope_condense_ratio", "attention_scores_scalar", "sliding_window_size", "sliding_window_indices"),
+    refused=("attention_logit_softcapping", "rope_adjustments", "rope_local_base_freq"))
+
+
 def litgpt_spec(module: Any) -> ModuleSpec:
     """litgpt's ``CausalSelfAttention`` from its ``config``: grouped queries (``n_query_groups``), biases, q/k norms
     (``norm_qk``: per head, or OLMo-2's over every head), partial rotary (``rotary_percentage``), the rotary pairing
@@ -429,6 +504,16 @@ def litgpt_spec(module: Any) -> ModuleSpec:
 LIBRARY_SPECS: dict[str, Callable[[Any], ModuleSpec]] = {
     "litgpt": litgpt_spec, "timm": timm_spec, "open_clip": open_clip_spec, "diffusers": diffusers_spec,
     "torchtune": torchtune_spec, "x_transformers": x_transformers_spec}
+#: each library's constructor options, as its spec treats them (x_transformers: its twin, in specs)
+LIBRARY_OPTIONS: dict[str, Options] = {
+    "litgpt": LITGPT_OPTIONS, "timm": TIMM_OPTIONS, "open_clip": OPEN_CLIP_OPTIONS, "diffusers": DIFFUSERS_OPTIONS,
+    "torchtune": TORCHTUNE_OPTIONS}
+
+
+def _register_shipped_options() -> None:
+    from .specs import TORCH_MHA_OPTIONS, TYPED_TRANSFORMER_OPTIONS
+
+    LIBRARY_OPTIONS.update(torch_mha=TORCH_MHA_OPTIONS, typed_transformer=TYPED_TRANSFORMER_OPTIONS)
 #: the static spec of each library (its class and how the command line builds one), by name
 LIBRARY_BASES: dict[str, ModuleSpec] = {"litgpt": LITGPT, "timm": TIMM, "open_clip": OPEN_CLIP, "diffusers": DIFFUSERS}
 
@@ -498,6 +583,8 @@ def _read(module: Any, name: str) -> ModuleSpec:
 
 
 _register()
+_register_shipped_options()
 
-__all__ = ["DIFFUSERS", "LIBRARY_SPECS", "OPEN_CLIP", "TIMM", "diffusers_spec", "import_without_torchvision",
-           "library_spec", "open_clip_spec", "timm_spec", "torchtune_decode", "torchtune_spec", "x_transformers_spec"]
+__all__ = ["DIFFUSERS", "LIBRARY_OPTIONS", "LIBRARY_SPECS", "OPEN_CLIP", "TIMM", "Options", "diffusers_spec",
+           "import_without_torchvision", "library_spec", "open_clip_spec", "timm_spec", "torchtune_decode",
+           "torchtune_spec", "x_transformers_spec"]

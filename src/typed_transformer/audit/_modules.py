@@ -316,6 +316,22 @@ REBUILDS: "weakref.WeakKeyDictionary[ModuleSpec, str]" = weakref.WeakKeyDictiona
 
 
 @dataclass(frozen=True)
+class Options:
+    """Every constructor option of a library's attention class, as its spec treats it (the tests check the list
+    against the class's own signature, so an option a new release adds fails them until it is listed here):
+    ``modelled`` (the spec reads it from the module), ``refused`` (the spec refuses a module built with it, by name,
+    before any check runs) or ``inert`` (no effect on what the audit compares: dropout, off in the audit's eval
+    mode; device and dtype; an option read only together with a refused one). An option both modelled and refused
+    is modelled for some values and refused for the others (the message names the value)."""
+
+    #: the class (``module.path.Name``) whose constructor (litgpt: whose ``Config`` fields its code reads) is listed
+    cls: str
+    modelled: tuple[str, ...]
+    refused: tuple[str, ...]
+    inert: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class OutputGate:
     """An output gate (Qwen3-Next, AFMoE, Step 3.7, LFM 3): the attention output ``o (b, t, h, dv)`` times
     ``sigmoid(x W_g^T + b_g)``, one gate per head or per output feature as the gate projection's width says (``h`` or

@@ -32,6 +32,7 @@ from ._modules import (
     SHIPPED_SPECS,
     ALiBi,
     ModuleSpec,
+    Options,
     OutputGate,
     Rotary,
     Weights,
@@ -100,6 +101,12 @@ def _mha_fast_path(m: Any, x: Tensor, real: Tensor) -> Tensor | None:
     return result
 
 
+#: every constructor option of nn.MultiheadAttention: all modelled (dropout is off in the audit's eval mode)
+TORCH_MHA_OPTIONS = Options(
+    "torch.nn.modules.activation.MultiheadAttention",
+    modelled=("embed_dim", "num_heads", "bias", "add_bias_kv", "add_zero_attn", "kdim", "vdim", "batch_first"),
+    refused=(), inert=("dropout", "device", "dtype"))
+
 TORCH_MHA = ModuleSpec(
     "torch_mha", _mha_forward, Conventions(fully_masked="zero"), weights=_mha_weights, fast_path=_mha_fast_path,
     build=lambda cls, config: cls(**config), module_type="torch.nn.modules.activation.MultiheadAttention")
@@ -133,8 +140,14 @@ _OURS_SEPARATE = ModuleSpec("typed_transformer", _ours_forward, out="out_proj", 
 def _ours_weights(m: Any) -> Weights:
     from ._modules import spec_weights
 
-    if getattr(m, "bias_k", None) is not None or getattr(m, "add_zero_attn", False):
-        raise AuditUsageError("spec 'typed_transformer' does not describe add_bias_kv or add_zero_attn")
+    unmodelled = [f"{name}=True" for name, present in (("add_bias_kv", getattr(m, "bias_k", None) is not None),
+                                                        ("add_zero_attn", getattr(m, "add_zero_attn", False)))
+                  if present]
+    widths = (getattr(m, "input_dim", None), getattr(m, "kdim", None), getattr(m, "vdim", None))
+    if len(set(widths)) > 1:  # the spec calls the module on one tensor: self-attention
+        unmodelled.append(f"input_dim, kdim, vdim = {widths} (keys or values of another width: cross-attention)")
+    if unmodelled:
+        raise AuditUsageError(f"spec 'typed_transformer' does not model {' and '.join(unmodelled)}: not audited")
     w = spec_weights(m, _OURS_FUSED if getattr(m, "in_proj", None) is not None else _OURS_SEPARATE)
     if w.wq.shape[0] != w.wk.shape[0] * w.h // w.g:  # fused: q, k, v parts are d_model, kv_dim, kv_dim
         raise AuditUsageError("spec 'typed_transformer': unexpected projection sizes")
@@ -151,6 +164,14 @@ def _build_ours(cls: type, config: dict[str, Any]) -> nn.Module:
     module: nn.Module = cls(**config)
     return module
 
+
+#: every constructor option of typed_transformer.MultiHeadAttention (backend: the same attention by another kernel;
+#: rotary: a RotaryEmbedding, read by its base; kdim and vdim modelled as input_dim, refused otherwise: the spec
+#: calls the module on one tensor)
+TYPED_TRANSFORMER_OPTIONS = Options(
+    "typed_transformer.multihead.MultiHeadAttention",
+    modelled=("d_model", "num_heads", "input_dim", "kdim", "vdim", "bias", "num_kv_heads", "backend", "rotary"),
+    refused=("add_bias_kv", "add_zero_attn", "kdim", "vdim"), inert=("dropout", "device", "dtype"))
 
 TYPED_TRANSFORMER = ModuleSpec(
     "typed_transformer", _ours_forward, Conventions(self_attention=True), weights=_ours_weights,

@@ -33,7 +33,7 @@ def test_a_finding_that_no_longer_reproduces_reads_fixed() -> None:
     assert audit_findings.recheck(missing) == ("not re-checked: no-such-library is not installed", "")
 
 
-@pytest.mark.parametrize("library", ["litgpt", "open_clip_torch"])
+@pytest.mark.parametrize("library", ["litgpt", "open_clip_torch", "timm"])
 def test_each_library_block_is_in_date(library: str) -> None:
     """The blocks of libraries outside the test extras, where the library is installed (benchmarks/library_envs.sh)."""
     import importlib.metadata
