@@ -49,6 +49,8 @@ NOT_DOT_PRODUCT = {
     "BlockSparse": "block-sparse attention (random and window blocks, not every key)",
     "Assign": "assignment by Gumbel-softmax over slots (GroupViT), not attention over keys",
     "Aggregated": "attention over aggregated (pooled) keys",
+    "AutoformerAttention": "auto-correlation (period discovery by FFT and time-delay aggregation, no softmax over "
+                           "query-key products)",
 }
 #: the counts line, as it is printed and written on the page (a test checks the page against this pattern)
 COUNTS = re.compile(
@@ -156,21 +158,20 @@ def audit_class(item: tuple[str, str], max_examples: int = 5) -> dict[str, Any]:
     notes: list[str] = []
     overrides: dict[str, Any] = {}
     try:
-        try:
-            module = randomize_parameters(hf_build(cls), 0)
-            spec = hf_spec(module)
-        except Exception as err:
-            # a class that only runs with as many key/value heads as query heads (its default config has them)
+        module = randomize_parameters(hf_build(cls), 0)
+        spec = hf_spec(module)
+    except Exception as err:
+        try:  # a class that only runs with as many key/value heads as query heads (its default config has them)
             config: Any = hf_build(cls).config
             overrides = {"num_key_value_heads": config.num_attention_heads}
             module = randomize_parameters(hf_build(cls, overrides), 0)
             spec = hf_spec(module)
             notes.append(f"raises with fewer key/value heads than query heads ({type(err).__name__}: "
                          f"{str(err).splitlines()[0][:120]}); audited with as many, as its default config has")
-    except Exception as err:
-        first = str(err).splitlines()[0][:160] if str(err) else ""
-        row["skipped"] = f"{type(err).__name__}: {first}"
-        return row
+        except Exception:  # not that: the first error is the reason (not the retry's, which would hide it)
+            first = str(err).splitlines()[0][:160] if str(err) else ""
+            row["skipped"] = f"{type(err).__name__}: {first}"
+            return row
     inner = next((kind for kind in map(not_dot_product, (type(s).__name__ for s in module.modules())) if kind), None)
     if inner is not None:  # a block around attention of another kind (BigBird's, block-sparse by default)
         row["skipped"] = f"not dot-product attention: {inner}"
@@ -196,6 +197,11 @@ def audit_class(item: tuple[str, str], max_examples: int = 5) -> dict[str, Any]:
     if fails and not limits and not hf_causes(module) and not (spec.q == "q_proj" or spec.qkv == "qkv_proj"):
         # a class recognised by a classic layout only, failing with no named cause: not counted until it has one
         limits = ["a classic layout (not q_proj/.../o_proj) failing with no named cause: what it computes beyond "
+                  "plain attention is not described yet"]
+    elif not limits and not hf_causes(module) and any(f["check"] == "reference" for f in fails):
+        # the plainest call differs with no named cause (DETR's position embeddings added to q and k, TimesFM's
+        # learned query scale, VITS's relative embeddings): what the spec misses, not counted as the class's FAIL
+        limits = ["the plainest call differs from the reference with no named cause: what it computes beyond "
                   "plain attention is not described yet"]
     if fails and limits:
         # the class computes something the reference does not model: its FAILs would be about the reference
