@@ -216,8 +216,17 @@ def audit_class(item: tuple[str, str], max_examples: int = 5) -> dict[str, Any]:
     return row
 
 
+def _floor(audited: list[dict[str, Any]]) -> list[str]:
+    """The oldest page's paragraph: the floor it is, and each FAIL's cause as a behaviour of that release."""
+    causes = [f"`{r['cls']}`: {r['causes'][0] if r['causes'] else 'no cause named yet (see its repro)'}"
+              for r in audited if r["fails"]]
+    return ["The oldest release the project declares (`transformers>=5.0` in pyproject.toml, built by "
+            "benchmarks/hf_oldest_env.sh). Each FAIL on this page is a true behaviour of this release's own code, "
+            "confirmed in a fresh interpreter: " + ("; ".join(causes) if causes else "none") + ".", ""]
+
+
 def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, version: str, swept: int,
-         total: int, jobs: int) -> str:
+         total: int, jobs: int, oldest: bool = False) -> str:
     found = [r for r in rows if "statuses" in r]
     audited = [r for r in found if "unmodelled" not in r]
     unmodelled = [r for r in found if "unmodelled" in r]
@@ -258,6 +267,7 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
         f"processes did not come back there (listed at the end as a limit of the audit, not counted). The sweep "
         f"took {seconds:.0f} s with `--jobs {jobs}`.",
         "",
+        *(_floor(audited) if oldest else []),
         "Each class is built from a tiny config of its own config class (4 query heads on 2 key/value heads of size "
         "4, eager attention; wider heads where a partial rotary factor would turn less than one pair, M-RoPE "
         "sections scaled to the tiny head), its parameters randomized, and audited with `conventions=\"infer\"` "
@@ -347,7 +357,7 @@ def main() -> int:
                                                                            len(items) else set()))
         text = page(rows, [u for u in unimportable if u.split(":")[0] in done or final],
                     time.perf_counter() - start, transformers.__version__, len(done) if not final else len(models),
-                    len(everything), args.jobs)
+                    len(everything), args.jobs, oldest=args.oldest)
         if not args.print and (args.oldest or (not args.models and args.first is None)):
             (OLDEST_PAGE if args.oldest else PAGE).write_text(text, encoding="utf-8")
         return text
