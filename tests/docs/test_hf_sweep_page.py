@@ -8,6 +8,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -24,7 +26,7 @@ def _sweep() -> ModuleType:
 def _rows() -> list[dict[str, Any]]:
     audited = {"model": "a", "cls": "AAttention", "statuses": {"reference": "PASS"}, "fails": []}
     failing = {"model": "b", "cls": "BAttention", "statuses": {"reference": "FAIL"}, "fails": [{"check": "x"}]}
-    aside = {**audited, "cls": "CAttention", "unmodelled": ["attention sinks"]}
+    aside = {**audited, "cls": "CAttention", "unmodelled": ["attention sinks"], "unmodelled_checks": ["reference"]}
     deformable = {"model": "d", "cls": "DMultiscaleDeformableAttention", "skipped": "TypeError: missing n_points"}
     broken = {"model": "e", "cls": "EAttention", "skipped": "TypeError: missing window_size"}
     return [audited, failing, aside, deformable, broken]
@@ -39,3 +41,67 @@ def test_the_counts_line_classifies_every_class() -> None:
                                         "skipped")} == {
         "found": "5", "dot": "4", "audited": "2", "share": "50", "fails": "1", "false": "0", "aside": "1",
         "other": "1", "skipped": "1"}
+
+
+
+#: the sweep pages in docs/ (the oldest release's exists once benchmarks/hf_oldest_env.sh and ``--oldest`` ran)
+_PAGES = sorted((ROOT / "docs").glob("audit-hf-sweep*.md"))
+
+
+def _table_rows(text: str) -> int:
+    return sum(line.startswith("| ") and "| `" in line for line in text.splitlines())
+
+
+def _section(text: str, heading: str) -> str:
+    """The text under the ``## heading`` of a page, up to the next ``## `` heading."""
+    _, found, rest = text.partition(f"\n## {heading}")
+    return rest.split("\n## ")[0] if found else ""
+
+
+def _page_problems(text: str) -> list[str]:
+    """What does not add up on a sweep page: its counts line (the script's format) against itself and its tables."""
+    match = _sweep().COUNTS.search(text)
+    if match is None:
+        return ["no counts line in the format of audit_hf_sweep.COUNTS"]
+    n = {k: int(v) for k, v in match.groupdict().items() if k != "version"}
+    tables = {"audited": _table_rows(text.split("\n## ")[0]),
+              "aside": _table_rows(_section(text, "Not audited: the reference does not model")),
+              "other": _table_rows(_section(text, "Not dot-product attention")),
+              "skipped": _table_rows(_section(text, "Not audited: of no known layout")),
+              "failing": text.count("\n### ")}
+    facts = {"audited + set aside + not dot-product + not buildable = found":
+             n["audited"] + n["aside"] + n["other"] + n["skipped"] == n["found"],
+             "dot-product = found - not dot-product": n["dot"] == n["found"] - n["other"],
+             "the share printed is audited / dot-product": n["share"] == 100 * n["audited"] // max(n["dot"], 1),
+             "0 false alarms": n["false"] == 0,
+             "passing + failing = audited": n["passing"] + n["failing"] == n["audited"],
+             "FAILs only in failing classes, at least one each": (n["fails"] == 0) == (n["failing"] == 0)
+             and n["fails"] >= n["failing"],
+             **{f"{k}: {v} table rows, {n[k]} in the counts line": v == n[k] for k, v in tables.items()}}
+    return [fact for fact, holds in facts.items() if not holds]
+
+
+@pytest.mark.parametrize("page", _PAGES, ids=[p.name for p in _PAGES])
+def test_each_page_states_counts_that_add_up(page: Path) -> None:
+    assert _page_problems(page.read_text(encoding="utf-8")) == []
+
+
+def test_the_scripts_page_adds_up_and_a_changed_count_is_found() -> None:
+    sweep = _sweep()
+    rows = _rows()
+    for row in rows:
+        row.update(fingerprint=row["cls"], conventions="self", causes=[], notes=[])
+    rows[1]["fails"] = [{"check": "reference", "message": "ratio 3", "repro": "print(1)"}]
+    text = sweep.page(rows, [], 1.0, "9.9.9", 5, 5, 1)
+    assert _page_problems(text) == []
+    assert _page_problems(text.replace("; 1 not buildable", "; 2 not buildable")) == [
+        "audited + set aside + not dot-product + not buildable = found", "skipped: 1 table rows, 2 in the counts line"]
+    assert _page_problems(text.replace("(50% of", "(60% of")) == ["the share printed is audited / dot-product"]
+    assert _page_problems(text.replace("counts: ", "")) == ["no counts line in the format of audit_hf_sweep.COUNTS"]
+
+
+def test_a_class_that_does_not_build_is_listed_with_its_own_error() -> None:
+    """The sweep retries a failing class with as many key/value heads as query heads; when the retry fails too, the
+    reason listed is the first error, not the retry's (which said only that the module had no config)."""
+    row = _sweep().audit_class(("canine", "CanineSelfAttention"))
+    assert row["skipped"].startswith("AuditUsageError: CanineSelfAttention: forward needs from_tensor, to_tensor"), row

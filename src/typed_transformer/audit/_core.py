@@ -47,7 +47,11 @@ Rows: TypeAlias = Bool[Tensor, "#b #h #t 1"] | Bool[Tensor, "b t 1"]
 #: Version of the check lists: a passing audit keeps its meaning when checks are added.
 #: 2: audit_multihead gained causality and gradients. 3: modules through specs; large_logits, mask_and_causal,
 #: rope, incremental_decoding, fast_path; per-head masks in masking; masks in gradients; per-dtype rows.
-CHECKS_VERSION = "3"
+#: 4: a "conventions" row (inferred conventions' findings and undeclared differences FAIL it); large_logits sinks a
+#: row's only allowed logit; single queries in causality; padding drops query positions; declared length ranges hold
+#: in every check; gradients not compared through rows without keys where NaN is allowed; modules' reference models
+#: q/k norms, sliding windows, partial and scaled rotary, position biases, soft-capping, sinks, output gates, sub-norms.
+CHECKS_VERSION = "4"
 
 _PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
 DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",

@@ -92,12 +92,20 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
     """A tiny instance of ``cls`` from its own config class (:data:`TINY` sizes where the config has them, eager
     attention, no dropout); an ``(embed_dim, num_heads)`` constructor gets them from that config, a T5 attention its
     relative bias, and ``cross=True`` builds the cross-attention form (``is_cross_attention``/``is_decoder``)."""
-    config_class = hf_config_class(cls)
-    config = config_class()
-    if hasattr(config, "get_text_config"):
-        text = config.get_text_config()
-        if type(text).__name__ != type(config).__name__ and _accepts(cls, text):
-            config = text
+    first: Exception | None = None
+    for config in _configs(cls):
+        try:
+            module = _build(cls, config, overrides, cross)
+        except Exception as err:  # the next config (a nested one) may be the class's own
+            first = first or err
+            continue
+        _tiny_mrope(module)
+        return module
+    assert first is not None
+    raise first
+
+
+def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool) -> nn.Module:
     tiny = {**TINY, "num_key_value_heads": TINY["num_attention_heads"]} if _heads_as_positions(cls) else TINY
     for key, value in {**tiny, **(overrides or {})}.items():
         if hasattr(config, key) or key in ("head_dim",):
@@ -107,8 +115,37 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
     config._attn_implementation = "eager"
     args, kwargs = constructor_arguments(cls, config, _attention_layer(config), cross)
     module: nn.Module = cls(*args, **kwargs)
-    _tiny_mrope(module)
     return module
+
+
+def _configs(cls: type) -> list[Any]:
+    """The configs to build ``cls`` from, in order: its config class's (the text config of a composite one, where
+    the constructor accepts it), then the configs nested in it and in the configs of the pretrained models of its
+    module (a composite model's vision, audio, Q-Former, mask decoder configs, two levels deep), the ones whose
+    class name shares the longest prefix with the class's first (BlipAttention: BlipVisionConfig)."""
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    config = hf_config_class(cls)()
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    chosen = text if type(text).__name__ != type(config).__name__ and _accepts(cls, text) else config
+    classes: list[Any] = [getattr(obj, "config_class", None) for obj in vars(_modeling(cls)).values()
+                          if isinstance(obj, type) and issubclass(obj, PreTrainedModel)
+                          and obj.__module__ == _transformers_class(cls).__module__]
+    roots = [config] + [c() for c in dict.fromkeys(classes) if isinstance(c, type) and c is not type(config)]
+    found: dict[str, Any] = {}
+    level = roots
+    for _ in range(3):
+        level = [c for c in level if type(c).__name__ not in found]
+        found.update((type(c).__name__, c) for c in level)
+        level = [v for c in level for v in vars(c).values() if isinstance(v, PretrainedConfig)]
+    found.pop(type(chosen).__name__, None)
+
+    def shared(c: Any) -> int:
+        name = type(c).__name__.removesuffix("Config")
+        return next((i for i, (a, b) in enumerate(zip(name, cls.__name__, strict=False)) if a != b),
+                    min(len(name), len(cls.__name__)))
+
+    return [chosen, *sorted(found.values(), key=lambda c: -shared(c))]
 
 
 def _attention_layer(config: Any) -> int:
@@ -184,7 +221,8 @@ def _rotate_source(module: nn.Module) -> str:
         apply = inspect.getsource(modeling.apply_rotary_pos_emb)
     except (AttributeError, OSError, TypeError):
         apply = "rotate_half("
-    names = re.findall(r"\b(rotate_half\w*|_apply_rotary_emb)\(", apply) or ["rotate_half"]  # gpt-oss: the latter
+    # gpt-oss: _apply_rotary_emb; GPT-J and CodeGen on transformers 5.0: rotate_every_two
+    names = re.findall(r"\b(rotate_half\w*|rotate_every_two|_apply_rotary_emb)\(", apply) or ["rotate_half"]
     return _source(getattr(modeling, names[0], None))
 
 
@@ -236,10 +274,10 @@ def _rope_params(module: nn.Module) -> dict[str, Any]:
     return params
 
 
-def _literal_theta(rotary_class: type) -> float | None:
+def _literal_theta(module_name: str) -> float | None:
     """The rope base a modeling module writes as a number (GPT-J's and CodeGen's ``10000 ** (...)`` in
     ``create_sinusoidal_positions``), for a class whose config has no ``rope_theta``."""
-    found = re.findall(r"\b(\d+(?:\.\d+)?)\s*\*\*\s*\(", _source(importlib.import_module(rotary_class.__module__)))
+    found = re.findall(r"\b(\d+(?:\.\d+)?)\s*\*\*\s*\(", _source(importlib.import_module(module_name)))
     return float(found[0]) if len(set(found)) == 1 else None
 
 
@@ -490,6 +528,15 @@ def hf_causes(module: nn.Module) -> list[str]:
         causes.append("its rotate_half returns (x2, -x1), not (-x2, x1): every pair is turned by -p*theta, RoPE "
                       "the other way round (relative positions enter with the opposite sign); with the sine "
                       "negated it matches the reference")
+    attention = "".join(_source(f) for c in {type(m) for m in module.modules()} for f in (
+        getattr(_modeling(c), "eager_attention_forward", None), getattr(c, "_attn", None), c.forward)
+        if c.__module__.startswith("transformers.models."))
+    if re.search(r"mask_value = torch\.finfo[\s\S]*torch\.where\(causal_mask, attn_weights[^\n]*mask_value\)"
+                 r"[\s\S]{0,400}?attn_weights = attn_weights \+ \w+", attention):
+        causes.append("its attention fills the logits its own causal mask excludes with the dtype's minimum and "
+                      "then adds the attention mask: a query row whose keys are all masked averages the values of "
+                      "the keys left finite (the masked earlier keys, the unmasked later ones; min + min overflows "
+                      "to -inf) instead of what a fully masked row gives; rows with an allowed key are exact")
     return causes
 
 
@@ -627,6 +674,10 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     separate = params[:3] == ["query", "key", "value"]
     memory_arg = _memory_arg(module, core, signature, cross)
     mask_arg = next((n for n in ("attention_mask", "mask") if n in signature), "attention_mask")
+    # ViT on transformers 5.0 takes forward(hidden_states), BLIP's vision attention (hidden_states, **kwargs) and
+    # never reads a mask: audited without masks, as its model calls it (a mask passed would be ignored silently)
+    takes_mask = mask_arg in signature or (any(p.kind is p.VAR_KEYWORD for p in signature.values())
+                                           and mask_arg in _source(cls.forward))
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
     unknown = [n for n, p in signature.items() if n != "self" and n not in _PROVIDED
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
@@ -634,8 +685,10 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
                               f"not provide")
     takes_rotary = "position_embeddings" in signature
-    # RecurrentGemma: the class turns q and k with its own rotary_emb from position_ids
-    internal = isinstance(getattr(module, "rotary_emb", None), nn.Module) and "position_ids" in signature
+    # RecurrentGemma: the class turns q and k with its own rotary_emb from position_ids; GPT-J and CodeGen on
+    # transformers 5.0 with their sinusoid table (the embed_positions buffer)
+    internal = "position_ids" in signature and (isinstance(getattr(module, "rotary_emb", None), nn.Module)
+                                                or isinstance(getattr(core, "embed_positions", None), Tensor))
     rotary_class = _rotary_class(module) if takes_rotary else None
     if takes_rotary and rotary_class is None:
         raise AuditUsageError(f"{cls.__qualname__}: forward takes position_embeddings but its module has no rotary "
@@ -647,8 +700,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     heads = _heads_as_positions(cls)
     cache_arg = next((n for n in ("cache", "past_key_values", "past_key_value") if n in signature), None)
     theta = _rope_theta(core)
-    if theta is None and rotary_class is not None:
-        theta = _literal_theta(rotary_class)
+    if theta is None and (rotary_class is not None or internal):
+        theta = _literal_theta(rotary_class.__module__ if rotary_class is not None else _modeling(cls).__name__)
     source = _source(cls.forward)
     residual = False  # decided below, once the module can be called
 
@@ -666,8 +719,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
 
     def rotary(m: Any, x: Tensor, offset: int) -> Any:
         assert rotary_class is not None
-        embedding = rotary_class(config=m.config)
-        n = m.config.num_attention_heads if heads else x.shape[1]
+        config = getattr(m, "config", None) or m.get_submodule(layout.core.rstrip(".")).config  # ESM: the core's
+        embedding = rotary_class(config=config)
+        n = config.num_attention_heads if heads else x.shape[1]
         positions = torch.arange(0 if heads else offset, (0 if heads else offset) + n)[None].expand(x.shape[0], -1)
         if mrope == _AXIAL:  # (height, width) of each patch, shared by the batch
             positions = mrope_positions(offset, n)[1:].T
@@ -682,7 +736,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         return cos.to(x.dtype), sin.to(x.dtype)
 
     def call(m: Any, x: Tensor, mask: Tensor | None, offset: int, cache: Any = None) -> Tensor:
-        kwargs: dict[str, Any] = {mask_arg: mask}
+        kwargs: dict[str, Any] = {mask_arg: mask} if takes_mask else {}
         if takes_rotary:
             kwargs["position_embeddings"] = rotary(m, x, offset)
         elif "position_embeddings" in signature:  # required but unused by this layer (Flint's full-attention layers)
@@ -756,7 +810,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     frequencies = (_frequencies(rotary_class, _layer_type(module)) if takes_rotary and rotary_class is not None and (
         _rope_type(module) in _STATIC_ROPE[1:] or mrope == _AXIAL) else None)
     spec = ModuleSpec(
-        f"hf:{cls.__name__}", forward, _HF if self_attention else _HF_CROSS,
+        f"hf:{cls.__name__}", forward, dataclasses.replace(_HF if self_attention else _HF_CROSS,
+                                                           supports_mask=takes_mask, supports_causal=takes_mask),
         **{**layout.fields(), **({"scale": split} if (split := _split_scale(module)) is not None else {})},
         rotary=(Rotary(theta, _latent_style(module) if latent else _rotary_style(module),
                        fraction=_rotary_fraction(core), frequencies=frequencies)

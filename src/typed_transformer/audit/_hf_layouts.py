@@ -12,6 +12,7 @@ reference is the output projection of the attention, computed by the block's own
 
 import importlib
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ _Q = ("q_proj", "query", "q", "q_lin", "to_q")
 _K = ("k_proj", "key", "k", "k_lin", "to_k")
 _V = ("v_proj", "value", "v", "v_lin", "to_v")
 _FUSED = ("qkv_proj", "c_attn", "Wqkv", "qkv", "in_proj")
-_OUT = ("o_proj", "out_proj", "o", "out_lin", "c_proj", "Wo", "dense", "proj", "to_out")
+_OUT = ("o_proj", "out_proj", "o", "out_lin", "c_proj", "Wo", "dense", "proj", "to_out", "projection")
 #: a sibling module that holds the output projection (BERT's ``output``: ``BertSelfOutput.dense``)
 _OUTPUT_MODULES = ("output",)
 _HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head")
@@ -119,18 +120,42 @@ def _sizes(core: Any, prefix: str) -> tuple[str, str | None, str | None, float |
     scale: float | str | None = _first(core, _SCALE, (float, int))
     if scale is None and hasattr(core, "has_relative_attention_bias"):
         scale = 1.0  # T5 (before transformers gave it a scaling attribute): no 1/sqrt(d)
+    if scale is None and _unscaled(type(core)):
+        scale = 1.0  # GPT-Neo: unscaled logits
+    if isinstance(scale, str) and getattr(core, scale) == 1.0 and re.search(
+            r"query\w* = query\w* \* self\.\w+\s*\*\*\s*-0\.5", _forward_source(type(core))):
+        scale = None  # ESM: scaling 1.0 in the attention call, the query scaled by head_size**-0.5 before it
     return (heads, kv, None if head_dim is None else prefix + head_dim,
             prefix + scale if isinstance(scale, str) else scale)
 
 
+def _forward_source(cls: Any) -> str:
+    try:
+        return inspect.getsource(cls.forward)
+    except (AttributeError, OSError, TypeError):
+        return ""
+
+
+def _unscaled(cls: Any) -> bool:
+    """GPT-Neo: its ``_attn`` takes ``q k^T`` as the logits, multiplied or divided by nothing (no scale)."""
+    try:
+        source = inspect.getsource(cls._attn)
+    except (AttributeError, OSError, TypeError):
+        return False
+    return ("attn_weights = torch.matmul(query, key.transpose(-1, -2))" in source
+            and not re.search(r"scale|sqrt|attn_weights (/|\*)|attn_weights = attn_weights (/|\*)", source))
+
+
 def _norms(module: nn.Module, prefix: str, qk_norms: tuple[str | None, str | None]) -> tuple[str, ...]:
-    """Norm modules of ``module`` outside its core (a LayerNorm, or a class whose name says Norm)."""
-    found = []
+    """Norm modules of ``module`` outside its core (a LayerNorm, or a class whose name says Norm and that holds no
+    projection: RoBERTa-PreLayerNorm's ``RobertaPreLayerNormSelfOutput`` is the output block, not a norm)."""
+    found: list[str] = []
     for name, child in module.named_modules():
         inside = bool(prefix) and (name + ".").startswith(prefix)
-        if not name or inside or name in qk_norms:
+        if not name or inside or name in qk_norms or any(name.startswith(f"{f}.") for f in found):
             continue
-        if isinstance(child, nn.LayerNorm | nn.RMSNorm) or "Norm" in type(child).__name__:
+        projects = any(_projection(c, n) for c in child.modules() for n, _ in c.named_children())
+        if isinstance(child, nn.LayerNorm | nn.RMSNorm) or ("Norm" in type(child).__name__ and not projects):
             found.append(name)
     return tuple(found)
 
@@ -155,24 +180,37 @@ def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (No
     out = _output(module, core, prefix, used)
     heads, kv, head_dim, scale = _sizes(core, prefix)
     first = getattr(core, fused or q or "")
-    codegen = fused is not None and isinstance(getattr(core, "mp_num", None), int)
+    groups = _mp_num(core) if fused is not None else None
     return Layout(prefix, None if fused else prefix + str(q), None if fused else prefix + str(k),
                   None if fused else prefix + str(v), prefix + fused if fused else None, out,
                   type(first).__name__ == "Conv1D", heads, kv, head_dim, scale,
                   relative_bias=isinstance(getattr(core, "relative_attention_bias", None), nn.Embedding),
                   norms=_norms(module, prefix, qk_norms),
-                  weights=_codegen_weights(prefix, str(fused), out) if codegen else None)
+                  weights=_codegen_weights(prefix, str(fused), out, groups) if groups else None)
 
 
-def _codegen_weights(prefix: str, fused: str, out: str | None) -> Callable[[Any], Any]:
-    """CodeGen's ``qkv_proj``: ``mp_num`` groups of rows, each ``[q v k]`` (in that order) of ``h d / mp_num``."""
+def _mp_num(core: Any) -> int | None:
+    """CodeGen's number of model-parallel groups: its ``mp_num`` attribute, or the literal its forward sets
+    (``mp_num = 4`` on transformers 5.0)."""
+    if isinstance(getattr(core, "mp_num", None), int):
+        return int(core.mp_num)
+    try:
+        found = re.search(r"^\s*mp_num = (\d+)$", inspect.getsource(type(core).forward), re.M)
+    except (OSError, TypeError):
+        return None
+    return int(found.group(1)) if found else None
+
+
+def _codegen_weights(prefix: str, fused: str, out: str | None, groups: int) -> Callable[[Any], Any]:
+    """CodeGen's ``qkv_proj``: ``groups`` (``mp_num``) groups of rows, each ``[q v k]`` (in that order) of
+    ``h d / groups``."""
 
     def read(m: Any) -> Any:
         from ._modules import Weights, resolve
 
         core = resolve(m, prefix.rstrip("."), "hf") if prefix else m
         w = getattr(core, fused).weight.detach().double()
-        q, v, k = rearrange(w, "(mp three l) e -> three (mp l) e", mp=core.mp_num, three=3)
+        q, v, k = rearrange(w, "(mp three l) e -> three (mp l) e", mp=groups, three=3)
         o = None if out is None else resolve(m, out, "hf")
         h, d = int(core.num_attention_heads), int(core.head_dim)
         return Weights(q, k, v, None if o is None else o.weight.detach().double(), None, None, None,
@@ -300,6 +338,12 @@ def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tu
             kwargs[name] = layer
         elif name == "has_relative_attention_bias" or (name in ("is_cross_attention", "is_decoder") and cross):
             kwargs[name] = True
+        elif name == "attention_type" and isinstance(getattr(config, "attention_layers", None), list | tuple):
+            kwargs[name] = config.attention_layers[layer]  # GPT-Neo: "global" or "local", per layer
+        elif p.default is p.empty and getattr(config, name, None) is not None:
+            # a size the config holds under the parameter's name (Swin's window_size), per stage as a list
+            value = getattr(config, name)
+            kwargs[name] = value[0] if isinstance(value, list | tuple) and value else value
     return args, kwargs
 
 

@@ -147,7 +147,7 @@ def test_report_table_and_json(tmp_path: Path) -> None:
     assert data["results"][0]["counterexample"]["dtype"] == "float32"
     assert data["results"][1]["counterexample"]["dtype"] == "float64"
     assert data["conventions"]["causal_alignment"] == "top-left"
-    assert data["checks_version"] == "3"
+    assert data["checks_version"] == "4"
 
 
 def test_a_float64_only_cause_is_one_row() -> None:

@@ -39,6 +39,11 @@ def _class(model: str, name: str) -> type:
     ("opt", "OPTAttention", False),
     ("distilbert", "DistilBertSelfAttention", False),
     ("modernbert", "ModernBertAttention", False),  # fused Wqkv, Wo
+    ("blip", "BlipAttention", False),  # vision attention of a composite config; forward takes no mask
+    ("altclip", "AltCLIPAttention", False),  # AltCLIP's vision config (its text config lacks attention_dropout)
+    ("blip_2", "Blip2QFormerMultiHeadAttention", False),  # the Q-Former's config, nested in Blip2Config
+    ("roberta_prelayernorm", "RobertaPreLayerNormAttention", False),  # an output block named ...PreLayerNorm...
+    ("esm", "EsmAttention", False),  # scaling 1.0 in the call, the query scaled by head_size**-0.5 before it
 ])
 def test_classic_families_pass_with_zero_lines(model: str, name: str, cross: bool) -> None:
     cls = _class(model, name)
@@ -168,3 +173,51 @@ def test_fused_layouts_per_head_and_per_group_get_their_shipped_spec() -> None:
 
     assert hf_spec(GPTNeoXAttention).qkv_layout == "heads"
     assert hf_spec(FalconAttention).qkv_layout == "groups"
+
+
+def test_gpt_neo_s_unscaled_logits_are_read_and_its_fully_masked_rows_named() -> None:
+    """GPT-Neo takes ``q k^T`` unscaled; its attention (as ImageGPT's) fills the logits its own causal mask
+    excludes with the dtype's minimum, then adds the mask: rows with an allowed key are exact, rows without one are
+    a true behaviour with a named cause."""
+    from transformers.models.gpt_neo.modeling_gpt_neo import GPTNeoAttention
+
+    from typed_transformer.audit._hf import hf_causes
+
+    module = randomize_parameters(hf_build(GPTNeoAttention), 0)
+    spec = hf_spec(module)
+    assert spec.scale == 1.0
+    report = audit_module(module, spec, conventions="infer", checks=["reference", "causality"], **QUICK)
+    assert (report.status("reference"), report.status("causality")) == ("PASS", "PASS"), report.table()
+    assert hf_causes(module)
+    assert "min + min overflows to -inf" in hf_causes(module)[0]
+    assert not hf_causes(hf_build(_class("gpt2", "GPT2Attention")))
+
+
+def test_a_forward_that_takes_no_mask_is_audited_without_masks() -> None:
+    """ViT on transformers 5.0: ``forward(hidden_states)``; a mask passed would raise (or, through **kwargs, be
+    ignored): the spec says the class takes none."""
+    from transformers.models.vit.modeling_vit import ViTAttention
+
+    class NoMask(ViTAttention):
+        def forward(self, hidden_states: torch.Tensor) -> Any:  # type: ignore[override]
+            return super().forward(hidden_states)
+
+    spec = hf_spec(NoMask)
+    assert (spec.conventions.supports_mask, spec.conventions.supports_causal) == (False, False)
+    module = randomize_parameters(hf_build(NoMask), 0)
+    assert audit_module(module, spec, conventions="infer", **QUICK).passed
+
+
+def test_codegen_s_groups_are_read_from_its_forward_where_no_attribute_holds_them() -> None:
+    """CodeGen on transformers 5.0 sets ``mp_num = 4`` in forward, not as an attribute."""
+    from typed_transformer.audit._hf_layouts import _mp_num
+
+    class Literal(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mp_num = 4
+            return x * mp_num
+
+    class Attribute(Literal):
+        mp_num = 8
+
+    assert (_mp_num(Literal()), _mp_num(Attribute()), _mp_num(nn.Linear(2, 2))) == (4, 8, None)
