@@ -22,8 +22,10 @@ from typed_transformer._install import install_hint
 from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.cli import main
 
+# AdamW (not the baby preset's Muon): the corrupt-checkpoint cases tamper with Adam's state (Muon's momentum
+# buffers: test_muon.py::test_a_muon_checkpoint_with_a_bad_momentum_buffer_is_refused).
 TINY = ["--block-size", "8", "--eval-interval", "5", "--eval-iters", "2", "--batch-size", "4", "--sample-tokens", "5",
-        "--no-progress"]
+        "--no-progress", "--optimizer", "adamw"]
 
 
 @pytest.fixture(scope="module")
