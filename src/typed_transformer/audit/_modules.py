@@ -24,6 +24,7 @@ from ._core import (
     DEFAULT_CONVENTIONS,
     AuditReport,
     AuditUsageError,
+    Budget,
     CandidateOutput,
     Conventions,
     Example,
@@ -823,11 +824,12 @@ def audit_module(
     name: str | None = None,
     setup: str | None = None,
     known: Mapping[str, Any] | None = None,
+    budget: Budget | str = "default",
 ) -> AuditReport:
     """Audit an attention module with its own weights against the reference (every check that applies to
     modules, once per dtype). The module (or the one a factory builds) is deep-copied first: the caller's
     module is left exactly as it was (parameters, dtype, train/eval mode, gradients). ``checks``, ``dtypes``,
-    ``max_examples``, ``seed``, ``tolerance`` and ``name`` are as in :func:`audit_attention`.
+    ``max_examples``, ``seed``, ``tolerance``, ``name`` and ``budget`` are as in :func:`audit_attention`.
 
     Args:
         module: the module, or a zero-argument factory of one.
@@ -873,7 +875,7 @@ def audit_module(
         adapter.conventions = inference.conventions
     described = {"spec": spec.name, **dataclasses.asdict(adapter.conventions)}
     report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
-                       tolerance=tolerance, conventions=described)
+                       tolerance=tolerance, conventions=described, budget=budget)
     layout_hint(adapter, report)
     if inference is not None:
         return with_inference(report, inference)
