@@ -26,11 +26,15 @@ def _keep(q: Tensor, k: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Te
     return keep
 
 
-def _online_softmax(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, *, block: int, rescale: bool) -> Tensor:
+def _online_softmax(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, *, block: int, rescale: bool,
+                    half_sums: bool = False) -> Tensor:
     """FlashAttention's loop: for each block of ``block`` keys, update the running maximum ``m``, the running sum
     ``l`` and the accumulator (float32 for half inputs); ``rescale=False`` forgets to multiply the accumulator and
-    the sum by ``exp(m_old - m_new)`` when the maximum grows."""
-    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    the sum by ``exp(m_old - m_new)`` when the maximum grows; ``half_sums=True`` keeps the running sum and the
+    accumulator of P @ V in the input dtype (rounded after every block), as a kernel that declares them in half
+    precision."""
+    dtype = q.dtype
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     r = q.shape[1] // k.shape[1]
     q, k, v = q.to(work), k.repeat_interleave(r, dim=1).to(work), v.repeat_interleave(r, dim=1).to(work)
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -50,6 +54,8 @@ def _online_softmax(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, *, blo
             acc, total = acc * alpha, total * alpha
         acc = acc + p @ v[:, :, start:start + block]
         total = total + p.sum(dim=-1, keepdim=True)
+        if half_sums:
+            acc, total = acc.to(dtype).to(work), total.to(dtype).to(work)
         m = m_new
     return torch.where(total > 0, acc / total.clamp_min(torch.finfo(work).tiny), torch.zeros_like(acc))
 
@@ -71,6 +77,15 @@ def tiled_64_no_rescale(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | 
                         is_causal: bool = False) -> Tensor:
     """Bug: the same with blocks of 64 keys (a real kernel's tile): right for up to 64 keys."""
     return _online_softmax(q, k, v, _keep(q, k, attn_mask, is_causal), block=64, rescale=False).to(q.dtype)
+
+
+def half_accumulator(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                     is_causal: bool = False) -> Tensor:
+    """Bug: one key at a time (a decode-style loop), the running sum and the accumulator of P @ V kept in the
+    input dtype: every addition rounds (to 11 bits in float16, 8 in bfloat16), and over a few dozen keys the
+    rounding errors add up past what float32 sums give (right in float32 and float64)."""
+    return _online_softmax(q, k, v, _keep(q, k, attn_mask, is_causal), block=1, rescale=True,
+                           half_sums=True).to(q.dtype)
 
 
 def batch_chunks(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
@@ -214,4 +229,5 @@ GALLERY = (
     (batch_chunks, "fails past 4 batch elements with a mask"),
     (causal_block_skip, "fails past 32 queries with is_causal"),
     (fp16_overflow, "fails in float16 at logits past 65504"),
+    (half_accumulator, "fails in float16 and bfloat16 past a few dozen keys"),
 )

@@ -929,6 +929,10 @@ def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
                                   f"counterexample's): inputs must be left as given")
 
 
+#: Which deep examples a search draws (see :class:`Budget`).
+Deep: TypeAlias = Literal["lengths", "sizes"]
+
+
 @dataclass(frozen=True)
 class Budget:
     """How deep the audit looks. Beside ``max_examples`` small examples per check and dtype (sizes 1..6, which
@@ -990,7 +994,7 @@ class Run:
     current: Example | None = None
     budget: Budget = field(default_factory=Budget)
     #: None: the small examples; "lengths": the budget's lengths; "sizes": its head sizes, batches and heads
-    deep: Literal["lengths", "sizes"] | None = None
+    deep: "Deep | None" = None
 
     def note(self, ratio: float) -> None:
         if math.isfinite(ratio):
@@ -1035,8 +1039,7 @@ def run_check(check: Check, adapter: Adapter, dtype: torch.dtype, *, max_example
     if not check.deep or not budget.deep_examples:
         return result
     # the lengths (where tiled kernels fail) in their own search, then head sizes and batches in half as many
-    phases: tuple[tuple[Literal["lengths", "sizes"], int], ...] = (("lengths", budget.deep_examples),
-                                                                    ("sizes", -(-budget.deep_examples // 2)))
+    phases: list[tuple[Deep, int]] = [("lengths", budget.deep_examples), ("sizes", -(-budget.deep_examples // 2))]
     for deep, examples in phases:
         if result.status != "PASS":
             break
@@ -1066,9 +1069,9 @@ def _smallest(check: Check, run: Run, failed: CheckResult, examples: int, seed: 
     return failed
 
 
-def _below(budget: Budget, deep: Literal["lengths", "sizes"] | None, example: dict[str, Any]) -> list[Budget]:
-    """One budget per listed size below ``example``'s on the failing axis (the key length for lengths; the
-    batch, else the head size, for sizes), smallest first, each drawing that size alone on that axis."""
+def _below(budget: Budget, deep: "Deep | None", example: dict[str, Any]) -> list[Budget]:
+    """One budget per listed size below ``example``'s on the failing axis (the key length for lengths; the batch,
+    else the head size, for sizes), smallest first, each drawing that size alone on that axis."""
     if deep == "lengths":
         return [dataclasses.replace(budget, lengths=(n,)) for n in budget.lengths if n < example["s"]]
     if example["b"] in budget.batches:

@@ -268,9 +268,12 @@ def function_repro(example: Example, conventions: Conventions, import_candidate:
     lines = ["import torch", "from einops import rearrange", "from typed_transformer.strategies import randn",
              reference_import, import_candidate, f"# the counterexample (check {check}, {example.dtype})"]
     axes = {"q": "(b, h, t, d)", "k": "(b, g, s, d)", "v": "(b, g, s, dv)"}
+    # the keys of a long row grow along it (Example.ramp)
+    ramp = "" if not example.ramp else (f" * (1 + {example.ramp!r} * torch.arange({example.s}, dtype=torch.float64)"
+                                        f"[:, None] / {max(example.s - 1, 1)})")
     for offset, (name, shape) in enumerate(shapes.items()):
-        lines.append(f"{name} = randn({shape}, seed={example.seed + offset}){amplitude if name != 'v' else ''}"
-                     f"  # {axes[name]}, float64")
+        scaled = {"q": amplitude, "k": amplitude + ramp, "v": ""}[name]
+        lines.append(f"{name} = randn({shape}, seed={example.seed + offset}){scaled}  # {axes[name]}, float64")
     lines.append("keep = None" if example.keep is None else
                  f"keep = torch.tensor({example.keep!r})  # True = may attend")
     if check != "gradients":

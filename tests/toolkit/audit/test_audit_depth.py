@@ -4,6 +4,9 @@ are caught with inferred conventions and shrunk to the smallest failing size, th
 kernel would be."""
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +16,7 @@ from torch import Tensor, nn
 
 from tests.support import kernels
 from tests.support.audit_candidates import no_max_subtraction
+from tests.support.limits import HANG_SECONDS
 from typed_transformer import from_torch, scaled_dot_product_attention
 from typed_transformer.audit import BUDGETS, Budget, Conventions, audit_attention, audit_module
 from typed_transformer.audit._core import resolve_budget
@@ -20,6 +24,7 @@ from typed_transformer.cli import main
 from typed_transformer.strategies import randomize_parameters
 
 F32 = [torch.float32]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def failing(kernel: object, check: str, **options: object) -> dict[str, Any]:
@@ -62,6 +67,39 @@ def test_the_fp16_overflow_kernel_fails_in_float16_by_default_and_passes_in_floa
     assert rows["float64"].status == "PASS"
     assert rows["float16"].status == "FAIL", report.table()
     assert "logits scaled to 100000" in rows["float16"].message
+
+
+def test_a_half_precision_accumulator_fails_past_the_small_sizes_and_float32_sums_pass() -> None:
+    report = audit_attention(kernels.half_accumulator, conventions="infer", seed=0, checks=["reference"],
+                             dtypes=[torch.float32, torch.float16, torch.bfloat16])
+    rows = {r.dtype: r for r in report.results}
+    assert rows["float32"].status == "PASS"
+    for dtype in ("float16", "bfloat16"):
+        assert rows[dtype].status == "FAIL", report.table()
+        counterexample = rows[dtype].counterexample
+        assert counterexample is not None
+        assert counterexample["s"] >= 15  # a deep length: the small sizes (up to 6 keys) stay within the bound
+    quick = audit_attention(kernels.half_accumulator, conventions="infer", seed=0, checks=["reference"],
+                            dtypes=[torch.float16, torch.bfloat16], budget="quick")
+    assert quick.passed, quick.table()
+    # the same loop with float32 sums (the tiled kernel, blocks of 16 keys) passes in half precision
+    tiled = audit_attention(kernels.tiled_attention, conventions="infer", seed=0, checks=["reference"],
+                            dtypes=[torch.float16, torch.bfloat16])
+    assert tiled.passed, tiled.table()
+
+
+def test_a_deep_counterexample_repro_prints_the_error_the_report_names(tmp_path: Path) -> None:
+    """The repro builds the deep example's keys as the audit did (growing along the row: Example.ramp)."""
+    result = audit_attention(kernels.tiled_16_no_rescale, conventions="infer", seed=0, checks=["reference"],
+                             dtypes=F32)["reference"]
+    assert result.repro is not None
+    assert "torch.arange(17" in result.repro
+    done = subprocess.run([sys.executable, "-c", result.repro], cwd=ROOT, capture_output=True, text=True,
+                          timeout=HANG_SECONDS, check=False)
+    assert done.returncode == 0, done.stderr
+    printed = float(done.stdout.split("max error ", 1)[1].split()[0])
+    named = float(result.message.split("max error ", 1)[1].split()[0])
+    assert f"{printed:.3g}" == f"{named:.3g}", (done.stdout, result.message)
 
 
 def test_a_softmax_without_the_max_subtracted_fails_in_float16() -> None:
