@@ -102,6 +102,21 @@ def test_a_deep_counterexample_repro_prints_the_error_the_report_names(tmp_path:
     assert f"{printed:.3g}" == f"{named:.3g}", (done.stdout, result.message)
 
 
+def test_one_bug_is_one_root_cause_in_every_dtype_shown_on_its_smallest_input() -> None:
+    """Half-precision rows are replayed under the rule that judged them (the float32-accumulating kernel's
+    bound), so that they join the float64 rows' cause instead of each check making its own block."""
+    report = audit_attention(kernels.tiled_16_no_rescale, conventions="infer", seed=0,
+                             checks=["reference", "batch_independence", "padding", "large_logits"],
+                             dtypes=[torch.float64, torch.float16])
+    assert len(report.failed) == 4, report.table()
+    assert len(report.causes) == 1, report.table()
+    cause = report.causes[0]
+    assert cause.check == "reference"
+    assert {(r.name, r.dtype) for r in cause.rows} == {(c, d) for c in report.failed for d in ("float64", "float16")}
+    assert cause.shown.counterexample is not None
+    assert cause.shown.counterexample["s"] == 17
+
+
 def test_a_softmax_without_the_max_subtracted_fails_in_float16() -> None:
     report = audit_attention(no_max_subtraction, conventions="infer", seed=0, checks=["large_logits"],
                              dtypes=[torch.float16], budget="quick")
