@@ -46,7 +46,6 @@ ENTRIES = [
     Entry(kernels.batch_chunks, "The batch in chunks of 4, every chunk with the first chunk's mask"),
     Entry(kernels.causal_block_skip, "Causal block skipping from the wrong row"),
     Entry(kernels.fp16_overflow, "float16 logits past 65504, NaN rows zeroed by nan_to_num"),
-    Entry(kernels.half_accumulator, "The running sum and the P @ V accumulator in half precision"),
 ]
 
 

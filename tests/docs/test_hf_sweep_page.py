@@ -39,3 +39,14 @@ def test_the_counts_line_classifies_every_class() -> None:
                                         "skipped")} == {
         "found": "5", "dot": "4", "audited": "2", "share": "50", "fails": "1", "false": "0", "aside": "1",
         "other": "1", "skipped": "1"}
+
+
+def test_the_page_states_the_budget_the_sweep_ran_with() -> None:
+    sweep = _sweep()
+    for budget in ("quick", "default"):
+        rows = [{**row, "fingerprint": row["cls"], "causes": [], "conventions": "self", "notes": [],
+                 "unmodelled_checks": ["reference"],
+                 "fails": [{**fail, "message": "m", "repro": "r"} for fail in row.get("fails", [])]}
+                for row in _rows()]
+        text = sweep.page(rows, [], 1.0, "9.9.9", 5, 5, 2, budget)
+        assert f"(float32, 5 examples per check, budget {budget!r}, seed 0)" in text

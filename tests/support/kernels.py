@@ -219,15 +219,3 @@ def half_value_gradient(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | 
     """A right forward whose backward gives half of dv (the bug): only a gradients check sees it."""
     v = _ScaledBackward.apply(v)  # type: ignore[no-untyped-call]
     return _attention(q, k, v, None, attn_mask, is_causal, 1 / math.sqrt(q.shape[-1]))
-
-
-#: The gallery, in page order: (kernel, what the audit must say: "pass" or the bug in one line).
-GALLERY = (
-    (tiled_attention, "pass"),
-    (tiled_16_no_rescale, "fails past 16 keys"),
-    (tiled_64_no_rescale, "fails past 64 keys"),
-    (batch_chunks, "fails past 4 batch elements with a mask"),
-    (causal_block_skip, "fails past 32 queries with is_causal"),
-    (fp16_overflow, "fails in float16 at logits past 65504"),
-    (half_accumulator, "fails in float16 and bfloat16 past a few dozen keys"),
-)
