@@ -1082,6 +1082,14 @@ def _below(budget: Budget, deep: "Deep | None", example: dict[str, Any]) -> list
     return []
 
 
+def _fields(example: Example) -> dict[str, Any]:
+    """The counterexample as the report prints it: ``ramp`` only where the keys grow (a deep length)."""
+    fields = dataclasses.asdict(example)
+    if not example.ramp:
+        del fields["ramp"]
+    return fields
+
+
 def _run_phase(check: Check, run: Run, max_examples: int, seed: int) -> CheckResult:
     """One Hypothesis test of ``check`` (``run.deep``: at the budget's deep sizes)."""
     adapter, dtype_name = run.adapter, DTYPE_NAMES[run.dtype]
@@ -1124,7 +1132,7 @@ def _run_phase(check: Check, run: Run, max_examples: int, seed: int) -> CheckRes
         cause = failure.__cause__
         trace = None if cause is None else "".join(traceback.format_exception(cause)).rstrip()
         return CheckResult(check.name, "FAIL", dtype_name, ratio=failure.ratio, message=str(failure),
-                           counterexample=None if example is None else dataclasses.asdict(example),
+                           counterexample=None if example is None else _fields(example),
                            repro=None if example is None else adapter.repro(example, check.name),
                            examples=run.examples, traceback=trace)
     return CheckResult(check.name, "PASS", dtype_name, ratio=run.worst, examples=run.examples)

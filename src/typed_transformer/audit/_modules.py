@@ -654,7 +654,8 @@ class ModuleAdapter:
         """A snippet that runs as printed in a fresh interpreter: :attr:`setup` defines ``module`` and
         ``spec`` (the CLI rebuilds its module with the same seeded weights), then the failing call and the
         reference."""
-        fields = ", ".join(f"{key}={value!r}" for key, value in dataclasses.asdict(example).items())
+        fields = ", ".join(f"{key}={value!r}" for key, value in dataclasses.asdict(example).items()
+                           if key != "ramp" or value)  # ramp: only where the keys grow (a deep length)
         return (f"import torch\n"
                 f"from typed_transformer.audit import Conventions, Example, ModuleAdapter\n"
                 f"{self.setup}\n"
