@@ -19,6 +19,7 @@ the ``--jobs`` it was given.
 """
 
 import argparse
+import functools
 import hashlib
 import inspect
 import multiprocessing
@@ -136,7 +137,7 @@ def _setup(model: str, name: str, overrides: dict[str, Any]) -> str:
             f"spec = hf_spec(module)")
 
 
-def audit_class(item: tuple[str, str], max_examples: int = 5) -> dict[str, Any]:
+def audit_class(item: tuple[str, str], max_examples: int = 5, budget: str = "default") -> dict[str, Any]:
     import importlib
 
     import torch
@@ -178,7 +179,7 @@ def audit_class(item: tuple[str, str], max_examples: int = 5) -> dict[str, Any]:
         return row
     limits = hf_limits(module)
     try:
-        report = audit_module(module, spec, conventions="infer", max_examples=max_examples,
+        report = audit_module(module, spec, conventions="infer", max_examples=max_examples, budget=budget,
                               dtypes=(torch.float32,), seed=0, setup=_setup(model, name, overrides))
     except Exception as err:
         row["skipped"] = f"audit could not run: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
@@ -226,7 +227,7 @@ def _floor(audited: list[dict[str, Any]]) -> list[str]:
 
 
 def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, version: str, swept: int,
-         total: int, jobs: int, oldest: bool = False) -> str:
+         total: int, jobs: int, budget: str = "default", oldest: bool = False) -> str:
     found = [r for r in rows if "statuses" in r]
     audited = [r for r in found if "unmodelled" not in r]
     unmodelled = [r for r in found if "unmodelled" in r]
@@ -271,7 +272,8 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
         "Each class is built from a tiny config of its own config class (4 query heads on 2 key/value heads of size "
         "4, eager attention; wider heads where a partial rotary factor would turn less than one pair, M-RoPE "
         "sections scaled to the tiny head), its parameters randomized, and audited with `conventions=\"infer\"` "
-        "(float32, 5 examples per check, seed 0). `hf_spec` describes: q/k norms (per head or over every head, "
+        f"(float32, 5 examples per check, budget {budget!r}, seed 0). `hf_spec` describes: q/k norms (per head or "
+        "over every head, "
         "Gemma's `1 + weight`), partial rotary, the rotary pairing of the modeling module's `apply_rotary_pos_emb`, "
         "M-RoPE with text positions (1-D rotary), rope parameters per layer type, Llama 3's, YaRN's and linear rope "
         "frequencies (read from the class's rotary module), sliding windows (in the mask, as "
@@ -333,6 +335,8 @@ def main() -> int:
                         help="print the page instead of writing it")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--max-examples", type=int, default=5)
+    parser.add_argument("--budget", choices=("quick", "default"), default="default",
+                        help="the audit's budget (default: the deep sizes too; quick: sizes 1..6, as before budgets)")
     parser.add_argument("--oldest", action="store_true",
                         help=f"write {OLDEST_PAGE.relative_to(ROOT)} (run in .venv-hf-oldest: the declared floor), "
                         "with --models too (the page says how many model packages it swept)")
@@ -357,24 +361,26 @@ def main() -> int:
                                                                            len(items) else set()))
         text = page(rows, [u for u in unimportable if u.split(":")[0] in done or final],
                     time.perf_counter() - start, transformers.__version__, len(done) if not final else len(models),
-                    len(everything), args.jobs, oldest=args.oldest)
+                    len(everything), args.jobs, args.budget, oldest=args.oldest)
         if not args.print and (args.oldest or (not args.models and args.first is None)):
             (OLDEST_PAGE if args.oldest else PAGE).write_text(text, encoding="utf-8")
         return text
 
+    audit = functools.partial(audit_class, max_examples=args.max_examples, budget=args.budget)
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-        for row in pool.imap(audit_class, items):
+        for row in pool.imap(audit, items):
             rows.append(row)
             status = row.get("skipped") or (
                 "not audited (unmodelled: " + "; ".join(row["unmodelled"]) + ")" if "unmodelled" in row else
                 "PASS" if not row["fails"] else "FAIL " + ", ".join(f["check"] for f in row["fails"]))
-            print(f"{row['model']:>24} {row['cls']:<40} {status}", flush=True)
+            seconds = f"{row['seconds']:.0f} s" if "seconds" in row else ""
+            print(f"{row['model']:>24} {row['cls']:<40} {status} {seconds}", flush=True)
             if len(rows) % 20 == 0:
                 write(final=False)
     failing = [i for i, row in enumerate(rows) if row.get("fails")]
     if failing:  # each FAIL again, the class alone in a fresh interpreter: only what comes back is counted
         with multiprocessing.get_context("spawn").Pool(args.jobs, maxtasksperchild=1) as fresh:
-            again = fresh.map(audit_class, [items[i] for i in failing], chunksize=1)
+            again = fresh.map(audit, [items[i] for i in failing], chunksize=1)
         for i, row in zip(failing, again, strict=True):
             confirmed = {f["check"] for f in row.get("fails", [])}
             rows[i]["unconfirmed"] = [f for f in rows[i]["fails"] if f["check"] not in confirmed]

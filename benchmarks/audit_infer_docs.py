@@ -73,8 +73,8 @@ def _timings(repeats: int) -> str:
             ("nn.MultiheadAttention(8, 2) (a module, spec torch_mha)", best(lambda: infer_adapter(mha)))]
     cells = ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in rows)
     return (f"Inference is a few dozen calls on inputs of sizes <= 8, in float64: {cells} (fastest of {repeats}, "
-            f"one thread, torch {torch.__version__}, {platform.machine()}). The audit that follows takes the "
-            f"time it always did.")
+            f"one thread, torch {torch.__version__}, {platform.machine()}). What the audit that follows costs "
+            f"is measured under [How deep the default audit looks](#how-deep-the-default-audit-looks).")
 
 
 def block(repeats: int) -> str:

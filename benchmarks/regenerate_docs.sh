@@ -13,6 +13,8 @@ $py benchmarks/pasted_outputs.py --data "$data" --write   # every other pasted o
 $py benchmarks/audit_infer_docs.py                    # docs/audit.md: the --infer example and its timing
 $py benchmarks/audit_docs_tables.py                   # docs/audit.md: every other printed report
 $py benchmarks/audit_findings.py                      # docs/audit-findings.md: every finding re-checked
+$py benchmarks/audit_kernel_gallery.py                # docs/audit-kernels.md: each planted kernel and its report
+$py benchmarks/audit_cost.py                          # docs/audit.md: the default audit's cost against budget='quick'
 $py benchmarks/time_to_quality.py --data "$data" --rounds 3 --optimizer muon --optimizer adamw --write docs/lab/time-to-quality.md --readme README.md
 # docs/lab/time-to-quality.md: quality per token of each optimizer, 3 seeds (one thread a run: load-independent)
 $py benchmarks/quality_per_token.py --data "$data" --seeds 1337 1338 1339 --write docs/lab/time-to-quality.md optimizer=adamw

@@ -249,15 +249,62 @@ def _audit_parser(commands: Any, conventions: bool) -> None:
                             "several), e.g. --expect scale=1 (T5), --expect causal_alignment=top-left; an "
                             "undeclared difference makes the exit status 3 when every check passed")
     audit.add_argument("--checks", default=None, help="comma-separated subset of the checks")
-    audit.add_argument("--dtypes", default="float32,float64", help="comma-separated (default float32,float64)")
+    audit.add_argument("--dtypes", default=None, help="comma-separated (default: float32,float64 and float16, "
+                       "bfloat16 where a function accepts them; a module: float32,float64)")
     audit.add_argument("--max-examples", type=_positive_int, default=20,
-                       help="examples per check and dtype (default 20)")
+                       help="small examples per check and dtype (default 20)")
+    _audit_budget_flags(audit)
     audit.add_argument("--seed", type=_non_negative_int, default=0,
                        help="seed of the drawn examples (and of --module's redrawn parameters; default 0)")
     audit.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the report as JSON")
     audit.add_argument("--call-time-limit", type=_positive_float, default=60.0, metavar="SECONDS",
                        help="time limit of one call of the candidate (default 60; the audit's inputs are small): a "
                             "call past it, or one that calls sys.exit, FAILs in one line and stops the audit")
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated positive integers, returned sorted (the budget's lists shrink towards
+    their first element)."""
+    try:
+        values = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return tuple(values)
+
+
+def _audit_budget_flags(audit: argparse.ArgumentParser) -> None:
+    """``audit``'s budget: how deep the examples go beside the small ones (typed_transformer.audit.Budget)."""
+    audit.add_argument("--budget", choices=("quick", "default"), default="default",
+                       help="quick: the small examples only (sizes 1..6); default: also the deep ones below")
+    audit.add_argument("--lengths", type=_sizes, default=None, metavar="N,N,...",
+                       help="key and query lengths of the deep examples (default 15,16,17,31,32,33,63,64,65,127,"
+                            "128,129: both sides of the tiles kernels use; a failure shrinks to the smallest)")
+    audit.add_argument("--head-sizes", type=_sizes, default=None, metavar="D,D,...",
+                       help="head sizes of the deep examples (default 64,65,80,96,127,128,256)")
+    audit.add_argument("--batch", type=_sizes, default=None, metavar="B,B,...",
+                       help="batch sizes of the deep examples (default 5,8,9; query heads 5,6,8 beside them)")
+    audit.add_argument("--deep-examples", type=_non_negative_int, default=None, metavar="N",
+                       help="deep examples per check and dtype (default 6; 0: the small ones only)")
+
+
+def _audit_budget(args: argparse.Namespace) -> Any:
+    """The :class:`~typed_transformer.audit.Budget` the flags ask for, or the error message."""
+    import dataclasses
+
+    from .audit import BUDGETS
+
+    changes = {field: getattr(args, field) for field in ("lengths", "head_sizes", "deep_examples")
+               if getattr(args, field) is not None}
+    if args.batch is not None:
+        changes["batches"] = args.batch
+    if args.budget == "quick":
+        if changes:
+            flag = "--" + next(iter(changes)).replace("_", "-").replace("batches", "batch")
+            return f"{flag} sets the deep examples, which --budget quick leaves out"
+        return BUDGETS["quick"]
+    return dataclasses.replace(BUDGETS["default"], **changes)
 
 
 def _seq2seq_parsers(commands: Any, seq2seq_defaults: dict[str, Any] | None) -> None:
@@ -798,26 +845,33 @@ def _library_names() -> tuple[str, ...]:
 
 
 def _audit_options(args: argparse.Namespace, known: Any) -> dict[str, Any] | str:
-    """The audit's ``checks``, ``dtypes``, ``max_examples`` and ``seed`` from the flags, or the error message."""
+    """The audit's ``checks``, ``dtypes``, ``max_examples``, ``seed`` and ``budget`` from the flags, or the error
+    message."""
     import torch
 
     names = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
              "bfloat16": torch.bfloat16}
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    bad = [d for d in dtypes if d not in names]
-    if bad or not dtypes:
+    dtypes = None if args.dtypes is None else [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    bad = [] if dtypes is None else [d for d in dtypes if d not in names]
+    if bad or dtypes == []:
         return f"--dtypes: unknown dtype {bad[0] if bad else ''!r} (choose {', '.join(names)})"
     checks = None if args.checks is None else [c.strip() for c in args.checks.split(",") if c.strip()]
     if checks is not None and (not checks or any(c not in known for c in checks)):
         unknown = next((c for c in checks if c not in known), "")
         return f"--checks: unknown check {unknown!r} (choose {', '.join(known)})"
+    budget = _audit_budget(args)
+    if isinstance(budget, str):
+        return budget
     expect = _expectations(args.expect)
     if isinstance(expect, str):
         return expect
     if expect and not args.infer:
         return "--expect goes with --infer (declared conventions flags already say every field)"
-    return {"checks": checks, "dtypes": [names[d] for d in dtypes], "max_examples": args.max_examples,
-            "seed": args.seed, "expect": expect}
+    options = {"checks": checks, "max_examples": args.max_examples, "seed": args.seed, "budget": budget,
+               "expect": expect}
+    if dtypes is not None:
+        options["dtypes"] = [names[d] for d in dtypes]
+    return options
 
 
 def _expectations(pairs: list[str]) -> dict[str, Any] | str:

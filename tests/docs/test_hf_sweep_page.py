@@ -105,3 +105,14 @@ def test_a_class_that_does_not_build_is_listed_with_its_own_error() -> None:
     reason listed is the first error, not the retry's (which said only that the module had no config)."""
     row = _sweep().audit_class(("canine", "CanineSelfAttention"))
     assert row["skipped"].startswith("AuditUsageError: CanineSelfAttention: forward needs from_tensor, to_tensor"), row
+
+
+def test_the_page_states_the_budget_the_sweep_ran_with() -> None:
+    sweep = _sweep()
+    for budget in ("quick", "default"):
+        rows = [{**row, "fingerprint": row["cls"], "causes": [], "conventions": "self", "notes": [],
+                 "unmodelled_checks": ["reference"],
+                 "fails": [{**fail, "message": "m", "repro": "r"} for fail in row.get("fails", [])]}
+                for row in _rows()]
+        text = sweep.page(rows, [], 1.0, "9.9.9", 5, 5, 2, budget)
+        assert f"(float32, 5 examples per check, budget {budget!r}, seed 0)" in text

@@ -1,12 +1,140 @@
 """Planted kernels: attention functions written as people write kernels and ports, each with one bug (or none) the
 zero-configuration audit (``audit_attention(kernel, conventions="infer")``, ``typed-transformer audit --infer``) must
 catch. Each follows this library's conventions (``(b, h, t, d)``, True = may attend, bottom-right causal, zeros
-for fully masked rows) except for its bug, so that the bug is the only thing the audit can report."""
+for fully masked rows) except for its bug, so that the bug is the only thing the audit can report.
+
+The kernel gallery's (docs/audit-kernels.md, benchmarks/audit_kernel_gallery.py): loops over key blocks with an
+online softmax, batch chunks, causal block skipping, half-precision logits, each with the bug that lives where a
+small example never looks, and one correct tiled kernel. Then the conventions' kernels: a boolean mask added as
++1/+0, a flipped boolean path, no or another scale, a dropped key, a wrong value gradient."""
 
 import math
 
 import torch
 from torch import Tensor
+
+from typed_transformer import scaled_dot_product_attention
+
+
+def _keep(q: Tensor, k: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor | None:
+    """The keep-mask ``(#b, #h, t, s)`` with the bottom-right causal mask ANDed in (None: every key)."""
+    t, s = q.shape[-2], k.shape[-2]
+    keep = attn_mask
+    if is_causal:
+        causal = torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t)
+        keep = causal if keep is None else keep & causal
+    return keep
+
+
+def _online_softmax(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, *, block: int, rescale: bool,
+                    half_sums: bool = False) -> Tensor:
+    """FlashAttention's loop: for each block of ``block`` keys, update the running maximum ``m``, the running sum
+    ``l`` and the accumulator (float32 for half inputs); ``rescale=False`` forgets to multiply the accumulator and
+    the sum by ``exp(m_old - m_new)`` when the maximum grows; ``half_sums=True`` keeps the running sum and the
+    accumulator of P @ V in the input dtype (rounded after every block), as a kernel that declares them in half
+    precision."""
+    dtype = q.dtype
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    r = q.shape[1] // k.shape[1]
+    q, k, v = q.to(work), k.repeat_interleave(r, dim=1).to(work), v.repeat_interleave(r, dim=1).to(work)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    b, h, t, s = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    m = torch.full((b, h, t, 1), -math.inf, dtype=work)
+    total = torch.zeros(b, h, t, 1, dtype=work)
+    acc = torch.zeros(b, h, t, v.shape[-1], dtype=work)
+    for start in range(0, s, block):
+        logits = q @ k[:, :, start:start + block].transpose(-1, -2) * scale
+        if keep is not None:
+            logits = logits.masked_fill(~keep[..., start:start + block], -math.inf)
+        m_new = torch.maximum(m, logits.amax(dim=-1, keepdim=True))
+        finite = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows without a key so far
+        p = torch.exp(logits - finite)
+        if rescale:
+            alpha = torch.exp(m - finite)
+            acc, total = acc * alpha, total * alpha
+        acc = acc + p @ v[:, :, start:start + block]
+        total = total + p.sum(dim=-1, keepdim=True)
+        if half_sums:
+            acc, total = acc.to(dtype).to(work), total.to(dtype).to(work)
+        m = m_new
+    return torch.where(total > 0, acc / total.clamp_min(torch.finfo(work).tiny), torch.zeros_like(acc))
+
+
+def tiled_attention(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                    is_causal: bool = False) -> Tensor:
+    """Correct: blocks of 16 keys, online softmax with rescaling, float32 accumulation for half inputs."""
+    return _online_softmax(q, k, v, _keep(q, k, attn_mask, is_causal), block=16, rescale=True).to(q.dtype)
+
+
+def tiled_16_no_rescale(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                        is_causal: bool = False) -> Tensor:
+    """Bug: blocks of 16 keys; the accumulator is not rescaled when the running maximum grows (right for up to
+    16 keys: one block)."""
+    return _online_softmax(q, k, v, _keep(q, k, attn_mask, is_causal), block=16, rescale=False).to(q.dtype)
+
+
+def tiled_64_no_rescale(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                        is_causal: bool = False) -> Tensor:
+    """Bug: the same with blocks of 64 keys (a real kernel's tile): right for up to 64 keys."""
+    return _online_softmax(q, k, v, _keep(q, k, attn_mask, is_causal), block=64, rescale=False).to(q.dtype)
+
+
+def half_accumulator(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                     is_causal: bool = False) -> Tensor:
+    """Bug: one key at a time (a decode-style loop), the running sum and the accumulator of P @ V kept in the
+    input dtype: every addition rounds (to 11 bits in float16, 8 in bfloat16), and over a few dozen keys the
+    rounding errors add up past what float32 sums give (right in float32 and float64)."""
+    return _online_softmax(q, k, v, _keep(q, k, attn_mask, is_causal), block=1, rescale=True,
+                           half_sums=True).to(q.dtype)
+
+
+def batch_chunks(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                 is_causal: bool = False) -> Tensor:
+    """Bug: the batch in chunks of 4, every chunk with the first chunk's rows of the mask (right for up to 4
+    batch elements, or one mask for the whole batch)."""
+    outs = []
+    for start in range(0, q.shape[0], 4):
+        end = min(start + 4, q.shape[0])
+        mask = attn_mask
+        if attn_mask is not None and attn_mask.shape[0] > 1:
+            mask = attn_mask[:end - start]  # should be attn_mask[start:end]
+        out = scaled_dot_product_attention(q[start:end], k[start:end], v[start:end], attn_mask=mask,
+                                           is_causal=is_causal)
+        assert isinstance(out, Tensor)
+        outs.append(out)
+    return torch.cat(outs)
+
+
+def causal_block_skip(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                      is_causal: bool = False) -> Tensor:
+    """Bug: blocks of 64 queries and 32 keys; with ``is_causal`` a key block is skipped when it starts past the
+    last key the query block's *first* row sees (it should be its last row's), so later rows of a block lose keys
+    they may see: from 33 queries on when ``t = s``."""
+    keep = _keep(q, k, attn_mask, is_causal)
+    t, s = q.shape[-2], k.shape[-2]
+    outs = []
+    for q_start in range(0, t, 64):
+        rows = slice(q_start, q_start + 64)
+        block_keep = None if keep is None else keep[..., rows, :]
+        if is_causal:
+            last_seen = max(q_start + s - t, 0)  # should be min(q_start + 64, t) - 1 + s - t
+            skipped = torch.arange(s) >= (last_seen // 32 + 1) * 32
+            block_keep = ~skipped if block_keep is None else block_keep & ~skipped
+        out = _online_softmax(q[..., rows, :], k, v, block_keep, block=32, rescale=True)
+        outs.append(out)
+    return torch.cat(outs, dim=-2).to(q.dtype)
+
+
+def fp16_overflow(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                  is_causal: bool = False) -> Tensor:
+    """Bug: logits computed and kept in the input dtype; float16 logits past 65504 become inf, the softmax gives
+    NaN, and ``nan_to_num`` (meant for rows without keys) turns those rows into zeros."""
+    logits = q @ k.repeat_interleave(q.shape[1] // k.shape[1], dim=1).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    keep = _keep(q, k, attn_mask, is_causal)
+    if keep is not None:
+        logits = logits.masked_fill(~keep, -math.inf)
+    weights = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+    return weights @ v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, logits_bias: Tensor | None, keep: Tensor | None, is_causal: bool,

@@ -52,12 +52,14 @@ from torch import nn
 
 from ._checks import draw_example
 from ._core import (
+    BUDGETS,
     CHECKS_VERSION,
     DEFAULT_CALL_TIME_LIMIT,
     REGISTRY,
     Adapter,
     AuditReport,
     AuditUsageError,
+    Budget,
     CandidateStopped,
     Cause,
     CheckResult,
@@ -114,6 +116,7 @@ def audit_multihead(module: nn.Module | Callable[[], nn.Module], *,
 
 
 __all__ = [
+    "BUDGETS",
     "CHECKS",
     "CHECKS_VERSION",
     "DEFAULT_CALL_TIME_LIMIT",
@@ -126,6 +129,7 @@ __all__ = [
     "AuditCase",
     "AuditReport",
     "AuditUsageError",
+    "Budget",
     "CandidateStopped",
     "Cause",
     "CheckResult",

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ._checks import half_bound, half_rule
 from ._core import (
     Adapter,
     CandidateRaised,
@@ -29,6 +30,7 @@ from ._core import (
     CheckFailure,
     CheckResult,
     Example,
+    Run,
     bound,
     effective_keep,
     error,
@@ -82,17 +84,22 @@ def replay_ratio(adapter: Adapter, example: Example, tolerance: float, *, live_o
             out = adapter.call(ins, keep, is_causal, dtype)
     except (CandidateRaised, CheckFailure):
         return math.inf
-    with torch.no_grad():
-        ref64 = reference.reference(ins, keep, is_causal, torch.float64)
-        reflow = reference.reference(ins, keep, is_causal, dtype)
-    if tuple(out.shape) != tuple(ref64.shape):
-        return math.inf
     rows = None
     eff = effective_keep(keep, is_causal, example.t, example.s, adapter.conventions)
     if eff is not None and (live_only or adapter.conventions.fully_masked == "any"):
         rows = adapter.rows(eff, example)
-    length = example.s + example.d + (max(example.widths) if example.widths else 0)
-    _, base = bound(ref64, reflow, tolerance, dtype, rows=rows, amplification=adapter.logit_bound(ins), length=length)
+    run = Run(reference, dtype, tolerance)
+    with torch.no_grad():
+        if half_rule(run):  # half precision: the bound the checks judged the row by
+            ref64, _, base = half_bound(run, ins, keep, is_causal, rows)
+        else:
+            ref64 = reference.reference(ins, keep, is_causal, torch.float64)
+            reflow = reference.reference(ins, keep, is_causal, dtype)
+            length = example.s + example.d + (max(example.widths) if example.widths else 0)
+            _, base = bound(ref64, reflow, tolerance, dtype, rows=rows, amplification=adapter.logit_bound(ins),
+                            length=length)
+    if tuple(out.shape) != tuple(ref64.shape):
+        return math.inf
     return error(out, ref64, rows) / base
 
 

@@ -49,6 +49,10 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
     low = min(max(low, min_len or low), high)
     tied = a.fixed is not None and bool(a.fixed.get("tied", 0))
     same = conv.self_attention or tied
+    # drawn first: Hypothesis shrinks earlier choices first, so a deep size shrinks while the rest (the batch,
+    # heads, queries that make a failure likely) is still as generated
+    deep = deep_sizes(run, data, same=same, min_len=low, max_len=max_len, min_head_dim=min_head_dim) if run.deep \
+        else {}
     if a.fixed is not None:
         shape = data.draw(attention_shapes(max_batch=3, max_len=high, min_len=low, max_kv_heads=1, max_group=1,
                                            max_head_dim=1, max_value_dim=1, same_length=same), label="shape")
@@ -58,6 +62,8 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
         d_low, d_high = conv.head_sizes
         if min_head_dim is not None:
             d_low = max(d_low, min_head_dim)
+        if "s" in deep:  # long rows: with d = 1 every query row has the same largest key, one row in effect
+            d_low = max(d_low, min(4, conv.head_sizes[1]))
         if max_head_dim is not None:
             d_high = max_head_dim
         d_high = max(d_high, d_low)
@@ -67,9 +73,12 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
                                            head_dim_multiple=2 if conv.even_head_size else 1,
                                            same_value_dim=conv.equal_head_sizes, same_length=same),
                           label="shape")
-        sizes = {"h": shape.h, "g": shape.g, "d": shape.d, "dv": shape.dv}
         widths = None
-    b = max(shape.b, min_batch)
+    shape = dataclasses.replace(shape, **deep)
+    if a.fixed is None:
+        sizes = {"h": shape.h, "g": shape.g, "d": shape.d, "dv": shape.dv}
+    # long rows: 3 batch elements, so that a bug that shows on a few rows in ten still shows when shrunk
+    b = max(shape.b, min_batch, 3 if "s" in deep else 1)
     t = 1 if single_query and not same and low <= 1 else shape.t
     shape = dataclasses.replace(shape, t=t)
     keep: Tensor | None = None
@@ -83,10 +92,54 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
         styles: tuple[Literal["right", "random"], ...] = ("right",) if a.positional is not None else ("right", "random")
         keep = data.draw(key_padding_masks(b, shape.s, styles=styles), label="padding")[:, None, None, :]
     seed = data.draw(seeds(), label="seed")
+    ramp = 2.0 if "s" in deep else 0.0  # long rows: keys grow along the sequence (see Example)
     example = Example(b=b, t=shape.t, s=shape.s, **sizes, seed=seed, dtype=_name(run.dtype),
-                      keep=mask_to_list(keep), is_causal=is_causal, amplitude=amplitude, widths=widths, tied=tied)
+                      keep=mask_to_list(keep), is_causal=is_causal, amplitude=amplitude, widths=widths, tied=tied,
+                      ramp=ramp)
     run.current = example
     return example
+
+
+def deep_sizes(run: Run, data: st.DataObject, *, same: bool, min_len: int, max_len: int | None,
+               min_head_dim: int | None) -> dict[str, int]:
+    """The sizes that replace the small example's on one axis, from the budget's deep lists: key and query
+    lengths across the tiles (``run.deep == "lengths"``), or (``"sizes"``) a head size kernels specialise or a
+    batch and head count above 4 (lengths stay small). Only what the candidate supports: declared ``lengths``,
+    ``head_sizes``, ``even_head_size`` and a module's fixed sizes narrow the lists (the check's own ``max_len``
+    too: rope stays at 16); with nothing left, none. Every list shrinks to its first (smallest) element."""
+    a, conv, budget = run.adapter, run.adapter.conventions, run.budget
+    declared_len = conv.lengths != DEFAULT_CONVENTIONS.lengths
+    high = conv.lengths[1] if declared_len else math.inf
+    if max_len is not None:
+        high = min(high, max_len)
+    lengths = [n for n in budget.lengths if min_len <= n <= high]
+    head_sizes: list[int] = []
+    if a.fixed is None:
+        d_low, d_high = conv.head_sizes if conv.head_sizes != DEFAULT_CONVENTIONS.head_sizes else (1, math.inf)
+        head_sizes = [d for d in budget.head_sizes if max(d_low, min_head_dim or 1) <= d <= d_high
+                      and not (conv.even_head_size and d % 2)]
+    if run.deep == "lengths":
+        focuses = ["lengths"] if lengths else []
+    else:
+        focuses = [name for name, values in (("head_sizes", head_sizes), ("batch", budget.batches)) if values]
+    if not focuses:
+        return {}
+    focus = focuses[0] if len(focuses) == 1 else data.draw(st.sampled_from(focuses), label="deep")
+    if focus == "lengths":
+        s = data.draw(st.sampled_from(lengths), label="deep_s")
+        t = s if same else data.draw(st.sampled_from(lengths), label="deep_t")  # many query rows too
+        return {"t": t, "s": s}
+    if focus == "head_sizes":
+        d = data.draw(st.sampled_from(head_sizes), label="deep_d")
+        dv = d if conv.equal_head_sizes else data.draw(st.sampled_from([d, *head_sizes]), label="deep_dv")
+        return {"d": d, "dv": dv}
+    b = data.draw(st.sampled_from(budget.batches), label="deep_b")
+    if a.fixed is not None or not budget.heads:
+        return {"b": b}
+    h = data.draw(st.sampled_from(budget.heads), label="deep_h")
+    groups = [g for g in range(h, 0, -1) if h % g == 0] if conv.supports_gqa else [h]
+    g = data.draw(st.sampled_from(groups), label="deep_g")
+    return {"b": b, "g": g, "r": h // g}
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -104,13 +157,17 @@ def compare(run: Run, example: Example, *, keep: Tensor | None = None, is_causal
     a = run.adapter
     ins = example.inputs() if ins is None else ins
     out = a.call(ins, keep, is_causal, run.dtype)
-    ref64 = a.reference(ins, keep, is_causal, torch.float64)
+    if half_rule(run):
+        ref64, allowed, base = half_bound(run, ins, keep, is_causal, live_rows(run, example, keep, is_causal))
+    else:
+        ref64 = a.reference(ins, keep, is_causal, torch.float64)
     if tuple(out.shape) != tuple(ref64.shape):
         raise CheckFailure(f"{what}: output shape {tuple(out.shape)}, expected {tuple(ref64.shape)}", example)
-    reflow = a.reference(ins, keep, is_causal, run.dtype)
     rows = live_rows(run, example, keep, is_causal)
-    allowed, base = bound(ref64, reflow, run.tolerance, run.dtype, rows=rows, amplification=a.logit_bound(ins),
-                          length=_length(example))
+    if not half_rule(run):
+        reflow = a.reference(ins, keep, is_causal, run.dtype)
+        allowed, base = bound(ref64, reflow, run.tolerance, run.dtype, rows=rows, amplification=a.logit_bound(ins),
+                              length=_length(example))
     err = error(out, ref64, rows)
     ratio = err / base
     if not err <= allowed:
@@ -118,6 +175,34 @@ def compare(run: Run, example: Example, *, keep: Tensor | None = None, is_causal
                            f"(ratio {ratio:.3g} to the reference's own error {base:.3g})", example, ratio)
     run.note(ratio)
     return out, allowed
+
+
+#: The half-precision dtypes judged by :func:`half_bound`.
+HALF = (torch.float16, torch.bfloat16)
+
+
+def half_rule(run: Run) -> bool:
+    """Whether the forward output is judged by :func:`half_bound`: a function's half-precision inputs (a module's
+    weights are rounded too, which the float32 reference does not model: modules keep :func:`bound`'s rule)."""
+    return run.dtype in HALF and run.adapter.kind == "function"
+
+
+def half_bound(run: Run, ins: Inputs, keep: Tensor | None, is_causal: bool, rows: Tensor | None
+               ) -> tuple[Tensor, float, float]:
+    """``(ref64, allowed, base)`` for half-precision inputs, as a kernel that accumulates in float32 would do:
+    the candidate receives the inputs rounded to its dtype, so ``ref64`` is the reference on those rounded
+    inputs in float64; ``base`` is what the reference itself achieves run the good kernel's way (the rounded
+    inputs computed in float32, the output rounded to the dtype) against ``ref64``, or one unit in the last
+    place of ``max(1, max|ref64|)`` when that is larger (the output's own rounding is half of one). It does not
+    grow with the logits: a kernel whose logits overflow, or lose their digits in half precision, fails.
+    Allowed: ``tolerance * base``."""
+    a = run.adapter
+    q, k, v = (x.to(run.dtype).double() for x in ins)
+    rounded: Inputs = (q, k, v)
+    ref64 = a.reference(rounded, keep, is_causal, torch.float64)
+    good = a.reference(rounded, keep, is_causal, torch.float32).to(run.dtype)
+    allowed, base = bound(ref64, good, run.tolerance, run.dtype, rows=rows, floor_ulps=1.0)
+    return ref64, allowed, base
 
 
 def live_rows(run: Run, example: Example, keep: Tensor | None, is_causal: bool) -> Tensor | None:
@@ -235,8 +320,8 @@ def permutation(run: Run, data: st.DataObject) -> None:
     if run.adapter.conventions.always_causal:
         raise Skip("always causal: order matters")
     example = draw_example(run, data)
-    key_perm = torch.tensor(data.draw(st.permutations(range(example.s)), label="key_perm"))
-    query_perm = torch.tensor(data.draw(st.permutations(range(example.t)), label="query_perm"))
+    key_perm, query_perm = _permutation(run, data, example.s, "key_perm"), _permutation(run, data, example.t,
+                                                                                        "query_perm")
     out, allowed = compare(run, example)
     q, k, v = ins = example.inputs()
     if k is q:
@@ -247,6 +332,14 @@ def permutation(run: Run, data: st.DataObject) -> None:
     same(permuted_keys, out, allowed, example, f"keys and values permuted by {key_perm.tolist()}")
     permuted_queries = run.adapter.call((q[..., query_perm, :], k, v), None, False, run.dtype)
     same(permuted_queries, out[..., query_perm, :], allowed, example, f"queries permuted by {query_perm.tolist()}")
+
+
+def _permutation(run: Run, data: st.DataObject, n: int, label: str) -> Tensor:
+    """A permutation of ``range(n)``: drawn element by element for the small examples (it shrinks to a single
+    swap), from a seed at the deep sizes (shrinking 129 elements one by one would take thousands of calls)."""
+    if not run.deep:
+        return torch.tensor(data.draw(st.permutations(range(n)), label=label))
+    return torch.randperm(n, generator=torch.Generator().manual_seed(data.draw(seeds(), label=label)))
 
 
 @register("masking")
@@ -453,7 +546,7 @@ def incremental_decoding(run: Run, data: st.DataObject) -> None:
     same(decoded, full, allowed, example, "token-by-token decoding vs the candidate's full causal pass")
 
 
-@register("fast_path", kinds=("module",))
+@register("fast_path", kinds=("module",), deep=False)
 def fast_path(run: Run, data: st.DataObject) -> None:
     """The module's inference fast path (nn.MultiheadAttention: eval, no grad, batch-first self-attention with
     a key padding mask, including fully padded batch elements): real positions equal the reference, and a fully

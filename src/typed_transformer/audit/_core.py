@@ -405,7 +405,9 @@ class Example:
     ``widths`` (modules only) are the query, key and value input widths: the inputs are then ``x (b, t, eq)``,
     ``key (b, s, ek)``, ``value (b, s, ev)`` (one tensor for all three with ``tied``). ``keep`` is the
     keep-mask ``(b, 1 or h, t, s)`` as nested lists; ``amplitude`` multiplies queries and keys (modules: the
-    inputs), to reach large logits.
+    inputs), to reach large logits. ``ramp`` scales key position ``j`` (a tied module: input position ``j``) by
+    ``1 + ramp * j / (s - 1)``: the largest logit of a row then tends to come late, so that a running maximum
+    grows from one block of keys to the next (what a tiled kernel that forgets to rescale gets wrong).
     """
 
     b: int
@@ -422,6 +424,7 @@ class Example:
     amplitude: float = 1.0
     widths: tuple[int, int, int] | None = None
     tied: bool = False
+    ramp: float = 0.0
 
     __shape_checked__ = ("mask", "inputs")
 
@@ -435,15 +438,16 @@ class Example:
 
     def inputs(self) -> Inputs:
         """Float64 inputs: ``q (b,h,t,d)``, ``k (b,g,s,d)``, ``v (b,g,s,dv)`` (modules: see ``widths``)."""
+        ramp = 1.0 + self.ramp * torch.arange(self.s, dtype=torch.float64)[:, None] / max(self.s - 1, 1)
         if self.widths is not None:
             eq, ek, ev = self.widths
             x = randn((self.b, self.t, eq), self.seed) * self.amplitude
             if self.tied:
-                return x, x, x
-            key = randn((self.b, self.s, ek), self.seed + 1) * self.amplitude
+                return (x * ramp,) * 3 if self.ramp else (x, x, x)
+            key = randn((self.b, self.s, ek), self.seed + 1) * self.amplitude * ramp
             return x, key, randn((self.b, self.s, ev), self.seed + 2)
         q = randn((self.b, self.h, self.t, self.d), self.seed) * self.amplitude
-        k = randn((self.b, self.g, self.s, self.d), self.seed + 1) * self.amplitude
+        k = randn((self.b, self.g, self.s, self.d), self.seed + 1) * self.amplitude * ramp
         v = randn((self.b, self.g, self.s, self.dv), self.seed + 2)
         return q, k, v
 
@@ -932,10 +936,61 @@ def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
                                   f"counterexample's): inputs must be left as given")
 
 
+#: Which deep examples a search draws (see :class:`Budget`).
+Deep: TypeAlias = Literal["lengths", "sizes"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How deep the audit looks. Beside ``max_examples`` small examples per check and dtype (sizes 1..6, which
+    shrink well), ``deep_examples`` more are drawn at the sizes kernels get wrong: key and query lengths on both
+    sides of the tiles kernels use (``lengths``), the head sizes kernels specialise with small lengths
+    (``head_sizes``), batches and head counts above 4 with small lengths (``batches``, ``heads``), each with the
+    check's masks and causal setting. Each list is ordered small to large and drawn with ``sampled_from``, which
+    shrinks towards its first element: a bug first seen at 129 keys is reported at the smallest listed length that
+    still fails (17 for a kernel whose 16-key blocks forget to rescale). The lengths run as their own search of
+    ``deep_examples`` examples, head sizes and batches as one more of half as many; when a deep example fails,
+    each listed size below the failing one is searched alone (as many examples), smallest first, and the first
+    that fails is reported: a failure Hypothesis could not shrink past its seed is still reported at the smallest
+    failing size.
+    ``half_precision``: a function is audited in float16 and bfloat16 too when it accepts them and ``dtypes`` is
+    not given. ``quick`` (the audit before budgets: its sizes, float32 and float64) has no deep examples and no
+    half precision by default."""
+
+    name: str = "default"
+    lengths: tuple[int, ...] = (15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129)
+    head_sizes: tuple[int, ...] = (64, 65, 80, 96, 127, 128, 256)
+    batches: tuple[int, ...] = (5, 8, 9)
+    heads: tuple[int, ...] = (5, 6, 8)
+    deep_examples: int = 6
+    half_precision: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("lengths", "head_sizes", "batches", "heads"):
+            values = getattr(self, name)
+            if any(not isinstance(v, int) or v < 1 for v in values) or list(values) != sorted(set(values)):
+                raise ValueError(f"Budget: {name} must be positive integers in increasing order; got {values}")
+        if self.deep_examples < 0:
+            raise ValueError(f"Budget: deep_examples must be >= 0; got {self.deep_examples}")
+
+
+#: The budgets by name: ``quick`` draws only the small examples, ``default`` reaches the tiles too.
+BUDGETS = {"quick": Budget("quick", (), (), (), (), 0, half_precision=False), "default": Budget()}
+
+
+def resolve_budget(budget: "Budget | str") -> Budget:
+    """A :class:`Budget` or the name of one in :data:`BUDGETS`."""
+    if isinstance(budget, Budget):
+        return budget
+    if budget not in BUDGETS:
+        raise ValueError(f"unknown budget {budget!r}; choose {', '.join(BUDGETS)} or pass a Budget")
+    return BUDGETS[budget]
+
+
 @dataclass
 class Run:
     """State shared by the examples of one check: worst passing ratio, examples run before the first failure,
-    the example being run."""
+    the example being run, the budget and whether its deep examples (tile-crossing sizes) are being drawn."""
 
     adapter: Adapter
     dtype: torch.dtype
@@ -944,6 +999,9 @@ class Run:
     examples: int = 0
     failing: bool = False
     current: Example | None = None
+    budget: Budget = field(default_factory=Budget)
+    #: None: the small examples; "lengths": the budget's lengths; "sizes": its head sizes, batches and heads
+    deep: "Deep | None" = None
 
     def note(self, ratio: float) -> None:
         if math.isfinite(ratio):
@@ -961,26 +1019,87 @@ class Check:
     body: CheckBody
     kinds: tuple[str, ...] = ("function", "module")
     doc: str = ""
+    #: whether the budget's deep examples apply (False: the check draws its own sizes)
+    deep: bool = True
 
 
 REGISTRY: dict[str, Check] = {}
 
 
-def register(name: str, *, kinds: tuple[str, ...] = ("function", "module")) -> Callable[[CheckBody], CheckBody]:
+def register(name: str, *, kinds: tuple[str, ...] = ("function", "module"), deep: bool = True
+             ) -> Callable[[CheckBody], CheckBody]:
     """Register a check body under ``name`` (the order of registration is the order of the report)."""
 
     def wrap(body: CheckBody) -> CheckBody:
-        REGISTRY[name] = Check(name, body, kinds, (body.__doc__ or "").strip())
+        REGISTRY[name] = Check(name, body, kinds, (body.__doc__ or "").strip(), deep)
         return body
 
     return wrap
 
 
 def run_check(check: Check, adapter: Adapter, dtype: torch.dtype, *, max_examples: int, seed: int,
-              tolerance: float) -> CheckResult:
-    """Run ``check`` on ``adapter`` for inputs in ``dtype`` as a Hypothesis test (shrinking on)."""
-    run = Run(adapter, dtype, tolerance)
-    dtype_name = DTYPE_NAMES[dtype]
+              tolerance: float, budget: Budget | None = None) -> CheckResult:
+    """Run ``check`` on ``adapter`` for inputs in ``dtype`` as Hypothesis tests (shrinking on): the small
+    examples, then (when they pass) the budget's deep examples; the row counts both."""
+    budget = BUDGETS["quick"] if budget is None else budget
+    result = _run_phase(check, Run(adapter, dtype, tolerance, budget=budget), max_examples, seed)
+    if not check.deep or not budget.deep_examples:
+        return result
+    # the lengths (where tiled kernels fail) in their own search, then head sizes and batches in half as many
+    phases: list[tuple[Deep, int]] = [("lengths", budget.deep_examples), ("sizes", -(-budget.deep_examples // 2))]
+    for deep, examples in phases:
+        if result.status != "PASS":
+            break
+        more = _run_phase(check, Run(adapter, dtype, tolerance, budget=budget, deep=deep), examples, seed)
+        more.examples += result.examples
+        if more.status == "PASS":
+            more.ratio = max(result.ratio or 0.0, more.ratio or 0.0)
+        else:
+            more = _smallest(check, Run(adapter, dtype, tolerance, budget=budget, deep=deep), more, examples, seed)
+        result = more
+    return result
+
+
+def _smallest(check: Check, run: Run, failed: CheckResult, examples: int, seed: int) -> CheckResult:
+    """``failed`` (a deep example's failure), or the failure of a search at the smallest listed size below its
+    size on the same axis that fails: one search per size, smallest first. Hypothesis lowers a listed size only
+    while the rest of the example (its seed, shrunk to 0 first) still fails, which can leave it at 127 keys
+    when 65 fail too."""
+    if failed.counterexample is None:
+        return failed
+    for below in _below(run.budget, run.deep, failed.counterexample):
+        retry = _run_phase(check, dataclasses.replace(run, budget=below), examples, seed)
+        failed.examples += retry.examples
+        if retry.status == "FAIL":
+            retry.examples = failed.examples
+            return retry
+    return failed
+
+
+def _below(budget: Budget, deep: "Deep | None", example: dict[str, Any]) -> list[Budget]:
+    """One budget per listed size below ``example``'s on the failing axis (the key length for lengths; the batch,
+    else the head size, for sizes), smallest first, each drawing that size alone on that axis."""
+    if deep == "lengths":
+        return [dataclasses.replace(budget, lengths=(n,)) for n in budget.lengths if n < example["s"]]
+    if example["b"] in budget.batches:
+        return [dataclasses.replace(budget, head_sizes=(), batches=(n,)) for n in budget.batches if n < example["b"]]
+    if example.get("d") in budget.head_sizes:
+        return [dataclasses.replace(budget, head_sizes=(n,), batches=()) for n in budget.head_sizes
+                if n < example["d"]]
+    return []
+
+
+def _fields(example: Example) -> dict[str, Any]:
+    """The counterexample as the report prints it: ``ramp`` only where the keys grow (a deep length)."""
+    fields = dataclasses.asdict(example)
+    if not example.ramp:
+        del fields["ramp"]
+    return fields
+
+
+def _run_phase(check: Check, run: Run, max_examples: int, seed: int) -> CheckResult:
+    """One Hypothesis test of ``check`` (``run.deep``: at the budget's deep sizes)."""
+    adapter, dtype_name = run.adapter, DTYPE_NAMES[run.dtype]
 
     @settings(max_examples=max_examples, deadline=None, database=None, derandomize=False, phases=_PHASES,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False, print_blob=False)
@@ -1020,7 +1139,7 @@ def run_check(check: Check, adapter: Adapter, dtype: torch.dtype, *, max_example
         cause = failure.__cause__
         trace = None if cause is None else "".join(traceback.format_exception(cause)).rstrip()
         return CheckResult(check.name, "FAIL", dtype_name, ratio=failure.ratio, message=str(failure),
-                           counterexample=None if example is None else dataclasses.asdict(example),
+                           counterexample=None if example is None else _fields(example),
                            repro=None if example is None else adapter.repro(example, check.name),
                            examples=run.examples, traceback=trace)
     return CheckResult(check.name, "PASS", dtype_name, ratio=run.worst, examples=run.examples)

@@ -23,7 +23,9 @@ from ._core import (
     Adapter,
     AuditReport,
     AuditUsageError,
+    Budget,
     CandidateOutput,
+    CandidateRaised,
     CheckFailure,
     CheckResult,
     Conventions,
@@ -34,6 +36,7 @@ from ._core import (
     environment,
     import_line,
     reference_attention,
+    resolve_budget,
     run_check,
 )
 from ._infer import (
@@ -265,9 +268,12 @@ def function_repro(example: Example, conventions: Conventions, import_candidate:
     lines = ["import torch", "from einops import rearrange", "from typed_transformer.strategies import randn",
              reference_import, import_candidate, f"# the counterexample (check {check}, {example.dtype})"]
     axes = {"q": "(b, h, t, d)", "k": "(b, g, s, d)", "v": "(b, g, s, dv)"}
+    # the keys of a long row grow along it (Example.ramp)
+    ramp = "" if not example.ramp else (f" * (1 + {example.ramp!r} * torch.arange({example.s}, dtype=torch.float64)"
+                                        f"[:, None] / {max(example.s - 1, 1)})")
     for offset, (name, shape) in enumerate(shapes.items()):
-        lines.append(f"{name} = randn({shape}, seed={example.seed + offset}){amplitude if name != 'v' else ''}"
-                     f"  # {axes[name]}, float64")
+        scaled = {"q": amplitude, "k": amplitude + ramp, "v": ""}[name]
+        lines.append(f"{name} = randn({shape}, seed={example.seed + offset}){scaled}  # {axes[name]}, float64")
     lines.append("keep = None" if example.keep is None else
                  f"keep = torch.tensor({example.keep!r})  # True = may attend")
     if check != "gradients":
@@ -304,12 +310,18 @@ def select(checks: Sequence[str] | None, kind: str) -> list[str]:
     return selected
 
 
-def run_audit(adapter: Adapter, *, checks: Sequence[str] | None, dtypes: Sequence[torch.dtype], max_examples: int,
-              seed: int, tolerance: float, conventions: dict[str, Any]) -> AuditReport:
-    """Run the selected checks on ``adapter``, one report row per check and dtype."""
+def run_audit(adapter: Adapter, *, checks: Sequence[str] | None, dtypes: Sequence[torch.dtype] | None,
+              max_examples: int, seed: int, tolerance: float, conventions: dict[str, Any],
+              budget: Budget | str = "default") -> AuditReport:
+    """Run the selected checks on ``adapter``, one report row per check and dtype (``dtypes=None``: float32,
+    float64 and each half-precision dtype the candidate accepts, see :func:`default_dtypes`)."""
     selected = select(checks, adapter.kind)
+    plan = resolve_budget(budget)
     if tolerance <= 0 or max_examples <= 0:
         raise ValueError("audit: tolerance and max_examples must be positive")
+    refused: list[str] = []
+    if dtypes is None:
+        dtypes, refused = default_dtypes(adapter, plan)
     bad = [d for d in dtypes if d not in DTYPE_NAMES]
     if bad or not dtypes:
         raise ValueError(f"audit: dtypes must be floating dtypes among {', '.join(DTYPE_NAMES.values())}; got "
@@ -318,12 +330,14 @@ def run_audit(adapter: Adapter, *, checks: Sequence[str] | None, dtypes: Sequenc
     for name in selected:
         for dtype in dtypes:
             result = run_check(REGISTRY[name], adapter, dtype, max_examples=max_examples, seed=seed,
-                               tolerance=tolerance)
+                               tolerance=tolerance, budget=plan)
             results.append(result)
             if result.status == "SKIP":  # the reason does not depend on the dtype: one row
                 result.dtype = ""
                 break
-    untested = adapter.conventions.untested()
+    untested = adapter.conventions.untested() + refused
+    if not plan.deep_examples:
+        untested.append(f"sizes past 6 keys and 8 features, batches past 3 (budget={plan.name!r})")
     if adapter.fixed is not None:  # a module: its head counts and sizes are what they are
         untested = [note for note in untested if "supports_gqa" not in note]
         untested.append(f"head counts and sizes other than the module's (h={adapter.fixed['h']}, "
@@ -332,17 +346,42 @@ def run_audit(adapter: Adapter, *, checks: Sequence[str] | None, dtypes: Sequenc
                        tolerance, environment(), untested, causes=group(adapter, results, tolerance))
 
 
+def default_dtypes(adapter: Adapter, budget: Budget) -> tuple[list[torch.dtype], list[str]]:
+    """float32 and float64, then float16 and bfloat16 where the candidate accepts them and the budget's
+    ``half_precision`` says so: a function is probed once per half dtype (one call on a 2-query, 3-key example;
+    it must return a tensor without raising). Modules are audited in float32 and float64 only: their reference
+    runs on weights rounded to the dtype, which the half-precision rule (inputs rounded, computed in float32)
+    does not model. Returns the dtypes and a "not tested" note per dtype left out."""
+    dtypes, refused = [torch.float32, torch.float64], []
+    if not budget.half_precision:
+        return dtypes, [f"float16 and bfloat16 (budget={budget.name!r}; dtypes= audits them)"]
+    if adapter.kind != "function":
+        return dtypes, ["float16 and bfloat16 (a module is audited in float32 and float64 unless dtypes= says)"]
+    probe = Example(b=1, h=1, g=1, t=2, s=3, d=4, dv=4, seed=0)
+    for dtype in (torch.float16, torch.bfloat16):
+        try:
+            out = adapter.call(probe.inputs(), None, False, dtype)
+        except (CandidateRaised, CheckFailure) as err:
+            reason = str(err.__cause__ or err).splitlines()[0] if str(err.__cause__ or err) else type(err).__name__
+            refused.append(f"{DTYPE_NAMES[dtype]} (the candidate refused it: {reason})")
+            continue
+        if isinstance(out, Tensor):
+            dtypes.append(dtype)
+    return dtypes, refused
+
+
 def audit_attention(
     candidate: Candidate,
     *,
     conventions: Conventions | Literal["infer"] = DEFAULT_CONVENTIONS,
     checks: Sequence[str] | None = None,
-    dtypes: Sequence[torch.dtype] = (torch.float32, torch.float64),
+    dtypes: Sequence[torch.dtype] | None = None,
     max_examples: int = 20,
     seed: int = 0,
     tolerance: float = 2.0,
     name: str | None = None,
     known: Mapping[str, Any] | None = None,
+    budget: Budget | str = "default",
 ) -> AuditReport:
     """Run the attention checks on ``candidate`` (every registered check, or the subset ``checks``), each once
     per dtype.
@@ -357,7 +396,10 @@ def audit_attention(
             witness.
         checks: names of registered checks (default: all that apply to functions).
         dtypes: the dtypes the inputs are drawn in; each check runs once per dtype (one report row each).
-        max_examples: Hypothesis examples per check and dtype.
+            Default: float32, float64, and float16 and bfloat16 when the candidate accepts them (a refused one is
+            listed under "not tested"); half precision is judged against what a kernel accumulating in float32
+            achieves on the same rounded inputs (docs/audit.md).
+        max_examples: Hypothesis examples per check and dtype (small sizes; the budget adds its deep ones).
         seed: Hypothesis seed; the same seed gives the same examples and the same report.
         tolerance: ``k`` in ``err <= k * reference_error``.
         name: how the report names the candidate (default ``module:qualname``).
@@ -366,6 +408,9 @@ def audit_attention(
             ``conventions`` row that names the field, the behaviour and the witness. Constraints on what is drawn
             (``self_attention``, ``head_sizes``, ``lengths``, ``equal_head_sizes``, ``even_head_size``,
             ``supports_autograd``) may be given here too.
+        budget: ``"default"``: beside the small examples, :class:`Budget`'s deep ones (lengths across the tiles,
+            head sizes up to 256, batches and heads above 4); ``"quick"``: the small examples only; or a
+            :class:`Budget` of your own.
 
     Raises:
         AuditUsageError: the candidate's signature does not take the arguments the conventions imply
@@ -381,12 +426,12 @@ def audit_attention(
         inference = infer_function_conventions(candidate, seed=seed, name=label, **(known or {}))
         adapter = FunctionAdapter(candidate, inference.conventions, label)
         report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
-                           tolerance=tolerance, conventions=asdict(inference.conventions))
+                           tolerance=tolerance, conventions=asdict(inference.conventions), budget=budget)
         return with_inference(report, inference)
     check_signature(candidate, conventions, label)
     adapter = FunctionAdapter(candidate, conventions, label)
     report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
-                       tolerance=tolerance, conventions=asdict(conventions))
+                       tolerance=tolerance, conventions=asdict(conventions), budget=budget)
     if not report.passed:
         inferred = infer_function_conventions(candidate, seed=seed, name=label)
         report.contradictions = contradictions(conventions, inferred)

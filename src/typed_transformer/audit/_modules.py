@@ -24,6 +24,7 @@ from ._core import (
     DEFAULT_CONVENTIONS,
     AuditReport,
     AuditUsageError,
+    Budget,
     CandidateOutput,
     Conventions,
     Example,
@@ -861,7 +862,8 @@ class ModuleAdapter:
         """A snippet that runs as printed in a fresh interpreter: :attr:`setup` defines ``module`` and
         ``spec`` (the CLI rebuilds its module with the same seeded weights), then the failing call and the
         reference."""
-        fields = ", ".join(f"{key}={value!r}" for key, value in dataclasses.asdict(example).items())
+        fields = ", ".join(f"{key}={value!r}" for key, value in dataclasses.asdict(example).items()
+                           if key != "ramp" or value)  # ramp: only where the keys grow (a deep length)
         return (f"import torch\n"
                 f"from typed_transformer.audit import Conventions, Example, ModuleAdapter\n"
                 f"{self.setup}\n"
@@ -1046,11 +1048,12 @@ def audit_module(
     name: str | None = None,
     setup: str | None = None,
     known: Mapping[str, Any] | None = None,
+    budget: Budget | str = "default",
 ) -> AuditReport:
     """Audit an attention module with its own weights against the reference (every check that applies to
     modules, once per dtype). The module (or the one a factory builds) is deep-copied first: the caller's
     module is left exactly as it was (parameters, dtype, train/eval mode, gradients). ``checks``, ``dtypes``,
-    ``max_examples``, ``seed``, ``tolerance`` and ``name`` are as in :func:`audit_attention`.
+    ``max_examples``, ``seed``, ``tolerance``, ``name`` and ``budget`` are as in :func:`audit_attention`.
 
     Args:
         module: the module, or a zero-argument factory of one.
@@ -1096,7 +1099,7 @@ def audit_module(
         adapter.conventions = inference.conventions
     described = {"spec": spec.name, **dataclasses.asdict(adapter.conventions)}
     report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
-                       tolerance=tolerance, conventions=described)
+                       tolerance=tolerance, conventions=described, budget=budget)
     layout_hint(adapter, report)
     if inference is not None:
         return with_inference(report, inference)

@@ -31,7 +31,7 @@ def test_planted_bug_fails_its_new_check(candidate: Callable[..., Tensor], check
                                          dtypes: tuple[torch.dtype, ...]) -> None:
     for seed in range(3):
         report = audit_attention(candidate, conventions=OURS, checks=[check], max_examples=10, seed=seed,
-                                 dtypes=dtypes)
+                                 dtypes=dtypes, budget="quick")
         assert report.failed == [check], report.table()
 
 
@@ -42,7 +42,7 @@ def test_planted_bug_fails_its_new_check(candidate: Callable[..., Tensor], check
 def test_the_new_bugs_pass_every_check_but_theirs(candidate: Callable[..., Tensor]) -> None:
     """None of them is caught by the checks that existed before (why the new checks are needed)."""
     old = ["reference", "scale", "causality", "batch_independence", "permutation", "padding", "fully_masked"]
-    report = audit_attention(candidate, conventions=OURS, checks=old, max_examples=10)
+    report = audit_attention(candidate, conventions=OURS, checks=old, max_examples=10, budget="quick")
     assert report.passed, report.table()
 
 
@@ -65,7 +65,8 @@ def test_large_logits_reach_at_least_100() -> None:
         assert isinstance(out, Tensor)
         return out
 
-    report = audit_attention(spy, conventions=OURS, checks=["large_logits"], max_examples=10, dtypes=[torch.float32])
+    report = audit_attention(spy, conventions=OURS, checks=["large_logits"], max_examples=10, dtypes=[torch.float32],
+                             budget="quick")
     assert report.passed, report.table()
     assert min(seen) >= 20, seen
     assert sorted(seen)[len(seen) // 2] >= 100, seen
@@ -97,9 +98,9 @@ def test_declared_support_is_all_that_is_drawn(candidate: Callable[..., Tensor],
                                                untested: set[str]) -> None:
     default = Conventions(supports_gqa=declared.supports_gqa, causal_alignment=declared.causal_alignment,
                           fully_masked=declared.fully_masked, mask_with_causal=declared.mask_with_causal)
-    undeclared = audit_attention(candidate, conventions=default, max_examples=8)
+    undeclared = audit_attention(candidate, conventions=default, max_examples=8, budget="quick")
     assert not undeclared.passed  # without the declaration the candidate fails (it is drawn what it refuses)
-    report = audit_attention(candidate, conventions=declared, max_examples=8)
+    report = audit_attention(candidate, conventions=declared, max_examples=8, budget="quick")
     assert report.passed, report.table()
     assert untested <= set(report.untested)
     for note in untested:
@@ -109,16 +110,16 @@ def test_declared_support_is_all_that_is_drawn(candidate: Callable[..., Tensor],
 def test_grouping_order_is_checked() -> None:
     """The (g r) reference grouping declared for an (r g) candidate fails, and the other way round."""
     bad = audit_attention(cands.interleaved_groups, conventions=Conventions(supports_gqa=True),
-                          checks=["reference"], max_examples=10)
+                          checks=["reference"], max_examples=10, budget="quick")
     assert bad.failed == ["reference"]
     bad = audit_attention(scaled_dot_product_attention, conventions=Conventions(supports_gqa=True, grouping="r g"),
-                          checks=["reference"], max_examples=10)
+                          checks=["reference"], max_examples=10, budget="quick")
     assert bad.failed == ["reference"]
 
 
 def test_decode_rule_without_the_declaration_fails_causality() -> None:
     report = audit_attention(cands.decode_sees_all, checks=["causality"], max_examples=10,
-                             conventions=Conventions(causal_alignment="top-left", fully_masked="any"))
+                             conventions=Conventions(causal_alignment="top-left", fully_masked="any"), budget="quick")
     assert report.failed == ["causality"]
 
 
@@ -150,7 +151,8 @@ def test_correct_float64_candidates_raise_no_false_alarm(seed: int) -> None:
                                    (cands.naive_attention, Conventions(causal_alignment="top-left",
                                                                        fully_masked="nan"))):
         report = audit_attention(candidate, conventions=conventions, dtypes=[torch.float64], seed=seed,
-                                 max_examples=8, checks=["reference", "permutation", "batch_independence"])
+                                 max_examples=8, checks=["reference", "permutation", "batch_independence"],
+                                 budget="quick")
         assert report.passed, report.table()
 
 
@@ -163,7 +165,7 @@ def test_error_matches_nan_to_nan_only() -> None:
 
 def test_counterexample_replays(monkeypatch: pytest.MonkeyPatch) -> None:
     report = audit_attention(cands.drops_mask_when_causal, conventions=OURS, checks=["mask_and_causal"],
-                             max_examples=10)
+                             max_examples=10, budget="quick")
     result = report["mask_and_causal"]
     assert result.counterexample is not None
     example = Example(**result.counterexample)
@@ -186,7 +188,7 @@ def test_declared_lengths_hold_in_every_check() -> None:
         return cands.even_heads_in_range(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
 
     conventions = Conventions(even_head_size=True, head_sizes=(2, 6), lengths=(2, 5))
-    report = audit_attention(spy, conventions=conventions, max_examples=5)
+    report = audit_attention(spy, conventions=conventions, max_examples=5, budget="quick")
     assert report.passed, report.table()
     assert all(2 <= t <= 5 and 2 <= s <= 5 for t, s in seen)
 
@@ -197,8 +199,9 @@ def test_declared_nan_rows_do_not_fail_gradients_through_them() -> None:
     report says so, instead of failing with an infinite error."""
     conventions = Conventions(fully_masked="nan")
     report = audit_attention(cands.nan_rows, conventions=conventions, checks=["gradients", "causality"],
-                             max_examples=25)
+                             max_examples=25, budget="quick")
     assert report.passed, report.table()
     assert any("gradients through fully masked rows" in note for note in report.untested)
     # the causal forward still sees the NaN rows (t > s is drawn there) and they match the declaration
-    assert audit_attention(cands.nan_rows, conventions=Conventions(), checks=["causality"], max_examples=25).failed
+    assert audit_attention(cands.nan_rows, conventions=Conventions(), checks=["causality"], max_examples=25,
+                           budget="quick").failed

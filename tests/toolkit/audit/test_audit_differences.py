@@ -19,7 +19,7 @@ from typed_transformer.audit._causes import input_size
 from typed_transformer.cli import UNDECLARED_DIFFERENCES, main
 
 ROOT = Path(__file__).resolve().parents[3]
-QUICK = {"max_examples": 4, "dtypes": (torch.float64,)}
+QUICK = {"budget": "quick", "max_examples": 4, "dtypes": (torch.float64,)}
 
 
 def _infer(kernel: object, **known: object) -> AuditReport:
@@ -119,7 +119,7 @@ def test_a_dropped_key_is_not_blamed_on_the_causal_alignment() -> None:
 def test_the_command_line_catches_the_planted_kernels(kernel: str, extra: list[str], status: int, words: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["audit", f"tests.support.kernels:{kernel}", "--infer", "--max-examples", "3", "--dtypes", "float64",
-                 *extra])
+                 "--budget", "quick", *extra])
     out = capsys.readouterr().out
     assert code == status, out
     assert words in out
@@ -172,7 +172,7 @@ def test_a_module_grouped_by_repeat_is_diagnosed_as_the_other_grouping(monkeypat
     monkeypatch.setattr(modeling_llama, "repeat_kv", repeat)
     config = transformers.LlamaConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2)
     module = modeling_llama.LlamaAttention(config, layer_idx=0)
-    report = audit_module(module, "llama", checks=["reference"], dtypes=[torch.float32], max_examples=3)
+    report = audit_module(module, "llama", checks=["reference"], dtypes=[torch.float32], max_examples=3, budget="quick")
     assert report.failed == ["reference"]
     assert report.causes[0].diagnosis == (
         "the module matches the reference when its key/value heads are grouped 'r g' (head i uses kv head i % g: "

@@ -16,7 +16,7 @@ from typed_transformer.strategies import randomize_parameters
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
 
-QUICK: dict[str, Any] = {"max_examples": 3, "dtypes": (torch.float32,), "seed": 0}
+QUICK: dict[str, Any] = {"budget": "quick", "max_examples": 3, "dtypes": (torch.float32,), "seed": 0}
 
 
 def _class(model: str, name: str) -> type:

@@ -51,13 +51,13 @@ def test_inference_on_correct_candidates(candidate: Callable[..., Tensor], expec
     for name, value in expected.items():
         assert getattr(inference.conventions, name) == value, name
     assert {d.field: d.value for d in inference.differences} == differences
-    report = audit_attention(candidate, conventions="infer", max_examples=8)
+    report = audit_attention(candidate, conventions="infer", max_examples=8, budget="quick")
     assert report.failed == []
     assert report.undeclared == list(differences)
     assert report.passed == (not differences)
     if differences:
         assert audit_attention(candidate, conventions="infer", known=differences, max_examples=2,
-                               dtypes=(torch.float64,)).passed
+                               dtypes=(torch.float64,), budget="quick").passed
 
 
 def test_enable_gqa_is_inferred_with_its_evidence() -> None:
@@ -97,7 +97,7 @@ def test_planted_bugs_are_findings_and_fail_the_audit(candidate: Callable[..., T
     inference = infer_conventions(candidate)
     assert field in [f.field for f in inference.findings]
     assert any(words in f.message for f in inference.findings if f.field == field)
-    report = audit_attention(candidate, conventions="infer", max_examples=5, dtypes=(torch.float64,))
+    report = audit_attention(candidate, conventions="infer", max_examples=5, dtypes=(torch.float64,), budget="quick")
     assert report.status("conventions") == "FAIL"
     assert any(words in r.message for r in report.results if r.name == "conventions")
     assert words in report.table()
@@ -117,7 +117,8 @@ def test_evidence_is_a_runnable_repro() -> None:
 
 
 def test_report_opens_with_the_inferred_conventions() -> None:
-    report = audit_attention(cands.bthd_attention, conventions="infer", max_examples=3, dtypes=(torch.float64,))
+    report = audit_attention(cands.bthd_attention, conventions="infer", max_examples=3, dtypes=(torch.float64,),
+                             budget="quick")
     lines = report.table().splitlines()
     assert lines[1].startswith("inferred conventions (")
     assert any(line.startswith("  layout = 'bthd': h=2, t=3, s=4") for line in lines[1:20])
@@ -128,21 +129,21 @@ def test_report_opens_with_the_inferred_conventions() -> None:
 
 
 def test_always_causal_is_audited_on_causal_examples_only() -> None:
-    report = audit_attention(cands.always_causal, conventions="infer", max_examples=8)
+    report = audit_attention(cands.always_causal, conventions="infer", max_examples=8, budget="quick")
     assert report.failed == [], report.table()
     assert report.undeclared == ["causal_alignment", "fully_masked", "always_causal"]  # nanoGPT's, not the paper's
     assert any("always_causal=True" in note for note in report.untested)
     # declared as an ordinary candidate, it fails reference and the report names always_causal
     declared = audit_attention(cands.always_causal, conventions=Conventions(supports_causal=False,
                                                                             causal_alignment="top-left"),
-                               max_examples=8, dtypes=(torch.float64,))
+                               max_examples=8, dtypes=(torch.float64,), budget="quick")
     assert declared.status("reference") == "FAIL"
     assert "declared always_causal=False; behaves as True" in declared.table()
 
 
 def test_declared_conventions_contradicted_are_named_with_the_witness() -> None:
     report = audit_attention(cands.naive_attention, conventions=Conventions(fully_masked="nan"), max_examples=10,
-                             dtypes=(torch.float64,))
+                             dtypes=(torch.float64,), budget="quick")
     assert report.status("causality") == "FAIL"
     text = report.table()
     assert ("declared causal_alignment='bottom-right'; behaves as 'top-left': is_causal=True, t=2, s=4: query i "
@@ -150,7 +151,7 @@ def test_declared_conventions_contradicted_are_named_with_the_witness() -> None:
     assert "q = randn((1, 2, 2, 4), seed=" in text  # the witness, t=2 queries and s=4 keys, as a plain call
     assert "k = randn((1, 2, 4, 4), seed=" in text
     passing = audit_attention(cands.naive_attention, conventions=Conventions(
-        causal_alignment="top-left", fully_masked="nan"), max_examples=5, dtypes=(torch.float64,))
+        causal_alignment="top-left", fully_masked="nan"), max_examples=5, dtypes=(torch.float64,), budget="quick")
     assert passing.passed
     assert passing.contradictions == []
 
@@ -163,7 +164,7 @@ def test_options_and_bad_arguments() -> None:
     with pytest.raises(ValueError, match="causal_alignment must be one of"):
         infer_conventions(cands.naive_attention, causal_alignment="diagonal")
     with pytest.raises(ValueError, match="known= goes with conventions='infer'"):
-        audit_attention(cands.naive_attention, known={"layout": "bhtd"})
+        audit_attention(cands.naive_attention, known={"layout": "bhtd"}, budget="quick")
 
 
 # Narrowing: the fields a user knows, with conventions="infer"
@@ -171,7 +172,7 @@ def test_options_and_bad_arguments() -> None:
 
 def test_known_fields_agreeing_with_the_behaviour_are_confirmed() -> None:
     report = audit_attention(cands.naive_attention, conventions="infer", max_examples=5, dtypes=(torch.float64,),
-                             known={"causal_alignment": "top-left", "layout": "bhtd"})
+                             known={"causal_alignment": "top-left", "layout": "bhtd"}, budget="quick")
     assert report.failed == [], report.table()
     assert report.undeclared == ["fully_masked"]  # NaN rows: not declared
     assert any(line.startswith("  causal_alignment = 'top-left': known (given), confirmed: is_causal=True")
@@ -180,7 +181,7 @@ def test_known_fields_agreeing_with_the_behaviour_are_confirmed() -> None:
 
 def test_a_known_field_the_behaviour_contradicts_fails_with_its_witness() -> None:
     report = audit_attention(cands.naive_attention, conventions="infer", max_examples=5, dtypes=(torch.float64,),
-                             known={"causal_alignment": "bottom-right"})
+                             known={"causal_alignment": "bottom-right"}, budget="quick")
     assert report.status("conventions") == "FAIL"
     row = next(r for r in report.results if r.name == "conventions" and r.status == "FAIL")
     assert row.message.startswith("causal_alignment: known causal_alignment='bottom-right'; behaves as 'top-left': "
@@ -198,7 +199,7 @@ def test_known_fields_that_only_narrow_what_is_drawn() -> None:
     assert inference.conventions.fully_masked == "any"  # behaves as "nan": "any" is the looser declaration
     assert "narrows what is drawn; behaves as 'nan'" in inference.evidence["fully_masked"].seen
     report = audit_attention(cands.naive_attention, conventions="infer", max_examples=4, dtypes=(torch.float64,),
-                             known={"supports_mask": False})
+                             known={"supports_mask": False}, budget="quick")
     assert report.failed == []
     assert report.undeclared == ["causal_alignment", "fully_masked"]
     assert report.status("masking") == "SKIP"
@@ -207,7 +208,7 @@ def test_known_fields_that_only_narrow_what_is_drawn() -> None:
 def test_known_fields_with_a_planted_bug_and_constraints() -> None:
     # a causal mask off by one matches no alignment: knowing the alignment does not explain the bug away
     report = audit_attention(cands.causal_off_by_one, conventions="infer", max_examples=5, dtypes=(torch.float64,),
-                             known={"causal_alignment": "top-left"})
+                             known={"causal_alignment": "top-left"}, budget="quick")
     assert report.status("conventions") == "FAIL"
     assert not report.passed
     # constraints ride along with known fields
@@ -227,7 +228,8 @@ def test_known_fields_of_a_module() -> None:
 
     module = randomize_parameters(hf_build(LlamaAttention), 0)
     report = audit_module(module, hf_spec(module), conventions="infer", checks=["reference"], max_examples=3,
-                          dtypes=(torch.float32,), known={"causal_alignment": "bottom-right", "fully_masked": "zero"})
+                          dtypes=(torch.float32,), known={"causal_alignment": "bottom-right", "fully_masked": "zero"},
+                          budget="quick")
     failing = [r.message for r in report.results if r.name == "conventions" and r.status == "FAIL"]
     assert len(failing) == 1
     assert failing[0].startswith("fully_masked: known fully_masked='zero'; behaves as 'any'"), failing
@@ -250,7 +252,8 @@ def test_mask_with_causal_is_false_only_when_the_combination_raises() -> None:
     assert inference.conventions.mask_with_causal is False
     assert "raised ValueError: attn_mask and is_causal cannot both be set" in (
         inference.evidence["mask_with_causal"].seen)
-    report = audit_attention(refuses_mask_with_causal, conventions="infer", max_examples=5, dtypes=(torch.float64,))
+    report = audit_attention(refuses_mask_with_causal, conventions="infer", max_examples=5, dtypes=(torch.float64,),
+                             budget="quick")
     assert report.passed, report.table()
     assert any("mask_with_causal=False" in note for note in report.untested)
     assert infer_conventions(scaled_dot_product_attention).conventions.mask_with_causal is True

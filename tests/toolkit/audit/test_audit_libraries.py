@@ -19,7 +19,7 @@ from typed_transformer.audit import AuditUsageError, audit_module, import_withou
 from typed_transformer.strategies import randomize_parameters
 
 ROOT = Path(__file__).resolve().parents[3]
-QUICK: dict[str, Any] = {"max_examples": 4, "dtypes": [torch.float32],
+QUICK: dict[str, Any] = {"budget": "quick", "max_examples": 4, "dtypes": [torch.float32],
                          "checks": ["reference", "causality", "masking", "padding", "gradients", "rope",
                                     "incremental_decoding"]}
 ENVS = "benchmarks/library_envs.sh"
@@ -164,7 +164,7 @@ def test_an_option_the_spec_does_not_model_is_refused_by_name(library: str, buil
     if library == "open_clip":
         import open_clip.transformer  # noqa: F401
     with pytest.raises(AuditUsageError, match=rf"does not model\b.*{re.escape(named)}"):
-        audit_module(build(package), library)
+        audit_module(build(package), library, budget="quick")
 
 
 def test_litgpt_options_the_spec_does_not_model_are_refused_by_name() -> None:
@@ -188,7 +188,7 @@ def test_a_module_of_another_class_is_refused() -> None:
 def test_the_repro_rebuilds_the_library_spec() -> None:
     module = _module("x_transformers")
     report = audit_module(lambda: module, "x_transformers", max_examples=2, dtypes=[torch.float64],
-                          checks=["reference"])
+                          checks=["reference"], budget="quick")
     repro = report["reference"].repro or ""
     assert "spec = library_spec(module, 'x_transformers')" in repro
 

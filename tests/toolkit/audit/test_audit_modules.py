@@ -29,7 +29,7 @@ from typed_transformer.audit import (
 )
 from typed_transformer.strategies import randomize_parameters
 
-QUICK: dict[str, Any] = {"max_examples": 5}
+QUICK: dict[str, Any] = {"budget": "quick", "max_examples": 5}
 
 
 def _gpt2() -> nn.Module:
@@ -209,7 +209,8 @@ def test_a_rope_failure_caused_by_the_scale_is_not_blamed_on_the_rotation(monkey
         return eager(module, q, k, v, mask, 1.0, **kwargs)
 
     monkeypatch.setattr(modeling_llama, "eager_attention_forward", unscaled)
-    report = audit_module(module, "llama", checks=["reference", "rope"], dtypes=[torch.float32], max_examples=5)
+    report = audit_module(module, "llama", checks=["reference", "rope"], dtypes=[torch.float32], max_examples=5,
+                          budget="quick")
     assert report.failed == ["reference", "rope"]
     assert report["rope"].message.endswith("; not the rotation: the logit scale is 1 (no 1/sqrt(d)) instead of 0.5, "
                                            "which the rope check depends on (reference fails the same way)")
@@ -222,7 +223,7 @@ def test_llama_in_float64_is_one_root_cause_counted_per_dtype() -> None:
     """Correct in float32; in float64 its float32 rotary tables and float32 softmax fail every check that compares
     outputs: one block, and the closing line counts per dtype."""
     report = audit_module(_module("llama"), "llama", checks=["reference", "causality", "masking", "dtype", "rope"],
-                          max_examples=3)
+                          max_examples=3, budget="quick")
     table = report.table()
     assert table.endswith("\nfloat32: 5 passed; float64: 1 passed, 4 failed; 1 root cause")
     [cause] = report.causes
@@ -341,15 +342,15 @@ def test_fast_path_is_skipped_when_torch_cannot_take_it() -> None:
 
 def test_a_module_that_does_not_match_its_spec_names_what_is_missing() -> None:
     with pytest.raises(AuditUsageError, match=r"Linear does not match spec 'torch_mha': expected a torch\.nn\."):
-        audit_multihead(nn.Linear(4, 4))
+        audit_multihead(nn.Linear(4, 4), budget="quick")
     with pytest.raises(AuditUsageError, match=r"does not match spec 'llama': expected a transformers\.models"):
-        audit_module(nn.Linear(4, 4), "llama")
+        audit_module(nn.Linear(4, 4), "llama", budget="quick")
     spec = ModuleSpec("mine", lambda m, x, k, v, keep, causal: m(x), q="query", k="key", v="value", out=None,
                       num_heads="in_features")
     with pytest.raises(AuditUsageError, match=r"Linear does not match spec 'mine': it has no attribute 'query'"):
-        audit_module(nn.Linear(4, 4), spec)
+        audit_module(nn.Linear(4, 4), spec, budget="quick")
     with pytest.raises(KeyError, match="unknown spec 'nope'; shipped specs: torch_mha, typed_transformer"):
-        audit_module(nn.Linear(4, 4), "nope")
+        audit_module(nn.Linear(4, 4), "nope", budget="quick")
 
 
 def test_the_callers_module_is_left_exactly_as_it_was() -> None:
@@ -441,6 +442,6 @@ def test_module_declaring_nan_rows_does_not_fail_gradients_through_them() -> Non
 
     spec = ModuleSpec("textbook_cross", call, Conventions(fully_masked="nan"), out=None, num_heads="heads")
     module = randomize_parameters(TextbookCrossAttention(8, 2), 0)
-    report = audit_module(module, spec, checks=["gradients", "causality"], max_examples=25)
+    report = audit_module(module, spec, checks=["gradients", "causality"], max_examples=25, budget="quick")
     assert report.passed, report.table()
     assert any("gradients through fully masked rows" in note for note in report.untested)

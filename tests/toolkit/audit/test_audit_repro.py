@@ -38,7 +38,7 @@ def _run(snippet: str, folder: Path | None = None) -> float:
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[str]:
-    assert main(["audit", *argv, "--max-examples", "4"]) == 1
+    assert main(["audit", *argv, "--max-examples", "4", "--budget", "quick"]) == 1
     repros = _repros(capsys.readouterr().out)
     assert repros
     return repros
@@ -84,7 +84,7 @@ def _neox() -> nn.Module:
 def test_a_user_spec_and_factory_passed_in_python_are_named_by_their_import_paths() -> None:
     from tests.support.audit_specs import NEOX_AS_BLOCKS
 
-    report: AuditReport = audit_module(_neox, NEOX_AS_BLOCKS, checks=["reference"], max_examples=3)
+    report: AuditReport = audit_module(_neox, NEOX_AS_BLOCKS, checks=["reference"], max_examples=3, budget="quick")
     repro = report["reference"].repro
     assert repro is not None
     assert "from tests.support.audit_specs import NEOX_AS_BLOCKS as spec" in repro
@@ -95,7 +95,8 @@ def test_a_user_spec_and_factory_passed_in_python_are_named_by_their_import_path
 def test_a_module_object_is_rebuilt_from_its_config_with_its_weights() -> None:
     from tests.support.audit_specs import NEOX_AS_BLOCKS
 
-    repro = audit_module(_neox(), NEOX_AS_BLOCKS, checks=["reference"], max_examples=3)["reference"].repro
+    repro = audit_module(_neox(), NEOX_AS_BLOCKS, checks=["reference"], max_examples=3,
+                         budget="quick")["reference"].repro
     assert repro is not None
     assert "config = Config()" in repro
     assert "module = randomize_parameters(module, 0)" in repro  # recognised as the seeded weights it has
@@ -137,7 +138,8 @@ def test_a_user_spec_in_a_module_and_an_instance_with_its_own_weights_run(tmp_pa
     with torch.no_grad():
         for i, param in enumerate(module.parameters()):  # weights no seed draws: carried in the repro
             param.copy_(torch.linspace(-1, 1, param.numel()).reshape(param.shape) * (i + 1) / 3)
-    report = audit_module(module, user.HALVED, checks=["reference"], max_examples=3, dtypes=[torch.float64])
+    report = audit_module(module, user.HALVED, checks=["reference"], max_examples=3, dtypes=[torch.float64],
+                          budget="quick")
     repro = report["reference"].repro
     assert repro is not None
     assert "from user_attention_specs import HALVED as spec" in repro
@@ -157,7 +159,8 @@ def test_a_user_spec_in_a_module_and_an_instance_with_its_own_weights_run(tmp_pa
 def test_a_module_whose_class_keeps_no_constructor_arguments_says_so(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     user = _user_folder(tmp_path, monkeypatch)
-    repro = audit_module(user.Opaque(), user.HALVED, checks=["reference"], max_examples=3)["reference"].repro
+    repro = audit_module(user.Opaque(), user.HALVED, checks=["reference"], max_examples=3,
+                         budget="quick")["reference"].repro
     assert repro is not None
     assert "module = ...  # the Opaque you audited: build it here (its constructor arguments are not kept" in repro
 
@@ -172,14 +175,15 @@ def test_a_zero_spec_hugging_face_repro_rebuilds_module_and_spec(tmp_path: Path)
 
     module = randomize_parameters(hf_build(GptOssAttention), 2)
     report = audit_module(module, hf_spec(module), checks=["reference"], max_examples=3, dtypes=[torch.float64],
-                          conventions="infer")
+                          conventions="infer", budget="quick")
     repro = report["reference"].repro
     assert repro is not None
     assert "spec = hf_spec(module)" in repro
     assert "module = randomize_parameters(module, 2)" in repro
     assert _run(repro, tmp_path) < 1e-6  # the rebuilt class: its float32 rotary tables in a float64 run only
+    # a spec changed by hand cannot be rebuilt
     changed = audit_module(module, dataclasses.replace(hf_spec(module), sinks=None), checks=["reference"],
-                           max_examples=3)["reference"].repro  # a spec changed by hand cannot be rebuilt
+                           max_examples=3, budget="quick")["reference"].repro
     assert changed is not None
     assert "spec = ...  # the ModuleSpec 'hf:GptOssAttention' you passed" in changed
 

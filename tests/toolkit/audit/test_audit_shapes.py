@@ -20,7 +20,7 @@ from typed_transformer.audit import SPECS, AuditReport, Conventions, ModuleSpec,
 from typed_transformer.positions import ALiBiPositionalBias
 from typed_transformer.strategies import randomize_parameters
 
-QUICK: dict[str, Any] = {"max_examples": 5, "dtypes": (torch.float32,)}
+QUICK: dict[str, Any] = {"budget": "quick", "max_examples": 5, "dtypes": (torch.float32,)}
 
 
 def _transformers() -> Any:

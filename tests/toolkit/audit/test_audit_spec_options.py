@@ -12,7 +12,7 @@ from typed_transformer.strategies import randomize_parameters
 
 x_transformers = pytest.importorskip("x_transformers", reason="x-transformers is not installed (extra audit-test)")
 
-QUICK: dict[str, Any] = {"max_examples": 4, "dtypes": (torch.float32,), "seed": 0}
+QUICK: dict[str, Any] = {"budget": "quick", "max_examples": 4, "dtypes": (torch.float32,), "seed": 0}
 #: x-transformers applies its causal mask over a given mask differently (a true finding of the spec's audit)
 KNOWN = {"mask_and_causal"}
 

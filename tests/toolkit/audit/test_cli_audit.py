@@ -9,7 +9,8 @@ from tests.support.limits import HANG_SECONDS
 from typed_transformer.audit import FUNCTION_CHECKS, MODULE_CHECKS
 from typed_transformer.cli import main
 
-QUICK = ["--max-examples", "4"]
+# the small audit in float32 and float64: these tests are about the command, not the sizes (test_audit_depth.py)
+QUICK = ["--max-examples", "4", "--budget", "quick", "--dtypes", "float32,float64"]
 
 
 def test_audit_torch_sdpa_passes_with_its_conventions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -190,7 +191,7 @@ def test_audit_gqa_passes_enable_gqa_to_torch_sdpa(capsys: pytest.CaptureFixture
 
 def test_audit_gqa_catches_a_grouping_bug_behind_enable_gqa(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["audit", "tests.support.audit_candidates:sdpa_gqa_tiled", "--causal-alignment", "top-left", "--gqa",
-                 "--checks", "reference", "--dtypes", "float64", "--max-examples", "10"])
+                 "--checks", "reference", "--dtypes", "float64", "--max-examples", "10", "--budget", "quick"])
     out = capsys.readouterr().out
     assert code == 1
     assert out.splitlines()[3].split()[:3] == ["reference", "float64", "FAIL"]
