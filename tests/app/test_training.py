@@ -435,7 +435,8 @@ def test_presets_bring_their_own_training_settings() -> None:
     assert TrainConfig.for_preset("baby", optimizer="adamw") == TrainConfig(learning_rate=3e-3, min_lr=3e-4)
     assert TrainConfig.for_preset("baby", optimizer="adamw", max_iters=5).max_iters == 5
     assert TrainConfig.for_preset("seed") == TrainConfig()
-    assert TrainConfig.for_preset("baby", learning_rate=1e-2) == TrainConfig(learning_rate=1e-2, min_lr=1e-3)
+    assert TrainConfig.for_preset("baby", optimizer="adamw", learning_rate=1e-2) == TrainConfig(learning_rate=1e-2,
+                                                                                                  min_lr=1e-3)
     assert TrainConfig.for_preset("baby", max_iters=5).learning_rate == 3e-3
     # the same rule when a resumed run overrides its checkpoint's settings
     assert TrainConfig.overridden({"max_iters": 7, "learning_rate": 3e-3, "min_lr": 3e-4}, learning_rate=2e-3) == \
