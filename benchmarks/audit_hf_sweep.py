@@ -226,6 +226,16 @@ def _floor(audited: list[dict[str, Any]]) -> list[str]:
             "confirmed in a fresh interpreter: " + ("; ".join(causes) if causes else "none") + ".", ""]
 
 
+def _shown(fail: dict[str, Any]) -> str:
+    """A FAIL's repro as the page shows it: where the FAIL is that the class raised, the repro prints the error
+    (the behaviour it names) instead of stopping on it."""
+    if "raised" not in fail["message"]:
+        return str(fail["repro"])
+    body = "\n".join("    " + line if line else line for line in str(fail["repro"]).splitlines())
+    return (f"try:\n{body}\nexcept Exception as error:  # the FAIL: the class raises\n"
+            "    print(type(error).__name__, error)")
+
+
 def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, version: str, swept: int,
          total: int, jobs: int, budget: str = "default", oldest: bool = False) -> str:
     found = [r for r in rows if "statuses" in r]
@@ -296,7 +306,7 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
             lines += [f"- `{f['check']}`: {f['message']}" for f in r["fails"]]
             first = next((f for f in r["fails"] if f["repro"]), None)
             if first is not None:
-                lines += ["", f"The repro of `{first['check']}`:", "", "```python", first["repro"], "```"]
+                lines += ["", f"The repro of `{first['check']}`:", "", "```python", _shown(first), "```"]
             lines.append("")
     noted = [r for r in audited if r.get("notes")]
     if noted:
