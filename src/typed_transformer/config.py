@@ -28,7 +28,7 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
 
 #: Training settings of a model preset where they differ from :class:`TrainConfig`'s defaults (nanoGPT's).
 #: ``baby``: Muon on the hidden matrices over 1000 iterations, evaluated every 100 (it reaches nanoGPT's final
-#: val loss in about 600 iterations where AdamW needs about 1450: docs/lab/time-to-quality.md), and the peak
+#: val loss in about 600 iterations where AdamW needs about 1200: docs/lab/time-to-quality.md), and the peak
 #: learning rate 3e-3 (min 3e-4) instead of nanoGPT's 1e-3 for the AdamW half. Over 2000 iterations of AdamW on
 #: Tiny Shakespeare, two seeds each, the full-split validation loss was 1.908 at 1e-3, 1.821 at 2e-3, 1.789 at
 #: 3e-3 and 1.784 at 5e-3; 3e-3 is the smallest rate within noise of the best (docs/lab/lr-sweep.md).
