@@ -53,7 +53,8 @@ def newton_schulz_flops(model: GPT, steps: int) -> float:
     total = 0.0
     for p in muon.hidden_matrices(model, [model.lm_head]):
         m, n = sorted(p.shape)
-        total += 4 * m * m * n + (8 * steps - 6) * m**3 if n > 1.5 * m else steps * (4 * m * m * n + 2 * m**3)
+        gram = muon.gram_form_pays(m, n)
+        total += 4 * m * m * n + (8 * steps - 6) * m**3 if gram else steps * (4 * m * m * n + 2 * m**3)
     return total
 
 

@@ -43,7 +43,8 @@ from torch.optim.adamw import adamw
 
 from .shapecheck import typechecked
 
-__all__ = ["NS_COEFFICIENTS", "MuonAdamW", "check_muon_entry", "hidden_matrices", "muon_groups", "newton_schulz"]
+__all__ = ["NS_COEFFICIENTS", "MuonAdamW", "check_muon_entry", "gram_form_pays", "hidden_matrices", "muon_groups",
+           "newton_schulz"]
 
 #: The quintic's coefficients (a, b, c) (Jordan et al.): steep at 0, so few steps take every singular value
 #: to about 1 (to between about 0.7 and 1.2, not exactly 1: the update needs the directions, not exact values).
@@ -61,7 +62,7 @@ def newton_schulz(update: Float[Tensor, "n r c"], steps: int = 5, *, gram_form: 
     if wide:
         x = rearrange(x, "n r c -> n c r")
     x = x / (torch.linalg.matrix_norm(x, keepdim=True) + 1e-7)
-    if x.shape[-1] > 1.5 * x.shape[-2] if gram_form is None else gram_form:
+    if gram_form_pays(*x.shape[-2:]) if gram_form is None else gram_form:
         x = _gram_form(x, steps)
     else:
         for _ in range(steps):
@@ -71,6 +72,12 @@ def newton_schulz(update: Float[Tensor, "n r c"], steps: int = 5, *, gram_form: 
     if wide:
         x = rearrange(x, "n c r -> n r c")
     return x.to(update.dtype)
+
+
+def gram_form_pays(rows: int, cols: int) -> bool:
+    """Whether the Gram form costs fewer FLOPs than step by step for a ``rows x cols`` matrix: the longer side
+    more than 1.5x the shorter (the module's count, whatever the number of steps)."""
+    return max(rows, cols) > 1.5 * min(rows, cols)
 
 
 def _gram_form(x: Tensor, steps: int) -> Tensor:
