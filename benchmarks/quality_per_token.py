@@ -108,7 +108,7 @@ def main() -> int:
     lines = table(overrides, runs)
     print("\n".join(lines))
     if args.write is not None:
-        marker = MARKERS[str(overrides.get("optimizer", TrainConfig.optimizer))]
+        marker = MARKERS[TrainConfig.for_preset("baby", **overrides).optimizer]  # the run's (the preset's: muon)
         write_between(args.write, marker, marker, "\n".join(lines))
     return 0
 
