@@ -12,6 +12,7 @@ each on an idle machine.
 import contextlib
 import inspect
 import io
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -46,12 +47,20 @@ ENTRIES = [
     Entry(kernels.batch_chunks, "The batch in chunks of 4, every chunk with the first chunk's mask"),
     Entry(kernels.causal_block_skip, "Causal block skipping from the wrong row"),
     Entry(kernels.fp16_overflow, "float16 logits past 65504, NaN rows zeroed by nan_to_num"),
+    Entry(kernels.half_accumulator, "The running sum and the P @ V accumulator in the input dtype"),
+    Entry(kernels.paper_kernel, "A correct kernel that takes both mask kinds", passes=True),
+    Entry(kernels.bool_mask_added, "A boolean mask added to the logits as +1/+0"),
+    Entry(kernels.flipped_bool_mask, "A boolean mask converted with the fill on the wrong side"),
+    Entry(kernels.no_scale, "No 1/sqrt(d) (T5's scale of 1, where the paper's was meant)"),
+    Entry(kernels.key_length_scale, "1/sqrt(s), the key length, in place of 1/sqrt(d)"),
+    Entry(kernels.drops_last_key_when_odd, "The last key dropped when the key length is odd"),
 ]
 
 
-def audited(entry: Entry) -> tuple[str, int, float]:
-    """``(what the command printed, its exit status, seconds)`` for one kernel. The command line's report is
-    ``audit_attention(kernel, conventions="infer", seed=0)``'s (same defaults, same name): run once."""
+def audited(entry: Entry) -> tuple[str, int, float, float]:
+    """``(what the command printed, its exit status, seconds, the load average after)`` for one kernel. The
+    command line's report is ``audit_attention(kernel, conventions="infer", seed=0)``'s (same defaults, same
+    name): run once."""
     from typed_transformer.cli import main
 
     out = io.StringIO()
@@ -61,24 +70,26 @@ def audited(entry: Entry) -> tuple[str, int, float]:
     seconds = time.perf_counter() - start
     if code != (0 if entry.passes else 1):
         raise SystemExit(f"{entry.kernel.__name__}: the command line exited {code}\n{out.getvalue()}")
-    return out.getvalue().rstrip(), code, seconds
+    return out.getvalue().rstrip(), code, seconds, os.getloadavg()[0]
 
 
 def section(entry: Entry) -> str:
-    printed, code, seconds = audited(entry)
+    printed, code, seconds, load = audited(entry)
     name = entry.kernel.__name__
     source = inspect.getsource(entry.kernel).rstrip()
     return "\n".join([
         f"### {name}: {entry.title}", "",
         "```python", source, "```", "",
         f"`typed-transformer audit tests.support.kernels:{name} --infer` (the report of "
-        f"`audit_attention({name}, conventions=\"infer\", seed=0)`; {seconds:.0f} s on a busy 2-core machine) "
+        f"`audit_attention({name}, conventions=\"infer\", seed=0)`; {seconds:.0f} s on 2 cores, load average "
+        f"{load:.1f}) "
         f"exits {code}:", "",
         "```text", printed, "```", ""])
 
 
 def block() -> str:
-    helpers = "\n\n\n".join(inspect.getsource(fn).rstrip() for fn in (kernels._keep, kernels._online_softmax))
+    helpers = "\n\n\n".join(inspect.getsource(fn).rstrip() for fn in (kernels._keep, kernels._online_softmax,
+                                                                     kernels._attention))
     parts = ["The helpers the kernels share (tests/support/kernels.py):", "", "```python", helpers, "```", ""]
     for entry in ENTRIES:
         print(f"auditing {entry.kernel.__name__}", file=sys.stderr, flush=True)

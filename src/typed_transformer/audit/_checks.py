@@ -46,6 +46,8 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
     low, high = conv.lengths
     if max_len is not None and conv.lengths == DEFAULT_CONVENTIONS.lengths:
         high = max_len  # the default range may grow; a declared one is kept
+    if a.longest is not None:
+        high = min(high, a.longest)
     low = min(max(low, min_len or low), high)
     tied = a.fixed is not None and bool(a.fixed.get("tied", 0))
     same = conv.self_attention or tied
@@ -112,6 +114,8 @@ def deep_sizes(run: Run, data: st.DataObject, *, same: bool, min_len: int, max_l
     high = conv.lengths[1] if declared_len else math.inf
     if max_len is not None:
         high = min(high, max_len)
+    if a.longest is not None:
+        high = min(high, a.longest)
     lengths = [n for n in budget.lengths if min_len <= n <= high]
     head_sizes: list[int] = []
     if a.fixed is None:

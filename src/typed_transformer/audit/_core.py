@@ -525,6 +525,8 @@ class Adapter(Protocol):
     rotary: tuple[float, Literal["half", "interleaved"]] | None
     #: why the order of the keys matters (rotary positions, a position bias, a sliding window), None if it does not
     positional: str | None
+    #: the longest sequence a module takes (its spec's ``max_length``), None: any
+    longest: int | None
 
     def call(self, ins: Inputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype) -> CandidateOutput: ...
 

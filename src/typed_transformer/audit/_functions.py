@@ -148,6 +148,7 @@ class FunctionAdapter:
     fixed: dict[str, int] | None = None
     rotary: tuple[float, Literal["half", "interleaved"]] | None = None
     positional: str | None = None
+    longest: int | None = None
 
     __shape_checked__ = ("call", "reference", "logit_bound", "logits", "rows", "decode", "fast_path")
 
@@ -338,6 +339,8 @@ def run_audit(adapter: Adapter, *, checks: Sequence[str] | None, dtypes: Sequenc
     untested = adapter.conventions.untested() + refused
     if not plan.deep_examples:
         untested.append(f"sizes past 6 keys and 8 features, batches past 3 (budget={plan.name!r})")
+    if adapter.longest is not None:
+        untested.append(f"sequences longer than {adapter.longest} (the module's longest: its spec's max_length)")
     if adapter.fixed is not None:  # a module: its head counts and sizes are what they are
         untested = [note for note in untested if "supports_gqa" not in note]
         untested.append(f"head counts and sizes other than the module's (h={adapter.fixed['h']}, "

@@ -359,7 +359,8 @@ def torchtune_spec(module: Any) -> ModuleSpec:
     """torchtune's ``MultiHeadAttention`` as its builders make it: grouped key/value heads, biases, q/k norms
     (applied after the rotary embedding, torchtune's order; its ``RMSNorm`` keeps its weight as ``scale``), the
     rotary classes (``RotaryPositionalEmbeddings`` and ``Llama3ScaledRoPE`` pair neighbours, Phi-3's and Qwen2's
-    halves; the frequencies read from their ``theta``), token-by-token decoding with its KV cache. Refused: any
+    halves; the frequencies read from their ``theta``; no sequence past their cache, ``max_seq_len``), token-by-token
+    decoding with its KV cache. Refused: any
     other rotary class (the 2-D ``VisionRotaryPositionalEmbeddings`` among them) and projections that are not a
     plain ``nn.Linear`` (LoRA)."""
     from .specs import TORCHTUNE
@@ -367,7 +368,8 @@ def torchtune_spec(module: Any) -> ModuleSpec:
     _refuse(module, "torchtune", _torchtune_unmodelled(module))
     rope = getattr(module, "pos_embeddings", None)
     fields: dict[str, Any] = {"decode": torchtune_decode}
-    if rope is not None:
+    if rope is not None:  # its cache holds max_seq_len positions; the module raises past them
+        fields["max_length"] = "pos_embeddings.max_seq_len"
         style: Literal["half", "interleaved"] = "half" if TORCHTUNE_ROTARIES[type(rope).__name__] == "half" \
             else "interleaved"
         fields["rotary"] = Rotary("pos_embeddings.base", style, frequencies=_torchtune_frequencies)

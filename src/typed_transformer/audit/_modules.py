@@ -309,6 +309,10 @@ class ModuleSpec:
     #: ``unmodelled(module)``: the constructor options this module was built with that the spec does not model,
     #: each named (``"sparse_topk=2"``); a module with any is refused before any check runs
     unmodelled: Callable[[Any], list[str]] | None = None
+    #: the longest sequence the module takes (a number, or an attribute path: torchtune's ``max_seq_len``, the
+    #: length of a rotary cache it does not grow): no example is longer, and the report lists the lengths past it
+    #: as not tested (None: any length)
+    max_length: int | str | None = None
 
 
 #: Python lines that rebuild a spec in a fresh interpreter once ``module`` is defined (``hf_spec`` registers
@@ -605,6 +609,12 @@ class ModuleAdapter:
         self.conventions = dataclasses.replace(conventions or spec.conventions, scale=w.scale,
                                                supports_gqa=w.g != w.h, enable_gqa=False)
         self.name = name or f"{type(module).__module__}.{type(module).__qualname__} (spec {spec.name})"
+        #: the longest sequence the module takes (the spec's ``max_length``), None: any
+        self.longest: int | None = None
+        if spec.max_length is not None:
+            longest = spec.max_length if isinstance(spec.max_length, int) \
+                else resolve(self.original, spec.max_length, spec.name)
+            self.longest = None if longest is None else int(longest)
         tied = self.conventions.self_attention
         self.fixed: dict[str, int] | None = {
             "h": w.h, "g": w.g, "d": w.d, "dv": w.dv, "eq": w.wq.shape[1], "ek": w.wk.shape[1],

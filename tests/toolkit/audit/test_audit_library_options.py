@@ -21,7 +21,7 @@ from typed_transformer.audit import AuditUsageError, audit_module
 from typed_transformer.audit._libraries import LIBRARY_OPTIONS
 from typed_transformer.strategies import randomize_parameters
 
-# budget "quick": the default budget's deep lengths (up to 129) pass the rope caches' max_seq_len of these tiny modules
+# budget "quick": these tests are about the options, not the sizes (the deep lengths: the rotary cache test)
 QUICK: dict[str, Any] = {"budget": "quick", "max_examples": 2, "dtypes": [torch.float32],
                          "checks": ["reference", "masking"]}
 
@@ -288,6 +288,21 @@ def test_a_modelled_option_passes_against_the_real_module(
     module = randomize_parameters(build(**_made(options)), 0)
     report = audit_module(module, library, **QUICK)
     assert report.passed, report.table()
+
+
+def test_a_rotary_cache_caps_the_lengths_the_default_budget_draws() -> None:
+    """torchtune's rotary classes hold ``max_seq_len`` positions and raise past them: the spec's ``max_length``
+    keeps the deep lengths (up to 129) within the cache, and the report says what was not drawn. Without it every
+    check failed with the module's own RuntimeError (shape '[-1, 65, 1, 2, 2]' is invalid)."""
+    _need("torchtune")
+    rope = _rope("RotaryPositionalEmbeddings")()
+    module = randomize_parameters(_torchtune(pos_embeddings=rope), 0)
+    report = audit_module(module, "torchtune", seed=0, max_examples=3, dtypes=[torch.float32],
+                          checks=["reference", "masking"])
+    assert report.passed, report.table()
+    assert "sequences longer than 64 (the module's longest: its spec's max_length)" in report.untested
+    drawn = [r.examples for r in report.results]
+    assert all(n > 3 for n in drawn), drawn  # the deep examples were drawn, within the cache
 
 
 def test_every_option_entry_names_its_class() -> None:
