@@ -791,7 +791,21 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             cache = DynamicCache()
         if "self_attention_cache" in source:  # a decoder's self-attention in an encoder-decoder model
             cache = EncoderDecoderCache(cache, DynamicCache())
-        return torch.cat([call(m, x[:, i:i + 1], None, i, cache) for i in range(x.shape[1])], dim=1)
+        return torch.cat([call(m, x[:, i:i + 1], decode_mask(m, x, cache, layer, i), i, cache)
+                          for i in range(x.shape[1])], dim=1)
+
+    def decode_mask(m: Any, x: Tensor, cache: Any, layer: int, i: int) -> Tensor | None:
+        """The mask of decoding step ``i``: None (every key the cache holds), unless the forward's mask argument is
+        required (ModernBERT's decoder adds it to the logits unconditionally: its model always builds one); then
+        the one its model builds, over the keys the cache will hold (``get_mask_sizes``), the window applied."""
+        required = mask_arg in signature and signature[mask_arg].default is inspect.Parameter.empty
+        if not required or not hasattr(cache, "get_mask_sizes"):
+            return None
+        length, offset = cache.get_mask_sizes(1, layer)
+        keys = torch.arange(offset, offset + length)
+        window = getattr(m, "sliding_window", None)
+        keep = keys <= i if window is None else (keys <= i) & (keys > i - int(window))
+        return additive_mask(keep[None, None, None].expand(x.shape[0], 1, 1, length), x.dtype)
 
     width = _input_width(module, layout)
     residual = has_residual(module, layout, lambda m, x: forward(m, x, x, x, None, False), width)

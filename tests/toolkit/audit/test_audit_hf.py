@@ -129,6 +129,27 @@ def test_hybrid_model_attention_decodes_with_the_attention_cache() -> None:
     assert _audit(bugged, checks=["incremental_decoding"]).status("incremental_decoding") == "FAIL"
 
 
+def test_a_required_mask_argument_gets_its_models_mask_while_decoding() -> None:
+    """ModernBERT's decoder adds its attention mask to the logits unconditionally (its model always builds one):
+    decoded with no mask it raised TypeError (Tensor + None), a false FAIL of the sweep. A module that drops its
+    cache still fails."""
+    from transformers.models.modernbert_decoder.modeling_modernbert_decoder import ModernBertDecoderAttention
+
+    module: Any = randomize_parameters(hf_build(ModernBertDecoderAttention), 0)
+    assert _audit(module, checks=["incremental_decoding"]).status("incremental_decoding") == "PASS"
+
+    class ForgetsTheCache(ModernBertDecoderAttention):
+        """Bug: each step attends to itself only (the cache is dropped)."""
+
+        def forward(self, hidden_states: torch.Tensor, position_embeddings: Any, attention_mask: Any,
+                    cache: Any = None, **kwargs: Any) -> Any:
+            mask = None if attention_mask is None else attention_mask[..., -hidden_states.shape[1]:]
+            return super().forward(hidden_states, position_embeddings, mask, None, **kwargs)
+
+    bugged = randomize_parameters(hf_build(ForgetsTheCache), 0)
+    assert _audit(bugged, checks=["incremental_decoding"]).status("incremental_decoding") == "FAIL"
+
+
 def test_forward_taking_layer_idx_and_a_wide_input() -> None:
     from transformers.models.zamba.modeling_zamba import ZambaAttention
 
