@@ -150,6 +150,22 @@ def test_a_required_mask_argument_gets_its_models_mask_while_decoding() -> None:
     assert _audit(bugged, checks=["incremental_decoding"]).status("incremental_decoding") == "FAIL"
 
 
+def test_a_module_that_raises_in_float64_has_its_conventions_inferred_in_float32() -> None:
+    """XGLM fills its logits with ``torch.full((), finfo(float64).min)``, a float32 tensor that overflows: every
+    float64 call raises. The conventions used to stay the defaults (per-head masks among them, which XGLM refuses,
+    so its float32 mask checks failed too); probed in float32 they are its own, and only the float64 rows fail."""
+    from transformers.models.xglm.modeling_xglm import XGLMAttention
+
+    module: Any = randomize_parameters(hf_build(XGLMAttention), 0)
+    report = _audit(module, dtypes=[torch.float32, torch.float64], checks=["reference", "masking"])
+    assert report.status("conventions") == "PASS", report.table()
+    assert report.conventions["per_head_masks"] is False
+    rows = {(r.name, r.dtype): r for r in report.results}
+    assert rows["masking", "float32"].status == "PASS", report.table()
+    assert rows["reference", "float64"].status == "FAIL"
+    assert "value cannot be converted to type float without overflow" in rows["reference", "float64"].message
+
+
 def test_forward_taking_layer_idx_and_a_wide_input() -> None:
     from transformers.models.zamba.modeling_zamba import ZambaAttention
 
