@@ -44,10 +44,12 @@ from ._modules import (
 )
 
 #: the sizes of the tiny config (set where the config has the field): 4 query heads on 2 key/value heads of 4
-#: (Zamba's attention reads ``attention_hidden_size``, twice the hidden size: its input is two states side by side)
+#: (Zamba's attention reads ``attention_hidden_size``, twice the hidden size: its input is two states side by side);
+#: 256 positions, past the default budget's deep lengths (up to 129), for the classes that keep a table or a
+#: buffer of ``max_position_embeddings`` positions
 TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4,
                         "intermediate_size": 32, "num_hidden_layers": 1, "vocab_size": 64,
-                        "max_position_embeddings": 64, "attention_dropout": 0.0, "attention_bias": False,
+                        "max_position_embeddings": 256, "attention_dropout": 0.0, "attention_bias": False,
                         "attention_hidden_size": 32, "rotary_dim": 2,
                         # multi-head latent attention (DeepSeek V2/V3): heads of 4 + 4 query/key features (the
                         # last 4 turned), values of 4, latents of 8
