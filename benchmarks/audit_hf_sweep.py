@@ -23,6 +23,7 @@ import functools
 import hashlib
 import inspect
 import multiprocessing
+import os
 import pkgutil
 import re
 import sys
@@ -276,7 +277,8 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
         f"reason. Every FAIL is re-audited in a fresh interpreter before "
         f"it is counted; {len(unconfirmed)} FAIL{'s' if len(unconfirmed) != 1 else ''} of the sweep's long-lived "
         f"processes did not come back there (listed at the end as a limit of the audit, not counted). The sweep "
-        f"took {seconds:.0f} s with `--jobs {jobs}`.",
+        f"took {seconds:.0f} s with `--jobs {jobs}` (load average {os.getloadavg()[0]:.1f} at the end, "
+        f"{os.cpu_count()} cores).",
         "",
         *(_floor(audited) if oldest else []),
         "Each class is built from a tiny config of its own config class (4 query heads on 2 key/value heads of size "
