@@ -1,7 +1,7 @@
 """The kernel gallery of docs/audit-kernels.md: each planted kernel of tests/support/kernels.py, its code, and what
 the zero-configuration audit printed for it, from the Python API and from the command line.
 
-    python benchmarks/audit_kernel_gallery.py      # rewrite the generated block of docs/audit-kernels.md
+    python benchmarks/audit_kernel_gallery.py [--jobs 2]   # rewrite the generated block of docs/audit-kernels.md
 
 Every kernel is audited with ``typed-transformer audit tests.support.kernels:NAME --infer`` (the default budget
 and dtypes), whose report is ``audit_attention(kernel, conventions="infer", seed=0)``'s; the page shows what it
@@ -9,6 +9,8 @@ printed and its exit status. A failing kernel's audit shrinks every failing chec
 each on an idle machine.
 """
 
+import argparse
+import concurrent.futures
 import contextlib
 import inspect
 import io
@@ -19,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, when run as a script
 from benchmarks._runs import REPO, write_between
@@ -87,18 +91,27 @@ def section(entry: Entry) -> str:
         "```text", printed, "```", ""])
 
 
-def block() -> str:
+def _section_at(index: int) -> str:
+    entry = ENTRIES[index]
+    print(f"auditing {entry.kernel.__name__}", file=sys.stderr, flush=True)
+    return section(entry)
+
+
+def block(jobs: int = 1) -> str:
     helpers = "\n\n\n".join(inspect.getsource(fn).rstrip() for fn in (kernels._keep, kernels._online_softmax,
                                                                      kernels._attention))
     parts = ["The helpers the kernels share (tests/support/kernels.py):", "", "```python", helpers, "```", ""]
-    for entry in ENTRIES:
-        print(f"auditing {entry.kernel.__name__}", file=sys.stderr, flush=True)
-        parts.append(section(entry))
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, initializer=torch.set_num_threads,
+                                                initargs=(1,)) as pool:  # one audit per process, one thread each
+        parts.extend(pool.map(_section_at, range(len(ENTRIES))))
     return "\n".join(parts).rstrip()
 
 
 def main() -> int:
-    write_between(PAGE, BEGIN, END, block())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1, help="kernels audited at a time, one process each")
+    args = parser.parse_args()
+    write_between(PAGE, BEGIN, END, block(args.jobs))
     print(f"docs/audit-kernels.md: {len(ENTRIES)} kernels audited")
     return 0
 

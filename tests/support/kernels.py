@@ -139,11 +139,15 @@ def fp16_overflow(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None =
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, logits_bias: Tensor | None, keep: Tensor | None, is_causal: bool,
                scale: float) -> Tensor:
-    """Eager attention: ``softmax(q k^T * scale + logits_bias)`` over the allowed keys, zeros for a row without."""
+    """Eager attention: ``softmax(q k^T * scale + logits_bias)`` over the allowed keys, zeros for a row without;
+    in float32 for half inputs (as a kernel that accumulates in float32), the output in the input dtype."""
+    dtype = q.dtype
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    q, k, v = q.to(work), k.to(work), v.to(work)
     t, s = q.shape[-2], k.shape[-2]
     logits = q @ k.transpose(-1, -2) * scale
     if logits_bias is not None:
-        logits = logits + logits_bias
+        logits = logits + logits_bias.to(work)
     allowed = torch.ones(t, s, dtype=torch.bool)
     if keep is not None:
         allowed = allowed & keep
@@ -151,7 +155,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, logits_bias: Tensor | None, keep
         allowed = allowed & torch.ones(t, s, dtype=torch.bool).tril(s - t)
     logits = logits.masked_fill(~allowed, -math.inf)
     weights = logits.softmax(dim=-1).nan_to_num(0.0)  # a row without keys: zeros
-    return weights @ v
+    return (weights @ v).to(dtype)
 
 
 def bool_mask_added(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
