@@ -18,7 +18,7 @@ $py benchmarks/audit_cost.py                          # docs/audit.md: the defau
 $py benchmarks/time_to_quality.py --data "$data" --rounds 3 --optimizer muon --optimizer adamw --write docs/lab/time-to-quality.md --readme README.md
 # docs/lab/time-to-quality.md: quality per token of each optimizer, 3 seeds (one thread a run: load-independent)
 $py benchmarks/quality_per_token.py --data "$data" --seeds 1337 1338 1339 --write docs/lab/time-to-quality.md optimizer=adamw
-$py benchmarks/quality_per_token.py --data "$data" --seeds 1337 1338 1339 --write docs/lab/time-to-quality.md optimizer=muon max_iters=1000 eval_interval=100
+$py benchmarks/quality_per_token.py --data "$data" --seeds 1337 1338 1339 --write docs/lab/time-to-quality.md optimizer=muon
 $py benchmarks/main_job_profile.py --data "$data" --write docs/lab/time-to-quality.md   # where its time goes
 $py benchmarks/contention.py --data "$data" --rounds 3 --write docs/training.md --readme README.md  # busy machine
 $py benchmarks/bench.py attention --write docs/lab/benchmarks.md --readme README.md          # MHA vs torch's

@@ -27,19 +27,22 @@ _SCALE = "scale and speed"  # the --help section of the flags about speed and sc
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 #: Training settings of a model preset where they differ from :class:`TrainConfig`'s defaults (nanoGPT's).
-#: ``baby``: Muon on the hidden matrices over 1000 iterations, evaluated every 100 (it reaches nanoGPT's final
-#: val loss in about 600 iterations where AdamW needs about 1200: docs/lab/time-to-quality.md), and the peak
+#: ``baby``: Muon on the hidden matrices over 1200 iterations, evaluated every 100: 30 warm-up iterations, the
+#: cosine decay over the first 800 and the last 400 at the minimum rate (it reaches nanoGPT's final val loss in
+#: about 550 iterations where AdamW needs about 1200, and ends lower: docs/lab/time-to-quality.md), and the peak
 #: learning rate 3e-3 (min 3e-4) instead of nanoGPT's 1e-3 for the AdamW half. Over 2000 iterations of AdamW on
 #: Tiny Shakespeare, two seeds each, the full-split validation loss was 1.908 at 1e-3, 1.821 at 2e-3, 1.789 at
 #: 3e-3 and 1.784 at 5e-3; 3e-3 is the smallest rate within noise of the best (docs/lab/lr-sweep.md).
 PRESET_TRAINING: dict[str, dict[str, Any]] = {
-    "baby": {"learning_rate": 3e-3, "min_lr": 3e-4, "optimizer": "muon", "max_iters": 1000, "eval_interval": 100},
+    "baby": {"learning_rate": 3e-3, "min_lr": 3e-4, "optimizer": "muon", "max_iters": 1200, "lr_decay_iters": 800,
+             "warmup_iters": 30, "eval_interval": 100},
     "seed": {},
 }
 #: A preset's settings for the optimizer it does not choose itself, over :data:`PRESET_TRAINING`'s: the baby
-#: preset with ``--optimizer adamw`` is nanoGPT's run (2000 iterations, evaluated every 250).
+#: preset with ``--optimizer adamw`` is nanoGPT's run (2000 iterations, 100 warm-up, the decay over all of them,
+#: evaluated every 250).
 PRESET_TRAINING_BY_OPTIMIZER: dict[str, dict[str, dict[str, Any]]] = {
-    "baby": {"adamw": {"max_iters": 2000, "eval_interval": 250}},
+    "baby": {"adamw": {"max_iters": 2000, "lr_decay_iters": None, "warmup_iters": 100, "eval_interval": 250}},
 }
 #: The preset a run gets when it names none.
 DEFAULT_PRESET = "baby"
@@ -121,12 +124,18 @@ class TrainConfig:
     def for_preset(cls, preset: str, **overrides: Any) -> "TrainConfig":
         """The defaults with the preset's own settings (:data:`PRESET_TRAINING`, and
         :data:`PRESET_TRAINING_BY_OPTIMIZER` for the optimizer the run uses), then ``overrides`` (see
-        :meth:`overridden`)."""
+        :meth:`overridden`). A preset's ``lr_decay_iters`` goes with its ``max_iters``: an overridden ``max_iters``
+        without ``lr_decay_iters`` scales it by the same factor (the baby preset's decay over the first two thirds
+        of any length), so that a shorter run still decays to its minimum."""
         if preset not in PRESET_TRAINING:
             raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESET_TRAINING)}")
         settings = PRESET_TRAINING[preset]
         optimizer = overrides.get("optimizer", settings.get("optimizer", cls.optimizer))
         settings = {**settings, **PRESET_TRAINING_BY_OPTIMIZER.get(preset, {}).get(optimizer, {})}
+        decay, length = settings.get("lr_decay_iters"), settings.get("max_iters", cls.max_iters)
+        if decay is not None and "max_iters" in overrides and "lr_decay_iters" not in overrides \
+                and isinstance(overrides["max_iters"], int):
+            settings = {**settings, "lr_decay_iters": max(1, round(decay * overrides["max_iters"] / length))}
         return cls.overridden(settings, **overrides)
 
     @classmethod

@@ -430,7 +430,12 @@ def test_periodic_checkpoints_are_written(tmp_path: Path, data: TextData) -> Non
 
 def test_presets_bring_their_own_training_settings() -> None:
     assert TrainConfig.for_preset("baby") == TrainConfig(learning_rate=3e-3, min_lr=3e-4, optimizer="muon",
-                                                         max_iters=1000, eval_interval=100)
+                                                         max_iters=1200, lr_decay_iters=800, warmup_iters=30,
+                                                         eval_interval=100)
+    # the decay goes with the length: two thirds of an overridden max_iters, unless given itself
+    assert TrainConfig.for_preset("baby", max_iters=600).lr_decay_iters == 400
+    assert TrainConfig.for_preset("baby", max_iters=5).lr_decay_iters == 3
+    assert TrainConfig.for_preset("baby", max_iters=600, lr_decay_iters=500).lr_decay_iters == 500
     # the other optimizer: AdamW's own settings for the preset (nanoGPT's length), a flag still winning
     assert TrainConfig.for_preset("baby", optimizer="adamw") == TrainConfig(learning_rate=3e-3, min_lr=3e-4)
     assert TrainConfig.for_preset("baby", optimizer="adamw", max_iters=5).max_iters == 5
