@@ -849,7 +849,14 @@ class ModuleAdapter:
         return logits if bias is None else logits + bias
 
     def rows(self, keep: KeepMask, example: Example) -> Bool[Tensor, "b t 1"]:
-        return rearrange(keep.any(dim=-1).all(dim=1), "b t -> b t 1")
+        """The query rows with an allowed key: in the sliding window (a row whose window holds only masked keys has
+        none), or among the module's extra key positions (always allowed)."""
+        if self.weights.extra_k is not None:
+            return torch.ones(example.b, example.t, 1, dtype=torch.bool)
+        if self.window is not None:
+            positions = torch.arange(example.s - example.t, example.s)[:, None]
+            keep = keep & (torch.arange(example.s)[None] > positions - self.window)
+        return rearrange(keep.any(dim=-1).all(dim=1).expand(example.b, example.t), "b t -> b t 1")
 
     def decode(self, ins: ModuleInputs, dtype: torch.dtype) -> CandidateOutput | None:
         if self.spec.decode is None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from typed_transformer.audit import AuditUsageError, audit_module
+from typed_transformer.audit import AuditUsageError, Example, ModuleAdapter, audit_module
 from typed_transformer.audit._hf import hf_attention_classes, hf_build, hf_limits, hf_notes, hf_spec
 from typed_transformer.strategies import randomize_parameters
 
@@ -164,6 +164,25 @@ def test_a_module_that_raises_in_float64_has_its_conventions_inferred_in_float32
     assert rows["masking", "float32"].status == "PASS", report.table()
     assert rows["reference", "float64"].status == "FAIL"
     assert "value cannot be converted to type float without overflow" in rows["reference", "float64"].message
+
+
+def test_a_row_whose_window_holds_only_masked_keys_is_left_unchecked_where_such_rows_are_any() -> None:
+    """Qwen3-Omni's Code2Wav attention has a sliding window of 72 keys: with a key padding mask keeping the first 4
+    keys, a query past them sees none of them. Counted as a row with a key (the window left out), its output was
+    compared with the reference's and a correct module failed `padding` at 127 keys (a false FAIL of the sweep)."""
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2WavAttention
+
+    module: Any = randomize_parameters(hf_build(Qwen3OmniMoeCode2WavAttention), 0)
+    adapter = ModuleAdapter(module, hf_spec(module))
+    window = adapter.window
+    assert window == 72
+    t = s = window + 8
+    keep = torch.zeros(1, 1, 1, s, dtype=torch.bool)
+    keep[..., :4] = True
+    example = Example(b=1, h=4, g=2, t=t, s=s, d=4, dv=4, seed=0, dtype="float32", keep=keep.tolist(),
+                      is_causal=False, widths=(16, 16, 16), tied=True)
+    rows = adapter.rows(keep, example)
+    assert rows[0, :, 0].tolist() == [p < window + 3 for p in range(t)]  # query p sees keys j > p - window
 
 
 def test_forward_taking_layer_idx_and_a_wide_input() -> None:
