@@ -308,8 +308,7 @@ def test_the_quality_per_token_tables_are_in_the_format_the_script_prints_today(
     block = text.split(marker)[1].strip().splitlines()
     if not block:
         return
-    overrides: dict[str, int | float | str] = {"optimizer": "adamw"} if optimizer == "adamw" else {
-        "optimizer": "muon", "max_iters": 1000, "eval_interval": 100}  # the page's commands
+    overrides: dict[str, int | float | str] = {"optimizer": optimizer}  # the page's commands: the preset's runs
     rows = [line for line in block if line.startswith("| ") and not line.startswith("| seed")]
     seeds = [int(line.split("|")[1]) for line in rows[:-1]]
     columns = block[2].count("|") - 2
