@@ -359,10 +359,9 @@ def torchtune_spec(module: Any) -> ModuleSpec:
     """torchtune's ``MultiHeadAttention`` as its builders make it: grouped key/value heads, biases, q/k norms
     (applied after the rotary embedding, torchtune's order; its ``RMSNorm`` keeps its weight as ``scale``), the
     rotary classes (``RotaryPositionalEmbeddings`` and ``Llama3ScaledRoPE`` pair neighbours, Phi-3's and Qwen2's
-    halves; the frequencies read from their ``theta``; no sequence past their cache, ``max_seq_len``), token-by-token
-    decoding with its KV cache. Refused: any
-    other rotary class (the 2-D ``VisionRotaryPositionalEmbeddings`` among them) and projections that are not a
-    plain ``nn.Linear`` (LoRA)."""
+    halves; the frequencies read from their ``theta``; no sequence past their cache, ``max_seq_len``),
+    token-by-token decoding with its KV cache. Refused: any other rotary class (the 2-D
+    ``VisionRotaryPositionalEmbeddings`` among them) and projections that are not a plain ``nn.Linear`` (LoRA)."""
     from .specs import TORCHTUNE
 
     _refuse(module, "torchtune", _torchtune_unmodelled(module))
