@@ -5,7 +5,8 @@ Runs, one after the other on the same text (Tiny Shakespeare beside the checkout
 * nanoGPT's CPU baby run as a plain PyTorch loop (``nanogpt_reference.py``: 2000 iterations, its schedule, its
   evaluations, torch's default threads);
 * the main job, ``typed-transformer train --data FILE`` (the baby preset: the same model sizes, block 64,
-  batch 12, 2000 iterations; ``--threads auto``), plus any ``--extra`` flags.
+  batch 12; Muon over 1200 iterations, or AdamW over nanoGPT's 2000 with ``--optimizer adamw``;
+  ``--threads auto``), plus any ``--extra`` flags.
 
 Each evaluation line is stamped with the seconds since its process was launched. Printed, ready to paste:
 both runs' evaluation lines with their stamps, the reference's final val loss and wall time, when the main job
@@ -22,9 +23,9 @@ the reference, and the report is printed for each; ``--write`` and ``--readme`` 
 Where the main job's own time goes, phase by phase, is ``benchmarks/main_job_profile.py``.
 
 The runs leave ``OMP_NUM_THREADS`` unset (each picks its own count, as a user's would). Evaluations happen every
-250 iterations, so a time to quality is the stamp of the first evaluation at or below the target: an upper
-bound, by up to 250 iterations; the line adds the time linear between that evaluation and the one before it,
-marked as an estimate.
+250 iterations (the main job's Muon run: every 100), so a time to quality is the stamp of the first evaluation at
+or below the target: an upper bound, by up to one evaluation interval; the line adds the time linear between that
+evaluation and the one before it, marked as an estimate.
 """
 
 import argparse
