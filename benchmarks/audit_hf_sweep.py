@@ -283,14 +283,21 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
         *(_floor(audited) if oldest else []),
         "Each class is built from a tiny config of its own config class (4 query heads on 2 key/value heads of size "
         "4, eager attention; wider heads where a partial rotary factor would turn less than one pair, M-RoPE "
-        "sections scaled to the tiny head), its parameters randomized, and audited with `conventions=\"infer\"` "
+        "sections scaled to the tiny head; the same sizes for a config's prefixed and per-layer fields, such as "
+        "`cross_head_dim` or `num_key_value_heads_per_layer`), its parameters randomized, and audited with "
+        "`conventions=\"infer\"` "
         f"(float32, 5 examples per check, budget {budget!r}, seed 0). `hf_spec` describes: q/k norms (per head or "
         "over every head, "
         "Gemma's `1 + weight`), partial rotary, the rotary pairing of the modeling module's `apply_rotary_pos_emb`, "
         "M-RoPE with text positions (1-D rotary), rope parameters per layer type, Llama 3's, YaRN's and linear rope "
         "frequencies (read from the class's rotary module), sliding windows (in the mask, as "
         "the model's mask builder puts them), the hybrid models' attention cache, a forward that takes "
-        "`layer_idx`, `(query, key, value)` classes and cross-attention over one memory tensor. Status letters, in "
+        "`layer_idx`, `(query, key, value)` classes and cross-attention over one memory tensor, packed vision "
+        "and audio encoders (`cu_seqlens`: a batch of b sequences is b pieces of one packed call; the rotary "
+        "tables are the audit's own, 1-D, since the model's image-grid builder is outside the class), DETR's "
+        "optional position embeddings (audited with none: what they add is not tested), head counts the module "
+        "chose itself over its config's, and projections wrapped in a module of their own (`MoshiLinear`). "
+        "Status letters, in "
         "order: " + ", ".join(f"`{c}`" for c in checks) + " (P pass, F fail, S skip).",
         "",
         "| model | class | inferred | checks | FAILs |",

@@ -34,6 +34,7 @@ __all__ = [
     "key_padding_mask_to_torch",
     "merge_causal",
     "merge_masks",
+    "window_mask",
 ]
 
 #: A mask accepted by the attention core: boolean keep-mask or additive float mask, either 2-D
@@ -54,6 +55,20 @@ def causal_mask(t: int, s: int | None = None, *, device: torch.device | str | No
     if t < 0 or s < 0:
         raise ValueError(f"causal_mask: sizes must be non-negative, got t={t}, s={s}")
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
+
+
+def window_mask(t: int, s: int, window: int, *, device: torch.device | str | None = None) -> Bool[Tensor, "t s"]:
+    """The lower edge of a sliding window of ``window`` keys, aligned bottom-right like :func:`causal_mask`:
+    ``keep[i, j] = j > i + (s - t) - window`` (query position ``p = i + s - t`` sees keys after ``p - window``).
+
+    With :func:`causal_mask` it gives Mistral's sliding-window attention: each query sees itself and the
+    ``window - 1`` keys before it.
+    """
+    if t < 0 or s < 0 or window < 1:
+        raise ValueError(f"window_mask: sizes must be non-negative and the window positive, got t={t}, s={s}, "
+                         f"window={window}")
+    positions = torch.arange(s - t, s, device=device)[:, None]
+    return torch.arange(s, device=device)[None] > positions - window
 
 
 def attn_mask_from_torch(

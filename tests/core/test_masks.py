@@ -118,3 +118,21 @@ def test_merge_causal_refuses_a_mask_of_other_sizes(shape: tuple[int, ...], axis
 def test_merge_causal_refuses_negative_sizes() -> None:
     with pytest.raises(ValueError, match=r"^causal_mask: sizes must be non-negative, got t=-1, s=2$"):
         merge_causal(None, -1, 2)
+
+
+@pytest.mark.parametrize(("t", "s", "window"), [(5, 5, 2), (2, 6, 3), (6, 4, 2), (1, 9, 4), (4, 4, 10)])
+def test_window_mask_is_the_bottom_right_sliding_window_edge(t: int, s: int, window: int) -> None:
+    from typed_transformer.masks import window_mask
+
+    expected = [[j > (i + s - t) - window for j in range(s)] for i in range(t)]
+    assert window_mask(t, s, window).tolist() == expected
+    # with the causal mask: each query sees itself and the window - 1 keys before it (Mistral's sliding window)
+    both = window_mask(t, s, window) & causal_mask(t, s)
+    assert both.tolist() == [[(i + s - t) - window < j <= i + s - t for j in range(s)] for i in range(t)]
+
+
+def test_window_mask_refuses_an_empty_window() -> None:
+    from typed_transformer.masks import window_mask
+
+    with pytest.raises(ValueError, match="window positive"):
+        window_mask(3, 3, 0)

@@ -14,8 +14,10 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
+from einops import rearrange, repeat
 from torch import Tensor, nn
 
+from ..masks import window_mask
 from ._core import AuditUsageError, Conventions
 from ._hf_layouts import (
     Layout,
@@ -39,6 +41,7 @@ from ._modules import (
     Weights,
     additive_mask,
     mrope_positions,
+    resolve,
     spec_weights,
     with_causal,
 )
@@ -51,10 +54,17 @@ TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_va
                         "intermediate_size": 32, "num_hidden_layers": 1, "vocab_size": 64,
                         "max_position_embeddings": 256, "attention_dropout": 0.0, "attention_bias": False,
                         "attention_hidden_size": 32, "rotary_dim": 2,
+                        # T5-style configs name the head size d_kv (Pix2Struct reads it, projecting to hidden_size)
+                        "d_kv": 4,
                         # multi-head latent attention (DeepSeek V2/V3): heads of 4 + 4 query/key features (the
                         # last 4 turned), values of 4, latents of 8
                         "kv_lora_rank": 8, "q_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4,
                         "v_head_dim": 4}
+
+#: the base of the rotary tables the audit makes for a packed (``cu_seqlens``) vision encoder
+_PACKED_THETA = 10000.0
+#: prefixes of config fields that size one kind of layer (see :func:`_build`)
+_SIZE_PREFIXES = ("swa", "cross", "global", "local", "full", "sliding")
 
 _HF = Conventions(self_attention=True, fully_masked="uniform")
 _HF_CROSS = Conventions(fully_masked="uniform")
@@ -109,8 +119,16 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
 
 def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool) -> nn.Module:
     tiny = {**TINY, "num_key_value_heads": TINY["num_attention_heads"]} if _heads_as_positions(cls) else TINY
-    for key, value in {**tiny, **(overrides or {})}.items():
+    # a size under a prefix (Inkling's swa_num_attention_heads, Dia's cross_head_dim): the same tiny value
+    prefixed = {f"{p}_{key}": value for p in _SIZE_PREFIXES for key, value in tiny.items()
+                if key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")}
+    # a size per layer or per stage (Sapiens2's num_key_value_heads_per_layer, PVT's num_attention_heads list)
+    per_layer = {f"{key}_per_layer": value for key, value in prefixed.items() | tiny.items()}
+    for key, value in {**tiny, **prefixed, **per_layer, **(overrides or {})}.items():
         if hasattr(config, key) or key in ("head_dim",):
+            current = getattr(config, key, None)
+            if isinstance(current, list | tuple) and not isinstance(value, list | tuple):
+                value = type(current)([value] * len(current))
             with contextlib.suppress(AttributeError):  # a read-only property, derived (Falcon's head_dim)
                 setattr(config, key, value)
     _tiny_partial_rotary(config)
@@ -219,8 +237,10 @@ def _rotary_class(module: nn.Module) -> type | None:
 def _rotate_source(module: nn.Module) -> str:
     """The source of the rotate function the modeling module's ``apply_rotary_pos_emb`` calls."""
     modeling = importlib.import_module(_transformers_class(type(module)).__module__)
+    # the apply function the class's forward calls (a vision encoder's apply_rotary_pos_emb_vision)
+    called = re.search(r"\b(apply_rotary_pos_emb\w*)\(", _source(type(module).forward))
     try:
-        apply = inspect.getsource(modeling.apply_rotary_pos_emb)
+        apply = inspect.getsource(getattr(modeling, called.group(1) if called else "apply_rotary_pos_emb"))
     except (AttributeError, OSError, TypeError):
         apply = "rotate_half("
     # gpt-oss: _apply_rotary_emb; GPT-J and CodeGen on transformers 5.0: rotate_every_two
@@ -295,7 +315,8 @@ def _rope_theta(module: nn.Module) -> float | None:
 _MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_states")
 #: the arguments the generic call provides (or leaves at their defaults)
 _PROVIDED = {"hidden_states", "query", "key", "value", "attention_mask", "position_embeddings", "position_ids",
-             "layer_idx", "cache", "past_key_values", "past_key_value", "kwargs", *_MEMORY_ARGS}
+             "layer_idx", "cache", "past_key_values", "past_key_value", "kwargs", "cu_seqlens", "max_seqlen",
+             *_MEMORY_ARGS}
 #: q/k norm attributes, as pairs
 _NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
 
@@ -542,10 +563,22 @@ def hf_causes(module: nn.Module) -> list[str]:
     return causes
 
 
+def _positions_optional(cls: Any) -> bool:
+    """``forward``'s ``position_embeddings`` defaults to None and its code tests for None (DETR: sine embeddings its
+    model adds to the query and key inputs; without them the class is plain attention)."""
+    signature = inspect.signature(cls.forward).parameters
+    return ("position_embeddings" in signature and signature["position_embeddings"].default is None
+            and re.search(r"position_embeddings is (not )?None", _source(cls.forward)) is not None)
+
+
 def hf_notes(module: nn.Module) -> list[str]:
     """True behaviours of the class, as its model calls it, that pass the audit but a user should know."""
     notes = []
-    if ("position_embeddings" in inspect.signature(type(module).forward).parameters
+    signature = inspect.signature(type(module).forward).parameters
+    if "position_embeddings" in signature and _rotary_class(module) is None and _positions_optional(type(module)):
+        notes.append("forward takes optional position_embeddings and its module has no rotary class (DETR-style "
+                     "embeddings added to the inputs): audited with none passed, so what they add is not tested")
+    elif ("position_embeddings" in signature
             and hf_spec(module).rotary is None and not _heads_as_positions(type(module))):
         notes.append("forward takes position_embeddings and ignores them with this config (audited without "
                      "positions)")
@@ -570,7 +603,9 @@ def hf_limits(module: nn.Module) -> list[str]:
     not audited: its FAILs would be about the reference, not the class)."""
     config = getattr(module, "config", None)
     limits = []
-    uses_rotary = "position_embeddings" in inspect.signature(type(module).forward).parameters
+    signature = inspect.signature(type(module).forward).parameters
+    # a packed (cu_seqlens) encoder is given the audit's own 1-D tables: its config's rope type is not read
+    uses_rotary = "position_embeddings" in signature and "cu_seqlens" not in signature
     kind = _rope_type(module)
     if uses_rotary and kind not in _STATIC_ROPE and _mrope(module) != _AXIAL:
         limits.append(f"rope_type {kind!r} (" + ("frequencies recomputed from each call's length"
@@ -678,8 +713,11 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     mask_arg = next((n for n in ("attention_mask", "mask") if n in signature), "attention_mask")
     # ViT on transformers 5.0 takes forward(hidden_states), BLIP's vision attention (hidden_states, **kwargs) and
     # never reads a mask: audited without masks, as its model calls it (a mask passed would be ignored silently)
-    takes_mask = mask_arg in signature or (any(p.kind is p.VAR_KEYWORD for p in signature.values())
-                                           and mask_arg in _source(cls.forward))
+    # the vision and audio encoders of Qwen2-VL and its kin take one packed sequence ``(total, e)`` cut by
+    # ``cu_seqlens`` (each image attends within itself): a batch of b sequences of t tokens is b pieces of t
+    packed = "cu_seqlens" in signature and signature["cu_seqlens"].default is inspect.Parameter.empty
+    takes_mask = not packed and (mask_arg in signature or (any(p.kind is p.VAR_KEYWORD for p in signature.values())
+                                                          and mask_arg in _source(cls.forward)))
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
     unknown = [n for n, p in signature.items() if n != "self" and n not in _PROVIDED
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
@@ -691,21 +729,26 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # transformers 5.0 with their sinusoid table (the embed_positions buffer)
     internal = "position_ids" in signature and (isinstance(getattr(module, "rotary_emb", None), nn.Module)
                                                 or isinstance(getattr(core, "embed_positions", None), Tensor))
-    rotary_class = _rotary_class(module) if takes_rotary else None
-    if takes_rotary and rotary_class is None:
+    rotary_class = _rotary_class(module) if takes_rotary and not packed else None
+    if takes_rotary and rotary_class is None and _positions_optional(cls):
+        takes_rotary = False  # DETR's sine embeddings, added to the query and key inputs: audited with none
+    if takes_rotary and rotary_class is None and not packed:
         raise AuditUsageError(f"{cls.__qualname__}: forward takes position_embeddings but its module has no rotary "
                               f"embedding class")
+    if packed:  # the audit makes the tables (the model's image-grid builder is not tested)
+        rotary_class, mrope = None, None
     rotary_forward: Any = getattr(rotary_class, "forward", None)
     if rotary_class is not None and len(inspect.signature(rotary_forward).parameters) < 3:
         raise AuditUsageError(f"{cls.__qualname__}: its rotary class {rotary_class.__name__} takes no positions "
                               f"(forward(x): an image-grid rotary), which the audit's 1-D positions do not describe")
     heads = _heads_as_positions(cls)
     cache_arg = next((n for n in ("cache", "past_key_values", "past_key_value") if n in signature), None)
-    theta = _rope_theta(core)
+    theta = _PACKED_THETA if packed and takes_rotary else _rope_theta(core)
     if theta is None and (rotary_class is not None or internal):
         theta = _literal_theta(rotary_class.__module__ if rotary_class is not None else _modeling(cls).__name__)
     source = _source(cls.forward)
     residual = False  # decided below, once the module can be called
+    packed_rows: list[bool] = []  # a packed call's input has a leading axis of 1 (decided by the first call)
 
     def positions(x: Tensor, offset: int) -> dict[str, Tensor]:
         """``cache_position``, for a forward that reads it (T5 on transformers 5.0: the length of its bias)."""
@@ -715,9 +758,40 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         """The module's output (the first of a tuple); a block's residual and Add & Norm bypassed."""
         if residual:
             bypass_norms(m, layout.norms)
+        if packed:
+            b, t = x.shape[0], x.shape[1]
+            kwargs["cu_seqlens"] = torch.arange(0, (b + 1) * t, t, dtype=torch.int32)
+            if "max_seqlen" in signature:
+                kwargs["max_seqlen"] = t
+            flat = rearrange(x, "b t e -> (b t) e")
+            if not packed_rows:  # (total, e), as Qwen2-VL's encoder takes it, or (1, total, e) (HunYuan-VL's)
+                try:
+                    m(flat, *args, **kwargs)
+                    packed_rows.append(False)
+                except Exception:
+                    packed_rows.append(True)
+            out = m(flat[None] if packed_rows[0] else flat, *args, **kwargs)
+            rows: Tensor = out[0] if isinstance(out, tuple) else out
+            unpacked: Tensor = rearrange(rows, "o (b t) e -> (o b) t e" if packed_rows[0] else "(b t) e -> b t e",
+                                         b=b)
+            return unpacked
         out = m(x, *args, **kwargs)
         result: Tensor = out[0] if isinstance(out, tuple) else out
         return result - x if residual else result
+
+    def packed_rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+        """1-D rotary tables ``(b t, d)`` for a packed call: positions offset.. in each sequence, base
+        :data:`_PACKED_THETA`, paired as the modeling module's rotate function pairs."""
+        heads = int(resolve(m, layout.num_heads, cls.__name__))
+        d = (int(resolve(m, layout.head_dim, cls.__name__)) if layout.head_dim
+             else int(m.get_submodule(layout.qkv or layout.q or "").weight.shape[0]) // (3 if layout.qkv else 1)
+             // heads)
+        angles = torch.arange(offset, offset + x.shape[1], dtype=torch.float64)[:, None] * _PACKED_THETA ** (
+            -torch.arange(0, d, 2, dtype=torch.float64) / d)
+        emb = (torch.cat([angles, angles], dim=-1) if _rotary_style(m) == "half"
+               else repeat(angles, "t f -> t (f two)", two=2))
+        tables = repeat(emb, "t d -> (b t) d", b=x.shape[0])
+        return tables.cos().to(x.dtype), tables.sin().to(x.dtype)
 
     def rotary(m: Any, x: Tensor, offset: int) -> Any:
         assert rotary_class is not None
@@ -740,7 +814,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     def call(m: Any, x: Tensor, mask: Tensor | None, offset: int, cache: Any = None) -> Tensor:
         kwargs: dict[str, Any] = {mask_arg: mask} if takes_mask else {}
         if takes_rotary:
-            kwargs["position_embeddings"] = rotary(m, x, offset)
+            kwargs["position_embeddings"] = packed_rotary(m, x, offset) if packed else rotary(m, x, offset)
         elif "position_embeddings" in signature:  # required but unused by this layer (Flint's full-attention layers)
             kwargs["position_embeddings"] = None
         if "position_ids" in signature:
@@ -754,10 +828,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
 
     def window_keep(m: Any, keep: Tensor, t: int, s: int) -> Tensor:
         window = getattr(m, "sliding_window", None)
-        if window is None:
-            return keep
-        positions = torch.arange(s - t, s)[:, None]
-        return keep & (torch.arange(s)[None] > positions - int(window))
+        return keep if window is None else keep & window_mask(t, s, int(window))
 
     def mask_for(m: Any, x: Tensor, s: int, keep: Tensor | None, is_causal: bool) -> Tensor:
         b, t = x.shape[0], x.shape[1]
@@ -806,6 +877,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         length, offset = cache.get_mask_sizes(1, layer)
         keys = torch.arange(offset, offset + length)
         window = getattr(m, "sliding_window", None)
+        # window_mask's edge for the one query at position i, over keys offset.. of the cache (not 0..i)
         keep = keys <= i if window is None else (keys <= i) & (keys > i - int(window))
         return additive_mask(keep[None, None, None].expand(x.shape[0], 1, 1, length), x.dtype)
 

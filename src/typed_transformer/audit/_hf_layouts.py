@@ -23,15 +23,16 @@ from torch import Tensor, nn
 
 from ._core import AuditUsageError
 
-_Q = ("q_proj", "query", "q", "q_lin", "to_q")
-_K = ("k_proj", "key", "k", "k_lin", "to_k")
-_V = ("v_proj", "value", "v", "v_lin", "to_v")
-_FUSED = ("qkv_proj", "c_attn", "Wqkv", "qkv", "in_proj")
-_OUT = ("o_proj", "out_proj", "o", "out_lin", "c_proj", "Wo", "dense", "proj", "to_out", "projection")
+_Q = ("q_proj", "query", "q", "q_lin", "to_q", "query_proj", "linear_q", "project_q", "Wq")
+_K = ("k_proj", "key", "k", "k_lin", "to_k", "key_proj", "linear_k", "project_k", "Wk")
+_V = ("v_proj", "value", "v", "v_lin", "to_v", "value_proj", "linear_v", "project_v", "Wv")
+_FUSED = ("qkv_proj", "c_attn", "Wqkv", "qkv", "in_proj", "qkv_linear", "att_proj")
+_OUT = ("o_proj", "out_proj", "o", "out_lin", "c_proj", "Wo", "dense", "proj", "to_out", "projection", "output",
+        "linear_out", "attention_out", "proj_out")
 #: a sibling module that holds the output projection (BERT's ``output``: ``BertSelfOutput.dense``)
 _OUTPUT_MODULES = ("output",)
 _HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head")
-_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
+_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "kv_heads")
 _HEAD_DIM = ("head_dim", "attention_head_size", "key_value_proj_dim", "head_size", "dim_per_head")
 _SCALE = ("scaling", "scale", "inv_norm_factor")
 
@@ -79,6 +80,15 @@ def _projection(module: Any, name: str) -> bool:
     return isinstance(getattr(module, name, None), nn.Module) and isinstance(weight, Tensor) and weight.ndim == 2
 
 
+def _path(module: Any, name: str) -> str | None:
+    """``name`` when ``module.name`` is a projection; ``name.linear`` when it wraps one (Moshi's ``MoshiLinear``,
+    Gemma 4's ``Gemma4ClippableLinear``: an ``nn.Linear`` in a child named ``linear``); else None."""
+    if _projection(module, name):
+        return name
+    inner = getattr(module, name, None)
+    return f"{name}.linear" if isinstance(inner, nn.Module) and _projection(inner, "linear") else None
+
+
 def _first(module: Any, names: tuple[str, ...], kind: type | tuple[type, ...]) -> str | None:
     return next((n for n in names if isinstance(getattr(module, n, None), kind)
                  and not isinstance(getattr(module, n), bool)), None)
@@ -86,7 +96,7 @@ def _first(module: Any, names: tuple[str, ...], kind: type | tuple[type, ...]) -
 
 def _output(module: nn.Module, core: nn.Module, prefix: str, used: set[str]) -> str | None:
     """The output projection: in the core, then in the module beside it, then in a sibling output module."""
-    own = next((n for n in _OUT if n not in used and _projection(core, n)), None)
+    own = next((p for n in _OUT if n not in used and (p := _path(core, n)) is not None), None)
     if own is not None:
         return prefix + own
     if prefix:
@@ -102,20 +112,25 @@ def _output(module: nn.Module, core: nn.Module, prefix: str, used: set[str]) -> 
 
 
 def _sizes(core: Any, prefix: str) -> tuple[str, str | None, str | None, float | str | None]:
+    """Head counts: the module's own attribute first (what its constructor chose: Inkling's sliding layers and Dia's
+    cross-attention read prefixed config fields, GPT-BigCode's ``kv_heads`` is 1 with ``multi_query``), then the
+    config's."""
     config = getattr(core, "config", None)
-    if isinstance(getattr(config, "num_attention_heads", None), int):
+    own = _first(core, _HEADS, int)
+    if own is not None:
+        heads = prefix + own
+    elif isinstance(getattr(config, "num_attention_heads", None), int):
         heads = prefix + "config.num_attention_heads"
     else:
-        own = _first(core, _HEADS, int)
-        if own is None:
-            raise AuditUsageError(f"{type(core).__qualname__}: no head count (none of {', '.join(_HEADS)}, no "
-                                  f"config.num_attention_heads)")
-        heads = prefix + own
-    if getattr(config, "num_key_value_heads", None):
-        kv: str | None = prefix + "config.num_key_value_heads"
+        raise AuditUsageError(f"{type(core).__qualname__}: no head count (none of {', '.join(_HEADS)}, no "
+                              f"config.num_attention_heads)")
+    own_kv = _first(core, _KV_HEADS, int)
+    if own_kv is not None:
+        kv: str | None = prefix + own_kv
+    elif getattr(config, "num_key_value_heads", None):
+        kv = prefix + "config.num_key_value_heads"
     else:
-        own_kv = _first(core, _KV_HEADS, int)
-        kv = None if own_kv is None else prefix + own_kv
+        kv = None
     head_dim = _first(core, _HEAD_DIM, int)
     scale: float | str | None = _first(core, _SCALE, (float, int))
     if scale is None and hasattr(core, "has_relative_attention_bias"):
@@ -168,7 +183,7 @@ def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (No
         AuditUsageError: no query/key/value projections under the known names.
     """
     for prefix, core in [("", module)] + [(f"{n}.", c) for n, c in module.named_children()]:  # noqa: B007
-        q, k, v = (next((n for n in names if _projection(core, n)), None) for names in (_Q, _K, _V))
+        q, k, v = (next((p for n in names if (p := _path(core, n)) is not None), None) for names in (_Q, _K, _V))
         fused = None if q and k and v else next((n for n in _FUSED if _projection(core, n)), None)
         if (q and k and v) or fused:
             break
@@ -176,10 +191,12 @@ def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (No
         raise AuditUsageError(f"{type(module).__qualname__}: no query/key/value projections (looked for "
                               f"{'/'.join(_Q)}, {'/'.join(_K)}, {'/'.join(_V)} or a fused {'/'.join(_FUSED)}, in "
                               f"the class and its children)")
-    used = {n for n in (q, k, v, fused) if n}
+    used = {n.split(".")[0] for n in (q, k, v, fused) if n}
     out = _output(module, core, prefix, used)
     heads, kv, head_dim, scale = _sizes(core, prefix)
-    first = getattr(core, fused or q or "")
+    if kv is not None and kv.endswith("config.num_key_value_heads") and q and k and _width(core, q) == _width(core, k):
+        kv = None  # a config field the class never reads (Whisper-like audio encoders): keys as wide as queries
+    first = core.get_submodule(fused or q or "")
     groups = _mp_num(core) if fused is not None else None
     return Layout(prefix, None if fused else prefix + str(q), None if fused else prefix + str(k),
                   None if fused else prefix + str(v), prefix + fused if fused else None, out,
@@ -187,6 +204,13 @@ def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (No
                   relative_bias=isinstance(getattr(core, "relative_attention_bias", None), nn.Embedding),
                   norms=_norms(module, prefix, qk_norms),
                   weights=_codegen_weights(prefix, str(fused), out, groups) if groups else None)
+
+
+def _width(core: Any, name: str) -> int:
+    """The number of outputs of the projection ``core.name`` (``nn.Linear`` and ``Conv1D`` alike)."""
+    projection = core.get_submodule(name)
+    weight: Tensor = projection.weight
+    return int(weight.shape[1] if type(projection).__name__ == "Conv1D" else weight.shape[0])
 
 
 def _mp_num(core: Any) -> int | None:

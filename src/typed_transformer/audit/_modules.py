@@ -17,7 +17,7 @@ from einops import einsum, rearrange, repeat
 from jaxtyping import Bool, Float, Float64
 from torch import Tensor, nn
 
-from ..masks import merge_causal
+from ..masks import merge_causal, window_mask
 from ..positions import alibi_slopes
 from ..shapecheck import shape_checked, typechecked
 from ._core import (
@@ -793,8 +793,7 @@ class ModuleAdapter:
             return keep, is_causal
         keep = effective_keep(keep, is_causal, t, s, self.conventions)
         if self.window is not None:
-            positions = torch.arange(s - t, s)[:, None]
-            inside = (torch.arange(s)[None] > positions - self.window)[None, None]
+            inside = window_mask(t, s, self.window)[None, None]
             keep = inside if keep is None else keep & inside
         if w.extra_k is not None and keep is not None:
             keep = torch.cat([keep, keep.new_ones(*keep.shape[:-1], w.extra_k.shape[0])], dim=-1)
@@ -854,8 +853,7 @@ class ModuleAdapter:
         if self.weights.extra_k is not None:
             return torch.ones(example.b, example.t, 1, dtype=torch.bool)
         if self.window is not None:
-            positions = torch.arange(example.s - example.t, example.s)[:, None]
-            keep = keep & (torch.arange(example.s)[None] > positions - self.window)
+            keep = keep & window_mask(example.t, example.s, self.window)
         return rearrange(keep.any(dim=-1).all(dim=1).expand(example.b, example.t), "b t -> b t 1")
 
     def decode(self, ins: ModuleInputs, dtype: torch.dtype) -> CandidateOutput | None:

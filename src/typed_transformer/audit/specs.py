@@ -337,7 +337,8 @@ def _t5_bias(m: Any, t: int, s: int) -> Tensor:
                               "has_relative_attention_bias=True) (later T5 layers reuse the first layer's bias)")
     # written out from the embedding table (not through compute_bias, the code audited): key j - query p, bucketed
     relative = torch.arange(s)[None, :] - torch.arange(s - t, s)[:, None]
-    buckets = m._relative_position_bucket(relative, bidirectional=not m.is_decoder,
+    # Pix2Struct's text attention has no is_decoder: a decoder, its compute_bias one-directional
+    buckets = m._relative_position_bucket(relative, bidirectional=not getattr(m, "is_decoder", True),
                                           num_buckets=m.relative_attention_num_buckets,
                                           max_distance=m.relative_attention_max_distance)
     table: Tensor = m.relative_attention_bias.weight.detach().double()

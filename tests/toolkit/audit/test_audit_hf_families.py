@@ -63,7 +63,7 @@ def test_the_block_s_norm_and_residual_are_bypassed_not_ignored() -> None:
 
     spec = hf_spec(BertAttention)
     assert (spec.q, spec.k, spec.v, spec.out) == ("self.query", "self.key", "self.value", "output.dense")
-    assert spec.num_heads == "self.config.num_attention_heads"
+    assert spec.num_heads == "self.num_attention_heads"  # the module's own count first, then its config's
 
 
 def test_gpt2_conv1d_used_untransposed_fails() -> None:

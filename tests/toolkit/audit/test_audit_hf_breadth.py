@@ -1,0 +1,83 @@
+"""More Hugging Face layouts audited with zero lines of spec: packed (``cu_seqlens``) vision and audio encoders,
+DETR's optional position embeddings, config fields a class never reads, head counts the module chose itself,
+projections wrapped in a module of their own, and Pix2Struct's T5-like text attention; a planted bug in the packed
+form failing."""
+
+import importlib
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from typed_transformer.audit import AuditUsageError, audit_module
+from typed_transformer.audit._hf import hf_build, hf_limits, hf_notes, hf_spec
+from typed_transformer.audit._modules import spec_weights
+from typed_transformer.strategies import randomize_parameters
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+
+QUICK: dict[str, Any] = {"budget": "quick", "max_examples": 3, "dtypes": (torch.float32,), "seed": 0}
+
+
+def _class(model: str, name: str) -> type:
+    return getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("model", "name", "h", "g", "rotary"), [
+    ("qwen2_5_vl", "Qwen2_5_VLVisionAttention", 4, 4, "half"),  # fused qkv, (total, e), its vision rotate_half
+    ("glm4v", "Glm4vVisionAttention", 4, 4, "half"),  # text rotary interleaved, vision rotary half
+    ("qwen3_omni_moe", "Qwen3OmniMoeAudioAttention", 4, 4, None),  # no rotary
+    ("minicpm_ocr", "MiniCPMOcrVisionAttention", 4, 4, None),  # a leading axis of 1: (1, total, e)
+    ("detr", "DetrSelfAttention", 4, 4, None),  # position_embeddings optional, added to the inputs
+    ("detr", "DetrCrossAttention", 4, 4, None),
+    ("voxtral", "VoxtralAttention", 4, 4, None),  # config.num_key_value_heads = 2, never read: keys as wide
+    ("gpt_bigcode", "GPTBigCodeAttention", 4, 1, None),  # its own kv_heads (multi_query), not the config's
+    ("dia", "DiaCrossAttention", 4, 2, None),  # sizes read from cross_* config fields
+    ("pix2struct", "Pix2StructTextAttention", 4, 4, None),  # d_kv, a Linear named output, a decoder's bias
+    ("moshi", "MoshiAttention", 4, 2, "half"),  # projections wrapped in MoshiLinear(.linear)
+    ("bark", "BarkSelfAttention", 4, 4, None),  # fused att_proj
+])
+def test_more_layouts_pass_with_zero_lines(model: str, name: str, h: int, g: int, rotary: str | None) -> None:
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    spec = hf_spec(module)
+    weights = spec_weights(module, spec)
+    assert (weights.h, weights.g) == (h, g)
+    assert (spec.rotary.style if spec.rotary else None) == rotary
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    if rotary:
+        assert report.status("rope") == "PASS"
+    assert hf_limits(module) == []
+
+
+def test_a_packed_encoder_that_attends_across_its_pieces_fails() -> None:
+    """Each image of a packed call attends within itself: one that ignores ``cu_seqlens`` (one piece of every
+    token) mixes the batch's sequences, and the audit says so."""
+    base = _class("qwen3_omni_moe", "Qwen3OmniMoeAudioAttention")
+
+    class Leaky(base):  # type: ignore[misc, valid-type]
+        def forward(self, hidden_states: Tensor, cu_seqlens: Tensor, **kwargs: Any) -> Any:
+            whole = torch.tensor([0, hidden_states.shape[0]], dtype=cu_seqlens.dtype)
+            return super().forward(hidden_states, whole, **kwargs)
+
+    Leaky.__module__ = base.__module__  # read as the Hugging Face class it derives from
+    module = randomize_parameters(hf_build(base), 0)
+    module.__class__ = Leaky
+    report = audit_module(module, hf_spec(module), **QUICK)
+    assert report.status("batch_independence") == "FAIL"
+    assert report.status("reference") == "FAIL"
+
+
+def test_detr_s_position_embeddings_are_named_as_not_tested() -> None:
+    module = hf_build(_class("detr", "DetrSelfAttention"))
+    assert any("not tested" in note for note in hf_notes(module))
+
+
+def test_a_forward_that_needs_its_position_embeddings_is_still_refused() -> None:
+    """Sapiens2 defaults ``position_embeddings`` to None but unpacks it unconditionally (an image-grid rotary the
+    audit does not make): refused, not audited without positions."""
+    module = hf_build(_class("sapiens2", "Sapiens2Attention"))
+    with pytest.raises(AuditUsageError, match="no rotary embedding class"):
+        hf_spec(module)
