@@ -227,11 +227,19 @@ def _rotary_class(module: nn.Module) -> type | None:
             continue
         found = [obj for name, obj in vars(importlib.import_module(base.__module__)).items()
                  if isinstance(obj, type) and name.endswith("RotaryEmbedding") and issubclass(obj, nn.Module)]
-        # the text model's rotary class (a vision one is named for vision)
-        found.sort(key=lambda c: ("Vision" in c.__name__ or "Audio" in c.__name__, len(c.__name__)))
+        # the rotary class of the class's own tower (vision, audio or text, by name); a text class never takes a
+        # vision or audio one (Exaone 4.5's text attention: its base class's module has the text rotary)
+        kind = _tower(type(module).__name__)
+        found = sorted((c for c in found if not _tower(c.__name__) or kind),
+                       key=lambda c: (_tower(c.__name__) != kind, len(c.__name__)))
         if found:
             return found[0]
     return None
+
+
+def _tower(name: str) -> str:
+    """The tower a class's name says it belongs to: ``"Vision"``, ``"Audio"``, or ``""`` (text)."""
+    return next((kind for kind in ("Vision", "Audio") if kind in name), "")
 
 
 def _rotate_source(module: nn.Module) -> str:
@@ -262,9 +270,12 @@ def _input_width(module: nn.Module, layout: Layout) -> int:
 
 def _decodes(core: Any) -> bool:
     """Whether token-by-token decoding describes the class: not T5's bidirectional relative bias (an encoder's:
-    the bias of a key after the query differs from the one before, and decoding sees only keys before)."""
-    return not (isinstance(getattr(core, "relative_attention_bias", None), nn.Module)
-                and not getattr(core, "is_decoder", False))
+    the bias of a key after the query differs from the one before, and decoding sees only keys before), nor an
+    encoder's attention that takes a cache argument it was never built for (Dots3Note's audio attention updates the
+    cache at ``self.layer_idx``, which its constructor never sets: its model never passes one)."""
+    unbuilt = "self.layer_idx" in _source(type(core).forward) and not hasattr(core, "layer_idx")
+    return not unbuilt and not (isinstance(getattr(core, "relative_attention_bias", None), nn.Module)
+                                and not getattr(core, "is_decoder", False))
 
 
 def _rotary_fraction(module: nn.Module) -> float:
@@ -314,8 +325,12 @@ def _rope_theta(module: nn.Module) -> float | None:
 #: the second argument that makes a class cross-attention over one memory tensor (keys and values from it)
 _MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_states")
 #: the arguments the generic call provides (or leaves at their defaults)
+#: the first three forward parameters of a class that takes queries, keys and values as separate inputs
+_SEPARATE = {("query", "key", "value"), ("queries", "keys", "values"), ("q", "k", "v"),
+             ("query_tensor", "key_tensor", "value_tensor")}
 _PROVIDED = {"hidden_states", "query", "key", "value", "attention_mask", "position_embeddings", "position_ids",
              "layer_idx", "cache", "past_key_values", "past_key_value", "kwargs", "cu_seqlens", "max_seqlen",
+             *(name for names in _SEPARATE for name in names),
              *_MEMORY_ARGS}
 #: q/k norm attributes, as pairs
 _NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
@@ -560,6 +575,12 @@ def hf_causes(module: nn.Module) -> list[str]:
                       "then adds the attention mask: a query row whose keys are all masked averages the values of "
                       "the keys left finite (the masked earlier keys, the unmasked later ones; min + min overflows "
                       "to -inf) instead of what a fully masked row gives; rows with an allowed key are exact")
+    eager = _source(getattr(_modeling(type(module)), "eager_attention_forward", None))
+    body = eager.split(")", 1)[-1].split(":", 1)[-1] if eager else ""
+    if eager and "attention_mask" not in re.sub(r'""".*?"""|#[^\n]*', "", body, flags=re.S) and (
+            "eager_attention_forward" in _source(type(module).forward)):
+        causes.append("its modeling module's eager_attention_forward takes attention_mask and never applies it: "
+                      "under eager attention every mask (padding, causal) is ignored")
     return causes
 
 
@@ -627,6 +648,12 @@ def hf_limits(module: nn.Module) -> list[str]:
     for name, child in module.named_children():
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity):
             limits.append(f"submodule {name!r} ({type(child).__name__}) the spec does not read")
+    # parameters of the class itself (SAM's decomposed relative positions rel_pos_h and rel_pos_w)
+    own = {"sinks"} if _sinks(module) is not None else set()
+    if _differential(module) is not None:
+        own |= {n for n, _ in module.named_parameters(recurse=False) if n.startswith("lambda")}
+    limits += [f"parameter {name!r} the spec does not read" for name, _ in module.named_parameters(recurse=False)
+               if name not in own]
     return limits
 
 
@@ -708,7 +735,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         q_norm, k_norm = (None if n is None else layout.core + n for n in _norm_paths(core))
     signature = inspect.signature(cls.forward).parameters
     params = list(signature)[1:]
-    separate = params[:3] == ["query", "key", "value"]
+    separate = tuple(params[:3]) in _SEPARATE
     memory_arg = _memory_arg(module, core, signature, cross)
     mask_arg = next((n for n in ("attention_mask", "mask") if n in signature), "attention_mask")
     # ViT on transformers 5.0 takes forward(hidden_states), BLIP's vision attention (hidden_states, **kwargs) and
@@ -716,8 +743,11 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # the vision and audio encoders of Qwen2-VL and its kin take one packed sequence ``(total, e)`` cut by
     # ``cu_seqlens`` (each image attends within itself): a batch of b sequences of t tokens is b pieces of t
     packed = "cu_seqlens" in signature and signature["cu_seqlens"].default is inspect.Parameter.empty
+    # a mask through **kwargs: the forward reads the name as a variable, not only as a keyword it passes on
+    # (BLIP-2's attention_interface(..., attention_mask=None, **kwargs), SAM's attention_mask=attention_similarity)
+    read = re.search(rf"(?<![\w.]){mask_arg}\b(?!\s*=[^=])", _source(cls.forward).split(")", 1)[-1]) is not None
     takes_mask = not packed and (mask_arg in signature or (any(p.kind is p.VAR_KEYWORD for p in signature.values())
-                                                          and mask_arg in _source(cls.forward)))
+                                                          and read))
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
     unknown = [n for n, p in signature.items() if n != "self" and n not in _PROVIDED
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
@@ -749,6 +779,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     source = _source(cls.forward)
     residual = False  # decided below, once the module can be called
     packed_rows: list[bool] = []  # a packed call's input has a leading axis of 1 (decided by the first call)
+    point_axis: list[bool] = []  # the input has a second axis of 1 (decided by the first call that runs)
 
     def positions(x: Tensor, offset: int) -> dict[str, Tensor]:
         """``cache_position``, for a forward that reads it (T5 on transformers 5.0: the length of its bias)."""
@@ -775,8 +806,25 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             unpacked: Tensor = rearrange(rows, "o (b t) e -> (o b) t e" if packed_rows[0] else "(b t) e -> b t e",
                                          b=b)
             return unpacked
-        out = m(x, *args, **kwargs)
+        if point_axis == [True]:  # SAM's (b, points, t, e) tokens: one point
+            lifted = [a[:, None] if isinstance(a, Tensor) and a.ndim == 3 else a for a in args]
+            memory = {n: a[:, None] for n, a in kwargs.items() if n in _MEMORY_ARGS and isinstance(a, Tensor)}
+            out = m(x[:, None], *lifted, **{**kwargs, **memory})
+            point: Tensor = (out[0] if isinstance(out, tuple) else out)[:, 0]
+            return point - x if residual else point
+        try:
+            out = m(x, *args, **kwargs)
+        except ValueError as err:  # (b, t, e) unpacked as four axes: SAM's point batch, or its image (b, h, w, e)
+            if point_axis or "expected 4, got 3" not in str(err):
+                raise
+            point_axis.append(True)
+            return invoke(m, x, *args, **kwargs)
         result: Tensor = out[0] if isinstance(out, tuple) else out
+        if not point_axis and result.ndim == x.ndim + 1:  # Sam2's: (b, t, e) read as t point batches of 1 token
+            point_axis.append(True)
+            return invoke(m, x, *args, **kwargs)
+        if not point_axis:
+            point_axis.append(False)
         return result - x if residual else result
 
     def packed_rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
@@ -844,12 +892,12 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         if separate:
             assert key is not None
             assert value is not None
-            return invoke(m, x, key, value, **{mask_arg: mask_for(m, x, key.shape[1], keep, is_causal)},
-                          **positions(x, 0))
+            masks = {mask_arg: mask_for(m, x, key.shape[1], keep, is_causal)} if takes_mask else {}
+            return invoke(m, x, key, value, **masks, **positions(x, 0))
         if memory_arg is not None:
             assert key is not None
-            return invoke(m, x, **{memory_arg: key, memory_mask: mask_for(m, x, key.shape[1], keep, is_causal)},
-                          **positions(x, 0))
+            masks = {memory_mask: mask_for(m, x, key.shape[1], keep, is_causal)} if takes_mask else {}
+            return invoke(m, x, **{memory_arg: key}, **masks, **positions(x, 0))
         return call(m, x, mask_for(m, x, x.shape[1], keep, is_causal), 0)
 
     def decode(m: Any, x: Tensor) -> Tensor:

@@ -341,7 +341,14 @@ def config_from_configuration_module(cls: type, module_name: str) -> type | None
 _SIZE_PARAMS = {"embed_dim": "hidden_size", "hidden_size": "hidden_size", "dim": "hidden_size",
                 "d_model": "hidden_size", "embed_size": "hidden_size", "num_heads": "num_attention_heads",
                 "num_attention_heads": "num_attention_heads", "n_heads": "num_attention_heads",
-                "heads": "num_attention_heads"}
+                "heads": "num_attention_heads", "num_key_value_heads": "num_key_value_heads",
+                # an input or output width a constructor takes beside the model's (Sam2's dim_out, SqueezeBERT's
+                # cin): the model's width, as in the layers whose sizes do not change
+                "kv_in_dim": "hidden_size", "dim_out": "hidden_size", "out_size": "hidden_size",
+                "cin": "hidden_size"}
+#: arguments a constructor requires that are not sizes: no dropout, not causal (the audit passes every mask
+#: itself), the first stage
+_PLAIN_PARAMS: dict[str, Any] = {"dropout": 0.0, "attention_dropout": 0.0, "is_causal": False, "stage_idx": 0}
 
 
 def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tuple[list[Any], dict[str, Any]]:
@@ -362,6 +369,8 @@ def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tu
             kwargs[name] = layer
         elif name == "has_relative_attention_bias" or (name in ("is_cross_attention", "is_decoder") and cross):
             kwargs[name] = True
+        elif name in _PLAIN_PARAMS and p.default is p.empty:
+            kwargs[name] = _PLAIN_PARAMS[name]
         elif name == "attention_type" and isinstance(getattr(config, "attention_layers", None), list | tuple):
             kwargs[name] = config.attention_layers[layer]  # GPT-Neo: "global" or "local", per layer
         elif p.default is p.empty and getattr(config, name, None) is not None:

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from typed_transformer.audit import AuditUsageError, audit_module
-from typed_transformer.audit._hf import hf_build, hf_limits, hf_notes, hf_spec
+from typed_transformer.audit._hf import hf_build, hf_causes, hf_limits, hf_notes, hf_spec
 from typed_transformer.audit._modules import spec_weights
 from typed_transformer.strategies import randomize_parameters
 
@@ -37,6 +37,11 @@ def _class(model: str, name: str) -> type:
     ("pix2struct", "Pix2StructTextAttention", 4, 4, None),  # d_kv, a Linear named output, a decoder's bias
     ("moshi", "MoshiAttention", 4, 2, "half"),  # projections wrapped in MoshiLinear(.linear)
     ("bark", "BarkSelfAttention", 4, 4, None),  # fused att_proj
+    ("grounding_dino", "GroundingDinoMultiheadAttention", 4, 4, None),  # forward(queries, keys, values)
+    ("sam", "SamAttention", 4, 4, None),  # (b, points, t, e) tokens; attention_mask=attention_similarity
+    ("sam2", "Sam2Attention", 4, 4, None),  # (b, t, e) read as t point batches: lifted to one point
+    ("blip_2", "Blip2Attention", 4, 4, None),  # passes attention_mask=None on: no mask through **kwargs
+    ("zoedepth", "ZoeDepthMultiheadAttention", 4, 4, None),  # (hidden_size, num_attention_heads, dropout)
 ])
 def test_more_layouts_pass_with_zero_lines(model: str, name: str, h: int, g: int, rotary: str | None) -> None:
     module = randomize_parameters(hf_build(_class(model, name)), 0)
@@ -81,3 +86,40 @@ def test_a_forward_that_needs_its_position_embeddings_is_still_refused() -> None
     module = hf_build(_class("sapiens2", "Sapiens2Attention"))
     with pytest.raises(AuditUsageError, match="no rotary embedding class"):
         hf_spec(module)
+
+
+def test_an_eager_function_that_never_applies_the_mask_is_named_as_the_cause() -> None:
+    """VJEPA2's ``eager_attention_forward`` takes ``attention_mask`` and never reads it: its pooler's FAILs in every
+    masked check are that, named."""
+    module = randomize_parameters(hf_build(_class("vjepa2", "VJEPA2PoolerCrossAttention")), 0)
+    report = audit_module(module, hf_spec(module), conventions="infer", **QUICK)
+    assert report.status("masking") == "FAIL"
+    assert report.status("reference") == "PASS"
+    assert any("never applies it" in cause for cause in hf_causes(module))
+    assert hf_causes(hf_build(_class("llama", "LlamaAttention"))) == []
+
+
+def test_parameters_of_the_class_the_spec_does_not_read_are_named() -> None:
+    """SAM's vision attention adds decomposed relative positions from its own parameters: named, not audited."""
+    module = hf_build(_class("sam", "SamVisionAttention"))
+    assert hf_limits(module) == ["parameter 'rel_pos_h' the spec does not read",
+                                 "parameter 'rel_pos_w' the spec does not read"]
+    assert hf_limits(hf_build(_class("gpt_oss", "GptOssAttention"))) == []  # its sinks are read
+
+
+def test_a_text_class_never_takes_a_vision_rotary_and_a_tower_takes_its_own() -> None:
+    from typed_transformer.audit._hf import _rotary_class
+
+    audio = hf_build(_class("dots3_note", "Dots3NoteAudioAttention"), {"num_key_value_heads": 4})
+    assert "Text" not in getattr(_rotary_class(audio), "__name__", "Text")
+    text = hf_build(_class("exaone4_5", "Exaone4_5_Attention"))
+    assert "Vision" not in getattr(_rotary_class(text), "__name__", "")
+
+
+def test_an_encoder_that_takes_a_cache_it_was_never_built_for_is_not_decoded() -> None:
+    """Dots3Note's audio attention updates a cache at ``self.layer_idx``, which its constructor never sets."""
+    module = randomize_parameters(hf_build(_class("dots3_note", "Dots3NoteAudioAttention"),
+                                           {"num_key_value_heads": 4}), 0)
+    spec = hf_spec(module)
+    assert spec.decode is None
+    assert audit_module(module, spec, conventions="infer", **QUICK).passed
