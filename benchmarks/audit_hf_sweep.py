@@ -51,6 +51,8 @@ NOT_DOT_PRODUCT = {
     "BlockSparse": "block-sparse attention (random and window blocks, not every key)",
     "Assign": "assignment by Gumbel-softmax over slots (GroupViT), not attention over keys",
     "Aggregated": "attention over aggregated (pooled) keys",
+    "ProbSparse": "ProbSparse attention (only the top-u queries by a sampled sparsity score attend; the others take "
+                  "the mean of the values)",
     "AutoformerAttention": "auto-correlation (period discovery by FFT and time-delay aggregation, no softmax over "
                            "query-key products)",
 }

@@ -329,7 +329,7 @@ _MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_st
 _SEPARATE = {("query", "key", "value"), ("queries", "keys", "values"), ("q", "k", "v"),
              ("query_tensor", "key_tensor", "value_tensor")}
 _PROVIDED = {"hidden_states", "query", "key", "value", "attention_mask", "position_embeddings", "position_ids",
-             "layer_idx", "cache", "past_key_values", "past_key_value", "kwargs", "cu_seqlens", "max_seqlen",
+             "layer_idx", "cache", "past_key_values", "past_key_value", "kwargs", "cu_seqlens", "max_seqlen", "height", "width",
              *(name for names in _SEPARATE for name in names),
              *_MEMORY_ARGS}
 #: q/k norm attributes, as pairs
@@ -442,7 +442,7 @@ def _sinks(module: nn.Module) -> str | None:
 _GATE_FORMS = (
     r"(?P<var>\w+) = self\.(?P<proj>g_proj|gate_proj)\(hidden_states\)(\.view\(hidden_shape\))?\n[\s\S]*"
     r"(torch\.sigmoid\((?P=var)\)|(?P=var)\.unsqueeze\(-1\)\.sigmoid\(\))",
-    r"torch\.sigmoid\(self\.(?P<proj>g_proj|gate_proj)\(hidden_states\)\)",
+    r"torch\.sigmoid\(self\.(?P<proj>g_proj|gate_proj)\(hidden_states\)(\.float\(\))?\)",
 )
 
 
@@ -517,9 +517,12 @@ def _latent_layout() -> Layout:
 def _latent_style(module: nn.Module) -> Literal["half", "interleaved"]:
     """The pairing of a latent attention class's rotary features: DeepSeek V2 turns complex pairs
     ``(x[2i], x[2i+1])`` (``view_as_complex``); V3 does when its config's ``rope_interleave`` is set (its output laid
-    out de-interleaved, the same permutation of q and k, which leaves ``q . k`` unchanged), else ``rotate_half``."""
+    out de-interleaved, the same permutation of q and k, which leaves ``q . k`` unchanged), V3.2 always (its forward
+    calls ``apply_rotary_pos_emb_interleave``), else ``rotate_half``."""
     modeling = _source(_modeling(type(module)).__dict__.get("apply_rotary_emb"))
     if "view_as_complex" in modeling and "apply_rotary_emb(" in _library_source(module):
+        return "interleaved"
+    if "apply_rotary_pos_emb_interleave(" in _source(type(module).forward):  # V3.2: always, no config switch
         return "interleaved"
     interleave = getattr(getattr(module, "config", None), "rope_interleave", False)
     return "interleaved" if interleave and "rope_interleave" in _library_source(module) else "half"
@@ -603,6 +606,15 @@ def hf_notes(module: nn.Module) -> list[str]:
             and hf_spec(module).rotary is None and not _heads_as_positions(type(module))):
         notes.append("forward takes position_embeddings and ignores them with this config (audited without "
                      "positions)")
+    ratios = ("sr_ratio", "sequence_reduction_ratio", "sequences_reduction_ratio", "spatial_reduction_ratio")
+    if any(getattr(m, name, None) == 1 for m in module.modules() for name in ratios):
+        notes.append("built with a key reduction ratio of 1, as its model's last stage is (every key): the earlier "
+                     "stages' strided convolution that pools the keys is not tested")
+    topk = getattr(getattr(module, "config", None), "index_topk", None)
+    if isinstance(getattr(module, "indexer", None), nn.Module) and isinstance(topk, int):
+        notes.append(f"DeepSeek sparse attention: its indexer keeps the {topk} best-scored keys of each query; the "
+                     f"audit's sequences are shorter, so every key is kept and it is audited as the dense latent "
+                     f"attention: the selection itself is not tested")
     if _heads_as_positions(type(module)):
         notes.append("its model passes the head index as the rotary position (position_ids = arange(num_heads), "
                      "cos/sin unsqueezed at dim 2): each head is turned by one angle at every position, the turn "
@@ -869,6 +881,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
         if "layer_idx" in signature:
             kwargs["layer_idx"] = getattr(m, "layer_idx", 0)
+        if "height" in signature and "width" in signature:  # an image of one row of t patches (SegFormer)
+            kwargs["height"], kwargs["width"] = 1, x.shape[1]
         kwargs.update(positions(x, offset))
         if cache is not None and cache_arg is not None:
             kwargs[cache_arg] = cache

@@ -26,9 +26,11 @@ from ._core import AuditUsageError
 _Q = ("q_proj", "query", "q", "q_lin", "to_q", "query_proj", "linear_q", "project_q", "Wq")
 _K = ("k_proj", "key", "k", "k_lin", "to_k", "key_proj", "linear_k", "project_k", "Wk")
 _V = ("v_proj", "value", "v", "v_lin", "to_v", "value_proj", "linear_v", "project_v", "Wv")
-_FUSED = ("qkv_proj", "c_attn", "Wqkv", "qkv", "in_proj", "qkv_linear", "att_proj")
+_FUSED = ("qkv_proj", "c_attn", "Wqkv", "qkv", "in_proj", "qkv_linear", "att_proj", "query_key_value")
+#: fused projections laid out per head, ``(h [q k v] d)``: GPT-NeoX's name, kept by Persimmon and GPT-NeoX-Japanese
+_PER_HEAD = ("query_key_value",)
 _OUT = ("o_proj", "out_proj", "o", "out_lin", "c_proj", "Wo", "dense", "proj", "to_out", "projection", "output",
-        "linear_out", "attention_out", "proj_out")
+        "linear_out", "attention_out", "proj_out", "projection_layer")
 #: a sibling module that holds the output projection (BERT's ``output``: ``BertSelfOutput.dense``)
 _OUTPUT_MODULES = ("output",)
 _HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head")
@@ -59,13 +61,16 @@ class Layout:
     norms: tuple[str, ...] = ()
     #: CodeGen: a fused projection laid out per model-parallel group, read by this function instead
     weights: Callable[[Any], Any] | None = None
+    #: how the fused projection's outputs are ordered (:class:`~typed_transformer.audit.ModuleSpec`'s field)
+    qkv_layout: str = "blocks"
 
     def fields(self) -> dict[str, Any]:
         """The :class:`~typed_transformer.audit.ModuleSpec` fields this layout gives."""
         return {"q": self.q, "k": self.k, "v": self.v, "qkv": self.qkv, "out": self.out,
                 "transposed": self.transposed, "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
                 "head_dim": self.head_dim, "scale": self.scale,
-                **({"weights": self.weights} if self.weights is not None else {})}
+                **({"weights": self.weights} if self.weights is not None else {}),
+                **({"qkv_layout": self.qkv_layout} if self.qkv_layout != "blocks" else {})}
 
     def reads(self) -> set[str]:
         """The module's direct children the layout reads (a block's norms, which it bypasses; a norm of the
@@ -203,7 +208,8 @@ def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (No
                   type(first).__name__ == "Conv1D", heads, kv, head_dim, scale,
                   relative_bias=isinstance(getattr(core, "relative_attention_bias", None), nn.Embedding),
                   norms=_norms(module, prefix, qk_norms),
-                  weights=_codegen_weights(prefix, str(fused), out, groups) if groups else None)
+                  weights=_codegen_weights(prefix, str(fused), out, groups) if groups else None,
+                  qkv_layout="heads" if fused in _PER_HEAD else "blocks")
 
 
 def _width(core: Any, name: str) -> int:
@@ -348,7 +354,11 @@ _SIZE_PARAMS = {"embed_dim": "hidden_size", "hidden_size": "hidden_size", "dim":
                 "cin": "hidden_size"}
 #: arguments a constructor requires that are not sizes: no dropout, not causal (the audit passes every mask
 #: itself), the first stage
-_PLAIN_PARAMS: dict[str, Any] = {"dropout": 0.0, "attention_dropout": 0.0, "is_causal": False, "stage_idx": 0}
+_PLAIN_PARAMS: dict[str, Any] = {"dropout": 0.0, "attention_dropout": 0.0, "is_causal": False, "stage_idx": 0,
+                                 # PVT's and SegFormer's key reduction: 1, as their last stage builds it (every key;
+                                 # a ratio above 1 pools the keys with a strided convolution)
+                                 "sequence_reduction_ratio": 1, "sequences_reduction_ratio": 1,
+                                 "spatial_reduction_ratio": 1}
 
 
 def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tuple[list[Any], dict[str, Any]]:
@@ -363,8 +373,12 @@ def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tu
             continue
         if name == "config" or (i == 0 and name not in _SIZE_PARAMS and p.default is p.empty):
             (kwargs.__setitem__(name, config) if name == "config" else args.append(config))
+        elif name == "hidden_size" and getattr(config, "hidden_size", None) is None and isinstance(
+                getattr(config, "hidden_sizes", None), list | tuple):
+            kwargs[name] = int(config.hidden_sizes[0])  # a width per stage (PVT, SegFormer): the first stage's
         elif name in _SIZE_PARAMS and getattr(config, _SIZE_PARAMS[name], None) is not None:
-            kwargs[name] = int(getattr(config, _SIZE_PARAMS[name]))
+            size = getattr(config, _SIZE_PARAMS[name])  # per stage as a list (Swin's, PVT's): the first stage's
+            kwargs[name] = int(size[0] if isinstance(size, list | tuple) else size)
         elif name in ("layer_idx", "layer_id"):
             kwargs[name] = layer
         elif name == "has_relative_attention_bias" or (name in ("is_cross_attention", "is_decoder") and cross):

@@ -447,6 +447,15 @@ def spec_weights(module: Any, spec: ModuleSpec) -> Weights:
     return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, g, d, dv, scale, wg=wg, bg=bg, sinks=sinks)
 
 
+def _full_rank_query(module: Any, lat: Latent) -> Any:
+    """The full-rank query projection of a latent attention module, or None: low-rank (``q_a``/``q_b``), whether the
+    class sets ``q_proj = None`` (DeepSeek V3 with ``q_lora_rank``) or has no such attribute (DeepSeek V3.2)."""
+    try:
+        return resolve(module, lat.q, "latent")
+    except AuditUsageError:
+        return None
+
+
 def latent_weights(module: Any, spec: ModuleSpec) -> Weights:
     """A latent attention module's sizes (``h`` heads of ``nope + rope`` query/key features and ``value`` value
     features, one key/value head per query head) and output projection. Its queries, keys and values are not linear
@@ -456,7 +465,7 @@ def latent_weights(module: Any, spec: ModuleSpec) -> Weights:
     lat, name = spec.latent, spec.name
     h = int(resolve(module, spec.num_heads, name))
     nope, rope, dv, rank = (int(resolve(module, path, name)) for path in (lat.nope, lat.rope, lat.value, lat.rank))
-    q_full = resolve(module, lat.q, name)
+    q_full = _full_rank_query(module, lat)
     wq = (_linear(module, lat.q, spec)[0] if q_full is not None
           else _linear(module, lat.q_b, spec)[0] @ _linear(module, lat.q_a, spec)[0])
     wa, wb = _linear(module, lat.kv_a, spec)[0], _linear(module, lat.kv_b, spec)[0]
@@ -465,8 +474,11 @@ def latent_weights(module: Any, spec: ModuleSpec) -> Weights:
     wo, bo = (None, None) if spec.out is None else _linear(module, spec.out, spec)
     scale = 1.0 / math.sqrt(nope + rope) if spec.scale is None else float(
         spec.scale if isinstance(spec.scale, float | int) else resolve(module, spec.scale, name))
+    # an output gate on a latent module (Ling's BailingHybrid): its projection, as for a linear one
+    wg, bg = (_linear(module, spec.gate.proj, spec) if spec.gate is not None and not spec.gate.in_query
+              and resolve(module, spec.gate.proj, name) is not None else (None, None))
     return Weights(wq, wk, rearrange(kv[:, nope:], "h n e -> (h n) e"), wo, None, None, None, bo, h, h, nope + rope,
-                   dv, scale)
+                   dv, scale, wg=wg, bg=bg)
 
 
 def latent_projections(module: Any, spec: ModuleSpec) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
@@ -476,7 +488,7 @@ def latent_projections(module: Any, spec: ModuleSpec) -> Callable[[Tensor], tupl
     lat, name = spec.latent, spec.name
     h = int(resolve(module, spec.num_heads, name))
     nope, rank = int(resolve(module, lat.nope, name)), int(resolve(module, lat.rank, name))
-    full = resolve(module, lat.q, name) is not None
+    full = _full_rank_query(module, lat) is not None
     layers = {path: _linear(module, path, spec) for path in ((lat.q,) if full else (lat.q_a, lat.q_b))
               + (lat.kv_a, lat.kv_b)}
     kv_norm, q_norm = _norm(module, lat.kv_norm, spec), None if full else _norm(module, lat.q_norm, spec)

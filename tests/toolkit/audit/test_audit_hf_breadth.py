@@ -123,3 +123,35 @@ def test_an_encoder_that_takes_a_cache_it_was_never_built_for_is_not_decoded() -
     spec = hf_spec(module)
     assert spec.decode is None
     assert audit_module(module, spec, conventions="infer", **QUICK).passed
+
+
+@pytest.mark.parametrize(("model", "name"), [
+    ("deepseek_v32", "DeepseekV32Attention"),  # no q_proj attribute; rotary always interleaved; an indexer
+    ("bailing_hybrid", "BailingHybridAttention"),  # latent attention with a per-head output gate
+    ("persimmon", "PersimmonAttention"),  # query_key_value laid out per head
+    ("segformer", "SegformerAttention"),  # forward(hidden_states, height, width), reduction ratio 1
+    ("internvl", "InternVLVisionAttention"),  # the output projection named projection_layer
+])
+def test_latent_gated_per_head_and_staged_layouts_pass(model: str, name: str) -> None:
+    module = randomize_parameters(hf_build(_class(model, name), {"num_key_value_heads": 4}), 0)
+    report = audit_module(module, hf_spec(module), conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+
+
+def test_a_latent_module_whose_gate_is_dropped_fails() -> None:
+    """The reference applies a latent module's output gate: a BailingHybrid whose gate is always open (sigmoid of
+    a large logit, the gate dropped) fails, while the spec reads the gate's real weights."""
+    module = randomize_parameters(hf_build(_class("bailing_hybrid", "BailingHybridAttention"),
+                                           {"num_key_value_heads": 4}), 0)
+    spec = hf_spec(module)
+    assert spec.latent is not None and spec.gate is not None
+    assert audit_module(module, spec, **QUICK).status("reference") == "PASS"
+    heads = module.g_proj.out_features
+    module.g_proj.forward = lambda x: torch.full((*x.shape[:-1], heads), 30.0, dtype=x.dtype)  # type: ignore[method-assign]
+    assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
+
+
+def test_the_dsa_indexer_is_named_as_not_tested() -> None:
+    module = hf_build(_class("deepseek_v32", "DeepseekV32Attention"), {"num_key_value_heads": 4})
+    assert any("selection itself is not tested" in note for note in hf_notes(module))
