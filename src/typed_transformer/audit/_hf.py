@@ -329,7 +329,8 @@ _MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_st
 _SEPARATE = {("query", "key", "value"), ("queries", "keys", "values"), ("q", "k", "v"),
              ("query_tensor", "key_tensor", "value_tensor")}
 _PROVIDED = {"hidden_states", "query", "key", "value", "attention_mask", "position_embeddings", "position_ids",
-             "layer_idx", "cache", "past_key_values", "past_key_value", "kwargs", "cu_seqlens", "max_seqlen", "height", "width",
+             "layer_idx", "cache", "past_key_values", "past_key_value", "kwargs", "cu_seqlens", "max_seqlen", "height",
+             "width",
              *(name for names in _SEPARATE for name in names),
              *_MEMORY_ARGS}
 #: q/k norm attributes, as pairs

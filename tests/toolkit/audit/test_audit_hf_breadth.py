@@ -145,10 +145,12 @@ def test_a_latent_module_whose_gate_is_dropped_fails() -> None:
     module = randomize_parameters(hf_build(_class("bailing_hybrid", "BailingHybridAttention"),
                                            {"num_key_value_heads": 4}), 0)
     spec = hf_spec(module)
-    assert spec.latent is not None and spec.gate is not None
+    assert spec.latent is not None
+    assert spec.gate is not None
     assert audit_module(module, spec, **QUICK).status("reference") == "PASS"
-    heads = module.g_proj.out_features
-    module.g_proj.forward = lambda x: torch.full((*x.shape[:-1], heads), 30.0, dtype=x.dtype)  # type: ignore[method-assign]
+    gate: Any = module.g_proj
+    heads = int(gate.out_features)
+    gate.forward = lambda x: torch.full((*x.shape[:-1], heads), 30.0, dtype=x.dtype)
     assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
 
 
