@@ -286,7 +286,8 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
         "Each class is built from a tiny config of its own config class (4 query heads on 2 key/value heads of size "
         "4, eager attention; wider heads where a partial rotary factor would turn less than one pair, M-RoPE "
         "sections scaled to the tiny head; the same sizes for a config's prefixed and per-layer fields, such as "
-        "`cross_head_dim` or `num_key_value_heads_per_layer`), its parameters randomized, and audited with "
+        "`cross_head_dim` or `num_key_value_heads_per_layer`, and a heterogeneous config's per-layer overrides "
+        "dropped, as Gemma 4's), its parameters randomized, and audited with "
         "`conventions=\"infer\"` "
         f"(float32, 5 examples per check, budget {budget!r}, seed 0). `hf_spec` describes: q/k norms (per head or "
         "over every head, "
@@ -298,7 +299,10 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
         "and audio encoders (`cu_seqlens`: a batch of b sequences is b pieces of one packed call; the rotary "
         "tables are the audit's own, 1-D, since the model's image-grid builder is outside the class), DETR's "
         "optional position embeddings (audited with none: what they add is not tested), head counts the module "
-        "chose itself over its config's, and projections wrapped in a module of their own (`MoshiLinear`). "
+        "chose itself over its config's, projections wrapped in a module of their own (`MoshiLinear`), value "
+        "norms (Gemma 4's `v_norm`), an output gate on latent attention (Ling's), DeepSeek V3.2's sparse latent "
+        "attention (its indexer keeps every key of the audit's short sequences: named as not tested), SAM's "
+        "point-batch tokens and PVT's and SegFormer's stages. "
         "Status letters, in "
         "order: " + ", ".join(f"`{c}`" for c in checks) + " (P pass, F fail, S skip).",
         "",

@@ -119,6 +119,8 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
 
 def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool) -> nn.Module:
     tiny = {**TINY, "num_key_value_heads": TINY["num_attention_heads"]} if _heads_as_positions(cls) else TINY
+    if getattr(config, "is_heterogeneous", False):  # Gemma 4's per-layer overrides: one tiny size for every layer
+        config.per_layer_config = None
     # a size under a prefix (Inkling's swa_num_attention_heads, Dia's cross_head_dim): the same tiny value
     prefixed = {f"{p}_{key}": value for p in _SIZE_PREFIXES for key, value in tiny.items()
                 if key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")}
@@ -134,7 +136,15 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
     _tiny_partial_rotary(config)
     config._attn_implementation = "eager"
     args, kwargs = constructor_arguments(cls, config, _attention_layer(config), cross)
-    module: nn.Module = cls(*args, **kwargs)
+    try:
+        module: nn.Module = cls(*args, **kwargs)
+    except ValueError:
+        types = getattr(config, "layer_types", None)
+        if not isinstance(types, list) or len(types) <= config.num_hidden_layers:
+            raise
+        # one layer of a pattern that needs each layer type once (Gemma 4's key/value sharing): all the layers
+        config.num_hidden_layers = len(types)
+        module = cls(*args, **kwargs)
     return module
 
 
@@ -329,8 +339,8 @@ _MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_st
 _SEPARATE = {("query", "key", "value"), ("queries", "keys", "values"), ("q", "k", "v"),
              ("query_tensor", "key_tensor", "value_tensor")}
 _PROVIDED = {"hidden_states", "query", "key", "value", "attention_mask", "position_embeddings", "position_ids",
-             "layer_idx", "cache", "past_key_values", "past_key_value", "kwargs", "cu_seqlens", "max_seqlen", "height",
-             "width",
+             "layer_idx", "cache", "past_key_values", "past_key_value", "kwargs", "cu_seqlens", "max_seqlen",
+             "shared_kv_states", "height", "width",
              *(name for names in _SEPARATE for name in names),
              *_MEMORY_ARGS}
 #: q/k norm attributes, as pairs
@@ -345,6 +355,13 @@ def _norm_paths(module: nn.Module) -> tuple[str | None, str | None]:
     return None, None
 
 
+def _v_norm(core: nn.Module, prefix: str) -> str | None:
+    """The value norm the class applies (Gemma 3n's and Gemma 4's ``self.v_norm(value_states)``), as a path."""
+    norm = getattr(core, "v_norm", None)
+    applied = "self.v_norm(" in _source(type(core).forward)
+    return prefix + "v_norm" if isinstance(norm, nn.Module) and not isinstance(norm, nn.Identity) and applied else None
+
+
 def _source(obj: Any) -> str:
     try:
         return inspect.getsource(obj)
@@ -357,7 +374,11 @@ def _heads_as_positions(cls: type) -> bool:
     broadcasts cos/sin over the sequence (``unsqueeze_dim=2``): each head is turned by its own angle, the same at
     every position, so the turn cancels in ``q . k`` and the attention carries no position at all."""
     forward: Any = getattr(cls, "forward", None)
-    return "unsqueeze_dim=2" in _source(forward) and "position_ids" not in inspect.signature(forward).parameters
+    source = _source(forward)
+    # Gemma 4 also passes unsqueeze_dim=2, to heads laid out (b, t, h, d) before their transpose: not this
+    transposed_first = re.search(r"\.view\(hidden_shape\)\.transpose\(1, 2\)", source) is not None
+    return ("unsqueeze_dim=2" in source and transposed_first
+            and "position_ids" not in inspect.signature(forward).parameters)
 
 
 def _ignores_rotary(module: nn.Module, call: Callable[..., Tensor], width: int) -> bool:
@@ -657,6 +678,7 @@ def hf_limits(module: nn.Module) -> list[str]:
     latent = [] if _latent(module) is None else [getattr(_LATENT, f) for f in ("q", "q_a", "q_norm", "q_b", "kv_a",
                                                                               "kv_norm", "kv_b")]
     read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module), *latent,
+            _v_norm(module, "") or "",
             *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or ""}
     for name, child in module.named_children():
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity):
@@ -882,6 +904,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
         if "layer_idx" in signature:
             kwargs["layer_idx"] = getattr(m, "layer_idx", 0)
+        if "shared_kv_states" in signature:  # Gemma 4's key/value sharing: a layer that owns its keys and values
+            kwargs["shared_kv_states"] = {}
         if "height" in signature and "width" in signature:  # an image of one row of t patches (SegFormer)
             kwargs["height"], kwargs["width"] = 1, x.shape[1]
         kwargs.update(positions(x, offset))
@@ -971,7 +995,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         build=lambda c, overrides: hf_build(c, overrides, cross=memory_arg is not None),
         position_bias=relative_bias(layout.core) if layout.relative_bias else None,
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
-        q_norm=q_norm, k_norm=k_norm, window=None if window is None else int(window),
+        q_norm=q_norm, k_norm=k_norm, v_norm=_v_norm(core, layout.core),
+        window=None if window is None else int(window),
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None)

@@ -279,6 +279,8 @@ class ModuleSpec:
     window: int | str | None = None
     q_norm: str | None = None
     k_norm: str | None = None
+    #: a norm on each value head (Gemma 3n's and Gemma 4's ``v_norm``, an RMSNorm without a weight), as the q/k norms
+    v_norm: str | None = None
     qkv_layout: Literal["blocks", "heads", "groups"] = "blocks"
     #: the q/k norms apply to the turned queries and keys (HunYuan's order), not before the rotary embedding
     norms_after_rotary: bool = False
@@ -672,7 +674,7 @@ class ModuleAdapter:
             window = resolve(self.original, window, spec.name)  # None: this module has no window
         self.window: int | None = None if window is None else int(window)
         self.norms: dict[str, Callable[[Tensor], Tensor]] = {}
-        for which, path in (("q", spec.q_norm), ("k", spec.k_norm)):
+        for which, path in (("q", spec.q_norm), ("k", spec.k_norm), ("v", spec.v_norm)):
             norm = None if path is None else _norm(self.original, path, spec)
             if norm is not None:
                 self.norms[which] = norm
@@ -745,6 +747,8 @@ class ModuleAdapter:
             q = rearrange(lin(x, w.wq, w.bq), "b t (h d) -> b h t d", h=w.h)
             k = rearrange(lin(key, w.wk, w.bk), "b s (g d) -> b g s d", g=w.g)
             v = rearrange(lin(value, w.wv, w.bv), "b s (g d) -> b g s d", g=w.g)
+        if "v" in self.norms:
+            v = self.norms["v"](v)
         after = self.spec.norms_after_rotary
         if "q" in self.norms and not after:
             q = self.norms["q"](q)

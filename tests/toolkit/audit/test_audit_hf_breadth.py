@@ -157,3 +157,17 @@ def test_a_latent_module_whose_gate_is_dropped_fails() -> None:
 def test_the_dsa_indexer_is_named_as_not_tested() -> None:
     module = hf_build(_class("deepseek_v32", "DeepseekV32Attention"), {"num_key_value_heads": 4})
     assert any("selection itself is not tested" in note for note in hf_notes(module))
+
+
+def test_gemma_4_s_value_norm_is_read_and_dropping_it_fails() -> None:
+    """Gemma 4 normalises each value head (an RMSNorm without a weight) after a heterogeneous config is built
+    homogeneous; its rotary is applied to (b, t, h, d) heads with unsqueeze_dim=2, which is still a rotation."""
+    module = randomize_parameters(hf_build(_class("gemma4", "Gemma4TextAttention")), 0)
+    spec = hf_spec(module)
+    assert spec.v_norm == "v_norm"
+    assert spec.rotary is not None
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    norm: Any = module.v_norm
+    norm.forward = lambda x: x  # the values left unnormalised
+    assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
