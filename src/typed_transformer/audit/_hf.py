@@ -784,7 +784,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     takes_mask = not packed and (mask_arg in signature or (any(p.kind is p.VAR_KEYWORD for p in signature.values())
                                                           and read))
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
-    unknown = [n for n, p in signature.items() if n != "self" and n not in _PROVIDED
+    # the first parameter is the input, passed by position whatever its name (VitDet's hidden_state)
+    unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "") and n not in _PROVIDED
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
         raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
