@@ -269,6 +269,9 @@ def _rotate_source(module: nn.Module) -> str:
 def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
     """``"interleaved"`` when the rotate function the modeling module's ``apply_rotary_pos_emb`` calls pairs even
     and odd features (Cohere's ``rotate_half``, GLM's ``rotate_half_llm``)."""
+    complex_turn = "view_as_complex" in _source(getattr(_modeling(type(module)), "apply_rotary_emb", None))
+    if complex_turn and "apply_rotary_emb(" in _source(type(module).forward):  # Llama 4: complex pairs (2i, 2i+1)
+        return "interleaved"
     return "interleaved" if "::2]" in _rotate_source(module) else "half"
 
 
@@ -282,10 +285,15 @@ def _decodes(core: Any) -> bool:
     """Whether token-by-token decoding describes the class: not T5's bidirectional relative bias (an encoder's:
     the bias of a key after the query differs from the one before, and decoding sees only keys before), nor an
     encoder's attention that takes a cache argument it was never built for (Dots3Note's audio attention updates the
-    cache at ``self.layer_idx``, which its constructor never sets: its model never passes one)."""
+    cache at ``self.layer_idx``, which its constructor never sets: its model never passes one), nor a class that
+    never writes its cache (``.update(``)."""
     unbuilt = "self.layer_idx" in _source(type(core).forward) and not hasattr(core, "layer_idx")
-    return not unbuilt and not (isinstance(getattr(core, "relative_attention_bias", None), nn.Module)
-                                and not getattr(core, "is_decoder", False))
+    methods = (getattr(type(core), n) for n in dir(type(core)) if not n.startswith("__"))
+    own = "".join(_source(f) for f in methods if inspect.isfunction(f) and f.__module__.startswith("transformers."))
+    # a cache the class only reads (DiffusionGemma's decoder: its encoder fills it, append_to_cache never writes)
+    writes = ".update(" in own + _source(type(core).forward)
+    return writes and not unbuilt and not (isinstance(getattr(core, "relative_attention_bias", None), nn.Module)
+                                           and not getattr(core, "is_decoder", False))
 
 
 def _rotary_fraction(module: nn.Module) -> float:
@@ -352,6 +360,12 @@ def _norm_paths(module: nn.Module) -> tuple[str | None, str | None]:
         if all(isinstance(getattr(module, n, None), nn.Module) and not isinstance(getattr(module, n), nn.Identity)
                for n in (q, k)):
             return q, k
+    # one norm for both (Llama 4's weightless qk_norm, after the rotary turn)
+    source = _source(type(module).forward)
+    if (isinstance(getattr(module, "qk_norm", None), nn.Module)  # nothing more (Muse's scale factor is not read)
+            and re.search(r"query_states = self\.qk_norm\(query_states\)\n", source)
+            and re.search(r"key_states = self\.qk_norm\(key_states\)\n", source)):
+        return "qk_norm", "qk_norm"
     return None, None
 
 
@@ -980,7 +994,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         takes_rotary = False  # the config switches it off (Zamba2's use_mem_rope): audited without positions
     self_attention = not separate and memory_arg is None
     window = getattr(core, "sliding_window", None)
-    turn, normed = source.find("apply_rotary_pos_emb("), source.find(f"self.{q_norm}(") if q_norm else -1
+    turn = min((i for i in (source.find("apply_rotary_pos_emb("), source.find("apply_rotary_emb(")) if i >= 0),
+               default=-1)
+    normed = source.find(f"self.{q_norm}(") if q_norm else -1
     v_scale = getattr(module, "v_scale", None)
     # Llama 3's or YaRN's frequencies: read from the module's own rotary class (the default: from the base alone)
     frequencies = (_frequencies(rotary_class, _layer_type(module)) if takes_rotary and rotary_class is not None and (

@@ -189,6 +189,9 @@ def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (No
     """
     for prefix, core in [("", module)] + [(f"{n}.", c) for n, c in module.named_children()]:  # noqa: B007
         q, k, v = (next((p for n in names if (p := _path(core, n)) is not None), None) for names in (_Q, _K, _V))
+        if q and k and v is None and re.search(r"if self\.v_proj is not None else key_states",
+                                               _forward_source(type(core))):
+            v = k  # Gemma 4's attention_k_eq_v: the values are the keys' projection (before k_norm, then v_norm)
         fused = None if q and k and v else next((n for n in _FUSED if _projection(core, n)), None)
         if (q and k and v) or fused:
             break

@@ -171,3 +171,33 @@ def test_gemma_4_s_value_norm_is_read_and_dropping_it_fails() -> None:
     norm: Any = module.v_norm
     norm.forward = lambda x: x  # the values left unnormalised
     assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
+
+
+def test_llama_4_s_shared_weightless_qk_norm_after_its_complex_rotary() -> None:
+    module = randomize_parameters(hf_build(_class("llama4", "Llama4TextAttention")), 0)
+    spec = hf_spec(module)
+    assert (spec.q_norm, spec.k_norm, spec.norms_after_rotary) == ("qk_norm", "qk_norm", True)
+    assert spec.rotary is not None
+    assert spec.rotary.style == "interleaved"  # view_as_complex pairs
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    norm: Any = module.qk_norm
+    norm.forward = lambda x: x  # the norm dropped
+    assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
+
+
+def test_values_from_the_key_projection_and_a_cache_the_class_only_reads() -> None:
+    """DiffusionGemma's decoder has no v_proj (its values are the keys' projection, then v_norm) and appends to a
+    cache its encoder filled, never writing it: audited without token-by-token decoding."""
+    cls = _class("diffusion_gemma", "DiffusionGemmaDecoderTextAttention")
+    config: Any = hf_build(cls).config
+    config.attention_k_eq_v = True  # its full-attention layers: no v_proj
+    config.num_hidden_layers = len(config.layer_types)
+    # the default rope for that layer (its own, "proportional", is set aside by hf_limits: not what is tested here)
+    config.rope_parameters["full_attention"] = {"rope_type": "default", "rope_theta": 10000.0}
+    module: Any = randomize_parameters(cls(config, layer_idx=config.layer_types.index("full_attention")), 0)
+    assert module.v_proj is None
+    spec = hf_spec(module)
+    assert (spec.k, spec.v, spec.v_norm) == ("k_proj", "k_proj", "v_norm")
+    assert spec.decode is None
+    assert audit_module(module, spec, conventions="infer", **QUICK).passed
