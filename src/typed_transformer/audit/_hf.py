@@ -131,7 +131,8 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
             current = getattr(config, key, None)
             if isinstance(current, list | tuple) and not isinstance(value, list | tuple):
                 value = type(current)([value] * len(current))
-            with contextlib.suppress(AttributeError):  # a read-only property, derived (Falcon's head_dim)
+            # a read-only property (Falcon's head_dim), a field the config refuses (ProphetNet's num_hidden_layers)
+            with contextlib.suppress(AttributeError, NotImplementedError):
                 setattr(config, key, value)
     _tiny_partial_rotary(config)
     config._attn_implementation = "eager"

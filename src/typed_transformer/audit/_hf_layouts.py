@@ -33,7 +33,7 @@ _OUT = ("o_proj", "out_proj", "o", "out_lin", "c_proj", "Wo", "dense", "proj", "
         "linear_out", "attention_out", "proj_out", "projection_layer")
 #: a sibling module that holds the output projection (BERT's ``output``: ``BertSelfOutput.dense``)
 _OUTPUT_MODULES = ("output",)
-_HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head")
+_HEADS = ("num_heads", "num_attention_heads", "n_heads", "n_head", "num_attn_heads")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "kv_heads")
 _HEAD_DIM = ("head_dim", "attention_head_size", "key_value_proj_dim", "head_size", "dim_per_head")
 _SCALE = ("scaling", "scale", "inv_norm_factor")
@@ -350,7 +350,8 @@ def config_from_configuration_module(cls: type, module_name: str) -> type | None
 _SIZE_PARAMS = {"embed_dim": "hidden_size", "hidden_size": "hidden_size", "dim": "hidden_size",
                 "d_model": "hidden_size", "embed_size": "hidden_size", "num_heads": "num_attention_heads",
                 "num_attention_heads": "num_attention_heads", "n_heads": "num_attention_heads",
-                "heads": "num_attention_heads", "num_key_value_heads": "num_key_value_heads",
+                "heads": "num_attention_heads", "num_attn_heads": "num_attention_heads",
+                "num_key_value_heads": "num_key_value_heads",
                 # an input or output width a constructor takes beside the model's (Sam2's dim_out, SqueezeBERT's
                 # cin): the model's width, as in the layers whose sizes do not change
                 "kv_in_dim": "hidden_size", "dim_out": "hidden_size", "out_size": "hidden_size",
