@@ -270,6 +270,9 @@ def _rotate_source(module: nn.Module) -> str:
 def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
     """``"interleaved"`` when the rotate function the modeling module's ``apply_rotary_pos_emb`` calls pairs even
     and odd features (Cohere's ``rotate_half``, GLM's ``rotate_half_llm``)."""
+    applied = _source(getattr(_modeling(type(module)), "apply_rotary_pos_emb", None))
+    if "reshape(*q.shape[:-1], -1, 1, 2)" in applied:  # PE's 2 x 2 rotation matrices on pairs (2i, 2i+1)
+        return "interleaved"
     complex_turn = "view_as_complex" in _source(getattr(_modeling(type(module)), "apply_rotary_emb", None))
     if complex_turn and "apply_rotary_emb(" in _source(type(module).forward):  # Llama 4: complex pairs (2i, 2i+1)
         return "interleaved"
