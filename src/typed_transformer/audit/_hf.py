@@ -232,20 +232,23 @@ def _accepts(cls: type, config: Any) -> bool:
 
 
 def _rotary_class(module: nn.Module) -> type | None:
-    """The rotary class of the modeling module of the class (or of the first base class that has one)."""
+    """The rotary class of the modeling module of the class (or of the first base class that has one), of the
+    class's own tower (vision, audio or text, by name): a text class takes a vision or audio one only where no module
+    along its bases has a text one (Exaone 4.5's text attention: its base class's module has the text rotary; Pixtral's
+    attention: its module has only PixtralVisionRotaryEmbedding)."""
+    kind = _tower(type(module).__name__)
+    other: type | None = None
     for base in type(module).__mro__:
         if not base.__module__.startswith("transformers.") and base is not type(module):
             continue
         found = [obj for name, obj in vars(importlib.import_module(base.__module__)).items()
                  if isinstance(obj, type) and name.endswith("RotaryEmbedding") and issubclass(obj, nn.Module)]
-        # the rotary class of the class's own tower (vision, audio or text, by name); a text class never takes a
-        # vision or audio one (Exaone 4.5's text attention: its base class's module has the text rotary)
-        kind = _tower(type(module).__name__)
-        found = sorted((c for c in found if not _tower(c.__name__) or kind),
-                       key=lambda c: (_tower(c.__name__) != kind, len(c.__name__)))
-        if found:
-            return found[0]
-    return None
+        found.sort(key=lambda c: (_tower(c.__name__) != kind, len(c.__name__)))
+        mine = [c for c in found if not _tower(c.__name__) or kind]
+        if mine:
+            return mine[0]
+        other = other or (found[0] if found else None)
+    return other
 
 
 def _tower(name: str) -> str:

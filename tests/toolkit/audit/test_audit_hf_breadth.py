@@ -107,13 +107,15 @@ def test_parameters_of_the_class_the_spec_does_not_read_are_named() -> None:
     assert hf_limits(hf_build(_class("gpt_oss", "GptOssAttention"))) == []  # its sinks are read
 
 
-def test_a_text_class_never_takes_a_vision_rotary_and_a_tower_takes_its_own() -> None:
+def test_a_tower_takes_its_own_rotary_and_another_s_only_when_there_is_no_other() -> None:
     from typed_transformer.audit._hf import _rotary_class
 
     audio = hf_build(_class("dots3_note", "Dots3NoteAudioAttention"), {"num_key_value_heads": 4})
-    assert "Text" not in getattr(_rotary_class(audio), "__name__", "Text")
-    text = hf_build(_class("exaone4_5", "Exaone4_5_Attention"))
-    assert "Vision" not in getattr(_rotary_class(text), "__name__", "")
+    assert getattr(_rotary_class(audio), "__name__", "") == "Dots3NoteAudioRotaryEmbedding"
+    text = hf_build(_class("dots3_note", "Dots3NoteTextAttention"))
+    assert getattr(_rotary_class(text), "__name__", "") == "Dots3NoteTextRotaryEmbedding"
+    only = hf_build(_class("pixtral", "PixtralAttention"))  # its module has only the vision one
+    assert getattr(_rotary_class(only), "__name__", "") == "PixtralVisionRotaryEmbedding"
 
 
 def test_an_encoder_that_takes_a_cache_it_was_never_built_for_is_not_decoded() -> None:
