@@ -56,6 +56,8 @@ TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_va
                         "attention_hidden_size": 32, "rotary_dim": 2,
                         # T5-style configs name the head size d_kv (Pix2Struct reads it, projecting to hidden_size)
                         "d_kv": 4,
+                        # T5Gemma's cross-attention reads it from a module config that does not define it
+                        "cross_attention_hidden_size": 16,
                         # multi-head latent attention (DeepSeek V2/V3): heads of 4 + 4 query/key features (the
                         # last 4 turned), values of 4, latents of 8
                         "kv_lora_rank": 8, "q_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4,
@@ -127,7 +129,7 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
     # a size per layer or per stage (Sapiens2's num_key_value_heads_per_layer, PVT's num_attention_heads list)
     per_layer = {f"{key}_per_layer": value for key, value in prefixed.items() | tiny.items()}
     for key, value in {**tiny, **prefixed, **per_layer, **(overrides or {})}.items():
-        if hasattr(config, key) or key in ("head_dim",):
+        if hasattr(config, key) or key in ("head_dim", "cross_attention_hidden_size"):
             current = getattr(config, key, None)
             if isinstance(current, list | tuple) and not isinstance(value, list | tuple):
                 value = type(current)([value] * len(current))
@@ -198,6 +200,11 @@ def _tiny_partial_rotary(config: Any) -> None:
     if isinstance(params, dict):  # flat, or one entry per layer type
         factors += [p.get("partial_rotary_factor") for p in (params, *params.values()) if isinstance(p, dict)]
     factor = min((float(f) for f in factors if f is not None and float(f) > 0), default=None)
+    rope_dim = getattr(config, "qk_rope_head_dim", None)
+    if factor is not None and isinstance(rope_dim, int) and hasattr(config, "head_dim"):
+        # latent attention whose rotary class turns head_dim * factor features: qk_rope_head_dim of them (Mistral 4)
+        config.head_dim = int(rope_dim / factor)
+        return
     if factor is None or int(TINY["head_dim"] * factor) >= 2:
         return
     head = math.ceil(2 / float(factor))
@@ -348,7 +355,7 @@ def _rope_theta(module: nn.Module) -> float | None:
 
 
 #: the second argument that makes a class cross-attention over one memory tensor (keys and values from it)
-_MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_states")
+_MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_states", "context", "to_tensor")
 #: the arguments the generic call provides (or leaves at their defaults)
 #: the first three forward parameters of a class that takes queries, keys and values as separate inputs
 _SEPARATE = {("query", "key", "value"), ("queries", "keys", "values"), ("q", "k", "v"),

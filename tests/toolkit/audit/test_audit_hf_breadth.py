@@ -42,6 +42,8 @@ def _class(model: str, name: str) -> type:
     ("sam2", "Sam2Attention", 4, 4, None),  # (b, t, e) read as t point batches: lifted to one point
     ("blip_2", "Blip2Attention", 4, 4, None),  # passes attention_mask=None on: no mask through **kwargs
     ("zoedepth", "ZoeDepthMultiheadAttention", 4, 4, None),  # (hidden_size, num_attention_heads, dropout)
+    ("lxmert", "LxmertAttention", 4, 4, None),  # cross-attention over a required context
+    ("t5gemma", "T5GemmaCrossAttention", 4, 2, None),  # cross_attention_hidden_size its config lacks
 ])
 def test_more_layouts_pass_with_zero_lines(model: str, name: str, h: int, g: int, rotary: str | None) -> None:
     module = randomize_parameters(hf_build(_class(model, name)), 0)
@@ -133,6 +135,8 @@ def test_an_encoder_that_takes_a_cache_it_was_never_built_for_is_not_decoded() -
     ("persimmon", "PersimmonAttention"),  # query_key_value laid out per head
     ("segformer", "SegformerAttention"),  # forward(hidden_states, height, width), reduction ratio 1
     ("internvl", "InternVLVisionAttention"),  # the output projection named projection_layer
+    ("mistral4", "Mistral4Attention"),  # latent attention, its yarn rotary over head_dim * partial_rotary_factor
+    ("pe_audio", "PeAudioEncoderAttention"),  # rotary as 2 x 2 matrices on pairs (2i, 2i+1)
 ])
 def test_latent_gated_per_head_and_staged_layouts_pass(model: str, name: str) -> None:
     module = randomize_parameters(hf_build(_class(model, name), {"num_key_value_heads": 4}), 0)
