@@ -637,6 +637,22 @@ def hf_causes(module: nn.Module) -> list[str]:
     return causes
 
 
+def _own_tables(module: nn.Module) -> bool:
+    """Whether the audit makes the class's rotary tables itself: a packed (``cu_seqlens``) encoder, or a class
+    whose forward takes rotary ``position_embeddings`` that no rotary class of its module makes from 1-D positions
+    (an image-grid rotary, or none at all); not DETR's optional embeddings (audited without)."""
+    signature = inspect.signature(type(module).forward).parameters
+    if "cu_seqlens" in signature and signature["cu_seqlens"].default is inspect.Parameter.empty:
+        return True
+    if "position_embeddings" not in signature:
+        return False
+    rotary = _rotary_class(module)
+    if rotary is None:
+        return not _positions_optional(type(module))
+    forward: Any = getattr(rotary, "forward", None)
+    return len(inspect.signature(forward).parameters) < 3
+
+
 def _positions_optional(cls: Any) -> bool:
     """``forward``'s ``position_embeddings`` defaults to None and its code tests for None (DETR: sine embeddings its
     model adds to the query and key inputs; without them the class is plain attention)."""
@@ -687,13 +703,17 @@ def hf_limits(module: nn.Module) -> list[str]:
     config = getattr(module, "config", None)
     limits = []
     signature = inspect.signature(type(module).forward).parameters
-    # a packed (cu_seqlens) encoder is given the audit's own 1-D tables: its config's rope type is not read
-    uses_rotary = "position_embeddings" in signature and "cu_seqlens" not in signature
+    # a class given the audit's own 1-D tables (packed encoders, image-grid rotaries): its rope type is not read
+    uses_rotary = "position_embeddings" in signature and not _own_tables(module)
     kind = _rope_type(module)
     if uses_rotary and kind not in _STATIC_ROPE and _mrope(module) != _AXIAL:
         limits.append(f"rope_type {kind!r} (" + ("frequencies recomputed from each call's length"
                                                  if kind in ("dynamic", "longrope") else
                                                  "frequencies of a kind the reference does not read") + ")")
+    if "position_embeddings" in signature and "num_prefix_tokens" in _source(
+            getattr(_modeling(type(module)), "apply_rotary_pos_emb", None)):
+        limits.append("rotary on the patch tokens only (the class and register tokens before them are not turned), "
+                      "from an image-grid table the audit does not make")
     for name in ("attn_logit_softcapping", "logit_softcapping"):
         if getattr(config, name, None) and _softcap(module) is None:
             limits.append(name)
@@ -826,18 +846,16 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     rotary_class = _rotary_class(module) if takes_rotary and not packed else None
     if takes_rotary and rotary_class is None and _positions_optional(cls):
         takes_rotary = False  # DETR's sine embeddings, added to the query and key inputs: audited with none
-    if takes_rotary and rotary_class is None and not packed:
-        raise AuditUsageError(f"{cls.__qualname__}: forward takes position_embeddings but its module has no rotary "
-                              f"embedding class")
-    if packed:  # the audit makes the tables (the model's image-grid builder is not tested)
-        rotary_class, mrope = None, None
     rotary_forward: Any = getattr(rotary_class, "forward", None)
-    if rotary_class is not None and len(inspect.signature(rotary_forward).parameters) < 3:
-        raise AuditUsageError(f"{cls.__qualname__}: its rotary class {rotary_class.__name__} takes no positions "
-                              f"(forward(x): an image-grid rotary), which the audit's 1-D positions do not describe")
+    # the audit makes the tables: a packed encoder's, and a class whose module has no rotary class or one that takes
+    # no positions (an image-grid rotary: DINOv3's, SAM 2's); the model's table builder is then not tested
+    own_tables = packed or (takes_rotary and (rotary_class is None
+                                              or len(inspect.signature(rotary_forward).parameters) < 3))
+    if own_tables:
+        rotary_class, mrope = None, None
     heads = _heads_as_positions(cls)
     cache_arg = next((n for n in ("cache", "past_key_values", "past_key_value") if n in signature), None)
-    theta = _PACKED_THETA if packed and takes_rotary else _rope_theta(core)
+    theta = _PACKED_THETA if own_tables and takes_rotary else _rope_theta(core)
     if theta is None and (rotary_class is not None or internal):
         theta = _literal_theta(rotary_class.__module__ if rotary_class is not None else _modeling(cls).__name__)
     source = _source(cls.forward)
@@ -891,9 +909,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             point_axis.append(False)
         return result - x if residual else result
 
-    def packed_rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
-        """1-D rotary tables ``(b t, d)`` for a packed call: positions offset.. in each sequence, base
-        :data:`_PACKED_THETA`, paired as the modeling module's rotate function pairs."""
+    def own_rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+        """The audit's own 1-D rotary tables: positions offset.. in each sequence, base :data:`_PACKED_THETA`,
+        paired as the class's rotate function pairs; ``(b t, d)`` for a packed call, else ``(b, t, d)``."""
         heads = int(resolve(m, layout.num_heads, cls.__name__))
         d = (int(resolve(m, layout.head_dim, cls.__name__)) if layout.head_dim
              else int(m.get_submodule(layout.qkv or layout.q or "").weight.shape[0]) // (3 if layout.qkv else 1)
@@ -902,7 +920,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             -torch.arange(0, d, 2, dtype=torch.float64) / d)
         emb = (torch.cat([angles, angles], dim=-1) if _rotary_style(m) == "half"
                else repeat(angles, "t f -> t (f two)", two=2))
-        tables = repeat(emb, "t d -> (b t) d", b=x.shape[0])
+        tables = repeat(emb, "t d -> (b t) d" if packed else "t d -> b t d", b=x.shape[0])
         return tables.cos().to(x.dtype), tables.sin().to(x.dtype)
 
     def rotary(m: Any, x: Tensor, offset: int) -> Any:
@@ -926,7 +944,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     def call(m: Any, x: Tensor, mask: Tensor | None, offset: int, cache: Any = None) -> Tensor:
         kwargs: dict[str, Any] = {mask_arg: mask} if takes_mask else {}
         if takes_rotary:
-            kwargs["position_embeddings"] = packed_rotary(m, x, offset) if packed else rotary(m, x, offset)
+            kwargs["position_embeddings"] = own_rotary(m, x, offset) if own_tables else rotary(m, x, offset)
         elif "position_embeddings" in signature:  # required but unused by this layer (Flint's full-attention layers)
             kwargs["position_embeddings"] = None
         if "position_ids" in signature:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from typed_transformer.audit import AuditUsageError, audit_module
+from typed_transformer.audit import audit_module
 from typed_transformer.audit._hf import hf_build, hf_causes, hf_limits, hf_notes, hf_spec
 from typed_transformer.audit._modules import spec_weights
 from typed_transformer.strategies import randomize_parameters
@@ -82,12 +82,13 @@ def test_detr_s_position_embeddings_are_named_as_not_tested() -> None:
     assert any("not tested" in note for note in hf_notes(module))
 
 
-def test_a_forward_that_needs_its_position_embeddings_is_still_refused() -> None:
-    """Sapiens2 defaults ``position_embeddings`` to None but unpacks it unconditionally (an image-grid rotary the
-    audit does not make): refused, not audited without positions."""
-    module = hf_build(_class("sapiens2", "Sapiens2Attention"))
-    with pytest.raises(AuditUsageError, match="no rotary embedding class"):
-        hf_spec(module)
+def test_rotary_on_patch_tokens_only_is_named_as_what_the_reference_lacks() -> None:
+    """Sapiens2 and DINOv3 turn the patch tokens only, after the class and register tokens: the audit's own 1-D
+    tables do not describe that, and hf_limits says so (the class is set aside with that reason)."""
+    for model, name in (("sapiens2", "Sapiens2Attention"), ("dinov3_vit", "DINOv3ViTAttention")):
+        module = hf_build(_class(model, name))
+        assert any("patch tokens only" in limit for limit in hf_limits(module)), name
+        assert hf_limits(hf_build(_class("qwen2_5_vl", "Qwen2_5_VLVisionAttention"))) == []
 
 
 def test_an_eager_function_that_never_applies_the_mask_is_named_as_the_cause() -> None:
