@@ -63,7 +63,7 @@ TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_va
                         "kv_lora_rank": 8, "q_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4,
                         "v_head_dim": 4}
 
-#: the base of the rotary tables the audit makes for a packed (``cu_seqlens``) vision encoder
+#: the base of the rotary tables the audit makes itself (packed ``cu_seqlens`` encoders, image-grid rotaries)
 _PACKED_THETA = 10000.0
 #: prefixes of config fields that size one kind of layer (see :func:`_build`)
 _SIZE_PREFIXES = ("swa", "cross", "global", "local", "full", "sliding")
@@ -278,8 +278,9 @@ def _rotate_source(module: nn.Module) -> str:
 
 
 def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
-    """``"interleaved"`` when the rotate function the modeling module's ``apply_rotary_pos_emb`` calls pairs even
-    and odd features (Cohere's ``rotate_half``, GLM's ``rotate_half_llm``)."""
+    """``"interleaved"`` when the class turns pairs of even and odd features: the rotate function its apply
+    function calls (Cohere's ``rotate_half``, GLM's ``rotate_half_llm``), PE's 2 x 2 rotation matrices, Llama 4's
+    complex turns."""
     applied = _source(getattr(_modeling(type(module)), "apply_rotary_pos_emb", None))
     if "reshape(*q.shape[:-1], -1, 1, 2)" in applied:  # PE's 2 x 2 rotation matrices on pairs (2i, 2i+1)
         return "interleaved"
@@ -356,10 +357,10 @@ def _rope_theta(module: nn.Module) -> float | None:
 
 #: the second argument that makes a class cross-attention over one memory tensor (keys and values from it)
 _MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_states", "context", "to_tensor")
-#: the arguments the generic call provides (or leaves at their defaults)
 #: the first three forward parameters of a class that takes queries, keys and values as separate inputs
 _SEPARATE = {("query", "key", "value"), ("queries", "keys", "values"), ("q", "k", "v"),
              ("query_tensor", "key_tensor", "value_tensor")}
+#: the arguments the generic call provides (or leaves at their defaults)
 _PROVIDED = {"hidden_states", "query", "key", "value", "attention_mask", "position_embeddings", "position_ids",
              "layer_idx", "cache", "past_key_values", "past_key_value", "kwargs", "cu_seqlens", "max_seqlen",
              "shared_kv_states", "height", "width",
@@ -887,7 +888,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             rows: Tensor = out[0] if isinstance(out, tuple) else out
             unpacked: Tensor = rearrange(rows, "o (b t) e -> (o b) t e" if packed_rows[0] else "(b t) e -> b t e",
                                          b=b)
-            return unpacked
+            return unpacked - x if residual else unpacked
         if point_axis == [True]:  # SAM's (b, points, t, e) tokens: one point
             lifted = [a[:, None] if isinstance(a, Tensor) and a.ndim == 3 else a for a in args]
             memory = {n: a[:, None] for n, a in kwargs.items() if n in _MEMORY_ARGS and isinstance(a, Tensor)}
