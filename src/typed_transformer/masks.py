@@ -67,8 +67,9 @@ def window_mask(t: int, s: int, window: int, *, device: torch.device | str | Non
     if t < 0 or s < 0 or window < 1:
         raise ValueError(f"window_mask: sizes must be non-negative and the window positive, got t={t}, s={s}, "
                          f"window={window}")
-    positions = torch.arange(s - t, s, device=device)[:, None]
-    return torch.arange(s, device=device)[None] > positions - window
+    positions = rearrange(torch.arange(s - t, s, device=device), "t -> t 1")
+    keys = rearrange(torch.arange(s, device=device), "s -> 1 s")
+    return keys > positions - window
 
 
 def attn_mask_from_torch(
@@ -170,6 +171,7 @@ def merge_causal(
 
 
 causal_mask = typechecked(causal_mask)
+window_mask = typechecked(window_mask)
 attn_mask_from_torch = typechecked(attn_mask_from_torch)
 attn_mask_to_torch = typechecked(attn_mask_to_torch)
 key_padding_mask_from_torch = typechecked(key_padding_mask_from_torch)

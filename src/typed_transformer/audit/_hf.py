@@ -306,7 +306,7 @@ def _decodes(core: Any) -> bool:
     methods = (getattr(type(core), n) for n in dir(type(core)) if not n.startswith("__"))
     own = "".join(_source(f) for f in methods if inspect.isfunction(f) and f.__module__.startswith("transformers."))
     # a cache the class only reads (DiffusionGemma's decoder: its encoder fills it, append_to_cache never writes)
-    writes = ".update(" in own + _source(type(core).forward)
+    writes = ".update(" in own + _source(type(core).forward) + _library_source(core)
     return writes and not unbuilt and not (isinstance(getattr(core, "relative_attention_bias", None), nn.Module)
                                            and not getattr(core, "is_decoder", False))
 
@@ -573,7 +573,8 @@ def _latent_style(module: nn.Module) -> Literal["half", "interleaved"]:
     modeling = _source(_modeling(type(module)).__dict__.get("apply_rotary_emb"))
     if "view_as_complex" in modeling and "apply_rotary_emb(" in _library_source(module):
         return "interleaved"
-    if "apply_rotary_pos_emb_interleave(" in _source(type(module).forward):  # V3.2: always, no config switch
+    forward = _source(type(module).forward)
+    if "apply_rotary_pos_emb_interleave(" in forward and "rope_interleave" not in forward:  # V3.2: no switch
         return "interleaved"
     interleave = getattr(getattr(module, "config", None), "rope_interleave", False)
     return "interleaved" if interleave and "rope_interleave" in _library_source(module) else "half"
