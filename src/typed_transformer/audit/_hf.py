@@ -32,6 +32,7 @@ from ._hf_layouts import (
 from ._modules import (
     REBUILDS,
     SHIPPED_SPECS,
+    DecomposedRelPos,
     Differential,
     Latent,
     ModuleSpec,
@@ -41,6 +42,7 @@ from ._modules import (
     Weights,
     additive_mask,
     mrope_positions,
+    one_row,
     resolve,
     spec_weights,
     with_causal,
@@ -603,6 +605,16 @@ def _sub_norm(module: nn.Module) -> str | None:
     return None
 
 
+def _decomposed(module: nn.Module) -> DecomposedRelPos | None:
+    """SAM's image-encoder attention and its kin (SAM-HQ, GOT-OCR2, SegGPT, ...): decomposed relative positions from
+    the class's own tables ``rel_pos_h`` and ``rel_pos_w`` (when its config turns ``use_rel_pos`` on). The audit's
+    ``(b, t, e)`` tokens reach it as an image ``(b, 1, t, e)``: one row of ``t`` patches."""
+    tables = all(isinstance(getattr(module, n, None), Tensor) for n in ("rel_pos_h", "rel_pos_w"))
+    switch = getattr(module, "use_rel_pos", getattr(module, "use_relative_position_embeddings", False))
+    used = switch and "decomposed_rel_pos(" in _forward_source(module)
+    return DecomposedRelPos("rel_pos_h", "rel_pos_w", one_row) if tables and used else None
+
+
 def _split_scale(module: nn.Module) -> float | None:
     """The logit scale of a class that multiplies its queries and its keys each by ``scaling`` and calls its
     attention function with ``scaling=1.0`` (OpenAI's privacy filter: ``d^-1/4`` twice): ``scaling**2``."""
@@ -683,6 +695,10 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append(f"DeepSeek sparse attention: its indexer keeps the {topk} best-scored keys of each query; the "
                      f"audit's sequences are shorter, so every key is kept and it is audited as the dense latent "
                      f"attention: the selection itself is not tested")
+    if _decomposed(module) is not None:
+        notes.append("decomposed relative positions on the audit's image of one row of t patches: the width table is "
+                     "tested at every distance, the height table only at distance 0 (a term constant along each "
+                     "query's row, which the softmax cancels)")
     if _heads_as_positions(type(module)):
         notes.append("its model passes the head index as the rotary position (position_ids = arange(num_heads), "
                      "cos/sin unsqueezed at dim 2): each head is turned by one angle at every position, the turn "
@@ -733,8 +749,10 @@ def hf_limits(module: nn.Module) -> list[str]:
     for name, child in module.named_children():
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity):
             limits.append(f"submodule {name!r} ({type(child).__name__}) the spec does not read")
-    # parameters of the class itself (SAM's decomposed relative positions rel_pos_h and rel_pos_w)
+    # parameters of the class itself (attention sinks, differential lambdas, decomposed relative position tables)
     own = {"sinks"} if _sinks(module) is not None else set()
+    if _decomposed(module) is not None:
+        own |= {"rel_pos_h", "rel_pos_w"}
     if _differential(module) is not None:
         own |= {n for n, _ in module.named_parameters(recurse=False) if n.startswith("lambda")}
     limits += [f"parameter {name!r} the spec does not read" for name, _ in module.named_parameters(recurse=False)
@@ -1050,7 +1068,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         window=None if window is None else int(window),
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
-        differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None)
+        differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
+        decomposed=_decomposed(module))
     if isinstance(v_scale, float | int) and v_scale != 1:  # MiMo-V2-Flash scales its values by a constant
         plain = spec
 

@@ -208,6 +208,59 @@ class MRope:
     axes: tuple[int, ...] | None = None
 
 
+def one_row(t: int) -> tuple[int, int]:
+    """The grid of ``t`` tokens given as one row of an image: ``(1, t)``."""
+    return 1, t
+
+
+@dataclass(frozen=True)
+class DecomposedRelPos:
+    """Decomposed relative positions (MViTv2, 2022; SAM's image encoder): the tokens lie on an ``H x W`` grid in
+    row-major order, and the logit of query ``(y, x)`` on key ``(y', x')`` gains
+
+        ``q . Rh[y - y' + H - 1] + q . Rw[x - x' + W - 1]``
+
+    with ``q`` the query as projected (before the scale), and ``Rh``, ``Rw`` the learned tables ``h`` and ``w``
+    (``(2 L - 1, d)``, shared by the heads) resized to ``2 H - 1`` and ``2 W - 1`` entries by linear interpolation
+    with half-pixel centres (:func:`resize_table`, what ``F.interpolate(mode="linear")`` computes). ``grid(t) ->
+    (H, W)``: the grid the spec's forward lays ``t`` tokens on (self-attention: keys on the same grid)."""
+
+    h: str = "rel_pos_h"
+    w: str = "rel_pos_w"
+    grid: Callable[[int], tuple[int, int]] = one_row
+
+
+def resize_table(table: Float[Tensor, "l d"], n: int) -> Float[Tensor, "{n} d"]:
+    """``table`` resized to ``n`` rows by linear interpolation with half-pixel centres: row ``i`` samples the table
+    at ``(i + 1/2) l / n - 1/2`` (clamped to ``[0, l - 1]``), between its two nearest rows."""
+    length = table.shape[0]
+    at = ((torch.arange(n, dtype=torch.float64) + 0.5) * (length / n) - 0.5).clamp(min=0)
+    low = at.floor().long().clamp(max=length - 1)
+    high = (low + 1).clamp(max=length - 1)
+    frac = (at - low).to(table.dtype)[:, None]
+    return table[low] * (1 - frac) + table[high] * frac
+
+
+def decomposed_bias(q: Float[Tensor, "b h t d"], rel_h: Float[Tensor, "lh d"], rel_w: Float[Tensor, "lw d"],
+                    grid: tuple[int, int]) -> Float[Tensor, "b h t t"]:
+    """The additive logits :class:`DecomposedRelPos` describes, for queries ``q`` on ``grid`` (keys on the same
+    grid)."""
+    rows, cols = grid
+
+    def along(table: Tensor, n: int) -> Tensor:  # (n queries, n keys, d): the entry of each distance
+        distance = torch.arange(n)[:, None] - torch.arange(n)[None, :] + n - 1
+        return resize_table(table, 2 * n - 1)[distance]
+
+    on_grid = rearrange(q, "b h (y x) d -> b h y x d", y=rows, x=cols)
+    by_row = einsum(on_grid, along(rel_h, rows).to(q.dtype), "b h y x d, y k d -> b h y x k")
+    by_col = einsum(on_grid, along(rel_w, cols).to(q.dtype), "b h y x d, x k d -> b h y x k")
+    bias = by_row[..., :, None] + by_col[..., None, :]
+    return rearrange(bias, "b h y x ky kx -> b h (y x) (ky kx)")
+
+
+resize_table = typechecked(resize_table)
+decomposed_bias = typechecked(decomposed_bias)
+
 #: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers
 #: the shipped ones here when the package loads (this module never imports it).
 SHIPPED_SPECS: dict[str, "ModuleSpec"] = {}
@@ -305,6 +358,8 @@ class ModuleSpec:
     #: multi-head latent attention (DeepSeek V2/V3): where its low-rank projections are; ``weights`` is then
     #: :func:`latent_weights` and the reference projects through the latent itself
     latent: Latent | None = None
+    #: decomposed relative positions (SAM's image encoder, MViTv2): a query-dependent bias from two learned tables
+    decomposed: DecomposedRelPos | None = None
     #: M-RoPE with 3-D positions (Qwen2-VL): each frequency section turns by its own axis of
     #: :func:`mrope_positions`; the spec's forward passes the module those positions
     mrope: MRope | None = None
@@ -601,7 +656,7 @@ class ModuleAdapter:
     per dtype, in eval mode); the reference uses its weights in float64."""
 
     kind: Literal["function", "module"] = "module"
-    __shape_checked__ = ("call", "bias", "visible", "reference", "logit_bound", "logits", "rows", "decode",
+    __shape_checked__ = ("call", "bias", "with_grid", "visible", "reference", "logit_bound", "logits", "rows", "decode",
                          "fast_path")
 
     def __init__(self, module: nn.Module, spec: ModuleSpec, *, conventions: Conventions | None = None,
@@ -698,9 +753,17 @@ class ModuleAdapter:
         if self.differential is not None and (w.h % 2 or w.g % 2):
             raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: differential "
                                   f"attention pairs heads, and {w.h} query heads on {w.g} key/value heads do not pair")
+        #: decomposed relative positions' tables ``(rel_h, rel_w)`` in float64 (None: none)
+        self.decomposed: tuple[Tensor, Tensor] | None = None
+        if spec.decomposed is not None:
+            if not self.conventions.self_attention:
+                raise AuditUsageError(f"spec {spec.name!r}: decomposed relative positions lay the keys on the "
+                                      f"queries' grid, so they need self-attention")
+            self.decomposed = (resolve(self.original, spec.decomposed.h, spec.name).detach().double(),
+                               resolve(self.original, spec.decomposed.w, spec.name).detach().double())
         positional = [what for what, present in (("rotary positions", self.rotary is not None),
                                                   ("a position bias", spec.position_bias is not None
-                                                   or spec.alibi is not None),
+                                                   or spec.alibi is not None or spec.decomposed is not None),
                                                   ("a sliding window", self.window is not None)) if present]
         self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
@@ -800,6 +863,19 @@ class ModuleAdapter:
                                   f"{tuple(bias.shape)}, expected (1 or {self.weights.h}, {t}, {s})")
         return (bias if alibi is None else bias + alibi.to(dtype))[None]
 
+    def with_grid(self, bias: Float[Tensor, "1 #h t s"] | None, q: Float[Tensor, "b h t d"]
+                  ) -> Float[Tensor, "#b #h t s"] | None:
+        """``bias`` plus the decomposed relative positions of the queries ``q`` (when the spec has them)."""
+        if self.decomposed is None or self.spec.decomposed is None:
+            return bias
+        t = q.shape[2]
+        grid = self.spec.decomposed.grid(t)
+        if grid[0] * grid[1] != t:
+            raise AuditUsageError(f"spec {self.spec.name!r}: decomposed.grid({t}) gave {grid}, not a grid of {t} "
+                                  f"tokens")
+        rel = decomposed_bias(q, *(table.to(q.dtype) for table in self.decomposed), grid)
+        return rel if bias is None else bias + rel
+
     def visible(self, keep: KeepMask | None, is_causal: bool, t: int, s: int
                 ) -> tuple[Bool[Tensor, "#b #h #t _"] | None, bool]:
         """``(keep, is_causal)`` with the sliding window and the module's extra key positions applied (the
@@ -820,7 +896,7 @@ class ModuleAdapter:
         q, k, v = self._project(ins, dtype)
         t, s = q.shape[2], ins[1].shape[1]
         keep, is_causal = self.visible(keep, is_causal, t, s)
-        bias = self.bias(t, s, dtype)
+        bias = self.with_grid(self.bias(t, s, dtype), q)
         if bias is not None and self.weights.extra_k is not None:
             bias = torch.cat([bias, bias.new_zeros(*bias.shape[:-1], self.weights.extra_k.shape[0])], dim=-1)
         w = self.weights
@@ -852,7 +928,9 @@ class ModuleAdapter:
     def logit_bound(self, ins: ModuleInputs) -> float:
         q, k, _ = self._project(ins, torch.float64)
         grouped = rearrange(q.abs(), "b (g r) t d -> b g r t d", g=k.shape[1])
-        return float(einsum(grouped, k.abs(), "b g r t d, b g s d -> b g r t s").max()) * abs(self.weights.scale)
+        bound = float(einsum(grouped, k.abs(), "b g r t d, b g s d -> b g r t s").max()) * abs(self.weights.scale)
+        rel = self.with_grid(None, q)
+        return bound if rel is None else bound + float(rel.abs().max())
 
     def logits(self, ins: ModuleInputs) -> Float64[Tensor, "b h t s"]:
         """The float64 logits ``(b, h, t, s)`` of the reference."""
@@ -860,7 +938,7 @@ class ModuleAdapter:
         grouped = rearrange(q, "b (g r) t d -> b g r t d", g=k.shape[1])
         logits = einsum(grouped, k, "b g r t d, b g s d -> b g r t s") * self.weights.scale
         logits = rearrange(logits, "b g r t s -> b (g r) t s")[..., :ins[1].shape[1]]  # not the extra positions
-        bias = self.bias(q.shape[2], ins[1].shape[1], torch.float64)
+        bias = self.with_grid(self.bias(q.shape[2], ins[1].shape[1], torch.float64), q)
         return logits if bias is None else logits + bias
 
     def rows(self, keep: KeepMask, example: Example) -> Bool[Tensor, "b t 1"]:

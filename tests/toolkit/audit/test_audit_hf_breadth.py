@@ -103,11 +103,62 @@ def test_an_eager_function_that_never_applies_the_mask_is_named_as_the_cause() -
 
 
 def test_parameters_of_the_class_the_spec_does_not_read_are_named() -> None:
-    """SAM's vision attention adds decomposed relative positions from its own parameters: named, not audited."""
-    module = hf_build(_class("sam", "SamVisionAttention"))
-    assert hf_limits(module) == ["parameter 'rel_pos_h' the spec does not read",
-                                 "parameter 'rel_pos_w' the spec does not read"]
+    """TimesFM scales its queries by a learned per-dimension parameter: named, not audited."""
+    module = hf_build(_class("timesfm", "TimesFmAttention"))
+    assert hf_limits(module) == ["parameter 'scaling' the spec does not read"]
     assert hf_limits(hf_build(_class("gpt_oss", "GptOssAttention"))) == []  # its sinks are read
+    assert hf_limits(hf_build(_class("sam", "SamVisionAttention"))) == []  # its decomposed tables are read
+
+
+@pytest.mark.parametrize(("length", "n"), [(7, 3), (7, 7), (7, 13), (1, 5), (31, 9)])
+def test_resize_table_is_torch_s_linear_interpolation(length: int, n: int) -> None:
+    from typed_transformer.audit._modules import resize_table
+
+    table = torch.randn(length, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+    expected = torch.nn.functional.interpolate(table.T[None], size=n, mode="linear")[0].T
+    torch.testing.assert_close(resize_table(table, n), expected, rtol=0, atol=1e-12)
+
+
+def test_decomposed_bias_is_sam_s_on_a_two_dimensional_grid() -> None:
+    """Against SAM's own ``get_decomposed_rel_pos`` on a 3 x 5 grid whose tables are resized (27 entries: built for 14 x 14)."""
+    from typed_transformer.audit._modules import decomposed_bias
+
+    module: Any = randomize_parameters(hf_build(_class("sam", "SamVisionAttention")), 0).double()
+    b, h, d = 2, 4, int(module.rel_pos_h.shape[1])
+    q = torch.randn(b, h, 15, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = module.get_decomposed_rel_pos(q.reshape(b * h, 15, d), module.rel_pos_h, module.rel_pos_w,
+                                                 (3, 5), (3, 5)).reshape(b, h, 15, 15)
+        ours = decomposed_bias(q, module.rel_pos_h, module.rel_pos_w, (3, 5))
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("model", "name"), [
+    ("sam", "SamVisionAttention"), ("sam", "SamVisionSdpaAttention"), ("seggpt", "SegGptAttention"),
+    ("got_ocr2", "GotOcr2VisionAttention"),
+])
+def test_decomposed_relative_positions_pass(model: str, name: str) -> None:
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    spec = hf_spec(module)
+    assert spec.decomposed is not None
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert any("height table only at distance 0" in note for note in hf_notes(module))
+
+
+def test_decomposed_relative_positions_read_the_wrong_way_fail() -> None:
+    """A SAM whose width table is read with the distance reversed (``k - q`` for ``q - k``) fails ``reference``;
+    so does one that drops the tables, while the spec still reads them."""
+    module: Any = randomize_parameters(hf_build(_class("sam", "SamVisionAttention")), 0)
+    spec = hf_spec(module)
+    assert audit_module(module, spec, **QUICK).status("reference") == "PASS"
+    own = module.get_rel_pos
+    module.get_rel_pos = lambda q_size, k_size, table: own(q_size, k_size, table).flip(0)
+    assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
+    module.get_rel_pos = own
+    module.use_rel_pos = False
+    assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
 
 
 def test_a_tower_takes_its_own_rotary_and_another_s_only_when_there_is_no_other() -> None:
