@@ -45,6 +45,7 @@ from ._modules import (
     one_row,
     resolve,
     spec_weights,
+    window_bias,
     with_causal,
 )
 
@@ -116,6 +117,10 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
             first = first or err
             continue
         _tiny_mrope(module)
+        window = _window_table(module)
+        if window is not None and window[1][0] * window[1][1] > _HF.lengths[1] and "window_size" not in (
+                overrides or {}):  # Swin's 7 x 7 windows: 2 x 2 ones, as long as the audit's sequences
+            module = _build(cls, config, {**(overrides or {}), "window_size": 2}, cross)
         return module
     assert first is not None
     raise first
@@ -615,6 +620,19 @@ def _decomposed(module: nn.Module) -> DecomposedRelPos | None:
     return DecomposedRelPos("rel_pos_h", "rel_pos_w", one_row) if tables and used else None
 
 
+def _window_table(module: nn.Module) -> tuple[str, tuple[int, int]] | None:
+    """Swin's relative position bias (Swin, CLAP's audio encoder): the path of the module that holds the learned
+    table ``relative_position_bias_table ((2 Wh - 1) (2 Ww - 1), h)``, and the window ``(Wh, Ww)`` its tokens lie
+    on (row-major); None for another table (BEiT's has three more rows, for its class token)."""
+    for path, child in module.named_modules():
+        table, window = getattr(child, "relative_position_bias_table", None), getattr(child, "window_size", None)
+        if isinstance(table, Tensor) and isinstance(window, int | tuple | list):
+            rows, cols = (window, window) if isinstance(window, int) else (int(window[0]), int(window[1]))
+            if table.shape[0] == (2 * rows - 1) * (2 * cols - 1):
+                return path, (rows, cols)
+    return None
+
+
 def _split_scale(module: nn.Module) -> float | None:
     """The logit scale of a class that multiplies its queries and its keys each by ``scaling`` and calls its
     attention function with ``scaling=1.0`` (OpenAI's privacy filter: ``d^-1/4`` twice): ``scaling**2``."""
@@ -879,6 +897,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     if theta is None and (rotary_class is not None or internal):
         theta = _literal_theta(rotary_class.__module__ if rotary_class is not None else _modeling(cls).__name__)
     source = _source(cls.forward)
+    # Swin's windows: every sequence is one window of Wh x Ww tokens, with a mask per window shared by the heads
+    window_table = _window_table(module)
     residual = False  # decided below, once the module can be called
     packed_rows: list[bool] = []  # a packed call's input has a leading axis of 1 (decided by the first call)
     point_axis: list[bool] = []  # the input has a second axis of 1 (decided by the first call that runs)
@@ -991,6 +1011,10 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             keep = torch.ones(1, 1, t, s, dtype=torch.bool)
         mask = additive_mask(window_keep(m, keep, t, s).expand(b, keep.shape[1], t, s), x.dtype)
         assert mask is not None
+        if window_table is not None:  # (windows, t, s): one mask per window (a sequence here), shared by the heads
+            if mask.shape[1] != 1:
+                raise ValueError(f"{cls.__qualname__} takes one mask per window, shared by its heads")
+            return mask[:, 0]
         return mask
 
     def forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
@@ -1053,16 +1077,27 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # Llama 3's or YaRN's frequencies: read from the module's own rotary class (the default: from the base alone)
     frequencies = (_frequencies(rotary_class, _layer_type(module)) if takes_rotary and rotary_class is not None and (
         _rope_type(module) in _STATIC_ROPE[1:] or mrope == _AXIAL) else None)
+    position_bias = relative_bias(layout.core) if layout.relative_bias else None
+    lengths = _HF.lengths
+    if window_table is not None:
+        table_path, window_size = window_table
+        lengths = (window_size[0] * window_size[1],) * 2
+        table_name = f"{table_path}.relative_position_bias_table".lstrip(".")
+
+        def position_bias(m: Any, t: int, s: int) -> Tensor:
+            return window_bias(resolve(m, table_name, cls.__name__).double(), window_size)
+
     spec = ModuleSpec(
         f"hf:{cls.__name__}", forward, dataclasses.replace(_HF if self_attention else _HF_CROSS,
-                                                           supports_mask=takes_mask, supports_causal=takes_mask),
+                                                           supports_mask=takes_mask, supports_causal=takes_mask,
+                                                           lengths=lengths),
         **{**layout.fields(), **({"scale": split} if (split := _split_scale(module)) is not None else {})},
         rotary=(Rotary(theta, _latent_style(module) if latent else _rotary_style(module),
                        fraction=_rotary_fraction(core), frequencies=frequencies)
                 if (takes_rotary or internal) and theta is not None and not heads else None),
         decode=decode if cache_arg is not None and self_attention and _decodes(core) else None,
         build=lambda c, overrides: hf_build(c, overrides, cross=memory_arg is not None),
-        position_bias=relative_bias(layout.core) if layout.relative_bias else None,
+        position_bias=position_bias,
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
         q_norm=q_norm, k_norm=k_norm, v_norm=_v_norm(core, layout.core),
         window=None if window is None else int(window),

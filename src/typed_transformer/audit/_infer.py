@@ -116,6 +116,10 @@ class _Prober:
         #: the probes' dtype: float64, or float32 for a module that raises in float64 (its float64 rows of the
         #: checks report that)
         self.dtype: Literal["float64", "float32"] = "float64"
+        #: the length of the square (t = s) probes: 3, or the one length a module takes (Swin's window of 2 x 2
+        #: tokens: its declared ``lengths`` are (4, 4), the length of the mask probes of one input too)
+        low, high = adapter.conventions.lengths
+        self.square = low if low == high else 3
 
     # -- examples --------------------------------------------------------------------------------------
 
@@ -385,18 +389,20 @@ def _causal(p: _Prober) -> None:
     """``always_causal``, what ``is_causal=True`` does at t = s, ``causal_alignment`` (t=2, s=4) and the decode
     rule (t=1, s=3)."""
     conv = p.conv
-    square = p.example(t=3, s=3, offset=1)
+    n = p.square
+    square = p.example(t=n, s=n, offset=1)
     plain = p.call(conv, square)
     causal_conv = dataclasses.replace(conv, always_causal=True)
     if not p.matches(plain, p.reference(conv, square)) and p.matches(plain, p.reference(causal_conv, square)):
-        p.decide("always_causal", True, "t=s=3 without is_causal: query i sees keys j <= i only", causal_conv, square)
+        p.decide("always_causal", True, f"t=s={n} without is_causal: query i sees keys j <= i only", causal_conv,
+                 square)
         conv = p.conv
     elif not p.matches(plain, p.reference(conv, square)):  # not causality's: no causal finding to blame it on
-        p.find("reference", f"t=s=3 without mask or is_causal {_describe(plain)} from the reference, plain or "
+        p.find("reference", f"t=s={n} without mask or is_causal {_describe(plain)} from the reference, plain or "
                f"always causal: not a convention, a bug (the checks show where the output differs)", conv, square)
         return
     else:
-        p.decide("always_causal", False, "t=s=3 without is_causal: every query sees every key", conv, square)
+        p.decide("always_causal", False, f"t=s={n} without is_causal: every query sees every key", conv, square)
     if not conv.supports_causal and not conv.always_causal:
         return
     flagged = conv.supports_causal and not conv.always_causal
@@ -405,10 +411,10 @@ def _causal(p: _Prober) -> None:
         out = p.call(conv, example)
         if not p.matches(out, p.reference(conv, example)):
             if p.matches(out, p.reference(conv, example, is_causal=False)):
-                p.find("supports_causal", "is_causal=True is accepted and ignored (t=s=3: every query sees every key)",
-                       conv, example)
+                p.find("supports_causal", f"is_causal=True is accepted and ignored (t=s={n}: every query sees every "
+                       f"key)", conv, example)
             else:
-                p.find("causal_alignment", f"is_causal=True at t=s=3 matches neither top-left nor bottom-right "
+                p.find("causal_alignment", f"is_causal=True at t=s={n} matches neither top-left nor bottom-right "
                        f"(both: query i sees keys j <= i; {_describe(out)})", conv, example)
             return
     if p.tied:
@@ -673,11 +679,11 @@ def infer_adapter(adapter: Adapter, *, seed: int = 0, candidate: Any = None) -> 
             _gqa(p)
     else:
         p.conv = dataclasses.replace(original, always_causal=False, decode_sees_all=False, mask_with_causal=True)
-        example = p.example(t=3, s=3)
+        example = p.example(t=p.square, s=p.square)
         out = p.call(p.conv, example)
         if isinstance(out, Exception):  # XGLM's float32 fill of finfo(float64).min overflows: probe in float32
             p.dtype = "float32"
-            single = p.example(t=3, s=3)
+            single = p.example(t=p.square, s=p.square)
             out32 = p.call(p.conv, single)
             if _any_reference(p, p.conv, single, out32):
                 example, out = single, out32
@@ -685,9 +691,9 @@ def infer_adapter(adapter: Adapter, *, seed: int = 0, candidate: Any = None) -> 
                 p.dtype = "float64"
         go = _any_reference(p, p.conv, example, out)
         if not go:  # every later probe would differ too: one finding, not one per field
-            p.find("reference", f"the plainest call (t=s=3, no mask) {_describe(out)} from the reference, plain or "
-                   f"causal: the module computes something its spec does not describe, nothing more is inferred",
-                   p.conv, example)
+            p.find("reference", f"the plainest call (t=s={p.square}, no mask) {_describe(out)} from the reference, "
+                   f"plain or causal: the module computes something its spec does not describe, nothing more is "
+                   f"inferred", p.conv, example)
     if go:
         _causal(p)
         masks = p.conv.supports_mask and "supports_mask" not in {f.field for f in p.findings}

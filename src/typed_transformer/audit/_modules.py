@@ -258,7 +258,17 @@ def decomposed_bias(q: Float[Tensor, "b h t d"], rel_h: Float[Tensor, "lh d"], r
     return rearrange(bias, "b h y x ky kx -> b h (y x) (ky kx)")
 
 
+def window_bias(table: Float[Tensor, "n h"], window: tuple[int, int]) -> Float[Tensor, "h t t"]:
+    """Swin's relative position bias: tokens ``i``, ``j`` of a ``Wh x Ww`` window (row-major) at offset
+    ``(dy, dx)`` get ``table[(dy + Wh - 1) (2 Ww - 1) + dx + Ww - 1]``, one entry per head."""
+    rows, cols = window
+    y, x = torch.arange(rows * cols) // cols, torch.arange(rows * cols) % cols
+    index = (y[:, None] - y[None, :] + rows - 1) * (2 * cols - 1) + x[:, None] - x[None, :] + cols - 1
+    return rearrange(table[index], "t s h -> h t s")
+
+
 resize_table = typechecked(resize_table)
+window_bias = typechecked(window_bias)
 decomposed_bias = typechecked(decomposed_bias)
 
 #: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers

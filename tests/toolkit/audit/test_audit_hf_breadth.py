@@ -120,7 +120,8 @@ def test_resize_table_is_torch_s_linear_interpolation(length: int, n: int) -> No
 
 
 def test_decomposed_bias_is_sam_s_on_a_two_dimensional_grid() -> None:
-    """Against SAM's own ``get_decomposed_rel_pos`` on a 3 x 5 grid whose tables are resized (27 entries: built for 14 x 14)."""
+    """Against SAM's own ``get_decomposed_rel_pos`` on a 3 x 5 grid whose tables are resized (27 entries: built for
+    14 x 14)."""
     from typed_transformer.audit._modules import decomposed_bias
 
     module: Any = randomize_parameters(hf_build(_class("sam", "SamVisionAttention")), 0).double()
@@ -259,3 +260,40 @@ def test_values_from_the_key_projection_and_a_cache_the_class_only_reads() -> No
     assert (spec.k, spec.v, spec.v_norm) == ("k_proj", "k_proj", "v_norm")
     assert spec.decode is None
     assert audit_module(module, spec, conventions="infer", **QUICK).passed
+
+
+def test_window_bias_is_swin_s_own_table_lookup() -> None:
+    """Against Swin's ``SwinRelativePositionBias`` (its own index buffer) on a 3 x 3 window."""
+    from transformers.models.swin.modeling_swin import SwinRelativePositionBias
+
+    from typed_transformer.audit._modules import window_bias
+
+    bias: Any = randomize_parameters(SwinRelativePositionBias(4, (3, 3)), 0).double()
+    with torch.no_grad():
+        torch.testing.assert_close(window_bias(bias.relative_position_bias_table, (3, 3)), bias()[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("model", "name"), [
+    ("swin", "SwinAttention"), ("clap", "ClapAudioSelfAttention"), ("clap", "ClapAudioAttention"),
+])
+def test_swin_windows_pass_at_their_one_length(model: str, name: str) -> None:
+    """Swin's windows are built 2 x 2 (its 7 x 7 would be longer than the audit's sequences): every example is one
+    window of 4 tokens, with its per-window mask (shared by the heads)."""
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    spec = hf_spec(module)
+    assert spec.conventions.lengths == (4, 4)
+    assert spec.position_bias is not None
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert report.status("masking") == "PASS"
+
+
+def test_a_swin_that_reads_its_table_the_wrong_way_fails() -> None:
+    """A Swin whose index buffer is transposed (offset ``j - i`` for ``i - j``) fails ``reference``."""
+    module: Any = randomize_parameters(hf_build(_class("swin", "SwinAttention")), 0)
+    spec = hf_spec(module)
+    assert audit_module(module, spec, **QUICK).status("reference") == "PASS"
+    index = module.relative_position_bias.relative_position_index
+    module.relative_position_bias.relative_position_index = index.view(4, 4).T.reshape(-1)
+    assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
