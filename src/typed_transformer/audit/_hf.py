@@ -620,6 +620,14 @@ def _decomposed(module: nn.Module) -> DecomposedRelPos | None:
     return DecomposedRelPos("rel_pos_h", "rel_pos_w", one_row) if tables and used else None
 
 
+def _separate_biases(core: nn.Module) -> bool:
+    """DeBERTa's ``q_bias`` and ``v_bias``: the query and value biases as parameters of their own, added to the
+    heads of a bias-free fused projection."""
+    source = _source(type(core).forward)
+    return all(isinstance(getattr(core, n, None), Tensor) for n in ("q_bias", "v_bias")) and (
+        "self.q_bias" in source and "self.v_bias" in source)
+
+
 def _window_table(module: nn.Module) -> tuple[str, tuple[int, int]] | None:
     """Swin's relative position bias (Swin, CLAP's audio encoder): the path of the module that holds the learned
     table ``relative_position_bias_table ((2 Wh - 1) (2 Ww - 1), h)``, and the window ``(Wh, Ww)`` its tokens lie
@@ -713,6 +721,10 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append(f"DeepSeek sparse attention: its indexer keeps the {topk} best-scored keys of each query; the "
                      f"audit's sequences are shorter, so every key is kept and it is audited as the dense latent "
                      f"attention: the selection itself is not tested")
+    if any(getattr(m, "relative_attention", None) is False and hasattr(m, "pos_att_type") for m in module.modules()):
+        notes.append("DeBERTa's disentangled attention is off in its default config (relative_attention=False): "
+                     "audited as plain attention, so the content-to-position and position-to-content terms of the "
+                     "released checkpoints are not tested")
     if _decomposed(module) is not None:
         notes.append("decomposed relative positions on the audit's image of one row of t patches: the width table is "
                      "tested at every distance, the height table only at distance 0 (a term constant along each "
@@ -765,10 +777,14 @@ def hf_limits(module: nn.Module) -> list[str]:
             _v_norm(module, "") or "",
             *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or ""}
     for name, child in module.named_children():
-        if name not in read and not isinstance(child, nn.Dropout | nn.Identity):
+        # dropout of any class (DeBERTa's StableDropout): off in eval mode
+        if name not in read and not isinstance(child, nn.Dropout | nn.Identity) and not type(child).__name__.endswith(
+                "Dropout"):
             limits.append(f"submodule {name!r} ({type(child).__name__}) the spec does not read")
     # parameters of the class itself (attention sinks, differential lambdas, decomposed relative position tables)
     own = {"sinks"} if _sinks(module) is not None else set()
+    if _separate_biases(module):
+        own |= {"q_bias", "v_bias"}
     if _decomposed(module) is not None:
         own |= {"rel_pos_h", "rel_pos_w"}
     if _differential(module) is not None:
@@ -897,6 +913,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     if theta is None and (rotary_class is not None or internal):
         theta = _literal_theta(rotary_class.__module__ if rotary_class is not None else _modeling(cls).__name__)
     source = _source(cls.forward)
+    # a mask used as booleans, True = may attend (DeBERTa's masked_fill(~attention_mask, min)): given as such
+    boolean_mask = re.search(rf"~\s*\(?\s*{mask_arg}\b|{mask_arg}\.bool\(\)", _source(type(core).forward)) is not None
     # Swin's windows: every sequence is one window of Wh x Ww tokens, with a mask per window shared by the heads
     window_table = _window_table(module)
     residual = False  # decided below, once the module can be called
@@ -1009,6 +1027,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         keep = with_causal(keep, is_causal, t, s)
         if keep is None:  # an explicit mask always: without one, some kernels decide causality themselves
             keep = torch.ones(1, 1, t, s, dtype=torch.bool)
+        if boolean_mask:
+            return window_keep(m, keep, t, s).expand(b, keep.shape[1], t, s)
         mask = additive_mask(window_keep(m, keep, t, s).expand(b, keep.shape[1], t, s), x.dtype)
         assert mask is not None
         if window_table is not None:  # (windows, t, s): one mask per window (a sequence here), shared by the heads
@@ -1105,6 +1125,15 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
         decomposed=_decomposed(module))
+    if _separate_biases(core):  # DeBERTa's q_bias and v_bias, added to the heads of its bias-free in_proj
+        unbiased, owner = spec, layout.core.rstrip(".")
+
+        def biased(m: Any) -> Weights:
+            w = spec_weights(m, unbiased)
+            c = resolve(m, owner, cls.__name__) if owner else m
+            return dataclasses.replace(w, bq=c.q_bias.detach().double(), bv=c.v_bias.detach().double())
+
+        spec = dataclasses.replace(spec, weights=biased)
     if isinstance(v_scale, float | int) and v_scale != 1:  # MiMo-V2-Flash scales its values by a constant
         plain = spec
 

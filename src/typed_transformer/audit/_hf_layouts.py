@@ -212,7 +212,17 @@ def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (No
                   relative_bias=isinstance(getattr(core, "relative_attention_bias", None), nn.Embedding),
                   norms=_norms(module, prefix, qk_norms),
                   weights=_codegen_weights(prefix, str(fused), out, groups) if groups else None,
-                  qkv_layout="heads" if fused in _PER_HEAD else "blocks")
+                  qkv_layout="heads" if fused in _PER_HEAD or _split_per_head(core, fused) else "blocks")
+
+
+def _split_per_head(core: Any, fused: str | None) -> bool:
+    """The fused projection's output split into q, k, v after the split into heads (DeBERTa's
+    ``transpose_for_scores(self.in_proj(x)).chunk(3, dim=-1)``): laid out per head, ``(h [q k v] d)``."""
+    if fused is None:
+        return False
+    source = _forward_source(type(core))
+    named = re.search(rf"(\w+) = self\.{fused}\(", source)
+    return named is not None and re.search(rf"transpose_for_scores\({named.group(1)}\)\.chunk\(3", source) is not None
 
 
 def _width(core: Any, name: str) -> int:

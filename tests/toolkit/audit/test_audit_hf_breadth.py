@@ -297,3 +297,45 @@ def test_a_swin_that_reads_its_table_the_wrong_way_fails() -> None:
     index = module.relative_position_bias.relative_position_index
     module.relative_position_bias.relative_position_index = index.view(4, 4).T.reshape(-1)
     assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize(("model", "name"), [
+    ("deberta", "DisentangledSelfAttention"),  # in_proj split per head, q_bias and v_bias of their own
+    ("deberta", "DebertaAttention"),
+    ("deberta_v2", "DisentangledSelfAttention"),  # a boolean mask: masked_fill(~attention_mask, min)
+    ("deberta_v2", "DebertaV2Attention"),
+])
+def test_deberta_passes_with_its_relative_attention_off_and_says_so(model: str, name: str) -> None:
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    report = audit_module(module, hf_spec(module), conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("masking") == "PASS"
+    assert any("disentangled attention is off" in note for note in hf_notes(module))
+    assert hf_limits(module) == []
+
+
+def test_deberta_without_its_separate_biases_or_per_head_split_fails() -> None:
+    """DeBERTa's in_proj is split per head (read in blocks, it fails), and its q_bias is added (a module that leaves
+    it out, compared with the weights of one that adds it, fails)."""
+    import copy
+    import dataclasses
+
+    module: Any = randomize_parameters(hf_build(_class("deberta", "DisentangledSelfAttention")), 0)
+    spec = hf_spec(module)
+    assert spec.qkv_layout == "heads"
+    assert spec.weights is not None
+    assert audit_module(module, spec, **QUICK).status("reference") == "PASS"
+    blocks = dataclasses.replace(spec, weights=None, qkv_layout="blocks")
+
+    def in_blocks(m: Any) -> Any:
+        biases = {"bq": m.q_bias.detach().double(), "bv": m.v_bias.detach().double()}
+        return dataclasses.replace(spec_weights(m, blocks), **biases)
+
+    assert audit_module(module, dataclasses.replace(spec, weights=in_blocks), **QUICK).status("reference") == "FAIL"
+    biased = copy.deepcopy(module)
+    with torch.no_grad():
+        module.q_bias.zero_()
+        biased.q_bias.fill_(1.0)
+    read = spec.weights
+    assert audit_module(module, dataclasses.replace(spec, weights=lambda m: read(biased)),
+                        **QUICK).status("reference") == "FAIL"
