@@ -53,6 +53,8 @@ NOT_DOT_PRODUCT = {
     "Aggregated": "attention over aggregated (pooled) keys",
     "ProbSparse": "ProbSparse attention (only the top-u queries by a sampled sparsity score attend; the others take "
                   "the mean of the values)",
+    "RegionToPhrase": "region-to-phrase scores (VisualBERT: one head's masked, scaled logits returned as they are, "
+                      "no softmax and no values)",
     "AutoformerAttention": "auto-correlation (period discovery by FFT and time-delay aggregation, no softmax over "
                            "query-key products)",
 }

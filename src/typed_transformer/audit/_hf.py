@@ -34,6 +34,7 @@ from ._modules import (
     SHIPPED_SPECS,
     DecomposedRelPos,
     Differential,
+    Disentangled,
     Latent,
     ModuleSpec,
     MRope,
@@ -64,7 +65,10 @@ TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_va
                         # multi-head latent attention (DeepSeek V2/V3): heads of 4 + 4 query/key features (the
                         # last 4 turned), values of 4, latents of 8
                         "kv_lora_rank": 8, "q_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4,
-                        "v_head_dim": 4}
+                        "v_head_dim": 4,
+                        # DeBERTa's disentangled attention, as its released checkpoints have it (the default configs
+                        # switch it off), log-spaced distances beyond 4
+                        "relative_attention": True, "pos_att_type": ("p2c", "c2p"), "position_buckets": 8}
 
 #: the base of the rotary tables the audit makes itself (packed ``cu_seqlens`` encoders, image-grid rotaries)
 _PACKED_THETA = 10000.0
@@ -140,6 +144,8 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
             current = getattr(config, key, None)
             if isinstance(current, list | tuple) and not isinstance(value, list | tuple):
                 value = type(current)([value] * len(current))
+            elif isinstance(value, tuple) and not isinstance(current, tuple):  # a list field (DeBERTa's pos_att_type)
+                value = list(value)
             # a read-only property (Falcon's head_dim), a field the config refuses (ProphetNet's num_hidden_layers)
             with contextlib.suppress(AttributeError, NotImplementedError):
                 setattr(config, key, value)
@@ -212,10 +218,15 @@ def _tiny_partial_rotary(config: Any) -> None:
         # latent attention whose rotary class turns head_dim * factor features: qk_rope_head_dim of them (Mistral 4)
         config.head_dim = int(rope_dim / factor)
         return
-    if factor is None or int(TINY["head_dim"] * factor) >= 2:
+    turned = None if factor is None else int(TINY["head_dim"] * factor)
+    if factor is None or (turned is not None and turned >= 2 and turned % 2 == 0):
         return
+    # the narrowest even head that turns an even number of features, 2 or more (Moonshine's 0.9 of 4 turns 3: its
+    # rotary class makes frequencies for 3 features and its cos/sin turn 4, the reference 3)
     head = math.ceil(2 / float(factor))
     head += head % 2
+    while int(head * float(factor)) % 2:
+        head += 2
     config.head_dim, config.hidden_size = head, TINY["num_attention_heads"] * head
 
 
@@ -279,8 +290,10 @@ def _rotate_source(module: nn.Module) -> str:
         apply = inspect.getsource(getattr(modeling, called.group(1) if called else "apply_rotary_pos_emb"))
     except (AttributeError, OSError, TypeError):
         apply = "rotate_half("
-    # gpt-oss: _apply_rotary_emb; GPT-J and CodeGen on transformers 5.0: rotate_every_two
-    names = re.findall(r"\b(rotate_half\w*|rotate_every_two|_apply_rotary_emb)\(", apply) or ["rotate_half"]
+    # gpt-oss: _apply_rotary_emb; GPT-J and CodeGen on transformers 5.0: rotate_every_two; Inkling 2's vision tower
+    # and SAM 2's: rotate_pairwise
+    names = re.findall(r"\b(rotate_half\w*|rotate_every_two|rotate_pairwise|_apply_rotary_emb)\(", apply) or [
+        "rotate_half"]
     return _source(getattr(modeling, names[0], None))
 
 
@@ -294,7 +307,9 @@ def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
     complex_turn = "view_as_complex" in _source(getattr(_modeling(type(module)), "apply_rotary_emb", None))
     if complex_turn and "apply_rotary_emb(" in _source(type(module).forward):  # Llama 4: complex pairs (2i, 2i+1)
         return "interleaved"
-    return "interleaved" if "::2]" in _rotate_source(module) else "half"
+    rotate = _rotate_source(module)
+    # rotate_pairwise: x.view(*x.shape[:-1], -1, 2), pairs (2i, 2i+1) (Inkling 2's vision tower)
+    return "interleaved" if "::2]" in rotate or "view(*x.shape[:-1], -1, 2)" in rotate else "half"
 
 
 def _input_width(module: nn.Module, layout: Layout) -> int:
@@ -620,6 +635,48 @@ def _decomposed(module: nn.Module) -> DecomposedRelPos | None:
     return DecomposedRelPos("rel_pos_h", "rel_pos_w", one_row) if tables and used else None
 
 
+def _boolean_mask(core: nn.Module, mask_arg: str) -> bool:
+    """The mask is used as booleans, True = may attend: DeBERTa's ``masked_fill(~attention_mask, min)``, or SEW-D's
+    ``XSoftmax.apply(scores, attention_mask, -1)`` whose forward fills ``~(mask.to(torch.bool))``."""
+    forward = _source(type(core).forward)
+    if re.search(rf"~\s*\(?\s*{mask_arg}\b|{mask_arg}\.bool\(\)", forward):
+        return True
+    applied = re.findall(rf"(\w+)\.apply\([^)]*\b{mask_arg}\b", forward)
+    modeling = _modeling(type(core))
+    return any(re.search(r"~\s*\(?\s*\w+\.to\(torch\.bool\)", _source(getattr(getattr(modeling, name, None),
+                                                                             "forward", None))) for name in applied)
+
+
+def _disentangled(core: nn.Module, prefix: str) -> Disentangled | None:
+    """DeBERTa's disentangled attention (v2 and SEW-D: ``pos_ebd_size``; v1: ``pos_proj``), when its
+    ``relative_attention`` is on; the relative-embedding table its encoder would pass is the audit's own (seeded,
+    ``(2 m, e)``), passed as ``rel_embeddings``."""
+    if not getattr(core, "relative_attention", False) or not hasattr(core, "pos_att_type"):
+        return None
+    v2 = hasattr(core, "pos_ebd_size")
+    rows = 2 * int(core.pos_ebd_size if v2 else core.max_relative_positions)
+    first = next(c for n in ("query_proj", "in_proj") if isinstance(c := getattr(core, n, None), nn.Linear))
+    width = int(first.in_features)
+
+    def table(m: Any) -> Tensor:
+        return torch.randn(rows, width, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+    return Disentangled(table, "v2" if v2 else "v1", terms=f"{prefix}pos_att_type", share_key=f"{prefix}share_att_key",
+                        key_proj=prefix + ("pos_key_proj" if v2 else "pos_proj"),
+                        query_proj=prefix + ("pos_query_proj" if v2 else "pos_q_proj"),
+                        buckets=f"{prefix}position_buckets" if v2 else 0,
+                        max_position=f"{prefix}max_relative_positions")
+
+
+def _deberta_scale(core: nn.Module) -> float | None:
+    """DeBERTa's logit scale ``1 / sqrt(d (1 + #terms))``, whether its disentangled terms are on or not."""
+    terms = getattr(core, "pos_att_type", None)
+    if terms is None or not hasattr(core, "relative_attention"):
+        return None
+    d = int(getattr(core, "attention_head_size", 0) or core.all_head_size // core.num_attention_heads)
+    return float((d * (1 + sum(term in ("c2p", "p2c") for term in terms))) ** -0.5)
+
+
 def _separate_biases(core: nn.Module) -> bool:
     """DeBERTa's ``q_bias`` and ``v_bias``: the query and value biases as parameters of their own, added to the
     heads of a bias-free fused projection."""
@@ -693,6 +750,16 @@ def _own_tables(module: nn.Module) -> bool:
     return len(inspect.signature(forward).parameters) < 3
 
 
+def _needed_positions(cls: Any) -> str | None:
+    """The optional position argument of a DETR-style class that keeps its input for the values only when the
+    positions are given (``if object_queries is not None: hidden_states_original = hidden_states``; DAB-DETR's,
+    Table Transformer's, Mask2Former's and OneFormer's attention): without it the value projection reads an unbound
+    name and raises; the audit passes zeros (the positions then add nothing: plain attention)."""
+    found = re.search(r"if (\w+) is not None:\s+hidden_states_original = hidden_states\b", _source(cls.forward))
+    return found.group(1) if found is not None and found.group(1) in inspect.signature(cls.forward).parameters \
+        else None
+
+
 def _positions_optional(cls: Any) -> bool:
     """``forward``'s ``position_embeddings`` defaults to None and its code tests for None (DETR: sine embeddings its
     model adds to the query and key inputs; without them the class is plain attention)."""
@@ -712,6 +779,11 @@ def hf_notes(module: nn.Module) -> list[str]:
             and hf_spec(module).rotary is None and not _heads_as_positions(type(module))):
         notes.append("forward takes position_embeddings and ignores them with this config (audited without "
                      "positions)")
+    needed = _needed_positions(type(module))
+    if needed is not None:
+        notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
+                     f"they set (UnboundLocalError; its model always passes them): audited with zero {needed}, so "
+                     f"what they add is not tested")
     ratios = ("sr_ratio", "sequence_reduction_ratio", "sequences_reduction_ratio", "spatial_reduction_ratio")
     if any(getattr(m, name, None) == 1 for m in module.modules() for name in ratios):
         notes.append("built with a key reduction ratio of 1, as its model's last stage is (every key): the earlier "
@@ -775,7 +847,8 @@ def hf_limits(module: nn.Module) -> list[str]:
                                                                               "kv_norm", "kv_b")]
     read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module), *latent,
             _v_norm(module, "") or "",
-            *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or ""}
+            *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or "",
+            *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ())}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity) and not type(child).__name__.endswith(
@@ -874,7 +947,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     params = list(signature)[1:]
     separate = tuple(params[:3]) in _SEPARATE
     memory_arg = _memory_arg(module, core, signature, cross)
-    mask_arg = next((n for n in ("attention_mask", "mask") if n in signature), "attention_mask")
+    mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask") if n in signature), "attention_mask")
     # ViT on transformers 5.0 takes forward(hidden_states), BLIP's vision attention (hidden_states, **kwargs) and
     # never reads a mask: audited without masks, as its model calls it (a mask passed would be ignored silently)
     # the vision and audio encoders of Qwen2-VL and its kin take one packed sequence ``(total, e)`` cut by
@@ -885,6 +958,16 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     read = re.search(rf"(?<![\w.]){mask_arg}\b(?!\s*=[^=])", _source(cls.forward).split(")", 1)[-1]) is not None
     takes_mask = not packed and (mask_arg in signature or (any(p.kind is p.VAR_KEYWORD for p in signature.values())
                                                           and read))
+    # a mask argument the forward never reads, calling its attention function with attention_mask=None instead
+    # (PP-OCRv5's and PP-OCRv6's recognition encoders: "not used but kept for signature matching"): audited without
+    # masks, as its model calls it (the mask would be ignored silently)
+    body = _source(cls.forward).split(")", 1)[-1]
+    if mask_arg in signature and not read and re.search(rf"\b{mask_arg}=None\b", body):
+        takes_mask = False
+    # a packed encoder whose forward never names the mask and calls its attention function with **kwargs only: its
+    # model passes attention_mask=None through them (HunYuan-VL's, HY-V4-VL's vision attention), which eager needs
+    mask_free = packed and mask_arg not in _source(cls.forward) and any(
+        p.kind is p.VAR_KEYWORD for p in signature.values())
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
     # the first parameter is the input, passed by position whatever its name (VitDet's hidden_state)
     unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "") and n not in _PROVIDED
@@ -908,13 +991,25 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     if own_tables:
         rotary_class, mrope = None, None
     heads = _heads_as_positions(cls)
+    zero_positions = _needed_positions(cls)
+    # a class that takes its tokens time first: (t, b, e) in and out (its forward permutes them itself)
+    # (FSMT's: ``tgt_len, bsz, embed_dim = query.size()``)
+    time_first = re.search(r"hidden_states = hidden_states\.permute\(1, 0, 2\)"
+                           r"|tgt_len, bsz, embed_dim = query\.size\(\)", _source(cls.forward)) is not None
+    flat_mask = "attention_mask.size() != (batch_size * self.num_heads" in _source(cls.forward)
+    # a self-attention class that takes its input again as required key (and query) arguments, as its model passes
+    # it: FSMT's forward(query, key, ...) gets query=x, key=x; CTRL's forward(v, k, q, ...) gets x three times (its
+    # keys and values take the queries' shape: one sequence, not separate inputs)
+    again = [n for n in params[1:3] if n in ("key", "k", "q") and signature[n].default is inspect.Parameter.empty
+             ] if not separate and memory_arg is None else []
     cache_arg = next((n for n in ("cache", "past_key_values", "past_key_value") if n in signature), None)
     theta = _PACKED_THETA if own_tables and takes_rotary else _rope_theta(core)
     if theta is None and (rotary_class is not None or internal):
         theta = _literal_theta(rotary_class.__module__ if rotary_class is not None else _modeling(cls).__name__)
     source = _source(cls.forward)
     # a mask used as booleans, True = may attend (DeBERTa's masked_fill(~attention_mask, min)): given as such
-    boolean_mask = re.search(rf"~\s*\(?\s*{mask_arg}\b|{mask_arg}\.bool\(\)", _source(type(core).forward)) is not None
+    boolean_mask = _boolean_mask(core, mask_arg)
+    disentangled = _disentangled(core, layout.core)
     # Swin's windows: every sequence is one window of Wh x Ww tokens, with a mask per window shared by the heads
     window_table = _window_table(module)
     residual = False  # decided below, once the module can be called
@@ -932,6 +1027,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         if packed:
             b, t = x.shape[0], x.shape[1]
             kwargs["cu_seqlens"] = torch.arange(0, (b + 1) * t, t, dtype=torch.int32)
+            if mask_free:  # HunYuan-VL's: its layers pass attention_mask=None through **kwargs to eager attention
+                kwargs["attention_mask"] = None
             if "max_seqlen" in signature:
                 kwargs["max_seqlen"] = t
             flat = rearrange(x, "b t e -> (b t) e")
@@ -946,6 +1043,16 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             unpacked: Tensor = rearrange(rows, "o (b t) e -> (o b) t e" if packed_rows[0] else "(b t) e -> b t e",
                                          b=b)
             return unpacked - x if residual else unpacked
+        if time_first:  # Mask2Former's and OneFormer's: (t, b, e) in and out, the mask (b h, t, s)
+            if flat_mask and mask_arg in kwargs and isinstance(kwargs[mask_arg], Tensor):
+                mask = kwargs[mask_arg]
+                h = int(resolve(m, layout.num_heads, cls.__name__))
+                kwargs[mask_arg] = mask.expand(mask.shape[0], h, *mask.shape[2:]).reshape(-1, *mask.shape[2:])
+            moved = {n: a.transpose(0, 1) if isinstance(a, Tensor) and a.ndim == 3 and n != mask_arg else a
+                     for n, a in kwargs.items()}
+            out = m(x.transpose(0, 1), *(a.transpose(0, 1) for a in args), **moved)
+            first: Tensor = (out[0] if isinstance(out, tuple) else out).transpose(0, 1)
+            return first - x if residual else first
         if point_axis == [True]:  # SAM's (b, points, t, e) tokens: one point
             lifted = [a[:, None] if isinstance(a, Tensor) and a.ndim == 3 else a for a in args]
             memory = {n: a[:, None] for n, a in kwargs.items() if n in _MEMORY_ARGS and isinstance(a, Tensor)}
@@ -1005,10 +1112,17 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             kwargs["position_embeddings"] = own_rotary(m, x, offset) if own_tables else rotary(m, x, offset)
         elif "position_embeddings" in signature:  # required but unused by this layer (Flint's full-attention layers)
             kwargs["position_embeddings"] = None
+        if zero_positions is not None:  # DETR's optional embeddings that its values need: zeros, plain attention
+            kwargs[zero_positions] = torch.zeros_like(x)
+        kwargs.update({n: x for n in again})
         if "position_ids" in signature:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
         if "layer_idx" in signature:
             kwargs["layer_idx"] = getattr(m, "layer_idx", 0)
+        if disentangled is not None:  # DeBERTa's relative embeddings, from its encoder: the audit's own table
+            kwargs["rel_embeddings"] = disentangled.table(m).to(x.dtype)
+            if disentangled.form == "v1":  # its encoder's distances i - j too (v1 adds no term without them)
+                kwargs["relative_pos"] = (torch.arange(x.shape[1])[:, None] - torch.arange(x.shape[1]))[None]
         if "shared_kv_states" in signature:  # Gemma 4's key/value sharing: a layer that owns its keys and values
             kwargs["shared_kv_states"] = {}
         if "height" in signature and "width" in signature:  # an image of one row of t patches (SegFormer)
@@ -1124,7 +1238,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
-        decomposed=_decomposed(module))
+        decomposed=_decomposed(module), disentangled=disentangled)
+    if (deberta := _deberta_scale(core)) is not None:
+        spec = dataclasses.replace(spec, scale=deberta)
     if _separate_biases(core):  # DeBERTa's q_bias and v_bias, added to the heads of its bias-free in_proj
         unbiased, owner = spec, layout.core.rstrip(".")
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import torch
 from einops import einsum, rearrange, repeat
-from jaxtyping import Bool, Float, Float64
+from jaxtyping import Bool, Float, Float64, Int
 from torch import Tensor, nn
 
 from ..masks import merge_causal, window_mask
@@ -267,9 +267,58 @@ def window_bias(table: Float[Tensor, "n h"], window: tuple[int, int]) -> Float[T
     return rearrange(table[index], "t s h -> h t s")
 
 
+@dataclass(frozen=True)
+class Disentangled:
+    """DeBERTa's disentangled attention (He et al., 2021): each logit gains a content-to-position and a
+    position-to-content term from a table ``E (n, e)`` of relative-position embeddings (the model's, which its
+    encoder passes to every layer; ``table(module)`` gives the one the spec's forward passes):
+
+        ``A_ij = (q_i . k_j + q_i . Kr[r(i, j)] + k_j . Qr[r(i, j)]) / sqrt(d (1 + #terms))``
+
+    ``Kr = E W_k^T + b_k`` and ``Qr = E W_q^T + b_q`` split into heads: the projections at ``key_proj`` and
+    ``query_proj`` (the content ones when ``share_key`` is true); ``terms`` names the terms the module adds
+    (``"c2p"``: ``q . Kr``, ``"p2c"``: ``k . Qr``), ``q`` and ``k`` as projected with their biases. The row
+    ``r(i, j)`` of the distance ``i - j`` (:func:`disentangled_rows`): DeBERTa v2 (``form="v2"``) reads rows
+    ``clamp(bucket(i - j) + m, 0, 2 m - 1)`` with ``m`` its ``buckets`` (or ``max_position`` without buckets) and
+    :func:`log_bucket` distances; DeBERTa (``form="v1"``) reads rows ``M + clamp(i - j, -m, m - 1)`` with ``M`` its
+    ``max_position`` and ``m = min(max(t, s), M)``."""
+
+    table: Callable[[Any], Tensor]
+    form: Literal["v1", "v2"] = "v2"
+    terms: str = "pos_att_type"
+    share_key: str = "share_att_key"
+    key_proj: str = "pos_key_proj"
+    query_proj: str = "pos_query_proj"
+    buckets: str | int = "position_buckets"
+    max_position: str = "max_relative_positions"
+
+
+def log_bucket(distance: Int[Tensor, "*shape"], buckets: int, max_position: int) -> Int[Tensor, "*shape"]:
+    """DeBERTa v2's log-spaced distances: exact within ``buckets // 2`` (``m``) of zero, beyond it
+    ``sign * (m + ceil(log(|x| / m) / log((max_position - 1) / m) * (m - 1)))``."""
+    half = buckets // 2
+    size = distance.abs().double()
+    far = torch.ceil(torch.log(size.clamp(min=half) / half) / math.log((max_position - 1) / half) * (half - 1)) + half
+    return torch.where(size <= half, distance, (far * distance.sign()).long())
+
+
+def disentangled_rows(t: int, s: int, form: Literal["v1", "v2"], buckets: int, max_position: int
+                      ) -> Int[Tensor, "{t} {s}"]:
+    """The row of DeBERTa's relative-embedding table that query ``i`` and key ``j`` read (:class:`Disentangled`)."""
+    distance = torch.arange(t)[:, None] - torch.arange(s)[None, :]
+    if form == "v1":
+        span = min(max(t, s), max_position)
+        return max_position + distance.clamp(-span, span - 1)
+    span = buckets if buckets > 0 else max_position
+    near = log_bucket(distance, buckets, max_position) if buckets > 0 else distance
+    return (near + span).clamp(0, 2 * span - 1)
+
+
 resize_table = typechecked(resize_table)
 window_bias = typechecked(window_bias)
 decomposed_bias = typechecked(decomposed_bias)
+log_bucket = typechecked(log_bucket)
+disentangled_rows = typechecked(disentangled_rows)
 
 #: The specs ``audit_module(..., spec="name")`` accepts by name: :mod:`typed_transformer.audit.specs` registers
 #: the shipped ones here when the package loads (this module never imports it).
@@ -370,6 +419,8 @@ class ModuleSpec:
     latent: Latent | None = None
     #: decomposed relative positions (SAM's image encoder, MViTv2): a query-dependent bias from two learned tables
     decomposed: DecomposedRelPos | None = None
+    #: DeBERTa's disentangled attention: content-to-position and position-to-content terms in the logits
+    disentangled: Disentangled | None = None
     #: M-RoPE with 3-D positions (Qwen2-VL): each frequency section turns by its own axis of
     #: :func:`mrope_positions`; the spec's forward passes the module those positions
     mrope: MRope | None = None
@@ -661,13 +712,32 @@ with_causal = typechecked(with_causal)
 
 
 @shape_checked
+def _disentangled(module: Any, spec: ModuleSpec, dz: Disentangled, h: int
+                  ) -> tuple[Tensor | None, Tensor | None, Literal["v1", "v2"], int, int]:
+    """DeBERTa's position keys and queries ``(h, n, d)`` (each None where its term is off), in float64, from the
+    spec's relative-embedding table; with the rows' form, buckets and largest position."""
+    terms = [str(term) for term in (resolve(module, dz.terms, spec.name) or [])]
+    share = bool(resolve(module, dz.share_key, spec.name)) if dz.form == "v2" else False
+    table = dz.table(module).detach().double()
+
+    def embed(path: str) -> Tensor:
+        weight, bias = _linear(module, path, spec)
+        out = einsum(table, weight, "n e, o e -> n o") + (0.0 if bias is None else bias)
+        return rearrange(out, "n (h d) -> h n d", h=h)
+
+    kr = embed(spec.k if share and spec.k else dz.key_proj) if "c2p" in terms else None
+    qr = embed(spec.q if share and spec.q else dz.query_proj) if "p2c" in terms else None
+    buckets = dz.buckets if isinstance(dz.buckets, int) else int(resolve(module, dz.buckets, spec.name))
+    return kr, qr, dz.form, buckets, int(resolve(module, dz.max_position, spec.name))
+
+
 class ModuleAdapter:
     """The :class:`~typed_transformer.audit._core.Adapter` of a module: the checks call a deep copy of it (one
     per dtype, in eval mode); the reference uses its weights in float64."""
 
     kind: Literal["function", "module"] = "module"
-    __shape_checked__ = ("call", "bias", "with_grid", "visible", "reference", "logit_bound", "logits", "rows", "decode",
-                         "fast_path")
+    __shape_checked__ = ("call", "bias", "with_content", "visible", "reference", "logit_bound", "logits", "rows",
+                         "decode", "fast_path")
 
     def __init__(self, module: nn.Module, spec: ModuleSpec, *, conventions: Conventions | None = None,
                  name: str | None = None) -> None:
@@ -771,9 +841,15 @@ class ModuleAdapter:
                                       f"queries' grid, so they need self-attention")
             self.decomposed = (resolve(self.original, spec.decomposed.h, spec.name).detach().double(),
                                resolve(self.original, spec.decomposed.w, spec.name).detach().double())
+        #: DeBERTa's disentangled attention: ``(Kr or None, Qr or None)`` per head ``(h, n, d)`` in float64, the rows'
+        #: form, buckets and largest position (None: none)
+        self.disentangled: tuple[Tensor | None, Tensor | None, Literal["v1", "v2"], int, int] | None = None
+        if spec.disentangled is not None:
+            self.disentangled = _disentangled(self.original, spec, spec.disentangled, w.h)
         positional = [what for what, present in (("rotary positions", self.rotary is not None),
                                                   ("a position bias", spec.position_bias is not None
-                                                   or spec.alibi is not None or spec.decomposed is not None),
+                                                   or spec.alibi is not None or spec.decomposed is not None
+                                                   or spec.disentangled is not None),
                                                   ("a sliding window", self.window is not None)) if present]
         self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
@@ -873,18 +949,29 @@ class ModuleAdapter:
                                   f"{tuple(bias.shape)}, expected (1 or {self.weights.h}, {t}, {s})")
         return (bias if alibi is None else bias + alibi.to(dtype))[None]
 
-    def with_grid(self, bias: Float[Tensor, "1 #h t s"] | None, q: Float[Tensor, "b h t d"]
-                  ) -> Float[Tensor, "#b #h t s"] | None:
-        """``bias`` plus the decomposed relative positions of the queries ``q`` (when the spec has them)."""
-        if self.decomposed is None or self.spec.decomposed is None:
-            return bias
-        t = q.shape[2]
-        grid = self.spec.decomposed.grid(t)
-        if grid[0] * grid[1] != t:
-            raise AuditUsageError(f"spec {self.spec.name!r}: decomposed.grid({t}) gave {grid}, not a grid of {t} "
-                                  f"tokens")
-        rel = decomposed_bias(q, *(table.to(q.dtype) for table in self.decomposed), grid)
-        return rel if bias is None else bias + rel
+    def with_content(self, bias: Float[Tensor, "1 #h t s"] | None, q: Float[Tensor, "b h t d"],
+                     k: Float[Tensor, "b g s d"]) -> Float[Tensor, "#b #h t s"] | None:
+        """``bias`` plus the terms that depend on the queries ``q`` and keys ``k``: decomposed relative positions,
+        DeBERTa's disentangled terms (when the spec has them)."""
+        t, s = q.shape[2], k.shape[2]
+        if self.decomposed is not None and self.spec.decomposed is not None:
+            grid = self.spec.decomposed.grid(t)
+            if grid[0] * grid[1] != t:
+                raise AuditUsageError(f"spec {self.spec.name!r}: decomposed.grid({t}) gave {grid}, not a grid of {t} "
+                                      f"tokens")
+            rel = decomposed_bias(q, *(table.to(q.dtype) for table in self.decomposed), grid)
+            bias = rel if bias is None else bias + rel
+        if self.disentangled is not None:
+            kr, qr, form, buckets, largest = self.disentangled
+            rows = disentangled_rows(t, s, form, buckets, largest)
+            terms = q.new_zeros(q.shape[0], q.shape[1], t, s)
+            if kr is not None:  # content to position: the query against the key embedding of the distance
+                terms = terms + einsum(q, kr.to(q.dtype)[:, rows], "b h t d, h t s d -> b h t s")
+            if qr is not None:  # position to content: the key against the query embedding of the distance
+                terms = terms + einsum(k, qr.to(q.dtype)[:, rows], "b h s d, h t s d -> b h t s")
+            terms = terms * self.weights.scale
+            bias = terms if bias is None else bias + terms
+        return bias
 
     def visible(self, keep: KeepMask | None, is_causal: bool, t: int, s: int
                 ) -> tuple[Bool[Tensor, "#b #h #t _"] | None, bool]:
@@ -906,7 +993,7 @@ class ModuleAdapter:
         q, k, v = self._project(ins, dtype)
         t, s = q.shape[2], ins[1].shape[1]
         keep, is_causal = self.visible(keep, is_causal, t, s)
-        bias = self.with_grid(self.bias(t, s, dtype), q)
+        bias = self.with_content(self.bias(t, s, dtype), q, k[:, :, :s])
         if bias is not None and self.weights.extra_k is not None:
             bias = torch.cat([bias, bias.new_zeros(*bias.shape[:-1], self.weights.extra_k.shape[0])], dim=-1)
         w = self.weights
@@ -939,7 +1026,7 @@ class ModuleAdapter:
         q, k, _ = self._project(ins, torch.float64)
         grouped = rearrange(q.abs(), "b (g r) t d -> b g r t d", g=k.shape[1])
         bound = float(einsum(grouped, k.abs(), "b g r t d, b g s d -> b g r t s").max()) * abs(self.weights.scale)
-        rel = self.with_grid(None, q)
+        rel = self.with_content(None, q, k)
         return bound if rel is None else bound + float(rel.abs().max())
 
     def logits(self, ins: ModuleInputs) -> Float64[Tensor, "b h t s"]:
@@ -948,7 +1035,8 @@ class ModuleAdapter:
         grouped = rearrange(q, "b (g r) t d -> b g r t d", g=k.shape[1])
         logits = einsum(grouped, k, "b g r t d, b g s d -> b g r t s") * self.weights.scale
         logits = rearrange(logits, "b g r t s -> b (g r) t s")[..., :ins[1].shape[1]]  # not the extra positions
-        bias = self.with_grid(self.bias(q.shape[2], ins[1].shape[1], torch.float64), q)
+        s = ins[1].shape[1]
+        bias = self.with_content(self.bias(q.shape[2], s, torch.float64), q, k[:, :, :s])
         return logits if bias is None else logits + bias
 
     def rows(self, keep: KeepMask, example: Example) -> Bool[Tensor, "b t 1"]:

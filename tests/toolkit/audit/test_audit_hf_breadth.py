@@ -300,18 +300,61 @@ def test_a_swin_that_reads_its_table_the_wrong_way_fails() -> None:
 
 
 @pytest.mark.parametrize(("model", "name"), [
-    ("deberta", "DisentangledSelfAttention"),  # in_proj split per head, q_bias and v_bias of their own
+    ("deberta", "DisentangledSelfAttention"),  # in_proj split per head, q_bias and v_bias of their own; v1 rows
     ("deberta", "DebertaAttention"),
-    ("deberta_v2", "DisentangledSelfAttention"),  # a boolean mask: masked_fill(~attention_mask, min)
+    ("deberta_v2", "DisentangledSelfAttention"),  # a boolean mask: masked_fill(~attention_mask, min); log buckets
     ("deberta_v2", "DebertaV2Attention"),
+    ("sew_d", "DisentangledSelfAttention"),  # share_att_key: the content projections; XSoftmax's boolean mask
+    ("sew_d", "SEWDAttention"),
 ])
-def test_deberta_passes_with_its_relative_attention_off_and_says_so(model: str, name: str) -> None:
+def test_deberta_s_disentangled_attention_passes(model: str, name: str) -> None:
     module = randomize_parameters(hf_build(_class(model, name)), 0)
-    report = audit_module(module, hf_spec(module), conventions="infer", **QUICK)
+    spec = hf_spec(module)
+    assert spec.disentangled is not None
+    report = audit_module(module, spec, conventions="infer", **QUICK)
     assert report.passed, report.table()
     assert report.status("masking") == "PASS"
-    assert any("disentangled attention is off" in note for note in hf_notes(module))
     assert hf_limits(module) == []
+    off = hf_build(_class(model, name), {"relative_attention": False})
+    assert hf_spec(off).disentangled is None
+    assert any("disentangled attention is off" in note for note in hf_notes(off))
+
+
+def test_log_bucket_is_deberta_v2_s() -> None:
+    from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+
+    from typed_transformer.audit._modules import log_bucket
+
+    distance = torch.arange(-300, 301)
+    for buckets, largest in ((8, 256), (256, 512), (32, 64)):
+        assert torch.equal(log_bucket(distance, buckets, largest),
+                           make_log_bucket_position(distance, buckets, largest).long())
+
+
+@pytest.mark.parametrize(("model", "name"), [("deberta_v2", "DisentangledSelfAttention"),
+                                             ("deberta", "DisentangledSelfAttention")])
+def test_disentangled_reference_matches_deberta_on_a_long_sequence(model: str, name: str) -> None:
+    """40 tokens: distances up to 39, past v2's exact range (4) into its log-spaced buckets and its clamp."""
+    from typed_transformer.audit._modules import ModuleAdapter
+
+    module = randomize_parameters(hf_build(_class(model, name)), 0).double()
+    adapter = ModuleAdapter(module, hf_spec(module))
+    x = torch.randn(2, 40, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    out = adapter.call((x, x, x), None, False, torch.float64)
+    assert isinstance(out, Tensor)
+    torch.testing.assert_close(out, adapter.reference((x, x, x), None, False, torch.float64), rtol=0, atol=1e-6)
+
+
+def test_deberta_reading_its_distances_the_wrong_way_round_fails() -> None:
+    """A DeBERTa v2 whose relative embeddings are read in reverse (distance -x for x) fails ``reference``."""
+    module: Any = randomize_parameters(hf_build(_class("deberta_v2", "DisentangledSelfAttention")), 0)
+    spec = hf_spec(module)
+    assert audit_module(module, spec, **QUICK).status("reference") == "PASS"
+    own = module.disentangled_attention_bias
+    span = int(module.pos_ebd_size)
+    module.disentangled_attention_bias = lambda q, k, pos, table, factor: own(q, k, pos, table[:2 * span].flip(0),
+                                                                             factor)
+    assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
 
 
 def test_deberta_without_its_separate_biases_or_per_head_split_fails() -> None:
