@@ -382,3 +382,39 @@ def test_deberta_without_its_separate_biases_or_per_head_split_fails() -> None:
     read = spec.weights
     assert audit_module(module, dataclasses.replace(spec, weights=lambda m: read(biased)),
                         **QUICK).status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize(("model", "name", "extra"), [
+    ("dab_detr", "DetrAttention", {}),  # object_queries it needs for its values: zeros
+    ("table_transformer", "TableTransformerAttention", {}),
+    ("mask2former", "Mask2FormerAttention", {}),  # (t, b, e) tokens, a (b h, t, s) mask
+    ("fsmt", "Attention", {}),  # (t, b, e) tokens, forward(query, key, ...), a mask named attn_mask
+    ("ctrl", "MultiHeadAttention", {}),  # forward(v, k, q, ...): x three times
+    ("pp_ocrv5_mobile_rec", "PPOCRV5MobileRecAttention", {}),  # passes attention_mask=None on: no masks
+    ("hunyuan_vl", "HunYuanVLVisionAttention", {}),  # packed, eager needs attention_mask=None through **kwargs
+    ("inkling2", "Inkling2VisionAttention", {}),  # rotate_pairwise: interleaved pairs
+    ("moonshine", "MoonshineAttention", {"num_key_value_heads": 4}),  # partial rotary widened to an even count
+])
+def test_call_forms_found_by_diagnosis_pass(model: str, name: str, extra: dict[str, Any]) -> None:
+    module = randomize_parameters(hf_build(_class(model, name), extra or None), 0)
+    report = audit_module(module, hf_spec(module), conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert hf_limits(module) == []
+
+
+def test_zero_positions_a_detr_class_needs_are_named() -> None:
+    module = hf_build(_class("dab_detr", "DetrAttention"))
+    assert any("audited with zero" in note and "UnboundLocalError" in note for note in hf_notes(module))
+    assert not any("audited with zero" in note for note in hf_notes(hf_build(_class("detr", "DetrSelfAttention"))))
+
+
+def test_inkling_2_s_pairwise_rotary_read_as_half_fails() -> None:
+    import dataclasses
+
+    module = randomize_parameters(hf_build(_class("inkling2", "Inkling2VisionAttention")), 0)
+    spec = hf_spec(module)
+    assert spec.rotary is not None
+    assert spec.rotary.style == "interleaved"
+    half = dataclasses.replace(spec, rotary=dataclasses.replace(spec.rotary, style="half"))
+    assert audit_module(module, half, **QUICK).status("reference") == "FAIL"
