@@ -41,6 +41,7 @@ from ._modules import (
     OutputGate,
     Rotary,
     Weights,
+    _norm,
     additive_mask,
     mrope_positions,
     one_row,
@@ -399,8 +400,8 @@ def _norm_paths(module: nn.Module) -> tuple[str | None, str | None]:
             return q, k
     # one norm for both (Llama 4's weightless qk_norm, after the rotary turn)
     source = _source(type(module).forward)
-    if (isinstance(getattr(module, "qk_norm", None), nn.Module)  # nothing more (Muse's scale factor is not read)
-            and re.search(r"query_states = self\.qk_norm\(query_states\)\n", source)
+    if (isinstance(getattr(module, "qk_norm", None), nn.Module)  # Muse's scale factor: _query_scale
+            and re.search(r"query_states = self\.qk_norm\(query_states\)( \* self\.qk_scale_factor)?\n", source)
             and re.search(r"key_states = self\.qk_norm\(key_states\)\n", source)):
         return "qk_norm", "qk_norm"
     return None, None
@@ -635,6 +636,20 @@ def _decomposed(module: nn.Module) -> DecomposedRelPos | None:
     return DecomposedRelPos("rel_pos_h", "rel_pos_w", one_row) if tables and used else None
 
 
+def _query_scale(module: nn.Module) -> Callable[[Any], Tensor | float] | None:
+    """A factor on the queries after their projection, rotary and norm: TimesFM's learned one per feature
+    (``softplus(scaling) * c / sqrt(d)``, its attention called with ``scaling=1.0``), Muse's ``qk_scale_factor``
+    after its shared norm; as ``factor(module)``."""
+    source = _source(type(module).forward) + _source(getattr(type(module), "_scale_query", None))
+    learned = re.search(r"F\.softplus\(self\.scaling\)\.mul\(([\d.]+) / math\.sqrt\(self\.head_dim\)\)", source)
+    if learned is not None and re.search(r"query(_states)? \* scale\[None, None, None, :\]", source):
+        constant = float(learned.group(1))
+        return lambda m: torch.nn.functional.softplus(m.scaling.detach().double()) * constant / math.sqrt(m.head_dim)
+    if "self.qk_norm(query_states) * self.qk_scale_factor" in source:
+        return lambda m: float(m.qk_scale_factor)
+    return None
+
+
 def _boolean_mask(core: nn.Module, mask_arg: str) -> bool:
     """The mask is used as booleans, True = may attend: DeBERTa's ``masked_fill(~attention_mask, min)``, or SEW-D's
     ``XSoftmax.apply(scores, attention_mask, -1)`` whose forward fills ``~(mask.to(torch.bool))``."""
@@ -856,6 +871,8 @@ def hf_limits(module: nn.Module) -> list[str]:
             limits.append(f"submodule {name!r} ({type(child).__name__}) the spec does not read")
     # parameters of the class itself (attention sinks, differential lambdas, decomposed relative position tables)
     own = {"sinks"} if _sinks(module) is not None else set()
+    if _query_scale(module) is not None:
+        own |= {"scaling"}
     if _separate_biases(module):
         own |= {"q_bias", "v_bias"}
     if _decomposed(module) is not None:
@@ -1239,6 +1256,15 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
         decomposed=_decomposed(module), disentangled=disentangled)
+    if (factor := _query_scale(module)) is not None:  # TimesFM, Muse: the queries' factor after their norm
+        q_path, plain = q_norm, spec
+
+        def scaled_queries(m: Any) -> dict[str, Callable[[Tensor], Tensor]]:
+            norm = None if q_path is None else _norm(m, q_path, plain)
+            f = factor(m)
+            return {"q": lambda q: (q if norm is None else norm(q)) * (f.to(q.dtype) if isinstance(f, Tensor) else f)}
+
+        spec = dataclasses.replace(spec, norms=scaled_queries, **({"scale": 1.0} if "scaling=1.0" in source else {}))
     if (deberta := _deberta_scale(core)) is not None:
         spec = dataclasses.replace(spec, scale=deberta)
     if _separate_biases(core):  # DeBERTa's q_bias and v_bias, added to the heads of its bias-free in_proj

@@ -418,3 +418,26 @@ def test_inkling_2_s_pairwise_rotary_read_as_half_fails() -> None:
     assert spec.rotary.style == "interleaved"
     half = dataclasses.replace(spec, rotary=dataclasses.replace(spec.rotary, style="half"))
     assert audit_module(module, half, **QUICK).status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize(("model", "name"), [
+    ("timesfm", "TimesFmAttention"),  # softplus(scaling) * c / sqrt(d) per feature, scaling=1.0
+    ("timesfm2_5", "TimesFm2_5Attention"),  # the same after its rotary and q_norm
+    ("muse_glimmer", "MuseGlimmerTextAttention"),  # a shared weightless qk_norm, then qk_scale_factor on q
+    ("muse_spark", "MuseSparkTextAttention"),
+])
+def test_a_factor_on_the_queries_after_their_norm_passes(model: str, name: str) -> None:
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    spec = hf_spec(module)
+    assert spec.norms is not None
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert hf_limits(module) == []
+
+
+def test_a_timesfm_that_drops_its_learned_query_scale_fails() -> None:
+    module: Any = randomize_parameters(hf_build(_class("timesfm", "TimesFmAttention")), 0)
+    spec = hf_spec(module)
+    module._scale_query = lambda query: query / float(module.head_dim) ** 0.5  # the plain 1/sqrt(d) instead
+    assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
