@@ -43,6 +43,7 @@ from ._modules import (
     Weights,
     _norm,
     additive_mask,
+    log_coordinates,
     mrope_positions,
     one_row,
     resolve,
@@ -701,16 +702,37 @@ def _separate_biases(core: nn.Module) -> bool:
 
 
 def _window_table(module: nn.Module) -> tuple[str, tuple[int, int]] | None:
-    """Swin's relative position bias (Swin, CLAP's audio encoder): the path of the module that holds the learned
-    table ``relative_position_bias_table ((2 Wh - 1) (2 Ww - 1), h)``, and the window ``(Wh, Ww)`` its tokens lie
-    on (row-major); None for another table (BEiT's has three more rows, for its class token)."""
+    """Swin's relative position bias (Swin, CLAP's audio encoder: a learned table ``relative_position_bias_table
+    ((2 Wh - 1) (2 Ww - 1), h)``; Swin v2, Swin2SR: a ``continuous_position_bias_mlp`` of log-spaced coordinates):
+    the path of the module that holds it, and the window ``(Wh, Ww)`` its tokens lie on (row-major); None for
+    another table (BEiT's has three more rows, for its class token)."""
     for path, child in module.named_modules():
         table, window = getattr(child, "relative_position_bias_table", None), getattr(child, "window_size", None)
-        if isinstance(table, Tensor) and isinstance(window, int | tuple | list):
-            rows, cols = (window, window) if isinstance(window, int) else (int(window[0]), int(window[1]))
-            if table.shape[0] == (2 * rows - 1) * (2 * cols - 1):
-                return path, (rows, cols)
+        if not isinstance(window, int | tuple | list):
+            continue
+        rows, cols = (window, window) if isinstance(window, int) else (int(window[0]), int(window[1]))
+        if isinstance(table, Tensor) and table.shape[0] == (2 * rows - 1) * (2 * cols - 1):
+            return path, (rows, cols)
+        if isinstance(getattr(child, "continuous_position_bias_mlp", None), nn.Sequential):
+            return path, (rows, cols)
     return None
+
+
+def _continuous_bias(owner: Any, window: tuple[int, int]) -> Tensor:
+    """Swin v2's bias ``16 sigmoid(MLP(log coordinates))`` per offset, its MLP (Linear, ReLU, Linear without bias)
+    computed from its weights in float64."""
+    mlp = owner.continuous_position_bias_mlp
+    pretrained = tuple(int(n) for n in owner.pretrained_window_size)
+    coords = log_coordinates(window, (pretrained[0], pretrained[1]))
+    hidden = torch.relu(coords @ mlp[0].weight.detach().double().T + mlp[0].bias.detach().double())
+    return 16 * torch.sigmoid(window_bias(hidden @ mlp[2].weight.detach().double().T, window))
+
+
+def _cosine(core: nn.Module) -> bool:
+    """Swin v2's cosine attention: unit queries and keys, each head's logits times ``exp(min(logit_scale, log
+    100))``."""
+    return isinstance(getattr(core, "logit_scale", None), Tensor) and "normalize(query_layer" in _source(
+        type(core).forward)
 
 
 def _split_scale(module: nn.Module) -> float | None:
@@ -740,6 +762,12 @@ def hf_causes(module: nn.Module) -> list[str]:
                       "then adds the attention mask: a query row whose keys are all masked averages the values of "
                       "the keys left finite (the masked earlier keys, the unmasked later ones; min + min overflows "
                       "to -inf) instead of what a fully masked row gives; rows with an allowed key are exact")
+    if re.search(r"\) \+ attention_mask\.unsqueeze\(1\)\.unsqueeze\(0\)\s*\n\s*attention_scores = attention_scores \+ "
+                 r"attention_mask\.unsqueeze\(1\)\.unsqueeze\(0\)", attention):
+        causes.append("it adds its attention mask twice (on the view of the scores, then again): every masked logit "
+                      "gets twice the mask's value; with the dtype's minimum as the mask value that overflows to "
+                      "-inf, and a query row whose keys are all masked gives NaN instead of what one mask gives (its "
+                      "model's -100 window masks become -200); rows with an allowed key are exact")
     eager = _source(getattr(_modeling(type(module)), "eager_attention_forward", None))
     body = eager.split(")", 1)[-1].split(":", 1)[-1] if eager else ""
     if eager and "attention_mask" not in re.sub(r'""".*?"""|#[^\n]*', "", body, flags=re.S) and (
@@ -863,7 +891,8 @@ def hf_limits(module: nn.Module) -> list[str]:
     read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module), *latent,
             _v_norm(module, "") or "",
             *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or "",
-            *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ())}
+            *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ()),
+            *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ())}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity) and not type(child).__name__.endswith(
@@ -873,6 +902,8 @@ def hf_limits(module: nn.Module) -> list[str]:
     own = {"sinks"} if _sinks(module) is not None else set()
     if _query_scale(module) is not None:
         own |= {"scaling"}
+    if _cosine(module):
+        own |= {"logit_scale"}
     if _separate_biases(module):
         own |= {"q_bias", "v_bias"}
     if _decomposed(module) is not None:
@@ -1236,6 +1267,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         table_name = f"{table_path}.relative_position_bias_table".lstrip(".")
 
         def position_bias(m: Any, t: int, s: int) -> Tensor:
+            owner = resolve(m, table_path, cls.__name__) if table_path else m
+            if isinstance(getattr(owner, "continuous_position_bias_mlp", None), nn.Sequential):
+                return _continuous_bias(owner, window_size)
             return window_bias(resolve(m, table_name, cls.__name__).double(), window_size)
 
     spec = ModuleSpec(
@@ -1256,6 +1290,18 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
         decomposed=_decomposed(module), disentangled=disentangled)
+    if _cosine(core):  # Swin v2: unit queries and keys, a learned scale per head (clamped at 100)
+        scale_path = f"{layout.core}logit_scale"
+
+        def cosine(m: Any) -> dict[str, Callable[[Tensor], Tensor]]:
+            scales = resolve(m, scale_path, cls.__name__).detach().double().clamp(max=math.log(100)).exp()
+
+            def unit(z: Tensor) -> Tensor:
+                return z / z.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+
+            return {"q": lambda q: unit(q) * rearrange(scales.to(q.dtype), "h 1 1 -> 1 h 1 1"), "k": unit}
+
+        spec = dataclasses.replace(spec, norms=cosine, scale=1.0)
     if (factor := _query_scale(module)) is not None:  # TimesFM, Muse: the queries' factor after their norm
         q_path, plain = q_norm, spec
 

@@ -314,8 +314,21 @@ def disentangled_rows(t: int, s: int, form: Literal["v1", "v2"], buckets: int, m
     return (near + span).clamp(0, 2 * span - 1)
 
 
+def log_coordinates(window: tuple[int, int], pretrained: tuple[int, int] | None = None) -> Float64[Tensor, "n 2"]:
+    """Swin v2's log-spaced relative coordinates, one row per in-window offset ``(dy, dx)`` in the order of
+    :func:`window_bias`'s table: each offset divided by ``W - 1`` (the pretrained window's, when given), times 8,
+    then ``sign(x) log2(1 + |x|) / 3``."""
+    rows, cols = window
+    span = pretrained if pretrained is not None and pretrained[0] > 0 else window
+    dy = torch.arange(1 - rows, rows, dtype=torch.float64)[:, None].expand(2 * rows - 1, 2 * cols - 1)
+    dx = torch.arange(1 - cols, cols, dtype=torch.float64)[None, :].expand(2 * rows - 1, 2 * cols - 1)
+    coords = torch.stack([dy / max(span[0] - 1, 1), dx / max(span[1] - 1, 1)], dim=-1) * 8
+    return rearrange(coords.sign() * torch.log2(coords.abs() + 1) / 3, "y x two -> (y x) two")
+
+
 resize_table = typechecked(resize_table)
 window_bias = typechecked(window_bias)
+log_coordinates = typechecked(log_coordinates)
 decomposed_bias = typechecked(decomposed_bias)
 log_bucket = typechecked(log_bucket)
 disentangled_rows = typechecked(disentangled_rows)

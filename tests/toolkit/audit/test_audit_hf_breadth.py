@@ -441,3 +441,40 @@ def test_a_timesfm_that_drops_its_learned_query_scale_fails() -> None:
     spec = hf_spec(module)
     module._scale_query = lambda query: query / float(module.head_dim) ** 0.5  # the plain 1/sqrt(d) instead
     assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
+
+
+def test_log_coordinates_are_swin_v2_s() -> None:
+    from transformers.models.swinv2.modeling_swinv2 import Swinv2SelfAttention
+
+    from typed_transformer.audit._modules import log_coordinates
+
+    module: Any = hf_build(Swinv2SelfAttention)
+    for window, pretrained in (((3, 3), (0, 0)), ((2, 4), (0, 0)), ((3, 3), (6, 6))):
+        module.window_size, module.pretrained_window_size = window, pretrained
+        table, _ = module.create_coords_table_and_index()
+        torch.testing.assert_close(log_coordinates(window, pretrained), table.double().reshape(-1, 2),
+                                   rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("model", "name"), [("swinv2", "Swinv2SelfAttention"), ("swin2sr", "Swin2SRAttention")])
+def test_swin_v2_s_cosine_attention_and_continuous_bias_pass_and_its_double_mask_is_named(model: str,
+                                                                                          name: str) -> None:
+    """Cosine attention with a learned scale per head, the bias of an MLP on log-spaced coordinates: the reference
+    matches; the mask it adds twice makes a fully masked row NaN, a true behaviour with its cause named."""
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    report = audit_module(module, hf_spec(module), conventions="infer", **QUICK)
+    assert report.status("reference") == "PASS"
+    assert report.status("masking") == "PASS"
+    assert report.conventions["fully_masked"] == "nan"
+    assert any("adds its attention mask twice" in cause for cause in hf_causes(module))
+    assert hf_limits(module) == []
+
+
+def test_a_swin_v2_with_linear_coordinates_fails() -> None:
+    """A Swin v2 whose bias MLP reads the offsets themselves (not their log-spaced form) fails ``reference``."""
+    module: Any = randomize_parameters(hf_build(_class("swinv2", "Swinv2SelfAttention")), 0)
+    spec = hf_spec(module)
+    assert audit_module(module, spec, **QUICK).status("reference") == "PASS"
+    coords = torch.stack(torch.meshgrid(torch.arange(-1.0, 2.0), torch.arange(-1.0, 2.0), indexing="ij"), dim=-1)
+    module.relative_coords_table = coords[None] * 8
+    assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
