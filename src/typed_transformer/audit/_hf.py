@@ -518,6 +518,11 @@ _GATE_FORMS = (
     r"(?P<var>\w+) = self\.(?P<proj>g_proj|gate_proj)\(hidden_states\)(\.view\(hidden_shape\))?\n[\s\S]*"
     r"(torch\.sigmoid\((?P=var)\)|(?P=var)\.unsqueeze\(-1\)\.sigmoid\(\))",
     r"torch\.sigmoid\(self\.(?P<proj>g_proj|gate_proj)\(hidden_states\)(\.float\(\))?\)",
+    # Beam: a per-head bias on the gate's logits
+    r"(?P<var>\w+) = self\.(?P<proj>gate_proj)\(hidden_states\)\.view_as\(attn_output\) \+ "
+    r"self\.(?P<bias>\w+)\[None, None, :, None\]\n\s*attn_output = attn_output \* torch\.sigmoid\((?P=var)\)",
+    # Laguna: softplus, one gate per head or per feature
+    r"(?P<var>\w+) = F\.(?P<activation>softplus)\(self\.(?P<proj>g_proj|gate_proj)\(hidden_states\)(\.float\(\))?\)",
 )
 
 
@@ -531,7 +536,9 @@ def _output_gate(module: nn.Module) -> OutputGate | None:
     for form in _GATE_FORMS:
         found = re.search(form, source)
         if found is not None and isinstance(getattr(module, found.group("proj"), None), nn.Linear):
-            return OutputGate(found.group("proj"))
+            groups = found.groupdict()
+            return OutputGate(found.group("proj"), bias=groups.get("bias"),
+                              activation="softplus" if groups.get("activation") else "sigmoid")
     return None
 
 
@@ -904,6 +911,8 @@ def hf_limits(module: nn.Module) -> list[str]:
         own |= {"scaling"}
     if _cosine(module):
         own |= {"logit_scale"}
+    if gate is not None and gate.bias is not None:
+        own |= {gate.bias}
     if _separate_biases(module):
         own |= {"q_bias", "v_bias"}
     if _decomposed(module) is not None:

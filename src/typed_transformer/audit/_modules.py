@@ -469,13 +469,18 @@ class Options:
 
 @dataclass(frozen=True)
 class OutputGate:
-    """An output gate (Qwen3-Next, AFMoE, Step 3.7, LFM 3): the attention output ``o (b, t, h, dv)`` times
-    ``sigmoid(x W_g^T + b_g)``, one gate per head or per output feature as the gate projection's width says (``h`` or
-    ``h dv`` outputs). ``proj``: the gate's linear layer; ``in_query=True``: the gate is the second half of each
-    head's rows of the query projection (Qwen3-Next's ``q_proj`` of ``h * 2d`` outputs, chunked per head)."""
+    """An output gate (Qwen3-Next, AFMoE, Step 3.7, LFM 3, Beam, Laguna): the attention output ``o (b, t, h, dv)``
+    times ``sigmoid(x W_g^T + b_g)`` (or ``softplus``), one gate per head or per output feature as the gate
+    projection's width says (``h`` or ``h dv`` outputs). ``proj``: the gate's linear layer; ``in_query=True``: the
+    gate is the second half of each head's rows of the query projection (Qwen3-Next's ``q_proj`` of ``h * 2d``
+    outputs, chunked per head)."""
 
     proj: str = "gate_proj"
     in_query: bool = False
+    #: a bias of one value per head added to the gate's logits (Beam's ``gate_bias``), an attribute path
+    bias: str | None = None
+    #: the gate's function of its logits: ``sigmoid``, or ``softplus`` (Laguna's)
+    activation: Literal["sigmoid", "softplus"] = "sigmoid"
 
 
 def resolve(module: Any, path: str, spec: str) -> Any:
@@ -549,8 +554,8 @@ def spec_weights(module: Any, spec: ModuleSpec) -> Weights:
     if spec.gate is not None and spec.gate.in_query:  # Qwen3-Next: q_proj rows (h [query gate] d)
         wq, wg = rearrange(wq, "(h two d) e -> two (h d) e", h=h, two=2)
         bq, bg = (None, None) if bq is None else rearrange(bq, "(h two d) -> two (h d)", h=h, two=2)
-    elif spec.gate is not None and resolve(module, spec.gate.proj, spec.name) is not None:  # None: no gate
-        wg, bg = _linear(module, spec.gate.proj, spec)
+    else:
+        wg, bg = _gate_weights(module, spec, h)
     d = wq.shape[0] // h if spec.head_dim is None else int(resolve(module, spec.head_dim, spec.name))
     if wq.shape[0] != h * d or wk.shape[0] % g or wv.shape[0] % g or wk.shape[0] // g != d:
         raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: projections of "
@@ -576,6 +581,19 @@ def spec_weights(module: Any, spec: ModuleSpec) -> Weights:
     scale = 1.0 / math.sqrt(d) if spec.scale is None else float(
         spec.scale if isinstance(spec.scale, float | int) else resolve(module, spec.scale, spec.name))
     return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, g, d, dv, scale, wg=wg, bg=bg, sinks=sinks)
+
+
+def _gate_weights(module: Any, spec: ModuleSpec, h: int) -> tuple[Tensor | None, Tensor | None]:
+    """The output gate's projection ``(wg, bg)`` in the module's head order, its per-head bias (Beam's) spread over
+    each head's gate outputs; ``(None, None)`` without a gate (or a gate chunked from the query projection)."""
+    if spec.gate is None or spec.gate.in_query or resolve(module, spec.gate.proj, spec.name) is None:
+        return None, None
+    wg, bg = _linear(module, spec.gate.proj, spec)
+    if spec.gate.bias is not None:
+        per_head = resolve(module, spec.gate.bias, spec.name).detach().double().reshape(-1)
+        spread = repeat(per_head, "h -> (h n)", n=wg.shape[0] // h)
+        bg = spread if bg is None else bg + spread
+    return wg, bg
 
 
 def _full_rank_query(module: Any, lat: Latent) -> Any:
@@ -606,8 +624,7 @@ def latent_weights(module: Any, spec: ModuleSpec) -> Weights:
     scale = 1.0 / math.sqrt(nope + rope) if spec.scale is None else float(
         spec.scale if isinstance(spec.scale, float | int) else resolve(module, spec.scale, name))
     # an output gate on a latent module (Ling's BailingHybrid): its projection, as for a linear one
-    wg, bg = (_linear(module, spec.gate.proj, spec) if spec.gate is not None and not spec.gate.in_query
-              and resolve(module, spec.gate.proj, name) is not None else (None, None))
+    wg, bg = _gate_weights(module, spec, h)
     return Weights(wq, wk, rearrange(kv[:, nope:], "h n e -> (h n) e"), wo, None, None, None, bo, h, h, nope + rope,
                    dv, scale, wg=wg, bg=bg)
 
@@ -1027,8 +1044,9 @@ class ModuleAdapter:
         out = rearrange(out, "b h t dv -> b t (h dv)")
         if w.wg is not None:
             x = ins[0].to(dtype)
-            gate = torch.sigmoid(einsum(x, w.wg.to(dtype), "b t e, n e -> b t n")
-                                 + (0.0 if w.bg is None else w.bg.to(dtype)))
+            logits = einsum(x, w.wg.to(dtype), "b t e, n e -> b t n") + (0.0 if w.bg is None else w.bg.to(dtype))
+            softplus = self.spec.gate is not None and self.spec.gate.activation == "softplus"
+            gate = torch.nn.functional.softplus(logits) if softplus else torch.sigmoid(logits)
             out = out * (gate.repeat_interleave(w.dv, dim=-1) if gate.shape[-1] == w.h else gate)
         if w.wo is None:
             return out

@@ -478,3 +478,23 @@ def test_a_swin_v2_with_linear_coordinates_fails() -> None:
     coords = torch.stack(torch.meshgrid(torch.arange(-1.0, 2.0), torch.arange(-1.0, 2.0), indexing="ij"), dim=-1)
     module.relative_coords_table = coords[None] * 8
     assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize(("model", "name", "bias", "activation"), [
+    ("beam", "BeamAttention", "gate_bias", "sigmoid"),  # a per-head bias on the gate's logits
+    ("laguna", "LagunaAttention", None, "softplus"),
+])
+def test_gates_with_a_per_head_bias_or_softplus_pass_and_fail_without(model: str, name: str, bias: str | None,
+                                                                      activation: str) -> None:
+    import dataclasses
+
+    module: Any = randomize_parameters(hf_build(_class(model, name)), 0)
+    spec = hf_spec(module)
+    assert spec.gate is not None
+    assert (spec.gate.bias, spec.gate.activation) == (bias, activation)
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert hf_limits(module) == []
+    other = "sigmoid" if activation == "softplus" else "softplus"
+    wrong = dataclasses.replace(spec, gate=dataclasses.replace(spec.gate, bias=None, activation=other))
+    assert audit_module(module, wrong, **QUICK).status("reference") == "FAIL"
