@@ -1040,11 +1040,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     rotary_class = _rotary_class(module) if takes_rotary and not packed else None
     if takes_rotary and rotary_class is None and _positions_optional(cls):
         takes_rotary = False  # DETR's sine embeddings, added to the query and key inputs: audited with none
-    rotary_forward: Any = getattr(rotary_class, "forward", None)
     # the audit makes the tables: a packed encoder's, and a class whose module has no rotary class or one that takes
     # no positions (an image-grid rotary: DINOv3's, SAM 2's); the model's table builder is then not tested
-    own_tables = packed or (takes_rotary and (rotary_class is None
-                                              or len(inspect.signature(rotary_forward).parameters) < 3))
+    own_tables = _own_tables(module)
     if own_tables:
         rotary_class, mrope = None, None
     heads = _heads_as_positions(cls)
@@ -1131,6 +1129,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             point_axis.append(False)
         return result - x if residual else result
 
+    own_style = _rotary_style(module) if own_tables else "half"  # the pairing of the class's rotate function
+
     def own_rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
         """The audit's own 1-D rotary tables: positions offset.. in each sequence, base :data:`_PACKED_THETA`,
         paired as the class's rotate function pairs; ``(b t, d)`` for a packed call, else ``(b, t, d)``."""
@@ -1140,7 +1140,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
              // heads)
         angles = torch.arange(offset, offset + x.shape[1], dtype=torch.float64)[:, None] * _PACKED_THETA ** (
             -torch.arange(0, d, 2, dtype=torch.float64) / d)
-        emb = (torch.cat([angles, angles], dim=-1) if _rotary_style(m) == "half"
+        emb = (torch.cat([angles, angles], dim=-1) if own_style == "half"
                else repeat(angles, "t f -> t (f two)", two=2))
         tables = repeat(emb, "t d -> (b t) d" if packed else "t d -> b t d", b=x.shape[0])
         return tables.cos().to(x.dtype), tables.sin().to(x.dtype)
