@@ -39,6 +39,7 @@ from ._modules import (
     ModuleSpec,
     MRope,
     OutputGate,
+    RelativeKeys,
     Rotary,
     Weights,
     _norm,
@@ -691,6 +692,40 @@ def _disentangled(core: nn.Module, prefix: str) -> Disentangled | None:
                         max_position=f"{prefix}max_relative_positions")
 
 
+#: the distances -(L - 1) .. L - 1 of the relative table the audit passes a Transformer-XL conformer (its encoder's
+#: sinusoids in the model; the audit's are seeded random rows, the row of distance p at L - 1 - p)
+_XL_LENGTH = 256
+
+
+def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
+    """The conformers' relative positions: Shaw's on the keys (``relative_key``: Wav2Vec2-BERT, SeamlessM4T v2: its
+    ``distance_embedding`` of ``j - i`` clamped to ``[-left, right]``), or Transformer-XL's (``relative``:
+    Wav2Vec2-Conformer, SeamlessM4T: ``linear_pos`` of the table its encoder passes, ``pos_bias_u`` and
+    ``pos_bias_v``)."""
+    kind = getattr(core, "position_embeddings_type", None)
+    if kind == "relative_key" and isinstance(getattr(core, "distance_embedding", None), nn.Embedding):
+        left, right = int(core.left_max_position_embeddings), int(core.right_max_position_embeddings)
+
+        def shaw_rows(t: int, s: int) -> Tensor:
+            return (torch.arange(s)[None, :] - torch.arange(t)[:, None]).clamp(-left, right) + left
+
+        return RelativeKeys(lambda m: resolve(m, f"{prefix}distance_embedding.weight", "hf"), shaw_rows)
+    if kind == "relative" and isinstance(getattr(core, "linear_pos", None), nn.Linear) and all(
+            isinstance(getattr(core, n, None), Tensor) for n in ("pos_bias_u", "pos_bias_v")):
+        width = int(core.linear_pos.in_features)
+
+        def xl_rows(t: int, s: int) -> Tensor:
+            return (_XL_LENGTH - 1) - (torch.arange(t)[:, None] - torch.arange(s)[None, :])
+
+        def table(m: Any) -> Tensor:
+            seeded = torch.Generator().manual_seed(0)
+            return torch.randn(2 * _XL_LENGTH - 1, width, dtype=torch.float64, generator=seeded)
+
+        return RelativeKeys(table, xl_rows, proj=f"{prefix}linear_pos", query_bias=f"{prefix}pos_bias_v",
+                            content_bias=f"{prefix}pos_bias_u")
+    return None
+
+
 def _deberta_scale(core: nn.Module) -> float | None:
     """DeBERTa's logit scale ``1 / sqrt(d (1 + #terms))``, whether its disentangled terms are on or not."""
     terms = getattr(core, "pos_att_type", None)
@@ -899,7 +934,8 @@ def hf_limits(module: nn.Module) -> list[str]:
             _v_norm(module, "") or "",
             *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or "",
             *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ()),
-            *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ())}
+            *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ()),
+            *(("distance_embedding", "linear_pos") if _relative_keys(module, "") is not None else ())}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity) and not type(child).__name__.endswith(
@@ -913,6 +949,8 @@ def hf_limits(module: nn.Module) -> list[str]:
         own |= {"logit_scale"}
     if gate is not None and gate.bias is not None:
         own |= {gate.bias}
+    if _relative_keys(module, "") is not None:
+        own |= {"pos_bias_u", "pos_bias_v"}
     if _separate_biases(module):
         own |= {"q_bias", "v_bias"}
     if _decomposed(module) is not None:
@@ -1065,6 +1103,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # a mask used as booleans, True = may attend (DeBERTa's masked_fill(~attention_mask, min)): given as such
     boolean_mask = _boolean_mask(core, mask_arg)
     disentangled = _disentangled(core, layout.core)
+    relative_keys = _relative_keys(core, layout.core)
     # Swin's windows: every sequence is one window of Wh x Ww tokens, with a mask per window shared by the heads
     window_table = _window_table(module)
     residual = False  # decided below, once the module can be called
@@ -1176,6 +1215,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
         if "layer_idx" in signature:
             kwargs["layer_idx"] = getattr(m, "layer_idx", 0)
+        if relative_keys is not None and relative_keys.proj is not None:  # Transformer-XL: distances t-1 .. 1-t
+            rows = relative_keys.table(m)[_XL_LENGTH - x.shape[1]:_XL_LENGTH + x.shape[1] - 1]
+            kwargs["relative_position_embeddings"] = rows[None].to(x.dtype)
         if disentangled is not None:  # DeBERTa's relative embeddings, from its encoder: the audit's own table
             kwargs["rel_embeddings"] = disentangled.table(m).to(x.dtype)
             if disentangled.form == "v1":  # its encoder's distances i - j too (v1 adds no term without them)
@@ -1298,7 +1340,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
-        decomposed=_decomposed(module), disentangled=disentangled)
+        decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys)
     if _cosine(core):  # Swin v2: unit queries and keys, a learned scale per head (clamped at 100)
         scale_path = f"{layout.core}logit_scale"
 

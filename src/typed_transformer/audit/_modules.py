@@ -293,6 +293,26 @@ class Disentangled:
     max_position: str = "max_relative_positions"
 
 
+@dataclass(frozen=True)
+class RelativeKeys:
+    """Relative position embeddings the queries meet (Shaw et al., 2018, on the keys; Transformer-XL, Dai et al.,
+    2019, as the conformers use it): each logit gains
+
+        ``(q_i + c) . R[row(i, j)]`` times the logit scale,
+
+    ``R`` the rows of ``table(module)`` (``(n, d)``, shared by the heads, or ``(n, e)`` turned into ``h`` heads by
+    the linear map at ``proj``: Transformer-XL's ``linear_pos``), ``row(i, j)`` given by ``rows(t, s)``, and ``c``
+    the ``(h, d)`` parameter at ``query_bias`` (Transformer-XL's ``pos_bias_v``; none for Shaw's). Transformer-XL's
+    content logits use ``q + u`` (``content_bias``: ``pos_bias_u``). The module reads its table itself (Shaw's
+    ``distance_embedding``) or is passed the one ``table`` gives (the conformers' sinusoids, from their encoder)."""
+
+    table: Callable[[Any], Tensor]
+    rows: Callable[[int, int], Tensor]
+    proj: str | None = None
+    query_bias: str | None = None
+    content_bias: str | None = None
+
+
 def log_bucket(distance: Int[Tensor, "*shape"], buckets: int, max_position: int) -> Int[Tensor, "*shape"]:
     """DeBERTa v2's log-spaced distances: exact within ``buckets // 2`` (``m``) of zero, beyond it
     ``sign * (m + ceil(log(|x| / m) / log((max_position - 1) / m) * (m - 1)))``."""
@@ -434,6 +454,8 @@ class ModuleSpec:
     decomposed: DecomposedRelPos | None = None
     #: DeBERTa's disentangled attention: content-to-position and position-to-content terms in the logits
     disentangled: Disentangled | None = None
+    #: relative position embeddings the queries meet (Shaw's on the keys, Transformer-XL's): :class:`RelativeKeys`
+    relative_keys: RelativeKeys | None = None
     #: M-RoPE with 3-D positions (Qwen2-VL): each frequency section turns by its own axis of
     #: :func:`mrope_positions`; the spec's forward passes the module those positions
     mrope: MRope | None = None
@@ -742,6 +764,23 @@ with_causal = typechecked(with_causal)
 
 
 @shape_checked
+def _relative_keys(module: Any, spec: ModuleSpec, rk: RelativeKeys, h: int) -> tuple[Tensor, Tensor | None]:
+    """The relative embeddings ``(n, h, d)`` in float64 (projected, or one table shared by the heads) and the bias the
+    queries meet them with."""
+    table = rk.table(module).detach().double()
+    if rk.proj is not None:
+        weight, bias = _linear(module, rk.proj, spec)
+        table = einsum(table, weight, "n e, o e -> n o") + (0.0 if bias is None else bias)
+        table = rearrange(table, "n (h d) -> n h d", h=h)
+    else:
+        table = repeat(table, "n d -> n h d", h=h)
+    extra = None if rk.query_bias is None else resolve(module, rk.query_bias, spec.name).detach().double()
+    if rk.content_bias is not None:  # the queries carry u (folded into their bias): the positional term takes v - u
+        u = resolve(module, rk.content_bias, spec.name).detach().double()
+        extra = -u if extra is None else extra - u
+    return table, extra
+
+
 def _disentangled(module: Any, spec: ModuleSpec, dz: Disentangled, h: int
                   ) -> tuple[Tensor | None, Tensor | None, Literal["v1", "v2"], int, int]:
     """DeBERTa's position keys and queries ``(h, n, d)`` (each None where its term is off), in float64, from the
@@ -784,6 +823,10 @@ class ModuleAdapter:
         self.spec = spec
         self.original = copy.deepcopy(module).eval()
         self.weights = spec_weights(self.original, spec)
+        if spec.relative_keys is not None and spec.relative_keys.content_bias is not None:
+            # Transformer-XL's content logits use q + u: u joins the query bias (the positional term subtracts it)
+            u = resolve(self.original, spec.relative_keys.content_bias, spec.name).detach().double().reshape(-1)
+            self.weights = dataclasses.replace(self.weights, bq=u if self.weights.bq is None else self.weights.bq + u)
         w = self.weights
         self.conventions = dataclasses.replace(conventions or spec.conventions, scale=w.scale,
                                                supports_gqa=w.g != w.h, enable_gqa=False)
@@ -876,10 +919,15 @@ class ModuleAdapter:
         self.disentangled: tuple[Tensor | None, Tensor | None, Literal["v1", "v2"], int, int] | None = None
         if spec.disentangled is not None:
             self.disentangled = _disentangled(self.original, spec, spec.disentangled, w.h)
+        #: relative position embeddings the queries meet: ``(R (n, h, d), c (h, d) or None)`` in float64
+        self.relative_keys: tuple[Tensor, Tensor | None] | None = None
+        if spec.relative_keys is not None:
+            self.relative_keys = _relative_keys(self.original, spec, spec.relative_keys, w.h)
         positional = [what for what, present in (("rotary positions", self.rotary is not None),
                                                   ("a position bias", spec.position_bias is not None
                                                    or spec.alibi is not None or spec.decomposed is not None
-                                                   or spec.disentangled is not None),
+                                                   or spec.disentangled is not None
+                                                   or spec.relative_keys is not None),
                                                   ("a sliding window", self.window is not None)) if present]
         self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
@@ -1000,6 +1048,12 @@ class ModuleAdapter:
             if qr is not None:  # position to content: the key against the query embedding of the distance
                 terms = terms + einsum(k, qr.to(q.dtype)[:, rows], "b h s d, h t s d -> b h t s")
             terms = terms * self.weights.scale
+            bias = terms if bias is None else bias + terms
+        if self.relative_keys is not None and self.spec.relative_keys is not None:
+            table, extra = self.relative_keys
+            rows = self.spec.relative_keys.rows(t, s)
+            met = q if extra is None else q + rearrange(extra.to(q.dtype), "h d -> 1 h 1 d")
+            terms = einsum(met, table.to(q.dtype)[rows], "b h t d, t s h d -> b h t s") * self.weights.scale
             bias = terms if bias is None else bias + terms
         return bias
 

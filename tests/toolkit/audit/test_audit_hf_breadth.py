@@ -498,3 +498,53 @@ def test_gates_with_a_per_head_bias_or_softplus_pass_and_fail_without(model: str
     other = "sigmoid" if activation == "softplus" else "softplus"
     wrong = dataclasses.replace(spec, gate=dataclasses.replace(spec.gate, bias=None, activation=other))
     assert audit_module(module, wrong, **QUICK).status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize(("model", "name", "proj"), [
+    ("wav2vec2_conformer", "Wav2Vec2ConformerSelfAttention", "linear_pos"),  # Transformer-XL: u, v, linear_pos
+    ("seamless_m4t", "SeamlessM4TConformerSelfAttention", "linear_pos"),
+    ("wav2vec2_bert", "Wav2Vec2BertSelfAttention", None),  # Shaw's relative keys: distance_embedding
+    ("seamless_m4t_v2", "SeamlessM4Tv2ConformerSelfAttention", None),
+])
+def test_conformer_relative_positions_pass(model: str, name: str, proj: str | None) -> None:
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    spec = hf_spec(module)
+    assert spec.relative_keys is not None
+    assert spec.relative_keys.proj == proj
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert hf_limits(module) == []
+
+
+@pytest.mark.parametrize(("model", "name"), [("wav2vec2_conformer", "Wav2Vec2ConformerSelfAttention"),
+                                             ("wav2vec2_bert", "Wav2Vec2BertSelfAttention")])
+def test_conformer_relative_reference_matches_on_a_long_sequence(model: str, name: str) -> None:
+    """70 tokens: Shaw's distances clamped at 64, Transformer-XL's shift over 139 rows."""
+    from typed_transformer.audit._modules import ModuleAdapter
+
+    module = randomize_parameters(hf_build(_class(model, name)), 0).double()
+    adapter = ModuleAdapter(module, hf_spec(module))
+    x = torch.randn(2, 70, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    out = adapter.call((x, x, x), None, False, torch.float64)
+    assert isinstance(out, Tensor)
+    torch.testing.assert_close(out, adapter.reference((x, x, x), None, False, torch.float64), rtol=0, atol=1e-8)
+
+
+def test_conformers_with_their_position_biases_swapped_or_distances_reversed_fail() -> None:
+    """Transformer-XL with u and v swapped, Shaw's relative keys read at i - j for j - i: each fails ``reference``."""
+    import dataclasses
+
+    xl: Any = randomize_parameters(hf_build(_class("wav2vec2_conformer", "Wav2Vec2ConformerSelfAttention")), 0)
+    spec = hf_spec(xl)
+    assert spec.relative_keys is not None
+    swapped = dataclasses.replace(spec, relative_keys=dataclasses.replace(
+        spec.relative_keys, query_bias="pos_bias_u", content_bias="pos_bias_v"))
+    assert audit_module(xl, swapped, **QUICK).status("reference") == "FAIL"
+    shaw: Any = randomize_parameters(hf_build(_class("wav2vec2_bert", "Wav2Vec2BertSelfAttention")), 0)
+    spec = hf_spec(shaw)
+    assert spec.relative_keys is not None
+    rows = spec.relative_keys.rows
+    reversed_rows = dataclasses.replace(spec, relative_keys=dataclasses.replace(
+        spec.relative_keys, rows=lambda t, s: rows(t, s).T))
+    assert audit_module(shaw, reversed_rows, **QUICK).status("reference") == "FAIL"
