@@ -71,7 +71,9 @@ TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_va
                         "v_head_dim": 4,
                         # DeBERTa's disentangled attention, as its released checkpoints have it (the default configs
                         # switch it off), log-spaced distances beyond 4
-                        "relative_attention": True, "pos_att_type": ("p2c", "c2p"), "position_buckets": 8}
+                        "relative_attention": True, "pos_att_type": ("p2c", "c2p"), "position_buckets": 8,
+                        # DINOv3's prefix of unturned tokens: the class token and one register token
+                        "num_register_tokens": 1}
 
 #: the base of the rotary tables the audit makes itself (packed ``cu_seqlens`` encoders, image-grid rotaries)
 _PACKED_THETA = 10000.0
@@ -845,6 +847,14 @@ def _needed_positions(cls: Any) -> str | None:
         else None
 
 
+def _patch_prefix(module: nn.Module) -> int | None:
+    """DINOv3's rotary on the patch tokens only: its apply function turns the last rows of the tables' length and
+    leaves the class and register tokens before them (``1 + num_register_tokens``) unturned; None otherwise."""
+    if "num_prefix_tokens" not in _source(getattr(_modeling(type(module)), "apply_rotary_pos_emb", None)):
+        return None
+    return 1 + int(getattr(getattr(module, "config", None), "num_register_tokens", 0) or 0)
+
+
 def _positions_optional(cls: Any) -> bool:
     """``forward``'s ``position_embeddings`` defaults to None and its code tests for None (DETR: sine embeddings its
     model adds to the query and key inputs; without them the class is plain attention)."""
@@ -915,10 +925,6 @@ def hf_limits(module: nn.Module) -> list[str]:
         limits.append(f"rope_type {kind!r} (" + ("frequencies recomputed from each call's length"
                                                  if kind in ("dynamic", "longrope") else
                                                  "frequencies of a kind the reference does not read") + ")")
-    if "position_embeddings" in signature and "num_prefix_tokens" in _source(
-            getattr(_modeling(type(module)), "apply_rotary_pos_emb", None)):
-        limits.append("rotary on the patch tokens only (the class and register tokens before them are not turned), "
-                      "from an image-grid table the audit does not make")
     for name in ("attn_logit_softcapping", "logit_softcapping"):
         if getattr(config, name, None) and _softcap(module) is None:
             limits.append(name)
@@ -1169,6 +1175,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         return result - x if residual else result
 
     own_style = _rotary_style(module) if own_tables else "half"  # the pairing of the class's rotate function
+    prefix = _patch_prefix(module) if own_tables else None
 
     def own_rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
         """The audit's own 1-D rotary tables: positions offset.. in each sequence, base :data:`_PACKED_THETA`,
@@ -1177,10 +1184,13 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         d = (int(resolve(m, layout.head_dim, cls.__name__)) if layout.head_dim
              else int(m.get_submodule(layout.qkv or layout.q or "").weight.shape[0]) // (3 if layout.qkv else 1)
              // heads)
-        angles = torch.arange(offset, offset + x.shape[1], dtype=torch.float64)[:, None] * _PACKED_THETA ** (
+        turned = x.shape[1] - (prefix or 0)  # DINOv3: tables for the patch tokens only
+        angles = torch.arange(offset, offset + max(turned, 0), dtype=torch.float64)[:, None] * _PACKED_THETA ** (
             -torch.arange(0, d, 2, dtype=torch.float64) / d)
         emb = (torch.cat([angles, angles], dim=-1) if own_style == "half"
                else repeat(angles, "t f -> t (f two)", two=2))
+        if prefix is not None:  # DINOv3's model passes (patches, d), shared by the batch
+            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         tables = repeat(emb, "t d -> (b t) d" if packed else "t d -> b t d", b=x.shape[0])
         return tables.cos().to(x.dtype), tables.sin().to(x.dtype)
 
@@ -1329,7 +1339,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
                                                            lengths=lengths),
         **{**layout.fields(), **({"scale": split} if (split := _split_scale(module)) is not None else {})},
         rotary=(Rotary(theta, _latent_style(module) if latent else _rotary_style(module),
-                       fraction=_rotary_fraction(core), frequencies=frequencies)
+                       fraction=_rotary_fraction(core), frequencies=frequencies, prefix=prefix or 0)
                 if (takes_rotary or internal) and theta is not None and not heads else None),
         decode=decode if cache_arg is not None and self_attention and _decodes(core) else None,
         build=lambda c, overrides: hf_build(c, overrides, cross=memory_arg is not None),

@@ -73,6 +73,9 @@ class Rotary:
     #: frequencies (one per rotated pair) and the factor on cos and sin, read from the module's own rotary class;
     #: the reference still does the rotation itself (``base`` is then only named in messages)
     frequencies: Callable[[Any], tuple[Tensor, float]] | None = None
+    #: tokens before the rotated ones (DINOv3's class and register tokens): the first ``prefix`` tokens are not
+    #: turned, token ``prefix + i`` turns by position ``i`` (a number or an attribute path)
+    prefix: int | str = 0
 
 
 @shape_checked
@@ -850,8 +853,12 @@ class ModuleAdapter:
         #: the inverse frequencies and cos/sin factor of a rope type other than the default (None: ``base``'s)
         self.rotary_frequencies: tuple[Tensor, float] | None = None
         self.softmax_dtype: torch.dtype | None = None
+        #: the tokens before the rotated ones (the rotary's ``prefix``)
+        self.rotary_prefix = 0
         if spec.rotary is not None and (spec.rotary.when is None
                                         or resolve(self.original, spec.rotary.when, spec.name) is not None):
+            prefix = spec.rotary.prefix
+            self.rotary_prefix = int(prefix if isinstance(prefix, int) else resolve(self.original, prefix, spec.name))
             base = spec.rotary.base
             base = float(base if isinstance(base, float | int) else resolve(self.original, base, spec.name))
             self.rotary = (base, spec.rotary.style)
@@ -997,6 +1004,16 @@ class ModuleAdapter:
     def _rotate(self, x: Tensor, offset: int) -> Tensor:
         """The rotary embedding of the first :attr:`rotary_dims` of each head (the last ones with
         :attr:`rotary_last`: a variant the rope diagnosis tries), tables in :attr:`rotary_tables`."""
+        assert self.rotary is not None
+        if self.rotary_prefix:  # the prefix tokens pass unturned; the rest count their positions from 0
+            n = self.rotary_prefix
+            if x.shape[2] <= n:
+                return x
+            return torch.cat([x[:, :, :n], self._turn(x[:, :, n:], offset)], dim=2)
+        return self._turn(x, offset)
+
+    def _turn(self, x: Tensor, offset: int) -> Tensor:
+        """:meth:`_rotate` on tokens that all turn."""
         assert self.rotary is not None
         d = x.shape[-1]
         low, high = (d - self.rotary_dims, d) if self.rotary_last else (0, self.rotary_dims)

@@ -82,15 +82,6 @@ def test_detr_s_position_embeddings_are_named_as_not_tested() -> None:
     assert any("not tested" in note for note in hf_notes(module))
 
 
-def test_rotary_on_patch_tokens_only_is_named_as_what_the_reference_lacks() -> None:
-    """Sapiens2 and DINOv3 turn the patch tokens only, after the class and register tokens: the audit's own 1-D
-    tables do not describe that, and hf_limits says so (the class is set aside with that reason)."""
-    for model, name in (("sapiens2", "Sapiens2Attention"), ("dinov3_vit", "DINOv3ViTAttention")):
-        module = hf_build(_class(model, name))
-        assert any("patch tokens only" in limit for limit in hf_limits(module)), name
-        assert hf_limits(hf_build(_class("qwen2_5_vl", "Qwen2_5_VLVisionAttention"))) == []
-
-
 def test_an_eager_function_that_never_applies_the_mask_is_named_as_the_cause() -> None:
     """VJEPA2's ``eager_attention_forward`` takes ``attention_mask`` and never reads it: its pooler's FAILs in every
     masked check are that, named."""
@@ -548,3 +539,22 @@ def test_conformers_with_their_position_biases_swapped_or_distances_reversed_fai
     reversed_rows = dataclasses.replace(spec, relative_keys=dataclasses.replace(
         spec.relative_keys, rows=lambda t, s: rows(t, s).T))
     assert audit_module(shaw, reversed_rows, **QUICK).status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize(("model", "name"), [("dinov3_vit", "DINOv3ViTAttention"),
+                                             ("eomt_dinov3", "EomtDinov3Attention"), ("sapiens2", "Sapiens2Attention")])
+def test_rotary_on_the_patch_tokens_only_passes_and_turning_the_prefix_fails(model: str, name: str) -> None:
+    """DINOv3 turns the tokens after its class and register tokens (2 in the tiny config), their positions from 0:
+    the reference leaves the prefix unturned; a spec that turns every token fails."""
+    import dataclasses
+
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    spec = hf_spec(module)
+    assert spec.rotary is not None
+    assert spec.rotary.prefix == 2
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("rope") == "PASS"
+    assert hf_limits(module) == []
+    every = dataclasses.replace(spec, rotary=dataclasses.replace(spec.rotary, prefix=0))
+    assert audit_module(module, every, **QUICK).status("reference") == "FAIL"
