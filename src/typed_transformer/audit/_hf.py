@@ -344,8 +344,11 @@ def _rotary_fraction(module: nn.Module) -> float:
     rotary_dim, head_dim = getattr(module, "rotary_dim", None), getattr(module, "head_dim", None)
     if isinstance(rotary_dim, int) and isinstance(head_dim, int) and head_dim > 0:
         return min(rotary_dim, head_dim) / head_dim
-    factor = _rope_params(module).get("partial_rotary_factor",
-                                      getattr(getattr(module, "config", None), "partial_rotary_factor", None))
+    params = _rope_params(module)
+    if params.get("rope_type") == "proportional":  # every pair turns, those past the factor at frequency 0
+        return 1.0
+    config = getattr(module, "config", None)
+    factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
     return 1.0 if factor is None else float(factor)
 
 
@@ -459,8 +462,9 @@ def _ignores_rotary(module: nn.Module, call: Callable[..., Tensor], width: int) 
 
 
 #: rope types whose frequencies the rotary class computes once, at construction (``dynamic`` and ``longrope``
-#: recompute them from the length of each call: not read, a limit of the audit)
-_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+#: recompute them from the length of each call: not read, a limit of the audit); ``proportional`` (Gemma 4's full
+#: layers, LFM 3): the first ``factor * d / 2`` frequencies of the head, then zeros (pairs that do not turn)
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn", "proportional")
 
 
 def _rope_type(module: nn.Module) -> str:

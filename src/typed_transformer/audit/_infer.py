@@ -496,8 +496,8 @@ def _mask(p: _Prober) -> bool:
 def _added_as_numbers(p: _Prober, conv: Conventions, example: Example, out: Tensor | Exception) -> bool:
     """``out`` is the unmasked attention with the boolean mask added to its scaled logits as +1/+0 (the silent
     bug of an "eager" path given a boolean mask where it expects a float one)."""
-    if not isinstance(out, Tensor) or example.keep is None:
-        return False
+    if not isinstance(out, Tensor) or example.keep is None or p.adapter.fixed is not None:
+        return False  # a module's inputs are tokens, not q, k and v: its spec passes the mask itself
     q, k, v = example.inputs()
     ref = reference_attention(q, k, v, None, conventions=dataclasses.replace(conv, always_causal=False),
                               bias=example.mask().to(torch.float64))  # type: ignore[union-attr]

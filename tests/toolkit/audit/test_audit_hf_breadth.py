@@ -558,3 +558,19 @@ def test_rotary_on_the_patch_tokens_only_passes_and_turning_the_prefix_fails(mod
     assert hf_limits(module) == []
     every = dataclasses.replace(spec, rotary=dataclasses.replace(spec.rotary, prefix=0))
     assert audit_module(module, every, **QUICK).status("reference") == "FAIL"
+
+
+def test_proportional_rope_turns_every_pair_and_reading_it_as_partial_fails() -> None:
+    """LFM 3's proportional rope: the first factor * d / 2 frequencies, then zeros, over the whole head."""
+    import dataclasses
+
+    module = randomize_parameters(hf_build(_class("lfm3", "Lfm3Attention")), 0)
+    spec = hf_spec(module)
+    assert spec.rotary is not None
+    assert spec.rotary.fraction == 1.0
+    assert spec.rotary.frequencies is not None
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert hf_limits(module) == []
+    plain = dataclasses.replace(spec, rotary=dataclasses.replace(spec.rotary, frequencies=None))
+    assert audit_module(module, plain, **QUICK).status("reference") == "FAIL"
