@@ -304,7 +304,15 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
         "chose itself over its config's, projections wrapped in a module of their own (`MoshiLinear`), value "
         "norms (Gemma 4's `v_norm`), an output gate on latent attention (Ling's), DeepSeek V3.2's sparse latent "
         "attention (its indexer keeps every key of the audit's short sequences: named as not tested), SAM's "
-        "point-batch tokens and PVT's and SegFormer's stages. "
+        "point-batch tokens and PVT's and SegFormer's stages, decomposed relative positions (SAM's image encoder, "
+        "on an image of one row: its height table tested at distance 0 only), Swin's window bias and Swin v2's "
+        "cosine attention with its continuous bias (windows of 2 x 2, every example one window), DeBERTa's "
+        "disentangled attention (switched on as its checkpoints have it, the relative-embedding table the audit's "
+        "own), the conformers' relative positions (Shaw's relative keys; Transformer-XL's with the audit's own "
+        "table), rotary on the patch tokens only (DINOv3), a factor on the queries after their norm (TimesFM, "
+        "Muse), gates with a per-head bias or a softplus (Beam, Laguna), proportional rope, boolean masks "
+        "(DeBERTa), tokens time-first (FSMT, Mask2Former) and DETR-style positions a class needs (passed as zeros: "
+        "named in a note). "
         "Status letters, in "
         "order: " + ", ".join(f"`{c}`" for c in checks) + " (P pass, F fail, S skip).",
         "",
