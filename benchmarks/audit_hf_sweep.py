@@ -55,6 +55,8 @@ NOT_DOT_PRODUCT = {
                   "the mean of the values)",
     "RegionToPhrase": "region-to-phrase scores (VisualBERT: one head's masked, scaled logits returned as they are, "
                       "no softmax and no values)",
+    "PatchTSMixerGatedAttention": "feature gating (PatchTSMixer: inputs * softmax(Linear(inputs)) over the "
+                                  "features of each token, no query-key product)",
     "AutoformerAttention": "auto-correlation (period discovery by FFT and time-delay aggregation, no softmax over "
                            "query-key products)",
 }

@@ -582,9 +582,18 @@ def _mrope(module: nn.Module) -> MRope | None:
     form = "torch.cat([m[i % 3] for i, m in enumerate(freq.split(self.mrope_section, dim=-1))], dim=-1)"
     axial = ("freq_h, freq_w = (m[:, i % 2] for i, m in enumerate(freq.chunk(2, dim=-1)))",
              "torch.cat([freq_h, freq_w], dim=-1)", "inv_freq_2d = torch.cat([inv_freq[0::2], inv_freq[1::2]])")
-    if all(part in source for part in axial) and _rope_type(module) == "axial":
+    if (all(part in source for part in axial) or _shared_axial(rotary)) and _rope_type(module) == "axial":
         return _AXIAL
     return MRope() if form in source and "mrope_section" in _rope_params(module) else None
+
+
+def _shared_axial(rotary: type | None) -> bool:
+    """SAM 2's and SAM 3's axial rotary: one set of ``d/4`` inverse frequencies (``inv_freq``), turned by the first
+    coordinate of each position in the first half of the pairs and by the second in the other half
+    (``cat([freq[:, 0], freq[:, 1]])``, each frequency on one pair: ``repeat_interleave(2)``)."""
+    source = re.sub(r"\s+", " ", _source(rotary))
+    return all(part in source for part in ("freq_h, freq_w = freq[:, 0], freq[:, 1]",
+                                           "torch.cat([freq_h, freq_w], dim=-1)", "repeat_interleave(2, dim=-1)"))
 
 
 def _axial_sections(module: Any) -> tuple[int, int]:
@@ -669,7 +678,7 @@ def _boolean_mask(core: nn.Module, mask_arg: str) -> bool:
     """The mask is used as booleans, True = may attend: DeBERTa's ``masked_fill(~attention_mask, min)``, or SEW-D's
     ``XSoftmax.apply(scores, attention_mask, -1)`` whose forward fills ``~(mask.to(torch.bool))``."""
     forward = _source(type(core).forward)
-    if re.search(rf"~\s*\(?\s*{mask_arg}\b|{mask_arg}\.bool\(\)", forward):
+    if re.search(rf"~\s*\(?\s*{mask_arg}\b|{mask_arg}\.bool\(\)|{mask_arg}\.logical_not\(\)", forward):
         return True
     applied = re.findall(rf"(\w+)\.apply\([^)]*\b{mask_arg}\b", forward)
     modeling = _modeling(type(core))
@@ -729,7 +738,45 @@ def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
 
         return RelativeKeys(table, xl_rows, proj=f"{prefix}linear_pos", query_bias=f"{prefix}pos_bias_v",
                             content_bias=f"{prefix}pos_bias_u")
+    found = _xl_names(core)
+    if found is not None:  # Parakeet's and Nemotron's: the same terms under names of their own
+        proj, query_bias, content_bias, _ = found
+        width = int(getattr(core, proj).in_features)
+
+        def xl_table(m: Any) -> Tensor:
+            seeded = torch.Generator().manual_seed(0)
+            return torch.randn(2 * _XL_LENGTH - 1, width, dtype=torch.float64, generator=seeded)
+
+        def shifted_rows(t: int, s: int) -> Tensor:
+            return (_XL_LENGTH - 1) - (torch.arange(s - t, s)[:, None] - torch.arange(s)[None, :])
+
+        return RelativeKeys(xl_table, shifted_rows, proj=prefix + proj, query_bias=prefix + query_bias,
+                            content_bias=prefix + content_bias)
     return None
+
+
+def _xl_names(core: nn.Module) -> tuple[str, str, str, str] | None:
+    """Transformer-XL's relative terms read from the forward's source, whatever their names (Parakeet's, Nemotron
+    ASR's): ``(proj, query_bias, content_bias, argument)``: a linear map of a forward argument (the relative table
+    its encoder passes, distances ``t-1 .. 1-t``), the queries plus ``bias_v`` multiplied by its output and shifted
+    by a ``_rel_shift`` of the standard form (pad one column on the left, fold, drop the first row), and the queries
+    plus ``bias_u`` the content logits' queries (passed to the attention function as ``query=``)."""
+    source = _source(type(core).forward)
+    params = list(inspect.signature(type(core).forward).parameters)[2:]
+    proj = next(((n, a) for n, a in re.findall(r"= self\.(\w+)\((\w+)\)\n", source)
+                 if a in params and isinstance(getattr(core, n, None), nn.Linear)), None)
+    biased = dict((v, b) for v, b in re.findall(r"(\w+) = query_states \+ self\.(\w+)\.view\(", source))
+    product = re.search(r"= (\w+) @ (\w+)\.permute\(0, 2, 3, 1\)", source)
+    content = re.search(r"query=(\w+),", source)
+    shift = re.sub(r"\s+", " ", _source(getattr(type(core), "_rel_shift", None)))
+    standard = ("nn.functional.pad(attention_scores, pad=(1, 0))" in shift
+                and "attention_scores[:, :, 1:].view(batch_size, num_heads, query_length, position_length)" in shift)
+    if (proj is None or product is None or content is None or not standard or product.group(1) not in biased
+            or content.group(1) not in biased):
+        return None
+    if not all(isinstance(getattr(core, biased[v], None), Tensor) for v in (product.group(1), content.group(1))):
+        return None
+    return proj[0], biased[product.group(1)], biased[content.group(1)], proj[1]
 
 
 def _deberta_scale(core: nn.Module) -> float | None:
@@ -816,6 +863,10 @@ def hf_causes(module: nn.Module) -> list[str]:
                       "gets twice the mask's value; with the dtype's minimum as the mask value that overflows to "
                       "-inf, and a query row whose keys are all masked gives NaN instead of what one mask gives (its "
                       "model's -100 window masks become -200); rows with an allowed key are exact")
+    if re.search(r"masked_fill_?\((~\s*\w*mask\w*|\w*mask\w*\.logical_not\(\)), float\(\"-inf\"\)\)",
+                 _forward_source(module)):
+        causes.append("it fills the logits of masked keys with -inf (masked_fill(..., float('-inf'))): a query row "
+                      "whose keys are all masked gives NaN; rows with an allowed key are exact")
     eager = _source(getattr(_modeling(type(module)), "eager_attention_forward", None))
     body = eager.split(")", 1)[-1].split(":", 1)[-1] if eager else ""
     if eager and "attention_mask" not in re.sub(r'""".*?"""|#[^\n]*', "", body, flags=re.S) and (
@@ -874,10 +925,17 @@ def hf_notes(module: nn.Module) -> list[str]:
     if "position_embeddings" in signature and _rotary_class(module) is None and _positions_optional(type(module)):
         notes.append("forward takes optional position_embeddings and its module has no rotary class (DETR-style "
                      "embeddings added to the inputs): audited with none passed, so what they add is not tested")
-    elif ("position_embeddings" in signature
+    elif ("position_embeddings" in signature and (_xl_names(module) or ("",) * 4)[3] != "position_embeddings"
             and hf_spec(module).rotary is None and not _heads_as_positions(type(module))):
         notes.append("forward takes position_embeddings and ignores them with this config (audited without "
                      "positions)")
+    forward_params = list(signature)[1:4]
+    if tuple(forward_params) in _SEPARATE and "position_embeddings" in signature and (
+            signature["position_embeddings"].default is inspect.Parameter.empty):
+        notes.append("a (query, key, value) class with rotary tables: audited as its model's self-attention (query = "
+                     "key = value, the keys turned at the queries' positions), its 2-D axial tables made from the "
+                     "audit's grid positions; a cross-attention use of it (keys of another width or grid, keys left "
+                     "unturned) is not tested")
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
@@ -887,6 +945,10 @@ def hf_notes(module: nn.Module) -> list[str]:
     if any(getattr(m, name, None) == 1 for m in module.modules() for name in ratios):
         notes.append("built with a key reduction ratio of 1, as its model's last stage is (every key): the earlier "
                      "stages' strided convolution that pools the keys is not tested")
+    if getattr(module, "query_stride", None) == 1 and getattr(module, "use_mask_unit_attn", None) is False:
+        notes.append("built with query_stride 1 and use_mask_unit_attn False (global attention over every token, as "
+                     "its model's later stages): the query max-pooling of a stage's first layer and the mask-unit "
+                     "windows of the early stages are not tested")
     topk = getattr(getattr(module, "config", None), "index_topk", None)
     if isinstance(getattr(module, "indexer", None), nn.Module) and isinstance(topk, int):
         notes.append(f"DeepSeek sparse attention: its indexer keeps the {topk} best-scored keys of each query; the "
@@ -945,7 +1007,8 @@ def hf_limits(module: nn.Module) -> list[str]:
             *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or "",
             *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ()),
             *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ()),
-            *(("distance_embedding", "linear_pos") if _relative_keys(module, "") is not None else ())}
+            *(("distance_embedding", "linear_pos") if _relative_keys(module, "") is not None else ()),
+            *((_xl_names(module) or ())[:1])}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity) and not type(child).__name__.endswith(
@@ -960,7 +1023,7 @@ def hf_limits(module: nn.Module) -> list[str]:
     if gate is not None and gate.bias is not None:
         own |= {gate.bias}
     if _relative_keys(module, "") is not None:
-        own |= {"pos_bias_u", "pos_bias_v"}
+        own |= {"pos_bias_u", "pos_bias_v", *((_xl_names(module) or ())[1:3])}
     if _separate_biases(module):
         own |= {"q_bias", "v_bias"}
     if _decomposed(module) is not None:
@@ -1051,6 +1114,12 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     signature = inspect.signature(cls.forward).parameters
     params = list(signature)[1:]
     separate = tuple(params[:3]) in _SEPARATE
+    # a (query, key, value) class that requires rotary tables and builds its keys' projection from the queries'
+    # width (SAM 2 video's memory self-attention: its model calls it with query = key = value): self-attention, the
+    # input passed as all three
+    rotary_self = (separate and "position_embeddings" in signature
+                   and signature["position_embeddings"].default is inspect.Parameter.empty)
+    separate = separate and not rotary_self
     memory_arg = _memory_arg(module, core, signature, cross)
     mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask") if n in signature), "attention_mask")
     # ViT on transformers 5.0 takes forward(hidden_states), BLIP's vision attention (hidden_states, **kwargs) and
@@ -1104,7 +1173,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # it: FSMT's forward(query, key, ...) gets query=x, key=x; CTRL's forward(v, k, q, ...) gets x three times (its
     # keys and values take the queries' shape: one sequence, not separate inputs)
     again = [n for n in params[1:3] if n in ("key", "k", "q") and signature[n].default is inspect.Parameter.empty
-             ] if not separate and memory_arg is None else []
+             ] if not separate and memory_arg is None and not rotary_self else params[1:3] if rotary_self else []
     cache_arg = next((n for n in ("cache", "past_key_values", "past_key_value") if n in signature), None)
     theta = _PACKED_THETA if own_tables and takes_rotary else _rope_theta(core)
     if theta is None and (rotary_class is not None or internal):
@@ -1114,11 +1183,17 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     boolean_mask = _boolean_mask(core, mask_arg)
     disentangled = _disentangled(core, layout.core)
     relative_keys = _relative_keys(core, layout.core)
+    xl = _xl_names(core)
+    table_arg = xl[3] if xl is not None else "relative_position_embeddings"
+    if xl is not None and table_arg == "position_embeddings":  # the relative table, not rotary tables
+        takes_rotary, own_tables, rotary_class = False, False, None
     # Swin's windows: every sequence is one window of Wh x Ww tokens, with a mask per window shared by the heads
     window_table = _window_table(module)
     residual = False  # decided below, once the module can be called
     packed_rows: list[bool] = []  # a packed call's input has a leading axis of 1 (decided by the first call)
     point_axis: list[bool] = []  # the input has a second axis of 1 (decided by the first call that runs)
+    if re.search(r"batch_size, point_batch_size = \w+\.shape\[:2\]", _source(cls.forward)):
+        point_axis.append(True)  # SAM's (b, points, t, e) tokens, read by the forward itself
 
     def positions(x: Tensor, offset: int) -> dict[str, Tensor]:
         """``cache_position``, for a forward that reads it (T5 on transformers 5.0: the length of its bias)."""
@@ -1159,7 +1234,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             return first - x if residual else first
         if point_axis == [True]:  # SAM's (b, points, t, e) tokens: one point
             lifted = [a[:, None] if isinstance(a, Tensor) and a.ndim == 3 else a for a in args]
-            memory = {n: a[:, None] for n, a in kwargs.items() if n in _MEMORY_ARGS and isinstance(a, Tensor)}
+            memory = {n: a[:, None] for n, a in kwargs.items() if (n in _MEMORY_ARGS or n in again)
+                      and isinstance(a, Tensor)}
             out = m(x[:, None], *lifted, **{**kwargs, **memory})
             point: Tensor = (out[0] if isinstance(out, tuple) else out)[:, 0]
             return point - x if residual else point
@@ -1230,8 +1306,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         if "layer_idx" in signature:
             kwargs["layer_idx"] = getattr(m, "layer_idx", 0)
         if relative_keys is not None and relative_keys.proj is not None:  # Transformer-XL: distances t-1 .. 1-t
-            rows = relative_keys.table(m)[_XL_LENGTH - x.shape[1]:_XL_LENGTH + x.shape[1] - 1]
-            kwargs["relative_position_embeddings"] = rows[None].to(x.dtype)
+            # (decoding: the keys the cache holds too, distances offset + t - 1 .. 1 - t)
+            rows = relative_keys.table(m)[_XL_LENGTH - x.shape[1] - offset:_XL_LENGTH + x.shape[1] - 1]
+            kwargs[table_arg] = rows[None].expand(x.shape[0], -1, -1).to(x.dtype)
         if disentangled is not None:  # DeBERTa's relative embeddings, from its encoder: the audit's own table
             kwargs["rel_embeddings"] = disentangled.table(m).to(x.dtype)
             if disentangled.form == "v1":  # its encoder's distances i - j too (v1 adds no term without them)
@@ -1324,6 +1401,14 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # Llama 3's or YaRN's frequencies: read from the module's own rotary class (the default: from the base alone)
     frequencies = (_frequencies(rotary_class, _layer_type(module)) if takes_rotary and rotary_class is not None and (
         _rope_type(module) in _STATIC_ROPE[1:] or mrope == _AXIAL) else None)
+    if frequencies is not None and _shared_axial(rotary_class):  # the same d/4 frequencies for both coordinates
+        shared = frequencies
+
+        def twice(m: Any) -> tuple[Tensor, float]:
+            inverse, magnitude = shared(m)
+            return torch.cat([inverse, inverse]), magnitude
+
+        frequencies = twice
     position_bias = relative_bias(layout.core) if layout.relative_bias else None
     lengths = _HF.lengths
     if window_table is not None:

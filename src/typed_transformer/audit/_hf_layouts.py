@@ -116,16 +116,30 @@ def _output(module: nn.Module, core: nn.Module, prefix: str, used: set[str]) -> 
     return None
 
 
-def _sizes(core: Any, prefix: str) -> tuple[str, str | None, str | None, float | str | None]:
+def _config_heads(config: Any, core: Any, width: int | None) -> str | None:
+    """The config field that holds the head count of a class whose constructor reads it under a name of its own
+    (LW-DETR's ``decoder_self_attention_heads``): an integer field named ``*_heads`` whose value times the class's
+    ``head_dim`` is the query projection's width (``width``); None unless exactly one value fits."""
+    head_dim = getattr(core, "head_dim", None)
+    if config is None or width is None or not isinstance(head_dim, int) or head_dim <= 0:
+        return None
+    fields = {n: v for n, v in vars(config).items() if n.endswith("_heads") and type(v) is int
+              and n not in _KV_HEADS and v * head_dim == width}
+    return sorted(fields)[0] if len(set(fields.values())) == 1 else None
+
+
+def _sizes(core: Any, prefix: str, width: int | None = None) -> tuple[str, str | None, str | None, float | str | None]:
     """Head counts: the module's own attribute first (what its constructor chose: Inkling's sliding layers and Dia's
     cross-attention read prefixed config fields, GPT-BigCode's ``kv_heads`` is 1 with ``multi_query``), then the
-    config's."""
+    config's (``num_attention_heads``, or the ``*_heads`` field that fits the query's ``width``)."""
     config = getattr(core, "config", None)
     own = _first(core, _HEADS, int)
     if own is not None:
         heads = prefix + own
     elif isinstance(getattr(config, "num_attention_heads", None), int):
         heads = prefix + "config.num_attention_heads"
+    elif (field := _config_heads(config, core, width)) is not None:
+        heads = f"{prefix}config.{field}"
     else:
         raise AuditUsageError(f"{type(core).__qualname__}: no head count (none of {', '.join(_HEADS)}, no "
                               f"config.num_attention_heads)")
@@ -201,7 +215,7 @@ def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (No
                               f"the class and its children)")
     used = {n.split(".")[0] for n in (q, k, v, fused) if n}
     out = _output(module, core, prefix, used)
-    heads, kv, head_dim, scale = _sizes(core, prefix)
+    heads, kv, head_dim, scale = _sizes(core, prefix, _width(core, q) if q else None)
     if kv is not None and kv.endswith("config.num_key_value_heads") and q and k and _width(core, q) == _width(core, k):
         kv = None  # a config field the class never reads (Whisper-like audio encoders): keys as wide as queries
     first = core.get_submodule(fused or q or "")
@@ -365,7 +379,7 @@ _SIZE_PARAMS = {"embed_dim": "hidden_size", "hidden_size": "hidden_size", "dim":
                 # an input or output width a constructor takes beside the model's (Sam2's dim_out, SqueezeBERT's
                 # cin): the model's width, as in the layers whose sizes do not change
                 "kv_in_dim": "hidden_size", "dim_out": "hidden_size", "out_size": "hidden_size",
-                "cin": "hidden_size"}
+                "cin": "hidden_size", "hidden_size_output": "hidden_size"}
 #: arguments a constructor requires that are not sizes: no dropout, not causal (the audit passes every mask
 #: itself), the first stage
 _PLAIN_PARAMS: dict[str, Any] = {"dropout": 0.0, "attention_dropout": 0.0, "is_causal": False, "stage_idx": 0,
@@ -373,6 +387,13 @@ _PLAIN_PARAMS: dict[str, Any] = {"dropout": 0.0, "attention_dropout": 0.0, "is_c
                                  # a ratio above 1 pools the keys with a strided convolution)
                                  "sequence_reduction_ratio": 1, "sequences_reduction_ratio": 1,
                                  "spatial_reduction_ratio": 1}
+
+
+def _heads_field(config: Any) -> str | None:
+    """The one integer config field named ``*_heads`` (not a key/value head count): the head count of a config
+    that keeps it under a name of its own (PatchTSMixer's ``self_attn_heads``); None when none or several."""
+    fields = [n for n, v in vars(config).items() if n.endswith("_heads") and type(v) is int and n not in _KV_HEADS]
+    return fields[0] if len(fields) == 1 else None
 
 
 def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tuple[list[Any], dict[str, Any]]:
@@ -393,6 +414,8 @@ def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tu
         elif name in _SIZE_PARAMS and getattr(config, _SIZE_PARAMS[name], None) is not None:
             size = getattr(config, _SIZE_PARAMS[name])  # per stage as a list (Swin's, PVT's): the first stage's
             kwargs[name] = int(size[0] if isinstance(size, list | tuple) else size)
+        elif _SIZE_PARAMS.get(name) == "num_attention_heads" and (field := _heads_field(config)) is not None:
+            kwargs[name] = int(getattr(config, field))  # a head count under a name of its own (PatchTSMixer's)
         elif name in ("layer_idx", "layer_id"):
             kwargs[name] = layer
         elif name == "has_relative_attention_bias" or (name in ("is_cross_attention", "is_decoder") and cross):

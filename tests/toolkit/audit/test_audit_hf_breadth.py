@@ -574,3 +574,51 @@ def test_proportional_rope_turns_every_pair_and_reading_it_as_partial_fails() ->
     assert hf_limits(module) == []
     plain = dataclasses.replace(spec, rotary=dataclasses.replace(spec.rotary, frequencies=None))
     assert audit_module(module, plain, **QUICK).status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize(("model", "name", "h"), [
+    ("lw_detr", "LwDetrAttention", 8),  # its head count under a config field of its own (decoder_self_attention_heads)
+    ("rf_detr", "RfDetrAttention", 8),
+    ("hiera", "HieraMaskUnitAttention", 1),  # hidden_size_output, global attention (query stride 1)
+    ("patchtsmixer", "PatchTSMixerAttention", 1),  # num_heads from self_attn_heads
+    ("parakeet", "ParakeetEncoderAttention", 4),  # Transformer-XL terms under names of its own
+    ("sam2_video", "Sam2VideoRoPEAttention", 1),  # (query, key, value) with SAM 2's shared axial rotary
+    ("sam3_tracker_video", "Sam3TrackerVideoRoPEAttention", 1),
+    ("edgetam_video", "EdgeTamVideoRoPESelfAttention", 1),
+    ("sam3", "Sam3ViTRoPEAttention", 4),
+])
+def test_layouts_found_for_classes_that_did_not_build(model: str, name: str, h: int) -> None:
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    spec = hf_spec(module)
+    assert spec_weights(module, spec).h == h
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert hf_limits(module) == []
+
+
+def test_nemotron_s_minus_infinity_fill_is_a_named_cause() -> None:
+    """Nemotron ASR fills masked logits with -inf: a fully masked row gives NaN, a true behaviour named as such."""
+    module = randomize_parameters(hf_build(_class("nemotron_asr_streaming", "NemotronAsrStreamingEncoderAttention")), 0)
+    report = audit_module(module, hf_spec(module), conventions="infer", **QUICK)
+    assert report.status("reference") == "PASS"
+    assert report.conventions["fully_masked"] == "nan"
+    assert any("-inf" in cause for cause in hf_causes(module))
+
+
+def test_sam_3_s_shared_axial_frequencies_at_half_speed_fail() -> None:
+    """SAM 3's axial rotary turns both coordinates by one set of d/4 frequencies, read from its rotary class and
+    doubled: a spec whose frequencies are halved fails."""
+    import dataclasses
+
+    module = randomize_parameters(hf_build(_class("sam3", "Sam3ViTRoPEAttention")), 0)
+    spec = hf_spec(module)
+    assert spec.rotary is not None
+    read = spec.rotary.frequencies
+    assert read is not None
+    inverse, _ = read(module)
+    half = inverse.shape[0] // 2
+    torch.testing.assert_close(inverse[:half], inverse[half:])  # the same set for both coordinates
+    slow = dataclasses.replace(spec, rotary=dataclasses.replace(
+        spec.rotary, frequencies=lambda m: (read(m)[0] * 0.5, read(m)[1])))
+    assert audit_module(module, slow, **QUICK).status("reference") == "FAIL"
