@@ -57,6 +57,12 @@ NOT_DOT_PRODUCT = {
                       "no softmax and no values)",
     "PatchTSMixerGatedAttention": "feature gating (PatchTSMixer: inputs * softmax(Linear(inputs)) over the "
                                   "features of each token, no query-key product)",
+    "RwkvSelfAttention": "the RWKV time-mixing recurrence (a WKV state with exponential decay, no softmax over "
+                         "query-key products)",
+    "LinearSelfAttention": "separable linear attention (MobileViTv2: one context score per token, no query-key "
+                           "product)",
+    "ChannelAttention": "attention between feature channels (Florence-2's vision tower: the channel groups are the "
+                        "tokens, not the sequence's positions)",
     "AutoformerAttention": "auto-correlation (period discovery by FFT and time-delay aggregation, no softmax over "
                            "query-key products)",
 }

@@ -73,7 +73,9 @@ TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_va
                         # switch it off), log-spaced distances beyond 4
                         "relative_attention": True, "pos_att_type": ("p2c", "c2p"), "position_buckets": 8,
                         # DINOv3's prefix of unturned tokens: the class token and one register token
-                        "num_register_tokens": 1}
+                        "num_register_tokens": 1,
+                        # Perceiver's latents (its self-attention's width) and its heads over them
+                        "d_latents": 16, "num_self_attention_heads": 4, "num_cross_attention_heads": 4}
 
 #: the base of the rotary tables the audit makes itself (packed ``cu_seqlens`` encoders, image-grid rotaries)
 _PACKED_THETA = 10000.0
@@ -125,7 +127,17 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
         except Exception as err:  # the next config (a nested one) may be the class's own
             first = first or err
             continue
-        _tiny_mrope(module)
+        if "position_embeddings" in inspect.signature(cls.forward).parameters and getattr(module, "config",
+                                                                                           None) is None:
+            # a rotary class that keeps no config (GPT-NeoX-Japanese's): the one it was built from, for its
+            # module's rotary class and rope parameters
+            module.config = config
+        head = _tiny_mrope(module)
+        if head is not None and "head_dim" not in (overrides or {}):
+            # its rotary class cannot make tables with a section of no frequency (Ernie 4.5 VL's, which splits off
+            # the temporal section as inv_freq[-t:]): heads wide enough for one frequency in every section
+            return hf_build(cls, {**(overrides or {}), "head_dim": head,
+                                  "hidden_size": TINY["num_attention_heads"] * head}, cross=cross)
         window = _window_table(module)
         if window is not None and window[1][0] * window[1][1] > _HF.lengths[1] and "window_size" not in (
                 overrides or {}):  # Swin's 7 x 7 windows: 2 x 2 ones, as long as the audit's sequences
@@ -155,18 +167,48 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
             with contextlib.suppress(AttributeError, NotImplementedError):
                 setattr(config, key, value)
     _tiny_partial_rotary(config)
-    config._attn_implementation = "eager"
+    # eager, unless the class looks its attention function up with no eager fallback (Qwen2.5-Omni's DiTAttention:
+    # ALL_ATTENTION_FUNCTIONS[...], where eager is not registered): then SDPA, the transformers default
+    direct = "ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]" in _source(getattr(cls, "forward", None))
+    config._attn_implementation = "sdpa" if direct else "eager"
     args, kwargs = constructor_arguments(cls, config, _attention_layer(config), cross)
     try:
-        module: nn.Module = cls(*args, **kwargs)
-    except ValueError:
+        module: nn.Module = _construct(cls, config, args, kwargs)
+    except (ValueError, IndexError):
         types = getattr(config, "layer_types", None)
         if not isinstance(types, list) or len(types) <= config.num_hidden_layers:
             raise
-        # one layer of a pattern that needs each layer type once (Gemma 4's key/value sharing): all the layers
+        # one layer of a pattern that needs each layer type once (Gemma 4's key/value sharing: a ValueError; Gemma
+        # 3n's kv_sharing_modes, its last num_kv_shared_layers layers of one layer: an IndexError): all the layers
         config.num_hidden_layers = len(types)
-        module = cls(*args, **kwargs)
+        module = _construct(cls, config, args, kwargs)
     return module
+
+
+def _construct(cls: type, config: Any, args: list[Any], kwargs: dict[str, Any]) -> nn.Module:
+    """``cls(*args, **kwargs)``; where the constructor reads a field of a nested config that only the outer config
+    holds (DBRX's ``attn_config.rope_theta``: its checkpoints' ``attn_config`` carries it, the default
+    ``DbrxAttentionConfig`` on transformers 5.x does not, the base now in ``rope_parameters``), the outer config's
+    value is set on the nested one and the class built again."""
+    from transformers import PretrainedConfig
+
+    for _ in range(4):
+        try:
+            return cls(*args, **kwargs)
+        except AttributeError as err:
+            found = re.fullmatch(r"'(\w+)' object has no attribute '(\w+)'", str(err))
+            nested = [v for v in vars(config).values() if isinstance(v, PretrainedConfig)
+                      and found is not None and type(v).__name__ == found.group(1)]
+            params = getattr(config, "rope_parameters", None)
+            name = found.group(2) if found is not None else ""
+            value = getattr(config, name, None)
+            if value is None and isinstance(params, dict):
+                value = params.get(name)
+            if not nested or value is None:
+                raise
+            for v in nested:
+                setattr(v, name, value)
+    return cls(*args, **kwargs)
 
 
 def _configs(cls: type) -> list[Any]:
@@ -211,8 +253,9 @@ def _attention_layer(config: Any) -> int:
 
 
 def _tiny_partial_rotary(config: Any) -> None:
-    """A partial rotary factor that turns fewer than 2 features of the tiny head (StableLM's 0.25 of 4) gets heads
-    wide enough to turn one pair: ``head_dim = 2 / factor`` (hidden size 4 heads of it)."""
+    """A partial rotary factor that turns fewer than 2 features of the tiny head (StableLM's 0.25 of 4), or an odd
+    number of them (MoonshineStreaming's 0.8 of 4), gets heads wide enough to turn an even number, at least one pair
+    (hidden size 4 heads of it)."""
     params = getattr(config, "rope_parameters", None)
     factors = [getattr(config, "partial_rotary_factor", None)]
     if isinstance(params, dict):  # flat, or one entry per layer type
@@ -235,11 +278,12 @@ def _tiny_partial_rotary(config: Any) -> None:
     config.head_dim, config.hidden_size = head, TINY["num_attention_heads"] * head
 
 
-def _tiny_mrope(module: nn.Module) -> None:
+def _tiny_mrope(module: nn.Module) -> int | None:
     """M-RoPE (Qwen2-VL, GLM-4V): ``mrope_section`` splits the rotary frequencies into temporal, height and width
     sections sized for the real head size; at the tiny head size they are scaled down to sum to ``head_dim / 2``
     (as evenly as they go). With text positions (the three rows equal, as the audit passes them) M-RoPE is 1-D
-    rotary, whatever the sections."""
+    rotary, whatever the sections. Returns the head size to build again with where a section is left with no
+    frequency and the rotary class then cannot be built (else None)."""
     rotary = _rotary_class(module)
     config: Any = getattr(module, "config", None)
     params = getattr(config, "rope_parameters", None)
@@ -248,10 +292,18 @@ def _tiny_mrope(module: nn.Module) -> None:
     except (OSError, TypeError):
         uses_sections = False
     if not uses_sections or not isinstance(params, dict) or "rope_theta" not in params:
-        return
+        return None
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    half, n = int(head_dim * _rotary_fraction(module)) // 2, len(params.get("mrope_section", (0, 0, 0)))
+    fraction = _rotary_fraction(module)
+    half, n = int(head_dim * fraction) // 2, len(params.get("mrope_section", (0, 0, 0)))
     params["mrope_section"] = [half // n + (1 if i < half % n else 0) for i in range(n)]
+    if half >= n or rotary is None:
+        return None
+    try:
+        rotary(config=config)
+    except Exception:
+        return math.ceil(2 * n / fraction / 2) * 2
+    return None
 
 
 def _accepts(cls: type, config: Any) -> bool:
@@ -273,11 +325,26 @@ def _rotary_class(module: nn.Module) -> type | None:
             continue
         found = [obj for name, obj in vars(importlib.import_module(base.__module__)).items()
                  if isinstance(obj, type) and name.endswith("RotaryEmbedding") and issubclass(obj, nn.Module)]
-        found.sort(key=lambda c: (_tower(c.__name__) != kind, len(c.__name__)))
+        # the one named after the class (EvollaSaProtSelfAttention: EvollaSaProtRotaryEmbedding, not the text
+        # model's EvollaRotaryEmbedding), then the class's tower, then the shortest name
+        own = re.sub(r"(Self)?Attention$", "", type(module).__name__) + "RotaryEmbedding"
+        found.sort(key=lambda c: (c.__name__ != own, _tower(c.__name__) != kind, len(c.__name__)))
         mine = [c for c in found if not _tower(c.__name__) or kind]
         if mine:
             return mine[0]
         other = other or (found[0] if found else None)
+    # a text class whose module has only another tower's rotary (Exaone 4.5's Exaone4_5_Attention, its language
+    # model an AutoModel of its text config): the rotary class of its config's own model package (Exaone 4's)
+    model_type = getattr(getattr(module, "config", None), "model_type", None)
+    if not kind and isinstance(model_type, str) and model_type:
+        try:
+            package = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+        except ImportError:
+            return other
+        text = [obj for name, obj in vars(package).items() if isinstance(obj, type) and issubclass(obj, nn.Module)
+                and name.endswith("RotaryEmbedding") and not _tower(name) and obj.__module__ == package.__name__]
+        if text and package.__name__ != _modeling(type(module)).__name__:
+            return min(text, key=lambda c: len(c.__name__))
     return other
 
 
@@ -319,7 +386,10 @@ def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
 
 def _input_width(module: nn.Module, layout: Layout) -> int:
     """The width of the tokens the module takes: the input side of its query (or fused) projection."""
-    weight: Any = module.get_submodule(str(layout.q or layout.qkv or _LATENT.kv_a)).weight
+    projection: Any = module.get_submodule(str(layout.q or layout.qkv or _LATENT.kv_a))
+    if isinstance(projection, nn.Conv1d):  # a 1x1 convolution over channels, grouped: its in_channels
+        return int(projection.in_channels)
+    weight: Any = projection.weight
     return int(weight.shape[0] if layout.transposed else weight.shape[1])
 
 
@@ -401,9 +471,14 @@ _NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernor
 
 
 def _norm_paths(module: nn.Module) -> tuple[str | None, str | None]:
+    inputs = [n for n in inspect.signature(type(module).forward).parameters if n != "self"][:1] + list(_MEMORY_ARGS)
+    applied = _source(type(module).forward)
     for q, k in _NORMS:
-        if all(isinstance(getattr(module, n, None), nn.Module) and not isinstance(getattr(module, n), nn.Identity)
-               for n in (q, k)):
+        # not norms of the inputs, before the projections (BLT's cross-attention: q_norm(hidden_states),
+        # k_norm(cross_attention_states) over the model width): the block's Add & Norm, bypassed with its residual
+        before = any(f"self.{n}({x})" in applied for n in (q, k) for x in inputs)
+        if not before and all(isinstance(getattr(module, n, None), nn.Module)
+                              and not isinstance(getattr(module, n), nn.Identity) for n in (q, k)):
             return q, k
     # one norm for both (Llama 4's weightless qk_norm, after the rotary turn)
     source = _source(type(module).forward)
@@ -789,9 +864,10 @@ def _deberta_scale(core: nn.Module) -> float | None:
 
 
 def _separate_biases(core: nn.Module) -> bool:
-    """DeBERTa's ``q_bias`` and ``v_bias``: the query and value biases as parameters of their own, added to the
-    heads of a bias-free fused projection."""
-    source = _source(type(core).forward)
+    """DeBERTa's and LayoutLMv2's ``q_bias`` and ``v_bias``: the query and value biases as parameters of their own,
+    added to the heads of a bias-free fused projection."""
+    # the forward's, or a method's it calls (LayoutLMv2's fast_qkv: compute_qkv adds them)
+    source = "".join(_source(f) for f in vars(type(core)).values() if inspect.isfunction(f))
     return all(isinstance(getattr(core, n, None), Tensor) for n in ("q_bias", "v_bias")) and (
         "self.q_bias" in source and "self.v_bias" in source)
 
@@ -867,6 +943,11 @@ def hf_causes(module: nn.Module) -> list[str]:
                  _forward_source(module)):
         causes.append("it fills the logits of masked keys with -inf (masked_fill(..., float('-inf'))): a query row "
                       "whose keys are all masked gives NaN; rows with an allowed key are exact")
+    if re.search(r"(\w+) = \1 \* (\w+) \+ -1e4 \* \(1 - \2\)[\s\S]{0,200}?\1 = \1 \+ attention_mask", attention):
+        causes.append("its attention sets the logits its own causal mask excludes to -1e4 (GPT-1's w * b - "
+                      "1e4 (1 - b)) and then adds the attention mask: a query row whose earlier keys are all masked "
+                      "averages the values of the later keys, and a logit below -1e4 loses to a later key (large "
+                      "logits)")
     eager = _source(getattr(_modeling(type(module)), "eager_attention_forward", None))
     body = eager.split(")", 1)[-1].split(":", 1)[-1] if eager else ""
     if eager and "attention_mask" not in re.sub(r'""".*?"""|#[^\n]*', "", body, flags=re.S) and (
@@ -910,6 +991,72 @@ def _patch_prefix(module: nn.Module) -> int | None:
     return 1 + int(getattr(getattr(module, "config", None), "num_register_tokens", 0) or 0)
 
 
+def _input_norms(core: nn.Module) -> list[str]:
+    """The norms the class applies to its inputs before its projections (Perceiver's ``hidden_states =
+    self.layernorm1(hidden_states)``, BLT's cross-attention ``self.q_norm(hidden_states)`` and
+    ``self.k_norm(cross_attention_states)`` over the model width): a pre-norm inside the attention class, bypassed
+    as a block's Add & Norm is, so the norm itself is not tested."""
+    forward: Any = type(core).forward
+    names = [n for n in inspect.signature(forward).parameters if n != "self"]
+    source = _source(forward)
+    projections = [m.start() for m in re.finditer(r"self\.(\w+)\(", source)
+                   if _is_projection(getattr(core, m.group(1), None))]
+    first = min(projections, default=len(source))
+    found = []
+    for call in re.finditer(r"self\.(\w+)\((\w+)\)", source):
+        norm = getattr(core, call.group(1), None)
+        if (call.start() < first and call.group(2) in names[:1] + list(_MEMORY_ARGS) and isinstance(norm, nn.Module)
+                and (isinstance(norm, nn.LayerNorm | nn.RMSNorm) or "Norm" in type(norm).__name__)
+                and not any(_is_projection(c) for c in norm.modules())):
+            found.append(call.group(1))
+    return list(dict.fromkeys(found))
+
+
+def _is_projection(obj: Any) -> bool:
+    weight = getattr(obj, "weight", None)
+    return isinstance(obj, nn.Module) and isinstance(weight, Tensor) and weight.ndim == 2
+
+
+def _added_biases(core: nn.Module) -> list[str]:
+    """Optional forward arguments the class adds to its attention logits as they are (LayoutLMv2's ``rel_pos`` and
+    ``rel_2d_pos``: relative and spatial biases its encoder computes from the token and box positions), without
+    which it raises: passed as zeros (what they add is not tested)."""
+    source = _source(type(core).forward)
+    signature = inspect.signature(type(core).forward).parameters
+    found = re.findall(r"\b\w*scores\w* \+= (\w+)\n", source)
+    return [n for n in dict.fromkeys(found) if n in signature and signature[n].default is None
+            and n not in _PROVIDED and n not in ("attention_mask", "mask")]
+
+
+def _nullable(cls: Any) -> list[str]:
+    """Required arguments after the input passed as None: those the forward has a branch for None for (LUKE's
+    ``entity_hidden_states``: its model passes None when there are no entities, and the class is then plain attention
+    over the words), and those it only passes on to its own submodules (I-BERT's ``hidden_states_scaling_factor``,
+    which its quantized layers read only with ``quant_mode``, off in its default config: its model then passes None);
+    not a mask argument (the audit passes its own)."""
+    signature = inspect.signature(cls.forward).parameters
+    source = _source(cls.forward)
+    body = source.split(")", 1)[-1] if source else ""
+    return [n for n, p in list(signature.items())[2:] if p.default is inspect.Parameter.empty
+            and n not in _PROVIDED and n not in ("attention_mask", "mask")
+            and (re.search(rf"\bif {n} is None:", source) is not None or _passed_on(body, n))]
+
+
+def _passed_on(body: str, name: str) -> bool:
+    """Whether every use of ``name`` in ``body`` (a forward's code) is an argument of a call to ``self.<child>(``."""
+    uses = [m.start() for m in re.finditer(rf"(?<![\w.]){name}\b(?!\s*=[^=])", body)]
+    if not uses:
+        return False
+    for at in uses:
+        depth, i = 0, at - 1
+        while i >= 0 and not (body[i] == "(" and depth == 0):
+            depth += {")": 1, "(": -1}.get(body[i], 0)
+            i -= 1
+        if i < 0 or re.search(r"\bself\.\w+$", body[:i]) is None:
+            return False
+    return True
+
+
 def _positions_optional(cls: Any) -> bool:
     """``forward``'s ``position_embeddings`` defaults to None and its code tests for None (DETR: sine embeddings its
     model adds to the query and key inputs; without them the class is plain attention)."""
@@ -936,11 +1083,22 @@ def hf_notes(module: nn.Module) -> list[str]:
                      "key = value, the keys turned at the queries' positions), its 2-D axial tables made from the "
                      "audit's grid positions; a cross-attention use of it (keys of another width or grid, keys left "
                      "unturned) is not tested")
+    if getattr(module, "scale", None) is False and "if self.scale:" in _source(type(module)):
+        notes.append("built with its constructor's default scale=False (logits not divided by sqrt(d)); its model "
+                     "passes scale=True, so that path is not tested")
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
                      f"they set (UnboundLocalError; its model always passes them): audited with zero {needed}, so "
                      f"what they add is not tested")
+    notes += [f"normalises its input with {name} before its projections (a pre-norm inside the class): audited with "
+              f"it bypassed, as a block's Add & Norm is, so the norm is not tested"
+              for name in _input_norms(_core_of(module))]
+    notes += [f"forward adds {name} to its logits, a bias its model computes outside the class: audited with zeros "
+              f"passed, so what it adds is not tested" for name in _added_biases(_core_of(module))]
+    notes += [f"forward requires {name} and takes None for it (LUKE's model passes None without entities, I-BERT's "
+              f"without quant_mode): audited with None, so what the class computes with a value is not tested"
+              for name in _nullable(type(module))]
     ratios = ("sr_ratio", "sequence_reduction_ratio", "sequences_reduction_ratio", "spatial_reduction_ratio")
     if any(getattr(m, name, None) == 1 for m in module.modules() for name in ratios):
         notes.append("built with a key reduction ratio of 1, as its model's last stage is (every key): the earlier "
@@ -991,6 +1149,9 @@ def hf_limits(module: nn.Module) -> list[str]:
         limits.append(f"rope_type {kind!r} (" + ("frequencies recomputed from each call's length"
                                                  if kind in ("dynamic", "longrope") else
                                                  "frequencies of a kind the reference does not read") + ")")
+    first = re.search(r"\w+\[:, :(\d+)\], \w+\[:, :\1\] = apply_rotary", _forward_source(module))
+    if first is not None:  # Qwen2.5-Omni's DiTAttention: "only first head is applied with RoPE"
+        limits.append(f"rotary on the first {first.group(1)} head(s) only, the others unturned")
     for name in ("attn_logit_softcapping", "logit_softcapping"):
         if getattr(config, name, None) and _softcap(module) is None:
             limits.append(name)
@@ -1003,7 +1164,7 @@ def hf_limits(module: nn.Module) -> list[str]:
     latent = [] if _latent(module) is None else [getattr(_LATENT, f) for f in ("q", "q_a", "q_norm", "q_b", "kv_a",
                                                                               "kv_norm", "kv_b")]
     read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module), *latent,
-            _v_norm(module, "") or "",
+            _v_norm(module, "") or "", *_input_norms(module),
             *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or "",
             *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ()),
             *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ()),
@@ -1144,7 +1305,15 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         p.kind is p.VAR_KEYWORD for p in signature.values())
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
     # the first parameter is the input, passed by position whatever its name (VitDet's hidden_state)
-    unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "") and n not in _PROVIDED
+    nullable = _nullable(cls)
+    added = _added_biases(core)
+    channels_first = isinstance(module.get_submodule(str(layout.q or layout.qkv or "")), nn.Conv1d)
+    input_norms = tuple(layout.core + n for n in _input_norms(core))
+    # a required mask argument is the mask the audit passes (XLM's and FlauBERT's ``mask``)
+    # a required output_attentions (SqueezeBERT's): False, as its model passes it by default
+    flags = [n for n in ("output_attentions",) if n in signature and signature[n].default is inspect.Parameter.empty]
+    unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg)
+               and n not in _PROVIDED and n not in nullable and n not in flags
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
         raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
@@ -1189,6 +1358,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         takes_rotary, own_tables, rotary_class = False, False, None
     # Swin's windows: every sequence is one window of Wh x Ww tokens, with a mask per window shared by the heads
     window_table = _window_table(module)
+    # a mask of ones (attend) and zeros (masked) of shape (b, t, s), which the forward turns into its own fill
+    # (XLM's and FlauBERT's ``(mask == 0).view(mask_reshape)``), not an additive (b, 1, t, s) one
+    ones_zeros = re.search(rf"\({mask_arg} == 0\)", source) is not None
     residual = False  # decided below, once the module can be called
     packed_rows: list[bool] = []  # a packed call's input has a leading axis of 1 (decided by the first call)
     point_axis: list[bool] = []  # the input has a second axis of 1 (decided by the first call that runs)
@@ -1200,9 +1372,16 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         return {"cache_position": torch.arange(offset, offset + x.shape[1])} if "cache_position" in signature else {}
 
     def invoke(m: Any, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        """The module's output (the first of a tuple); a block's residual and Add & Norm bypassed."""
+        """The module's output (:func:`_output_tensor`); a block's residual and Add & Norm bypassed."""
         if residual:
             bypass_norms(m, layout.norms)
+        bypass_norms(m, input_norms)
+        kwargs.update(dict.fromkeys(nullable))
+        kwargs.update(dict.fromkeys(flags, False))
+        if channels_first:  # (b, e, t) in and out: a 1x1 convolution's layout (SqueezeBERT)
+            result = _output_tensor(m(x.transpose(1, 2), *args, **kwargs)).transpose(1, 2)
+            return result - x if residual else result
+        kwargs.update({name: torch.zeros((), dtype=x.dtype) for name in added})
         if packed:
             b, t = x.shape[0], x.shape[1]
             kwargs["cu_seqlens"] = torch.arange(0, (b + 1) * t, t, dtype=torch.int32)
@@ -1218,7 +1397,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
                 except Exception:
                     packed_rows.append(True)
             out = m(flat[None] if packed_rows[0] else flat, *args, **kwargs)
-            rows: Tensor = out[0] if isinstance(out, tuple) else out
+            rows: Tensor = _output_tensor(out)
             unpacked: Tensor = rearrange(rows, "o (b t) e -> (o b) t e" if packed_rows[0] else "(b t) e -> b t e",
                                          b=b)
             return unpacked - x if residual else unpacked
@@ -1237,7 +1416,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             memory = {n: a[:, None] for n, a in kwargs.items() if (n in _MEMORY_ARGS or n in again)
                       and isinstance(a, Tensor)}
             out = m(x[:, None], *lifted, **{**kwargs, **memory})
-            point: Tensor = (out[0] if isinstance(out, tuple) else out)[:, 0]
+            point: Tensor = (_output_tensor(out))[:, 0]
             return point - x if residual else point
         try:
             out = m(x, *args, **kwargs)
@@ -1246,7 +1425,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
                 raise
             point_axis.append(True)
             return invoke(m, x, *args, **kwargs)
-        result: Tensor = out[0] if isinstance(out, tuple) else out
+        result: Tensor = _output_tensor(out)
         if not point_axis and result.ndim == x.ndim + 1:  # Sam2's: (b, t, e) read as t point batches of 1 token
             point_axis.append(True)
             return invoke(m, x, *args, **kwargs)
@@ -1333,6 +1512,10 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             keep = torch.ones(1, 1, t, s, dtype=torch.bool)
         if boolean_mask:
             return window_keep(m, keep, t, s).expand(b, keep.shape[1], t, s)
+        if ones_zeros:
+            if keep.shape[1] != 1:
+                raise AuditUsageError(f"{cls.__qualname__}: its mask is (b, t, s), one for every head")
+            return window_keep(m, keep, t, s).expand(b, 1, t, s)[:, 0].to(x.dtype)
         mask = additive_mask(window_keep(m, keep, t, s).expand(b, keep.shape[1], t, s), x.dtype)
         assert mask is not None
         if window_table is not None:  # (windows, t, s): one mask per window (a sequence here), shared by the heads
@@ -1381,6 +1564,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         window = getattr(m, "sliding_window", None)
         # window_mask's edge for the one query at position i, over keys offset.. of the cache (not 0..i)
         keep = keys <= i if window is None else (keys <= i) & (keys > i - int(window))
+        if ones_zeros:
+            return keep[None, None].expand(x.shape[0], 1, length).to(x.dtype)
         return additive_mask(keep[None, None, None].expand(x.shape[0], 1, 1, length), x.dtype)
 
     width = _input_width(module, layout)
@@ -1469,7 +1654,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         def biased(m: Any) -> Weights:
             w = spec_weights(m, unbiased)
             c = resolve(m, owner, cls.__name__) if owner else m
-            return dataclasses.replace(w, bq=c.q_bias.detach().double(), bv=c.v_bias.detach().double())
+            return dataclasses.replace(w, bq=c.q_bias.detach().double().reshape(-1),
+                                       bv=c.v_bias.detach().double().reshape(-1))  # LayoutLMv2's: (1, 1, h d)
 
         spec = dataclasses.replace(spec, weights=biased)
     if isinstance(v_scale, float | int) and v_scale != 1:  # MiMo-V2-Flash scales its values by a constant
@@ -1482,6 +1668,24 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         spec = dataclasses.replace(spec, weights=scaled)
     REBUILDS[spec] = "from typed_transformer.audit import hf_spec\nspec = hf_spec(module)"  # for repros
     return spec
+
+
+def _core_of(module: nn.Module) -> nn.Module:
+    """The submodule that holds the class's projections (a block's ``self``), or the class itself."""
+    try:
+        layout = find_layout(module, _norm_paths(module))
+    except AuditUsageError:
+        return module
+    return module.get_submodule(layout.core.rstrip(".")) if layout.core else module
+
+
+def _output_tensor(out: Any) -> Tensor:
+    """The attention output of a module's return value: the first item of a tuple (of GPT-1's list, of
+    SqueezeBERT's dict), and of that again where it is one itself (I-BERT's ``((output,), (scaling_factor,))``)."""
+    while isinstance(out, tuple | list | dict):
+        out = next(iter(out.values())) if isinstance(out, dict) else out[0]  # SqueezeBERT: {"context_layer": ...}
+    result: Tensor = out
+    return result
 
 
 def hf_attention_classes(model: str) -> list[type]:

@@ -80,17 +80,26 @@ class Layout:
 
 
 def _projection(module: Any, name: str) -> bool:
-    """``module.name`` is a projection: a module with a 2-D weight (``nn.Linear``, Hugging Face's ``Conv1D``)."""
-    weight = getattr(getattr(module, name, None), "weight", None)
-    return isinstance(getattr(module, name, None), nn.Module) and isinstance(weight, Tensor) and weight.ndim == 2
+    """``module.name`` is a projection: a module with a 2-D weight (``nn.Linear``, Hugging Face's ``Conv1D``), or a
+    1x1 ``nn.Conv1d`` over channels (SqueezeBERT's, grouped: block-diagonal)."""
+    layer = getattr(module, name, None)
+    weight = getattr(layer, "weight", None)
+    if isinstance(layer, nn.Conv1d):
+        return (tuple(layer.kernel_size) == (1,) and tuple(layer.stride) == (1,) and tuple(layer.dilation) == (1,)
+                and layer.padding in ((0,), "valid"))
+    return isinstance(layer, nn.Module) and isinstance(weight, Tensor) and weight.ndim == 2
 
 
 def _path(module: Any, name: str) -> str | None:
     """``name`` when ``module.name`` is a projection; ``name.linear`` when it wraps one (Moshi's ``MoshiLinear``,
-    Gemma 4's ``Gemma4ClippableLinear``: an ``nn.Linear`` in a child named ``linear``); else None."""
+    Gemma 4's ``Gemma4ClippableLinear``: an ``nn.Linear`` in a child named ``linear``), ``name.0`` when it is a list
+    whose only projection is its first item; else None."""
     if _projection(module, name):
         return name
     inner = getattr(module, name, None)
+    if (isinstance(inner, nn.ModuleList) and len(inner) and _projection(inner, "0")
+            and not any(_projection(inner, str(i)) for i in range(1, len(inner)))):
+        return f"{name}.0"  # diffusers' to_out = [Linear, Dropout] (Qwen2.5-Omni's DiTAttention), not a list of them
     return f"{name}.linear" if isinstance(inner, nn.Module) and _projection(inner, "linear") else None
 
 
@@ -152,10 +161,15 @@ def _sizes(core: Any, prefix: str, width: int | None = None) -> tuple[str, str |
         kv = None
     head_dim = _first(core, _HEAD_DIM, int)
     scale: float | str | None = _first(core, _SCALE, (float, int))
-    if scale is None and hasattr(core, "has_relative_attention_bias"):
-        scale = 1.0  # T5 (before transformers gave it a scaling attribute): no 1/sqrt(d)
+    if scale is None and hasattr(core, "has_relative_attention_bias") and not re.search(
+            r"math\.sqrt\(self\.\w+\)", _forward_source(type(core))):
+        scale = 1.0  # T5 (before transformers gave it a scaling attribute): no 1/sqrt(d); not LayoutLMv2's
     if scale is None and _unscaled(type(core)):
         scale = 1.0  # GPT-Neo: unscaled logits
+    flag = next((getattr(core, n) for n in _SCALE if isinstance(getattr(core, n, None), bool)), None)
+    if scale is None and flag is False and re.search(r"if self\.scale:\n\s+\w+ = \w+ / math\.sqrt\(",
+                                                     _source_of(type(core))):
+        scale = 1.0  # GPT-1's Attention(..., scale=False), its constructor's default: the logits divided by nothing
     if isinstance(scale, str) and getattr(core, scale) == 1.0 and re.search(
             r"query\w* = query\w* \* self\.\w+\s*\*\*\s*-0\.5", _forward_source(type(core))):
         scale = None  # ESM: scaling 1.0 in the attention call, the query scaled by head_size**-0.5 before it
@@ -167,6 +181,14 @@ def _forward_source(cls: Any) -> str:
     try:
         return inspect.getsource(cls.forward)
     except (AttributeError, OSError, TypeError):
+        return ""
+
+
+def _source_of(cls: Any) -> str:
+    """The source of a class (its methods: GPT-1 scales its logits in ``_attn``, not in ``forward``)."""
+    try:
+        return inspect.getsource(cls)
+    except (OSError, TypeError):
         return ""
 
 
@@ -243,7 +265,7 @@ def _width(core: Any, name: str) -> int:
     """The number of outputs of the projection ``core.name`` (``nn.Linear`` and ``Conv1D`` alike)."""
     projection = core.get_submodule(name)
     weight: Tensor = projection.weight
-    return int(weight.shape[1] if type(projection).__name__ == "Conv1D" else weight.shape[0])
+    return int(weight.shape[1] if type(projection).__name__ == "Conv1D" else weight.shape[0])  # Conv1d: out first
 
 
 def _mp_num(core: Any) -> int | None:
@@ -295,13 +317,21 @@ def relative_bias(core: str) -> Callable[[Any, int, int], Tensor]:
     return bias
 
 
+class _Bypass(nn.Identity):
+    """The identity, for a norm called with more than its input (I-BERT's ``IntLayerNorm(x, scaling_factor)``, which
+    returns ``(x, scaling_factor)``): what it is given, as it was given."""
+
+    def forward(self, x: Any, *rest: Any) -> Any:
+        return (x, *rest) if rest else x
+
+
 def bypass_norms(module: nn.Module, norms: tuple[str, ...]) -> None:
     """Replace the norm modules at ``norms`` (paths) by the identity, in place (on the audit's copy)."""
     for path in norms:
         parent_path, _, name = path.rpartition(".")
         parent = module.get_submodule(parent_path) if parent_path else module
         if not isinstance(getattr(parent, name, None), nn.Identity):
-            setattr(parent, name, nn.Identity())
+            setattr(parent, name, _Bypass())
 
 
 def has_residual(module: nn.Module, layout: Layout, call: Callable[[nn.Module, Tensor], Tensor], width: int) -> bool:
@@ -309,20 +339,23 @@ def has_residual(module: nn.Module, layout: Layout, call: Callable[[nn.Module, T
     bypassed and the output projection zeroed, a residual block returns its input, a plain one zeros."""
     if layout.out is None:
         return False
-    m = _probe_copy(module, layout)
-    x = torch.randn(1, 3, width, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    try:
-        with torch.no_grad():
-            out = call(m, x)
-    except Exception:
-        return False
-    return bool(out.shape == x.shape and torch.allclose(out, x, rtol=0, atol=1e-9))
+    # in float64, else in float32 (LayoutLMv2 raises in float64: it fills float32 logits with float64's minimum)
+    for dtype, atol in ((torch.float64, 1e-9), (torch.float32, 1e-5)):
+        m = _probe_copy(module, layout, dtype)
+        x = torch.randn(1, 3, width, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(dtype)
+        try:
+            with torch.no_grad():
+                out = call(m, x)
+        except Exception:
+            continue
+        return bool(out.shape == x.shape and torch.allclose(out, x, rtol=0, atol=atol))
+    return False
 
 
-def _probe_copy(module: nn.Module, layout: Layout) -> nn.Module:
+def _probe_copy(module: nn.Module, layout: Layout, dtype: torch.dtype = torch.float64) -> nn.Module:
     import copy
 
-    m = copy.deepcopy(module).double().eval()
+    m = copy.deepcopy(module).to(dtype).eval()
     bypass_norms(m, layout.norms)
     assert layout.out is not None
     out = m.get_submodule(layout.out)
@@ -379,7 +412,9 @@ _SIZE_PARAMS = {"embed_dim": "hidden_size", "hidden_size": "hidden_size", "dim":
                 # an input or output width a constructor takes beside the model's (Sam2's dim_out, SqueezeBERT's
                 # cin): the model's width, as in the layers whose sizes do not change
                 "kv_in_dim": "hidden_size", "dim_out": "hidden_size", "out_size": "hidden_size",
-                "cin": "hidden_size", "hidden_size_output": "hidden_size"}
+                "cin": "hidden_size", "hidden_size_output": "hidden_size",
+                # GPT-1's Attention(nx, n_positions, config): its width and the size of its causal-mask buffer
+                "nx": "hidden_size", "n_positions": "max_position_embeddings"}
 #: arguments a constructor requires that are not sizes: no dropout, not causal (the audit passes every mask
 #: itself), the first stage
 _PLAIN_PARAMS: dict[str, Any] = {"dropout": 0.0, "attention_dropout": 0.0, "is_causal": False, "stage_idx": 0,
@@ -401,6 +436,7 @@ def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tu
     num_heads)`` constructor takes (from the config), ``layer_idx``, ``has_relative_attention_bias=True`` (T5's first
     layer, the one that owns the bias), and ``is_cross_attention``/``is_decoder`` for cross-attention."""
     params = init_parameters(cls)
+    sites = _call_sites(cls)
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     for i, (name, p) in enumerate(params.items()):
@@ -416,6 +452,11 @@ def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tu
             kwargs[name] = int(size[0] if isinstance(size, list | tuple) else size)
         elif _SIZE_PARAMS.get(name) == "num_attention_heads" and (field := _heads_field(config)) is not None:
             kwargs[name] = int(getattr(config, field))  # a head count under a name of its own (PatchTSMixer's)
+        elif (name == "num_key_value_heads" and p.default is p.empty
+              and isinstance(getattr(config, "num_attention_heads", None), int)):
+            # a config without the field (MoonshineStreaming's decoder config): as many as the query heads, what
+            # an absent num_key_value_heads means in transformers
+            kwargs[name] = int(config.num_attention_heads)
         elif name in ("layer_idx", "layer_id"):
             kwargs[name] = layer
         elif name == "has_relative_attention_bias" or (name in ("is_cross_attention", "is_decoder") and cross):
@@ -428,7 +469,28 @@ def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tu
             # a size the config holds under the parameter's name (Swin's window_size), per stage as a list
             value = getattr(config, name)
             kwargs[name] = value[0] if isinstance(value, list | tuple) and value else value
+        elif getattr(config, sites.get(name, ""), None) is not None:
+            kwargs[name] = getattr(config, sites[name])  # the field its model passes (Perceiver's q_dim=d_latents)
     return args, kwargs
+
+
+def _call_sites(cls: type) -> dict[str, str]:
+    """``{parameter: config field}`` from the calls ``Name(config, ..., parameter=config.field, ...)`` of the class's
+    modeling module, its self-attention ones (not ``is_cross_attention=True``): how the model sizes the class or the
+    layer that passes them on by the same names (Perceiver's ``PerceiverLayer(config, num_heads=
+    config.num_self_attention_heads, q_dim=config.d_latents, kv_dim=config.d_latents)``); a parameter passed
+    different fields at different sites is left out."""
+    try:
+        source = inspect.getsource(importlib.import_module(cls.__module__))
+    except (OSError, TypeError, ImportError):
+        return {}
+    found: dict[str, set[str]] = {}
+    for call in re.finditer(r"\b[A-Z]\w*\(\s*config(=config)?,(?P<args>[^()]*)\)", source):
+        if "is_cross_attention=True" in call.group("args"):
+            continue
+        for name, field in re.findall(r"\b(\w+)=config\.(\w+)\b(?!\s*[.(\[])", call.group("args")):
+            found.setdefault(name, set()).add(field)
+    return {name: fields.pop() for name, fields in found.items() if len(fields) == 1}
 
 
 __all__ = ["Layout", "bypass_norms", "config_from_configuration_module", "constructor_arguments", "find_layout",

@@ -531,6 +531,9 @@ def _linear(module: Any, path: str, spec: ModuleSpec) -> tuple[Tensor, Tensor | 
                               f"{type(layer).__name__} without a weight tensor")
     bias = getattr(layer, "bias", None)
     w = weight.detach().double()
+    if isinstance(layer, nn.Conv1d) and w.ndim == 3 and w.shape[-1] == 1:
+        # a 1x1 convolution over channels (SqueezeBERT's): a linear map, block-diagonal in its groups
+        w = torch.block_diag(*w[:, :, 0].chunk(int(layer.groups), dim=0))
     return (w.T if spec.transposed else w), (None if bias is None else bias.detach().double())
 
 

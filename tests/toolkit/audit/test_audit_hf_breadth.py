@@ -622,3 +622,51 @@ def test_sam_3_s_shared_axial_frequencies_at_half_speed_fail() -> None:
     slow = dataclasses.replace(spec, rotary=dataclasses.replace(
         spec.rotary, frequencies=lambda m: (read(m)[0] * 0.5, read(m)[1])))
     assert audit_module(module, slow, **QUICK).status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize(("model", "name"), [
+    ("gemma3n", "Gemma3nTextAttention"),  # one layer raises in kv_sharing: every layer type built
+    ("xlm", "MultiHeadAttention"),  # a required mask, read as (mask == 0)
+    ("flaubert", "MultiHeadAttention"),
+    ("luke", "LukeSelfAttention"),  # entity_hidden_states None, as its model passes it without entities
+    ("ibert", "IBertSelfAttention"),  # quant_mode off: hidden_states_scaling_factor None
+    ("perceiver", "PerceiverSelfAttention"),  # sized from its model's call sites, its input norm bypassed
+    ("squeezebert", "SqueezeBertSelfAttention"),  # 1 x 1 Conv1d projections on (b, c, t)
+    ("moonshine_streaming", "MoonshineStreamingAttention"),  # num_key_value_heads its config lacks
+    ("gpt_neox_japanese", "GPTNeoXJapaneseAttention"),  # no .config: the one it was built from
+    ("layoutlmv2", "LayoutLMv2SelfAttention"),  # rel_pos and rel_2d_pos as zeros, q_bias and v_bias
+    ("evolla", "EvollaSaProtSelfAttention"),  # the rotary class named after the class
+    ("exaone4_5", "Exaone4_5_Attention"),  # a text class whose module has only a vision rotary
+    ("ernie4_5_vl_moe", "Ernie4_5_VLMoeTextAttention"),  # M-RoPE sections that need a head of 6
+    ("blt", "BltCrossAttention"),  # norms of its inputs before the projections, bypassed
+])
+def test_classes_that_did_not_build_now_pass(model: str, name: str) -> None:
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    report = audit_module(module, hf_spec(module), conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    if model == "luke":  # its entity projections serve the path not taken: a note says it is not tested
+        assert any("not tested" in note for note in hf_notes(module))
+
+
+def test_gpt_1_s_causal_fill_is_a_named_cause_and_its_unscaled_default_a_note() -> None:
+    module = randomize_parameters(hf_build(_class("openai", "Attention")), 0)
+    report = audit_module(module, hf_spec(module), conventions="infer", **QUICK)
+    assert report.status("reference") == "PASS"
+    assert report.status("masking") == "FAIL"
+    assert any("-1e4" in cause for cause in hf_causes(module))
+    assert any("scale=False" in note for note in hf_notes(module))
+
+
+def test_recurrences_and_channel_attention_are_listed_as_not_dot_product() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from benchmarks.audit_hf_sweep import not_dot_product
+
+    for name in ("RwkvSelfAttention", "MobileViTV2LinearSelfAttention", "Florence2VisionChannelAttention",
+                 "PatchTSMixerGatedAttention", "VisualBertRegionToPhraseAttention"):
+        assert not_dot_product(name) is not None, name
+    for name in ("LlamaAttention", "Florence2VisionWindowAttention", "PatchTSMixerAttention"):
+        assert not_dot_product(name) is None, name
