@@ -8,7 +8,8 @@ runs them; a ``text`` block right after a block that prints becomes what it prin
 ``$ typed-transformer audit ...`` lines becomes each command, its output and its exit status (``[exit N]``), run
 with this interpreter from the repository root. Blocks between ``<!-- begin: ... -->`` and ``<!-- end: ... -->``
 markers belong to the script named there: their examples run (later ones may use them), their text is left
-alone. Takes a few minutes (every example audits a module).
+alone; a block marked ``skip: next`` (a library installed elsewhere) is neither run nor rewritten. Takes a few
+minutes (every example audits a module).
 """
 
 import argparse
@@ -26,6 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "audit.md"
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.MULTILINE | re.DOTALL)
 _MARKED = re.compile(r"<!-- begin: .*?<!-- end: [^>]*-->", re.DOTALL)
+#: the ``skip: next`` directive right above a block (tests/docs/test_docs_examples.py skips it the same way)
+_SKIPPED = re.compile(r"<!--\s*skip:\s*next\b[^\n]*-->\s*\Z")
 
 
 def _command(line: str) -> str:
@@ -45,8 +48,10 @@ def regenerate(text: str) -> tuple[str, list[str]]:
     pieces, changed, position, printed = [], [], 0, ""
     for match in _FENCE.finditer(text):
         language, body = match.group(1), match.group(2)
-        if any(start <= match.start() < end for start, end in marked):  # another script's block: run, keep
-            if language == "python":
+        # a block the docs tests skip too (its library is installed by benchmarks/library_envs.sh, not here): kept
+        skipped = _SKIPPED.search(text, 0, match.start()) is not None
+        if skipped or any(start <= match.start() < end for start, end in marked):  # another script's: run, keep
+            if language == "python" and not skipped:
                 with contextlib.redirect_stdout(io.StringIO()):
                     exec(compile(body, str(PAGE), "exec"), namespace)
             printed = ""

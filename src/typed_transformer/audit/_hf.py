@@ -379,6 +379,8 @@ def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
     complex_turn = "view_as_complex" in _source(getattr(_modeling(type(module)), "apply_rotary_emb", None))
     if complex_turn and "apply_rotary_emb(" in _source(type(module).forward):  # Llama 4: complex pairs (2i, 2i+1)
         return "interleaved"
+    if _complex_tables(module):  # Llama 4's vision_apply_rotary_emb: the same complex pairs
+        return "interleaved"
     rotate = _rotate_source(module)
     # rotate_pairwise: x.view(*x.shape[:-1], -1, 2), pairs (2i, 2i+1) (Inkling 2's vision tower)
     return "interleaved" if "::2]" in rotate or "view(*x.shape[:-1], -1, 2)" in rotate else "half"
@@ -515,7 +517,8 @@ def _heads_as_positions(cls: type) -> bool:
             and "position_ids" not in inspect.signature(forward).parameters)
 
 
-def _ignores_rotary(module: nn.Module, call: Callable[..., Tensor], width: int) -> bool:
+def _ignores_rotary(module: nn.Module, call: Callable[..., Tensor], width: int,
+                    arg: str = "position_embeddings") -> bool:
     """Whether the class gives the same output with its rotary tables and with the identity turn (cos 1, sin 0)
     on three random tokens: a class whose config switches rotary off (Zamba2's ``use_mem_rope=False``)."""
     m: Any = copy.deepcopy(module).double().eval()
@@ -526,8 +529,8 @@ def _ignores_rotary(module: nn.Module, call: Callable[..., Tensor], width: int) 
         original = m.forward
 
         def identity(*args: Any, **kwargs: Any) -> Any:
-            tables = kwargs["position_embeddings"]
-            kwargs["position_embeddings"] = (torch.ones_like(tables) if isinstance(tables, Tensor)  # complex turns
+            tables = kwargs[arg]
+            kwargs[arg] = (torch.ones_like(tables) if isinstance(tables, Tensor)  # complex turns
                                              else (torch.ones_like(tables[0]), torch.zeros_like(tables[1])))
             return original(*args, **kwargs)
 
@@ -560,6 +563,19 @@ def _frequencies(rotary_class: type, layer_type: str | None) -> Callable[[Any], 
         raise AuditUsageError(f"{rotary_class.__name__}: no inv_freq buffer to read its rope frequencies from")
 
     return read
+
+
+def _body(function: Any) -> str:
+    """The source of ``function`` after its signature (not its decorators, whose parentheses would end it early)."""
+    source = _source(function)
+    start = source.find("def ")
+    return re.split(r"\)\s*(?:->[^\n]*)?:[ \t]*\n", source[max(start, 0):], maxsplit=1)[-1]
+
+
+def _mask_none(body: str) -> bool:
+    """The forward passes None in the mask's place of its attention function's arguments ``(self, query, key,
+    value, attention_mask, ...)``."""
+    return re.search(r"attention_interface\(\s*self,\s*\w+,\s*\w+,\s*\w+,\s*None\s*,", body) is not None
 
 
 def _forward_source(module: nn.Module) -> str:
@@ -659,6 +675,8 @@ def _mrope(module: nn.Module) -> MRope | None:
              "torch.cat([freq_h, freq_w], dim=-1)", "inv_freq_2d = torch.cat([inv_freq[0::2], inv_freq[1::2]])")
     if (all(part in source for part in axial) or _shared_axial(rotary)) and _rope_type(module) == "axial":
         return _AXIAL
+    if _flipped_axial(rotary) and _rope_type(module) == "axial":
+        return _AXIAL_WH
     return MRope() if form in source and "mrope_section" in _rope_params(module) else None
 
 
@@ -671,6 +689,15 @@ def _shared_axial(rotary: type | None) -> bool:
                                            "torch.cat([freq_h, freq_w], dim=-1)", "repeat_interleave(2, dim=-1)"))
 
 
+def _flipped_axial(rotary: type | None) -> bool:
+    """Step 3.7's vision rotary: one set of ``d/4`` inverse frequencies, the positions ``(N, 2)`` (row, column), their
+    angles flipped to (column, row) and flattened (``freq.flip(1).flatten(1)``), then repeated for ``rotate_half``'s
+    two halves: the first ``d/4`` pairs turned by the width, the rest by the height."""
+    source = re.sub(r"\s+", " ", _source(rotary))
+    return all(part in source for part in ("freq_wh = freq.flip(1).flatten(1)",
+                                           "torch.cat((freq_wh, freq_wh), dim=-1)"))
+
+
 def _axial_sections(module: Any) -> tuple[int, int]:
     """Pixtral's axial sections: the first half of the rotated frequencies turned by the height, the rest by the
     width (its inverse frequencies ``base^(-2i/d)``, the even-indexed ones first: read from its rotary class)."""
@@ -680,6 +707,8 @@ def _axial_sections(module: Any) -> tuple[int, int]:
 
 #: axial rotary (Pixtral): the frequencies in two halves, turned by height then width (2-D M-RoPE)
 _AXIAL = MRope(sections=_axial_sections, axes=(1, 2))
+#: the same turned by width then height (Step 3.7's vision rotary)
+_AXIAL_WH = MRope(sections=_axial_sections, axes=(2, 1))
 
 
 def _latent_layout() -> Layout:
@@ -793,6 +822,8 @@ def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
     Wav2Vec2-Conformer, SeamlessM4T: ``linear_pos`` of the table its encoder passes, ``pos_bias_u`` and
     ``pos_bias_v``)."""
     kind = getattr(core, "position_embeddings_type", None)
+    if kind is None and _espnet_shift(core):  # FastSpeech2-Conformer's: the same terms, no switch
+        kind = "relative"
     if kind == "relative_key" and isinstance(getattr(core, "distance_embedding", None), nn.Embedding):
         left, right = int(core.left_max_position_embeddings), int(core.right_max_position_embeddings)
 
@@ -830,6 +861,32 @@ def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
     return None
 
 
+def _espnet_shift(core: nn.Module) -> bool:
+    """ESPnet's relative attention (FastSpeech2-Conformer): Transformer-XL's ``linear_pos``, ``pos_bias_u`` and
+    ``pos_bias_v`` with no ``position_embeddings_type``, the content logits' queries plus ``pos_bias_u``, the
+    positional ones' plus ``pos_bias_v`` times ``linear_pos`` of a forward argument, shifted by a method of the standard
+    form (a zero column on the left, fold, drop the first row, keep the first ``P // 2 + 1`` columns: distances
+    ``i - j`` of a table of ``t - 1 .. 1 - t``)."""
+    source = re.sub(r"\s+", " ", _source(type(core).forward))
+    methods = ((n, getattr(type(core), n)) for n in dir(type(core)) if not n.startswith("__"))
+    shift = next((m for n, m in methods if inspect.isfunction(m) and f"self.{n}(" in source), None)
+    body = re.sub(r"\s+", " ", _source(shift))
+    standard = all(part in body for part in ("torch.cat([zero_pad, ", "[:, :, 1:].view_as(", "// 2 + 1]"))
+    forms = ("(query_states + self.pos_bias_u)", "(query_states + self.pos_bias_v)", "self.linear_pos(")
+    return (standard and all(form in source for form in forms) and isinstance(getattr(core, "linear_pos", None),
+                                                                                nn.Linear)
+            and all(isinstance(getattr(core, n, None), Tensor) for n in ("pos_bias_u", "pos_bias_v")))
+
+
+def _xl_table_arg(core: nn.Module) -> str:
+    """The forward argument that carries a Transformer-XL relative table: the one ``linear_pos`` maps in the
+    forward itself (FastSpeech2-Conformer's ``pos_emb``), else ``relative_position_embeddings`` (Wav2Vec2-Conformer's,
+    mapped in a function of its module)."""
+    found = re.search(r"self\.linear_pos\((\w+)\)", _source(type(core).forward))
+    named = found is not None and found.group(1) in inspect.signature(type(core).forward).parameters
+    return found.group(1) if named and found is not None else "relative_position_embeddings"
+
+
 def _xl_names(core: nn.Module) -> tuple[str, str, str, str] | None:
     """Transformer-XL's relative terms read from the forward's source, whatever their names (Parakeet's, Nemotron
     ASR's): ``(proj, query_bias, content_bias, argument)``: a linear map of a forward argument (the relative table
@@ -852,6 +909,14 @@ def _xl_names(core: nn.Module) -> tuple[str, str, str, str] | None:
     if not all(isinstance(getattr(core, biased[v], None), Tensor) for v in (product.group(1), content.group(1))):
         return None
     return proj[0], biased[product.group(1)], biased[content.group(1)], proj[1]
+
+
+def _padding_only(cls: Any, mask_arg: str) -> bool:
+    """The forward refuses any mask but a key padding mask ``(b, 1, s)`` (FastSpeech2-Conformer's ``expected_size =
+    (bsz, 1, q_len)``, a ValueError otherwise)."""
+    source = _source(cls.forward)
+    return re.search(r"expected_size = \(\w+, 1, \w+\)", source) is not None and (
+        f"{mask_arg}.size() != expected_size" in source)
 
 
 def _deberta_scale(core: nn.Module) -> float | None:
@@ -957,6 +1022,24 @@ def hf_causes(module: nn.Module) -> list[str]:
     return causes
 
 
+def _rotary_arg(cls: Any) -> str | None:
+    """The forward argument that carries the rotary tables: ``position_embeddings``, or a required argument of
+    another name that the forward passes to its rotary apply function (Llama 4's vision ``freqs_ci``)."""
+    signature = inspect.signature(cls.forward).parameters
+    if "position_embeddings" in signature:
+        return "position_embeddings"
+    source = _source(cls.forward)
+    return next((name for name, p in signature.items() if p.default is inspect.Parameter.empty
+                 and re.search(rf"\b\w*apply_rotary\w*\([^)]*\b{name}\b", source)), None)
+
+
+def _complex_tables(module: nn.Module) -> bool:
+    """Whether the rotary apply function the forward calls multiplies complex pairs by its table (Llama 4's
+    ``view_as_complex``): the table is then ``exp(i p theta)``, not ``(cos, sin)``."""
+    called = re.search(r"\b(\w*apply_rotary\w*)\(", _forward_source(module))
+    return called is not None and "view_as_complex" in _source(getattr(_modeling(type(module)), called.group(1), None))
+
+
 def _own_tables(module: nn.Module) -> bool:
     """Whether the audit makes the class's rotary tables itself: a packed (``cu_seqlens``) encoder, or a class
     whose forward takes rotary ``position_embeddings`` that no rotary class of its module makes from 1-D positions
@@ -964,8 +1047,11 @@ def _own_tables(module: nn.Module) -> bool:
     signature = inspect.signature(type(module).forward).parameters
     if "cu_seqlens" in signature and signature["cu_seqlens"].default is inspect.Parameter.empty:
         return True
-    if "position_embeddings" not in signature:
+    arg = _rotary_arg(type(module))
+    if arg is None:
         return False
+    if arg != "position_embeddings":  # a table under a name of its own (Llama 4's vision freqs_ci): made here
+        return True
     rotary = _rotary_class(module)
     if rotary is None:
         return not _positions_optional(type(module))
@@ -1083,6 +1169,16 @@ def hf_notes(module: nn.Module) -> list[str]:
                      "key = value, the keys turned at the queries' positions), its 2-D axial tables made from the "
                      "audit's grid positions; a cross-attention use of it (keys of another width or grid, keys left "
                      "unturned) is not tested")
+    arg = _rotary_arg(type(module))
+    if arg not in (None, "position_embeddings"):
+        kind = "complex turns exp(i p theta)" if _complex_tables(module) else "cos and sin"
+        notes.append(f"forward takes its rotary table as {arg} ({kind}): audited with the audit's own 1-D table "
+                     f"(positions 0.., every token turned, shared by the batch), so its model's table (2-D patch "
+                     f"positions, a class token left unturned) is not tested")
+    if "attention_mask" in signature and _mask_none(_body(type(module).forward)) and not re.search(
+            r"(?<![\w.])attention_mask\b(?!\s*=[^=])", _body(type(module).forward)):
+        notes.append("forward takes attention_mask and passes None to its attention function instead (its model "
+                     "passes none): audited without masks")
     if getattr(module, "scale", None) is False and "if self.scale:" in _source(type(module)):
         notes.append("built with its constructor's default scale=False (logits not divided by sqrt(d)); its model "
                      "passes scale=True, so that path is not tested")
@@ -1120,6 +1216,13 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append("decomposed relative positions on the audit's image of one row of t patches: the width table is "
                      "tested at every distance, the height table only at distance 0 (a term constant along each "
                      "query's row, which the softmax cancels)")
+    if any(_padding_only(type(m), "attention_mask") for m in module.modules()):
+        notes.append("forward takes only a key padding mask (b, 1, s) (0 = padding: its logits filled with the dtype's "
+                     "minimum, its weights zeroed after the softmax) and refuses the audit's (b, 1, t, s) masks: "
+                     "audited without masks, so its padding (and a fully padded row's zero output) is not tested")
+    if _relative_keys(module, "") is not None and _espnet_shift(module):
+        notes.append("Transformer-XL relative terms on the audit's own table (seeded rows for distances t-1 .. 1-t, "
+                     "passed as pos_emb): its encoder's sinusoidal table is not tested")
     if _heads_as_positions(type(module)):
         notes.append("its model passes the head index as the rotary position (position_ids = arange(num_heads), "
                      "cos/sin unsqueezed at dim 2): each head is turned by one angle at every position, the turn "
@@ -1145,7 +1248,7 @@ def hf_limits(module: nn.Module) -> list[str]:
     # a class given the audit's own 1-D tables (packed encoders, image-grid rotaries): its rope type is not read
     uses_rotary = "position_embeddings" in signature and not _own_tables(module)
     kind = _rope_type(module)
-    if uses_rotary and kind not in _STATIC_ROPE and _mrope(module) != _AXIAL:
+    if uses_rotary and kind not in _STATIC_ROPE and _mrope(module) not in (_AXIAL, _AXIAL_WH):
         limits.append(f"rope_type {kind!r} (" + ("frequencies recomputed from each call's length"
                                                  if kind in ("dynamic", "longrope") else
                                                  "frequencies of a kind the reference does not read") + ")")
@@ -1290,19 +1393,24 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     packed = "cu_seqlens" in signature and signature["cu_seqlens"].default is inspect.Parameter.empty
     # a mask through **kwargs: the forward reads the name as a variable, not only as a keyword it passes on
     # (BLIP-2's attention_interface(..., attention_mask=None, **kwargs), SAM's attention_mask=attention_similarity)
-    read = re.search(rf"(?<![\w.]){mask_arg}\b(?!\s*=[^=])", _source(cls.forward).split(")", 1)[-1]) is not None
+    body = _body(cls.forward)
+    read = re.search(rf"(?<![\w.]){mask_arg}\b(?!\s*=[^=])", body) is not None
     takes_mask = not packed and (mask_arg in signature or (any(p.kind is p.VAR_KEYWORD for p in signature.values())
                                                           and read))
     # a mask argument the forward never reads, calling its attention function with attention_mask=None instead
     # (PP-OCRv5's and PP-OCRv6's recognition encoders: "not used but kept for signature matching"): audited without
     # masks, as its model calls it (the mask would be ignored silently)
-    body = _source(cls.forward).split(")", 1)[-1]
-    if mask_arg in signature and not read and re.search(rf"\b{mask_arg}=None\b", body):
+    # (Llama 4's vision attention: None in the mask's place of its attention function's arguments)
+    if mask_arg in signature and not read and (re.search(rf"\b{mask_arg}=None\b", body) or _mask_none(body)):
         takes_mask = False
     # a packed encoder whose forward never names the mask and calls its attention function with **kwargs only: its
     # model passes attention_mask=None through them (HunYuan-VL's, HY-V4-VL's vision attention), which eager needs
     mask_free = packed and mask_arg not in _source(cls.forward) and any(
         p.kind is p.VAR_KEYWORD for p in signature.values())
+    # a key padding mask of its own shape only, (b, 1, s), any other refused (FastSpeech2-Conformer's): no mask
+    # of the audit's (b, 1, t, s) form reaches it, so it is audited without masks (named in hf_notes)
+    if _padding_only(cls, mask_arg):
+        takes_mask = False
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
     # the first parameter is the input, passed by position whatever its name (VitDet's hidden_state)
     nullable = _nullable(cls)
@@ -1312,13 +1420,14 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # a required mask argument is the mask the audit passes (XLM's and FlauBERT's ``mask``)
     # a required output_attentions (SqueezeBERT's): False, as its model passes it by default
     flags = [n for n in ("output_attentions",) if n in signature and signature[n].default is inspect.Parameter.empty]
-    unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg)
+    rotary_arg = _rotary_arg(cls)
+    unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg)
                and n not in _PROVIDED and n not in nullable and n not in flags
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
         raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
                               f"not provide")
-    takes_rotary = "position_embeddings" in signature
+    takes_rotary = rotary_arg is not None
     # RecurrentGemma: the class turns q and k with its own rotary_emb from position_ids; GPT-J and CodeGen on
     # transformers 5.0 with their sinusoid table (the embed_positions buffer)
     internal = "position_ids" in signature and (isinstance(getattr(module, "rotary_emb", None), nn.Module)
@@ -1353,7 +1462,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     disentangled = _disentangled(core, layout.core)
     relative_keys = _relative_keys(core, layout.core)
     xl = _xl_names(core)
-    table_arg = xl[3] if xl is not None else "relative_position_embeddings"
+    table_arg = xl[3] if xl is not None else _xl_table_arg(core)
     if xl is not None and table_arg == "position_embeddings":  # the relative table, not rotary tables
         takes_rotary, own_tables, rotary_class = False, False, None
     # Swin's windows: every sequence is one window of Wh x Ww tokens, with a mask per window shared by the heads
@@ -1434,11 +1543,13 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         return result - x if residual else result
 
     own_style = _rotary_style(module) if own_tables else "half"  # the pairing of the class's rotate function
+    complex_tables = own_tables and _complex_tables(module)  # Llama 4's vision freqs_ci: exp(i p theta)
     prefix = _patch_prefix(module) if own_tables else None
 
-    def own_rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+    def own_rotary(m: Any, x: Tensor, offset: int) -> Any:
         """The audit's own 1-D rotary tables: positions offset.. in each sequence, base :data:`_PACKED_THETA`,
-        paired as the class's rotate function pairs; ``(b t, d)`` for a packed call, else ``(b, t, d)``."""
+        paired as the class's rotate function pairs; ``(b t, d)`` for a packed call, else ``(b, t, d)``; complex
+        turns ``exp(i p theta)`` ``(t, 1, d/2)``, shared by the batch, as Llama 4's vision model passes them."""
         heads = int(resolve(m, layout.num_heads, cls.__name__))
         d = (int(resolve(m, layout.head_dim, cls.__name__)) if layout.head_dim
              else int(m.get_submodule(layout.qkv or layout.q or "").weight.shape[0]) // (3 if layout.qkv else 1)
@@ -1446,6 +1557,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         turned = x.shape[1] - (prefix or 0)  # DINOv3: tables for the patch tokens only
         angles = torch.arange(offset, offset + max(turned, 0), dtype=torch.float64)[:, None] * _PACKED_THETA ** (
             -torch.arange(0, d, 2, dtype=torch.float64) / d)
+        if complex_tables:
+            return torch.polar(torch.ones_like(angles), angles)[:, None].to(x.dtype.to_complex())
         emb = (torch.cat([angles, angles], dim=-1) if own_style == "half"
                else repeat(angles, "t f -> t (f two)", two=2))
         if prefix is not None:  # DINOv3's model passes (patches, d), shared by the batch
@@ -1459,7 +1572,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         embedding = rotary_class(config=config)
         n = config.num_attention_heads if heads else x.shape[1]
         positions = torch.arange(0 if heads else offset, (0 if heads else offset) + n)[None].expand(x.shape[0], -1)
-        if mrope == _AXIAL:  # (height, width) of each patch, shared by the batch
+        if mrope in (_AXIAL, _AXIAL_WH):  # (height, width) of each patch, shared by the batch
             positions = mrope_positions(offset, n)[1:].T
         elif mrope is not None:  # 3-D positions (temporal, height, width): an image grid, not text
             positions = mrope_positions(offset, n)[:, None].expand(3, x.shape[0], n)
@@ -1474,7 +1587,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     def call(m: Any, x: Tensor, mask: Tensor | None, offset: int, cache: Any = None) -> Tensor:
         kwargs: dict[str, Any] = {mask_arg: mask} if takes_mask else {}
         if takes_rotary:
-            kwargs["position_embeddings"] = own_rotary(m, x, offset) if own_tables else rotary(m, x, offset)
+            kwargs[rotary_arg or ""] = own_rotary(m, x, offset) if own_tables else rotary(m, x, offset)
         elif "position_embeddings" in signature:  # required but unused by this layer (Flint's full-attention layers)
             kwargs["position_embeddings"] = None
         if zero_positions is not None:  # DETR's optional embeddings that its values need: zeros, plain attention
@@ -1571,7 +1684,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     width = _input_width(module, layout)
     residual = has_residual(module, layout, lambda m, x: forward(m, x, x, x, None, False), width)
     try:
-        ignored = takes_rotary and not heads and _ignores_rotary(module, call, width)
+        ignored = takes_rotary and not heads and _ignores_rotary(module, call, width, rotary_arg or "")
     except Exception as err:
         raise AuditUsageError(f"{cls.__qualname__}: not of the common shape (a call on (b, t, e) tokens with 1-D "
                               f"rotary tables raised {type(err).__name__}: {str(err).splitlines()[0][:100]})") from err
@@ -1585,8 +1698,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     v_scale = getattr(module, "v_scale", None)
     # Llama 3's or YaRN's frequencies: read from the module's own rotary class (the default: from the base alone)
     frequencies = (_frequencies(rotary_class, _layer_type(module)) if takes_rotary and rotary_class is not None and (
-        _rope_type(module) in _STATIC_ROPE[1:] or mrope == _AXIAL) else None)
-    if frequencies is not None and _shared_axial(rotary_class):  # the same d/4 frequencies for both coordinates
+        _rope_type(module) in _STATIC_ROPE[1:] or mrope in (_AXIAL, _AXIAL_WH)) else None)
+    # the same d/4 frequencies for both coordinates (SAM 2's, Step 3.7's)
+    if frequencies is not None and (_shared_axial(rotary_class) or _flipped_axial(rotary_class)):
         shared = frequencies
 
         def twice(m: Any) -> tuple[Tensor, float]:

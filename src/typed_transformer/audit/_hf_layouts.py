@@ -424,6 +424,17 @@ _PLAIN_PARAMS: dict[str, Any] = {"dropout": 0.0, "attention_dropout": 0.0, "is_c
                                  "spatial_reduction_ratio": 1}
 
 
+def _module_config(config: Any) -> dict[str, Any] | None:
+    """The first dict the config holds as ``<part>_config`` (FastSpeech2-Conformer's ``encoder_config``, made from
+    its ``encoder_*`` fields when the config was made), its entries read again from those fields (the tiny sizes set
+    since: ``encoder_num_attention_heads``)."""
+    for attr, value in vars(config).items():
+        if attr.endswith("_config") and isinstance(value, dict) and value:
+            part = attr.removesuffix("_config")
+            return {key: getattr(config, f"{part}_{key}", entry) for key, entry in value.items()}
+    return None
+
+
 def _heads_field(config: Any) -> str | None:
     """The one integer config field named ``*_heads`` (not a key/value head count): the head count of a config
     that keeps it under a name of its own (PatchTSMixer's ``self_attn_heads``); None when none or several."""
@@ -465,6 +476,8 @@ def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tu
             kwargs[name] = _PLAIN_PARAMS[name]
         elif name == "attention_type" and isinstance(getattr(config, "attention_layers", None), list | tuple):
             kwargs[name] = config.attention_layers[layer]  # GPT-Neo: "global" or "local", per layer
+        elif name == "module_config" and p.default is p.empty and (found := _module_config(config)) is not None:
+            kwargs[name] = found  # FastSpeech2-Conformer's: the encoder's dict of sizes
         elif p.default is p.empty and getattr(config, name, None) is not None:
             # a size the config holds under the parameter's name (Swin's window_size), per stage as a list
             value = getattr(config, name)

@@ -670,3 +670,28 @@ def test_recurrences_and_channel_attention_are_listed_as_not_dot_product() -> No
         assert not_dot_product(name) is not None, name
     for name in ("LlamaAttention", "Florence2VisionWindowAttention", "PatchTSMixerAttention"):
         assert not_dot_product(name) is None, name
+
+
+@pytest.mark.parametrize(("model", "name", "noted"), [
+    ("llama4", "Llama4VisionAttention", "freqs_ci"),  # its complex table under a name of its own; no mask used
+    ("fastspeech2_conformer", "FastSpeech2ConformerAttention", "padding"),  # Transformer-XL, (b, 1, s) masks only
+    ("step3p7", "Step3p7VisionAttention", None),  # axial rotary, width first
+])
+def test_rotary_and_relative_tables_under_other_names_pass(model: str, name: str, noted: str | None) -> None:
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    report = audit_module(module, hf_spec(module), conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    if noted is not None:
+        assert any(noted in note for note in hf_notes(module)), hf_notes(module)
+
+
+def test_step_3_7_s_axial_rotary_turned_height_first_fails() -> None:
+    import dataclasses
+
+    module = randomize_parameters(hf_build(_class("step3p7", "Step3p7VisionAttention")), 0)
+    spec = hf_spec(module)
+    assert spec.mrope is not None
+    assert spec.mrope.axes is not None
+    swapped = dataclasses.replace(spec, mrope=dataclasses.replace(spec.mrope, axes=spec.mrope.axes[::-1]))
+    assert audit_module(module, swapped, **QUICK).status("reference") == "FAIL"
