@@ -1059,6 +1059,18 @@ def _own_tables(module: nn.Module) -> bool:
     return len(inspect.signature(forward).parameters) < 3
 
 
+def _model_window(module: nn.Module) -> int | None:
+    """A sliding window the model applies and the layer does not know of (Nemotron ASR's ``config.sliding_window``:
+    its model's chunked mask and its sliding-window cache limit the left context; the layer has no window of its
+    own, no ``layer_types``): the layer is audited under a plain causal mask with a full cache, and a note says so."""
+    config = getattr(module, "config", None)
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or getattr(config, "layer_types", None) or any(
+            getattr(m, "sliding_window", None) is not None for m in module.modules()):
+        return None
+    return window
+
+
 def _needed_positions(cls: Any) -> str | None:
     """The optional position argument of a DETR-style class that keeps its input for the values only when the
     positions are given (``if object_queries is not None: hidden_states_original = hidden_states``; DAB-DETR's,
@@ -1182,6 +1194,11 @@ def hf_notes(module: nn.Module) -> list[str]:
     if getattr(module, "scale", None) is False and "if self.scale:" in _source(type(module)):
         notes.append("built with its constructor's default scale=False (logits not divided by sqrt(d)); its model "
                      "passes scale=True, so that path is not tested")
+    window = _model_window(module)
+    if window is not None and hf_spec(module).decode is not None:
+        notes.append(f"its model limits each query to a window of {window} keys (config.sliding_window, by its mask "
+                     f"and its sliding-window cache); the layer has no window of its own and is audited under a plain "
+                     f"causal mask with a full cache, so that window is not tested")
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
@@ -1654,7 +1671,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         from transformers import DynamicCache, EncoderDecoderCache
 
         owner = m.get_submodule(layout.core.rstrip(".")) if layout.core else m
-        cache: Any = DynamicCache(config=owner.config) if hasattr(owner, "config") else DynamicCache()
+        cache: Any = (DynamicCache(config=owner.config) if hasattr(owner, "config") and _model_window(m) is None
+                      else DynamicCache())  # a window only the model applies (Nemotron ASR's): the full cache
         layer = getattr(m, "layer_idx", 0) or 0
         if layer >= len(cache.layers) or not hasattr(cache.layers[layer], "update"):
             # a hybrid model's config puts a recurrent (mamba) layer first: the attention layer's own cache is the

@@ -600,6 +600,23 @@ def test_layouts_found_for_classes_that_did_not_build(model: str, name: str, h: 
     assert hf_limits(module) == []
 
 
+def test_a_window_only_the_model_applies_is_a_note_and_decoding_keeps_every_key() -> None:
+    """Nemotron ASR's model limits each query to 71 keys (its mask and its sliding-window cache); the layer has no
+    window: decoding 100 tokens with a full cache matches the full causal pass and the reference."""
+    from typed_transformer.audit._modules import ModuleAdapter
+
+    module = randomize_parameters(hf_build(_class("nemotron_asr_streaming",
+                                                  "NemotronAsrStreamingEncoderAttention")), 0).double()
+    spec = hf_spec(module)
+    assert spec.decode is not None
+    assert any("window of 71 keys" in note for note in hf_notes(module))
+    adapter = ModuleAdapter(module, spec)
+    x = torch.randn(1, 100, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    decoded = spec.decode(adapter.module(torch.float64), x)
+    # (its float32 scale: differences near 1e-6; a cache that drops keys past 71 differs by about 10)
+    torch.testing.assert_close(decoded, adapter.reference((x, x, x), None, True, torch.float64), rtol=0, atol=1e-4)
+
+
 def test_nemotron_s_minus_infinity_fill_is_a_named_cause() -> None:
     """Nemotron ASR fills masked logits with -inf: a fully masked row gives NaN, a true behaviour named as such."""
     module = randomize_parameters(hf_build(_class("nemotron_asr_streaming", "NemotronAsrStreamingEncoderAttention")), 0)
