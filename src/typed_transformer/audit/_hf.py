@@ -127,8 +127,8 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
         except Exception as err:  # the next config (a nested one) may be the class's own
             first = first or err
             continue
-        if "position_embeddings" in inspect.signature(cls.forward).parameters and getattr(module, "config",
-                                                                                           None) is None:
+        forward: Any = getattr(cls, "forward", None)
+        if "position_embeddings" in inspect.signature(forward).parameters and getattr(module, "config", None) is None:
             # a rotary class that keeps no config (GPT-NeoX-Japanese's): the one it was built from, for its
             # module's rotary class and rope parameters
             module.config = config
@@ -194,7 +194,8 @@ def _construct(cls: type, config: Any, args: list[Any], kwargs: dict[str, Any]) 
 
     for _ in range(4):
         try:
-            return cls(*args, **kwargs)
+            built: nn.Module = cls(*args, **kwargs)
+            return built
         except AttributeError as err:
             found = re.fullmatch(r"'(\w+)' object has no attribute '(\w+)'", str(err))
             nested = [v for v in vars(config).values() if isinstance(v, PretrainedConfig)
@@ -208,7 +209,8 @@ def _construct(cls: type, config: Any, args: list[Any], kwargs: dict[str, Any]) 
                 raise
             for v in nested:
                 setattr(v, name, value)
-    return cls(*args, **kwargs)
+    last: nn.Module = cls(*args, **kwargs)
+    return last
 
 
 def _configs(cls: type) -> list[Any]:
@@ -797,7 +799,8 @@ def _disentangled(core: nn.Module, prefix: str) -> Disentangled | None:
     if not getattr(core, "relative_attention", False) or not hasattr(core, "pos_att_type"):
         return None
     v2 = hasattr(core, "pos_ebd_size")
-    rows = 2 * int(core.pos_ebd_size if v2 else core.max_relative_positions)
+    sizes: Any = core
+    rows = 2 * int(sizes.pos_ebd_size if v2 else sizes.max_relative_positions)
     first = next(c for n in ("query_proj", "in_proj") if isinstance(c := getattr(core, n, None), nn.Linear))
     width = int(first.in_features)
 
@@ -825,7 +828,8 @@ def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
     if kind is None and _espnet_shift(core):  # FastSpeech2-Conformer's: the same terms, no switch
         kind = "relative"
     if kind == "relative_key" and isinstance(getattr(core, "distance_embedding", None), nn.Embedding):
-        left, right = int(core.left_max_position_embeddings), int(core.right_max_position_embeddings)
+        sizes: Any = core
+        left, right = int(sizes.left_max_position_embeddings), int(sizes.right_max_position_embeddings)
 
         def shaw_rows(t: int, s: int) -> Tensor:
             return (torch.arange(s)[None, :] - torch.arange(t)[:, None]).clamp(-left, right) + left
@@ -833,7 +837,7 @@ def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
         return RelativeKeys(lambda m: resolve(m, f"{prefix}distance_embedding.weight", "hf"), shaw_rows)
     if kind == "relative" and isinstance(getattr(core, "linear_pos", None), nn.Linear) and all(
             isinstance(getattr(core, n, None), Tensor) for n in ("pos_bias_u", "pos_bias_v")):
-        width = int(core.linear_pos.in_features)
+        width = int(getattr(core, "linear_pos").in_features)  # noqa: B009 (typed Any, not Tensor | Module)
 
         def xl_rows(t: int, s: int) -> Tensor:
             return (_XL_LENGTH - 1) - (torch.arange(t)[:, None] - torch.arange(s)[None, :])
@@ -924,7 +928,8 @@ def _deberta_scale(core: nn.Module) -> float | None:
     terms = getattr(core, "pos_att_type", None)
     if terms is None or not hasattr(core, "relative_attention"):
         return None
-    d = int(getattr(core, "attention_head_size", 0) or core.all_head_size // core.num_attention_heads)
+    sizes: Any = core
+    d = int(getattr(core, "attention_head_size", 0) or sizes.all_head_size // sizes.num_attention_heads)
     return float((d * (1 + sum(term in ("c2p", "p2c") for term in terms))) ** -0.5)
 
 
@@ -1505,8 +1510,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         kwargs.update(dict.fromkeys(nullable))
         kwargs.update(dict.fromkeys(flags, False))
         if channels_first:  # (b, e, t) in and out: a 1x1 convolution's layout (SqueezeBERT)
-            result = _output_tensor(m(x.transpose(1, 2), *args, **kwargs)).transpose(1, 2)
-            return result - x if residual else result
+            channels: Tensor = _output_tensor(m(x.transpose(1, 2), *args, **kwargs)).transpose(1, 2)
+            return channels - x if residual else channels
         kwargs.update({name: torch.zeros((), dtype=x.dtype) for name in added})
         if packed:
             b, t = x.shape[0], x.shape[1]
@@ -1764,7 +1769,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             scales = resolve(m, scale_path, cls.__name__).detach().double().clamp(max=math.log(100)).exp()
 
             def unit(z: Tensor) -> Tensor:
-                return z / z.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+                length: Tensor = z.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+                return z / length
 
             return {"q": lambda q: unit(q) * rearrange(scales.to(q.dtype), "h 1 1 -> 1 h 1 1"), "k": unit}
 
@@ -1777,7 +1783,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             f = factor(m)
             return {"q": lambda q: (q if norm is None else norm(q)) * (f.to(q.dtype) if isinstance(f, Tensor) else f)}
 
-        spec = dataclasses.replace(spec, norms=scaled_queries, **({"scale": 1.0} if "scaling=1.0" in source else {}))
+        spec = dataclasses.replace(spec, norms=scaled_queries)
+        if "scaling=1.0" in source:  # TimesFM's attention: the factor is its whole scale
+            spec = dataclasses.replace(spec, scale=1.0)
     if (deberta := _deberta_scale(core)) is not None:
         spec = dataclasses.replace(spec, scale=deberta)
     if _separate_biases(core):  # DeBERTa's q_bias and v_bias, added to the heads of its bias-free in_proj

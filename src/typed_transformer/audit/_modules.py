@@ -533,7 +533,7 @@ def _linear(module: Any, path: str, spec: ModuleSpec) -> tuple[Tensor, Tensor | 
     w = weight.detach().double()
     if isinstance(layer, nn.Conv1d) and w.ndim == 3 and w.shape[-1] == 1:
         # a 1x1 convolution over channels (SqueezeBERT's): a linear map, block-diagonal in its groups
-        w = torch.block_diag(*w[:, :, 0].chunk(int(layer.groups), dim=0))
+        w = torch.block_diag(*w[:, :, 0].chunk(int(layer.groups), dim=0))  # type: ignore[no-untyped-call]
     return (w.T if spec.transposed else w), (None if bias is None else bias.detach().double())
 
 
@@ -769,7 +769,6 @@ def with_causal(keep: KeepMask | None, is_causal: bool, t: int, s: int) -> KeepM
 with_causal = typechecked(with_causal)
 
 
-@shape_checked
 def _relative_keys(module: Any, spec: ModuleSpec, rk: RelativeKeys, h: int) -> tuple[Tensor, Tensor | None]:
     """The relative embeddings ``(n, h, d)`` in float64 (projected, or one table shared by the heads) and the bias the
     queries meet them with."""
@@ -806,6 +805,7 @@ def _disentangled(module: Any, spec: ModuleSpec, dz: Disentangled, h: int
     return kr, qr, dz.form, buckets, int(resolve(module, dz.max_position, spec.name))
 
 
+@shape_checked
 class ModuleAdapter:
     """The :class:`~typed_transformer.audit._core.Adapter` of a module: the checks call a deep copy of it (one
     per dtype, in eval mode); the reference uses its weights in float64."""
@@ -1057,7 +1057,8 @@ class ModuleAdapter:
             if grid[0] * grid[1] != t:
                 raise AuditUsageError(f"spec {self.spec.name!r}: decomposed.grid({t}) gave {grid}, not a grid of {t} "
                                       f"tokens")
-            rel = decomposed_bias(q, *(table.to(q.dtype) for table in self.decomposed), grid)
+            rel_h, rel_w = self.decomposed
+            rel = decomposed_bias(q, rel_h.to(q.dtype), rel_w.to(q.dtype), grid)
             bias = rel if bias is None else bias + rel
         if self.disentangled is not None:
             kr, qr, form, buckets, largest = self.disentangled

@@ -4,7 +4,7 @@ projections wrapped in a module of their own, and Pix2Struct's T5-like text atte
 form failing."""
 
 import importlib
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -22,6 +22,17 @@ QUICK: dict[str, Any] = {"budget": "quick", "max_examples": 3, "dtypes": (torch.
 
 def _class(model: str, name: str) -> type:
     return getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name)  # type: ignore[no-any-return]
+
+
+def _passing(model: str, name: str) -> tuple[Any, Any, Any]:
+    """The class built, randomized and audited with zero lines: ``(module, spec, report)`` once every check
+    passed."""
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    spec = hf_spec(module)
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    return module, spec, report
 
 
 @pytest.mark.parametrize(("model", "name", "h", "g", "rotary"), [
@@ -302,12 +313,9 @@ def test_a_swin_that_reads_its_table_the_wrong_way_fails() -> None:
     ("sew_d", "SEWDAttention"),
 ])
 def test_deberta_s_disentangled_attention_passes(model: str, name: str) -> None:
-    module = randomize_parameters(hf_build(_class(model, name)), 0)
-    spec = hf_spec(module)
+    module, spec, report = _passing(model, name)
     assert spec.disentangled is not None
-    report = audit_module(module, spec, conventions="infer", **QUICK)
-    assert report.passed, report.table()
-    assert report.status("masking") == "PASS"
+    assert report.status("masking") == "PASS"  # its boolean mask
     assert hf_limits(module) == []
     off = hf_build(_class(model, name), {"relative_attention": False})
     assert hf_spec(off).disentangled is None
@@ -325,18 +333,22 @@ def test_log_bucket_is_deberta_v2_s() -> None:
                            make_log_bucket_position(distance, buckets, largest).long())
 
 
-@pytest.mark.parametrize(("model", "name"), [("deberta_v2", "DisentangledSelfAttention"),
-                                             ("deberta", "DisentangledSelfAttention")])
-def test_disentangled_reference_matches_deberta_on_a_long_sequence(model: str, name: str) -> None:
-    """40 tokens: distances up to 39, past v2's exact range (4) into its log-spaced buckets and its clamp."""
+@pytest.mark.parametrize(("model", "name", "t", "atol"), [
+    # DeBERTa: distances up to 39, past v2's exact range (4) into its log-spaced buckets and its clamp
+    ("deberta_v2", "DisentangledSelfAttention", 40, 1e-6), ("deberta", "DisentangledSelfAttention", 40, 1e-6),
+    # the conformers: Shaw's distances clamped at 64, Transformer-XL's shift over 139 rows
+    ("wav2vec2_conformer", "Wav2Vec2ConformerSelfAttention", 70, 1e-8),
+    ("wav2vec2_bert", "Wav2Vec2BertSelfAttention", 70, 1e-8),
+])
+def test_position_terms_match_the_module_on_a_long_sequence(model: str, name: str, t: int, atol: float) -> None:
     from typed_transformer.audit._modules import ModuleAdapter
 
     module = randomize_parameters(hf_build(_class(model, name)), 0).double()
     adapter = ModuleAdapter(module, hf_spec(module))
-    x = torch.randn(2, 40, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, t, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     out = adapter.call((x, x, x), None, False, torch.float64)
     assert isinstance(out, Tensor)
-    torch.testing.assert_close(out, adapter.reference((x, x, x), None, False, torch.float64), rtol=0, atol=1e-6)
+    torch.testing.assert_close(out, adapter.reference((x, x, x), None, False, torch.float64), rtol=0, atol=atol)
 
 
 def test_deberta_reading_its_distances_the_wrong_way_round_fails() -> None:
@@ -421,12 +433,8 @@ def test_inkling_2_s_pairwise_rotary_read_as_half_fails() -> None:
     ("muse_spark", "MuseSparkTextAttention"),
 ])
 def test_a_factor_on_the_queries_after_their_norm_passes(model: str, name: str) -> None:
-    module = randomize_parameters(hf_build(_class(model, name)), 0)
-    spec = hf_spec(module)
+    module, spec, _ = _passing(model, name)
     assert spec.norms is not None
-    report = audit_module(module, spec, conventions="infer", **QUICK)
-    assert report.passed, report.table()
-    assert report.status("reference") == "PASS"
     assert hf_limits(module) == []
 
 
@@ -489,7 +497,7 @@ def test_gates_with_a_per_head_bias_or_softplus_pass_and_fail_without(model: str
     report = audit_module(module, spec, conventions="infer", **QUICK)
     assert report.passed, report.table()
     assert hf_limits(module) == []
-    other = "sigmoid" if activation == "softplus" else "softplus"
+    other: Literal["sigmoid", "softplus"] = "sigmoid" if activation == "softplus" else "softplus"
     wrong = dataclasses.replace(spec, gate=dataclasses.replace(spec.gate, bias=None, activation=other))
     assert audit_module(module, wrong, **QUICK).status("reference") == "FAIL"
 
@@ -509,20 +517,6 @@ def test_conformer_relative_positions_pass(model: str, name: str, proj: str | No
     assert report.passed, report.table()
     assert report.status("reference") == "PASS"
     assert hf_limits(module) == []
-
-
-@pytest.mark.parametrize(("model", "name"), [("wav2vec2_conformer", "Wav2Vec2ConformerSelfAttention"),
-                                             ("wav2vec2_bert", "Wav2Vec2BertSelfAttention")])
-def test_conformer_relative_reference_matches_on_a_long_sequence(model: str, name: str) -> None:
-    """70 tokens: Shaw's distances clamped at 64, Transformer-XL's shift over 139 rows."""
-    from typed_transformer.audit._modules import ModuleAdapter
-
-    module = randomize_parameters(hf_build(_class(model, name)), 0).double()
-    adapter = ModuleAdapter(module, hf_spec(module))
-    x = torch.randn(2, 70, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    out = adapter.call((x, x, x), None, False, torch.float64)
-    assert isinstance(out, Tensor)
-    torch.testing.assert_close(out, adapter.reference((x, x, x), None, False, torch.float64), rtol=0, atol=1e-8)
 
 
 def test_conformers_with_their_position_biases_swapped_or_distances_reversed_fail() -> None:
