@@ -709,3 +709,16 @@ def test_step_3_7_s_axial_rotary_turned_height_first_fails() -> None:
     assert spec.mrope.axes is not None
     swapped = dataclasses.replace(spec, mrope=dataclasses.replace(spec.mrope, axes=spec.mrope.axes[::-1]))
     assert audit_module(module, swapped, **QUICK).status("reference") == "FAIL"
+
+
+def test_the_module_adapter_s_methods_are_shape_checked() -> None:
+    """A query without its head axis is refused by ModuleAdapter's own check, naming the argument."""
+    from jaxtyping import TypeCheckError
+
+    from typed_transformer.audit._modules import ModuleAdapter
+
+    module = randomize_parameters(hf_build(_class("sam", "SamVisionAttention")), 0)
+    adapter = ModuleAdapter(module, hf_spec(module))
+    flat = torch.zeros(2, 3, 4, dtype=torch.float64)
+    with pytest.raises(TypeCheckError, match="q"):
+        adapter.with_content(None, flat, torch.zeros(2, 4, 3, 4, dtype=torch.float64))
