@@ -712,13 +712,14 @@ def test_step_3_7_s_axial_rotary_turned_height_first_fails() -> None:
 
 
 def test_the_module_adapter_s_methods_are_shape_checked() -> None:
-    """A query without its head axis is refused by ModuleAdapter's own check, naming the argument."""
+    """A bias over 5 keys beside 3 keys is refused by ModuleAdapter's own check, naming the argument (unchecked,
+    the sum would fail deep inside with a broadcasting error)."""
     from jaxtyping import TypeCheckError
 
     from typed_transformer.audit._modules import ModuleAdapter
 
     module = randomize_parameters(hf_build(_class("sam", "SamVisionAttention")), 0)
     adapter = ModuleAdapter(module, hf_spec(module))
-    flat = torch.zeros(2, 3, 4, dtype=torch.float64)
-    with pytest.raises(TypeCheckError, match="q"):
-        adapter.with_content(None, flat, torch.zeros(2, 4, 3, 4, dtype=torch.float64))
+    q = torch.zeros(2, 4, 3, 4, dtype=torch.float64)
+    with pytest.raises(TypeCheckError, match="bias"):
+        adapter.with_content(torch.zeros(1, 4, 3, 5, dtype=torch.float64), q, q)
