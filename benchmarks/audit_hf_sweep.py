@@ -81,9 +81,17 @@ def not_dot_product(name: str) -> str | None:
     return next((why for key, why in NOT_DOT_PRODUCT.items() if key in name), None)
 
 
+def other_kind(row: dict[str, Any]) -> str | None:
+    """The kind of a row set aside as not dot-product attention: by its name, or by a module inside it (BigBird's
+    block around its block-sparse attention), or None."""
+    prefix = "not dot-product attention: "
+    skipped = row.get("skipped", "")
+    return skipped[len(prefix):] if skipped.startswith(prefix) else not_dot_product(row["cls"]) if skipped else None
+
+
 def counts_line(rows: list[dict[str, Any]], version: str) -> str:
     """The counts line of a sweep (the page's first paragraph ends with it; :data:`COUNTS` matches it)."""
-    other = [r for r in rows if "skipped" in r and not_dot_product(r["cls"])]
+    other = [r for r in rows if other_kind(r)]
     found = [r for r in rows if "statuses" in r]
     audited = [r for r in found if "unmodelled" not in r]
     dot = len(rows) - len(other)
@@ -269,8 +277,8 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
             counts[1] += 1
     categories = "; ".join(f"{n} in {k} class{'es' if k > 1 else ''}: {cause}"
                            for cause, (n, k) in by_cause.items()) or "none"
-    other = [r for r in skipped if not_dot_product(r["cls"])]
-    skipped = [r for r in skipped if not not_dot_product(r["cls"])]
+    other = [r for r in skipped if other_kind(r)]
+    skipped = [r for r in skipped if not other_kind(r)]
     lines = [
         "# Hugging Face attention classes, audited with zero lines of spec",
         "",
@@ -360,7 +368,7 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
     lines += ["", "## Not dot-product attention", "",
               "Attention of another kind (by the class's name): the reference does not claim to compute it.", "",
               "| model | class | kind |", "|---|---|---|"]
-    lines += [f"| {r['model']} | `{r['cls']}` | {not_dot_product(r['cls'])} |" for r in other]
+    lines += [f"| {r['model']} | `{r['cls']}` | {other_kind(r)} |" for r in other]
     lines += ["", "## Not audited: of no known layout, or not buildable from a tiny config", "",
               "| model | class | reason |", "|---|---|---|"]
     lines += [f"| {r['model']} | `{r['cls']}` | {r['skipped'].replace('|', '/')} |" for r in skipped]
