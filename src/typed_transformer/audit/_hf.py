@@ -792,6 +792,14 @@ def _boolean_mask(core: nn.Module, mask_arg: str) -> bool:
                                                                              "forward", None))) for name in applied)
 
 
+def _seeded_table(rows: int, width: int) -> Callable[[Any], Tensor]:
+    """The audit's own relative-embedding table of ``rows`` rows (seeded: what a model's encoder would pass)."""
+    def table(m: Any) -> Tensor:
+        return torch.randn(rows, width, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+    return table
+
+
 def _disentangled(core: nn.Module, prefix: str) -> Disentangled | None:
     """DeBERTa's disentangled attention (v2 and SEW-D: ``pos_ebd_size``; v1: ``pos_proj``), when its
     ``relative_attention`` is on; the relative-embedding table its encoder would pass is the audit's own (seeded,
@@ -802,12 +810,8 @@ def _disentangled(core: nn.Module, prefix: str) -> Disentangled | None:
     sizes: Any = core
     rows = 2 * int(sizes.pos_ebd_size if v2 else sizes.max_relative_positions)
     first = next(c for n in ("query_proj", "in_proj") if isinstance(c := getattr(core, n, None), nn.Linear))
-    width = int(first.in_features)
-
-    def table(m: Any) -> Tensor:
-        return torch.randn(rows, width, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-
-    return Disentangled(table, "v2" if v2 else "v1", terms=f"{prefix}pos_att_type", share_key=f"{prefix}share_att_key",
+    return Disentangled(_seeded_table(rows, int(first.in_features)), "v2" if v2 else "v1",
+                        terms=f"{prefix}pos_att_type", share_key=f"{prefix}share_att_key",
                         key_proj=prefix + ("pos_key_proj" if v2 else "pos_proj"),
                         query_proj=prefix + ("pos_query_proj" if v2 else "pos_q_proj"),
                         buckets=f"{prefix}position_buckets" if v2 else 0,
@@ -837,32 +841,18 @@ def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
         return RelativeKeys(lambda m: resolve(m, f"{prefix}distance_embedding.weight", "hf"), shaw_rows)
     if kind == "relative" and isinstance(getattr(core, "linear_pos", None), nn.Linear) and all(
             isinstance(getattr(core, n, None), Tensor) for n in ("pos_bias_u", "pos_bias_v")):
-        width = int(getattr(core, "linear_pos").in_features)  # noqa: B009 (typed Any, not Tensor | Module)
+        names: tuple[str, ...] | None = ("linear_pos", "pos_bias_v", "pos_bias_u")
+    else:  # Parakeet's and Nemotron's: the same terms under names of their own
+        names = _xl_names(core)
+    if names is None:
+        return None
+    proj, query_bias, content_bias = names[:3]
 
-        def xl_rows(t: int, s: int) -> Tensor:
-            return (_XL_LENGTH - 1) - (torch.arange(t)[:, None] - torch.arange(s)[None, :])
+    def shifted_rows(t: int, s: int) -> Tensor:  # distances i - j, the queries the last t of the s positions
+        return (_XL_LENGTH - 1) - (torch.arange(s - t, s)[:, None] - torch.arange(s)[None, :])
 
-        def table(m: Any) -> Tensor:
-            seeded = torch.Generator().manual_seed(0)
-            return torch.randn(2 * _XL_LENGTH - 1, width, dtype=torch.float64, generator=seeded)
-
-        return RelativeKeys(table, xl_rows, proj=f"{prefix}linear_pos", query_bias=f"{prefix}pos_bias_v",
-                            content_bias=f"{prefix}pos_bias_u")
-    found = _xl_names(core)
-    if found is not None:  # Parakeet's and Nemotron's: the same terms under names of their own
-        proj, query_bias, content_bias, _ = found
-        width = int(getattr(core, proj).in_features)
-
-        def xl_table(m: Any) -> Tensor:
-            seeded = torch.Generator().manual_seed(0)
-            return torch.randn(2 * _XL_LENGTH - 1, width, dtype=torch.float64, generator=seeded)
-
-        def shifted_rows(t: int, s: int) -> Tensor:
-            return (_XL_LENGTH - 1) - (torch.arange(s - t, s)[:, None] - torch.arange(s)[None, :])
-
-        return RelativeKeys(xl_table, shifted_rows, proj=prefix + proj, query_bias=prefix + query_bias,
-                            content_bias=prefix + content_bias)
-    return None
+    return RelativeKeys(_seeded_table(2 * _XL_LENGTH - 1, int(getattr(core, proj).in_features)), shifted_rows,
+                        proj=prefix + proj, query_bias=prefix + query_bias, content_bias=prefix + content_bias)
 
 
 def _espnet_shift(core: nn.Module) -> bool:
@@ -1286,6 +1276,7 @@ def hf_limits(module: nn.Module) -> list[str]:
     if getattr(module, "sinks", None) is not None and _sinks(module) is None:
         limits.append("attention sinks")
     gate = _output_gate(module)
+    relative = _relative_keys(module, "")
     latent = [] if _latent(module) is None else [getattr(_LATENT, f) for f in ("q", "q_a", "q_norm", "q_b", "kv_a",
                                                                               "kv_norm", "kv_b")]
     read = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "rotary_emb", *_norm_paths(module), *latent,
@@ -1293,8 +1284,7 @@ def hf_limits(module: nn.Module) -> list[str]:
             *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or "",
             *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ()),
             *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ()),
-            *(("distance_embedding", "linear_pos") if _relative_keys(module, "") is not None else ()),
-            *((_xl_names(module) or ())[:1])}
+            *(("distance_embedding", relative.proj or "") if relative is not None else ())}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity) and not type(child).__name__.endswith(
@@ -1308,8 +1298,8 @@ def hf_limits(module: nn.Module) -> list[str]:
         own |= {"logit_scale"}
     if gate is not None and gate.bias is not None:
         own |= {gate.bias}
-    if _relative_keys(module, "") is not None:
-        own |= {"pos_bias_u", "pos_bias_v", *((_xl_names(module) or ())[1:3])}
+    if relative is not None:
+        own |= {relative.query_bias or "", relative.content_bias or ""}
     if _separate_biases(module):
         own |= {"q_bias", "v_bias"}
     if _decomposed(module) is not None:
