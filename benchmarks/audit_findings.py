@@ -238,6 +238,38 @@ except RuntimeError as err:
 print("attn_mask raised:", raised)
 reproduced = raised is not None
 '''),
+    Finding(
+        "Hugging Face's V-JEPA 2 pooler attention ignores its attention mask under eager attention",
+        "transformers",
+        "`VJEPA2PoolerSelfAttention` and `VJEPA2PoolerCrossAttention` take an `attention_mask` (their layers document "
+        "it: padding as very large negative values) and pass it to the attention function. Under `sdpa` it is "
+        "applied; the modeling module's own `eager_attention_forward` takes it and never adds it, so under eager "
+        "attention every mask (padding, causal) is ignored: one module, two answers. V-JEPA 2's own pooler passes "
+        "no mask, so the model's outputs are unaffected; a caller passing the documented mask is. The audit's "
+        "`masking`, `padding`, `causality` and `conventions` (supports_mask) checks fail under eager attention.",
+        "masking",
+        '''import torch
+from transformers import VJEPA2Config
+from transformers.models.vjepa2.modeling_vjepa2 import VJEPA2PoolerSelfAttention
+
+torch.manual_seed(0)
+config = VJEPA2Config(pred_hidden_size=16, hidden_size=16, num_attention_heads=4)
+outputs = {}
+for implementation in ("eager", "sdpa"):
+    config._attn_implementation = implementation
+    torch.manual_seed(0)
+    attention = VJEPA2PoolerSelfAttention(config).eval()
+    x = torch.randn(1, 3, 16, generator=torch.Generator().manual_seed(1))
+    keep = torch.tensor([True, True, False])  # the last key is padding
+    mask = torch.zeros(1, 1, 3, 3).masked_fill(~keep, torch.finfo(torch.float32).min)
+    masked, _ = attention(x, attention_mask=mask)
+    unmasked, _ = attention(x)
+    outputs[implementation] = (masked, unmasked)
+    print(f"{implementation}: masked output differs from unmasked by {float((masked - unmasked).abs().max()):.3f}")
+eager_ignores = torch.equal(outputs["eager"][0], outputs["eager"][1])
+print("eager ignores the mask:", eager_ignores)
+reproduced = eager_ignores and not torch.allclose(outputs["sdpa"][0], outputs["sdpa"][1])
+'''),
 ]
 
 #: Findings in libraries outside the test extras, each library's in a block of its own that the script rewrites
