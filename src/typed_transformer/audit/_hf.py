@@ -824,6 +824,22 @@ def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
     ``distance_embedding`` of ``j - i`` clamped to ``[-left, right]``), or Transformer-XL's (``relative``:
     Wav2Vec2-Conformer, SeamlessM4T: ``linear_pos`` of the table its encoder passes, ``pos_bias_u`` and
     ``pos_bias_v``)."""
+    window = getattr(core, "window_size", None)
+    if isinstance(window, int) and all(isinstance(getattr(core, n, None), nn.Parameter)
+                                       for n in ("emb_rel_k", "emb_rel_v")):
+        # VITS's: Shaw's keys and values at distances j - i within the window, none beyond it (its tables padded
+        # with zero rows): the last row, all zeros, is every distance beyond the window
+        def vits_rows(t: int, s: int) -> Tensor:
+            distance = torch.arange(s)[None, :] - torch.arange(t)[:, None]
+            return torch.where(distance.abs() <= window, distance + window, 2 * window + 1)
+
+        def padded(name: str) -> Callable[[Any], Tensor]:
+            def table(m: Any) -> Tensor:
+                rows = resolve(m, f"{prefix}{name}", "hf")[0]
+                return torch.cat([rows, rows.new_zeros(1, rows.shape[1])])
+            return table
+
+        return RelativeKeys(padded("emb_rel_k"), vits_rows, values=padded("emb_rel_v"))
     kind = getattr(core, "position_embeddings_type", None)
     if kind is None and _espnet_shift(core):  # FastSpeech2-Conformer's: the same terms, no switch
         kind = "relative"
@@ -1309,7 +1325,7 @@ def hf_limits(module: nn.Module) -> list[str]:
     if gate is not None and gate.bias is not None:
         own |= {gate.bias}
     if _relative_keys(module, "") is not None:
-        own |= {"pos_bias_u", "pos_bias_v", *((_xl_names(module) or ())[1:3])}
+        own |= {"pos_bias_u", "pos_bias_v", *((_xl_names(module) or ())[1:3]), "emb_rel_k", "emb_rel_v"}
     if _separate_biases(module):
         own |= {"q_bias", "v_bias"}
     if _decomposed(module) is not None:

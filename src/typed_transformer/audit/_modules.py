@@ -307,13 +307,19 @@ class RelativeKeys:
     the linear map at ``proj``: Transformer-XL's ``linear_pos``), ``row(i, j)`` given by ``rows(t, s)``, and ``c``
     the ``(h, d)`` parameter at ``query_bias`` (Transformer-XL's ``pos_bias_v``; none for Shaw's). Transformer-XL's
     content logits use ``q + u`` (``content_bias``: ``pos_bias_u``). The module reads its table itself (Shaw's
-    ``distance_embedding``) or is passed the one ``table`` gives (the conformers' sinusoids, from their encoder)."""
+    ``distance_embedding``) or is passed the one ``table`` gives (the conformers' sinusoids, from their encoder).
+
+    ``values``: Shaw's relative values too (VITS): a table ``V (n, dv)`` shared by the heads, read at the same rows,
+    each output gaining the rows its attention weights pick,
+
+        ``o_i = sum_j p_ij (v_j + V[row(i, j)])``."""
 
     table: Callable[[Any], Tensor]
     rows: Callable[[int, int], Tensor]
     proj: str | None = None
     query_bias: str | None = None
     content_bias: str | None = None
+    values: Callable[[Any], Tensor] | None = None
 
 
 def log_bucket(distance: Int[Tensor, "*shape"], buckets: int, max_position: int) -> Int[Tensor, "*shape"]:
@@ -933,6 +939,13 @@ class ModuleAdapter:
         self.relative_keys: tuple[Tensor, Tensor | None] | None = None
         if spec.relative_keys is not None:
             self.relative_keys = _relative_keys(self.original, spec, spec.relative_keys, w.h)
+        #: Shaw's relative values ``V (n, dv)`` in float64 (None: none)
+        self.relative_values: Tensor | None = None
+        if spec.relative_keys is not None and spec.relative_keys.values is not None:
+            self.relative_values = spec.relative_keys.values(self.original).detach().double()
+            if self.relative_values.ndim != 2 or self.relative_values.shape[1] != w.dv:
+                raise AuditUsageError(f"spec {spec.name!r}: relative_keys.values gave shape "
+                                      f"{tuple(self.relative_values.shape)}, expected (n, {w.dv})")
         positional = [what for what, present in (("rotary positions", self.rotary is not None),
                                                   ("a position bias", spec.position_bias is not None
                                                    or spec.alibi is not None or spec.decomposed is not None
@@ -1105,10 +1118,16 @@ class ModuleAdapter:
         if self.differential is not None:  # key/value head j carries the value of its differential head
             half = torch.arange(w.g) % (w.g // 2)
             v = torch.cat([v[:, half], v[:, half + w.g // 2]], dim=-1)
+        dv = v.shape[-1]
+        if self.relative_values is not None:  # the weights p too, as the attention of one-hot values
+            v = torch.cat([v, torch.eye(v.shape[2], dtype=v.dtype).expand(*v.shape[:2], -1, -1)], dim=-1)
         # softmax_dtype: a variant the diagnosis tries, the softmax in a lower precision as many libraries compute it
         out = reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions, bias=bias,
                                   softcap=self.softcap, sinks=None if w.sinks is None else w.sinks.to(dtype),
                                   softmax_dtype=self.softmax_dtype)
+        if self.relative_values is not None and self.spec.relative_keys is not None:  # o_i += sum_j p_ij V[row(i, j)]
+            table = self.relative_values.to(dtype)[self.spec.relative_keys.rows(t, s)]
+            out = out[..., :dv] + einsum(out[..., dv:dv + s], table, "b h t s, t s d -> b h t d")
         if self.differential is not None:
             lam, _ = self.differential
             out = out[:, :w.h // 2] - lam * out[:, w.h // 2:]

@@ -1,0 +1,77 @@
+"""Shaw's relative values (VITS): the reference's ``RelativeKeys.values`` against VITS's own helpers, VITS audited
+with zero lines of spec, and VITS with planted bugs in its relative terms failing ``reference``."""
+
+import importlib
+from typing import Any
+
+import pytest
+import torch
+from einops import einsum
+
+from typed_transformer.audit import audit_module
+from typed_transformer.audit._hf import hf_build, hf_limits, hf_spec
+from typed_transformer.strategies import randomize_parameters
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+
+QUICK: dict[str, Any] = {"budget": "quick", "max_examples": 3, "dtypes": (torch.float32,), "seed": 0}
+
+
+def _class(model: str, name: str) -> type:
+    return getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name)  # type: ignore[no-any-return]
+
+
+def _vits() -> Any:
+    return randomize_parameters(hf_build(_class("vits", "VitsAttention")), 0)
+
+
+@pytest.mark.parametrize("length", [1, 3, 5, 6, 11])
+def test_vits_rows_and_tables_are_its_own_relative_terms(length: int) -> None:
+    """The reference's keys ``q . K[row(i, j)]`` and values ``sum_j p_ij V[row(i, j)]`` against VITS's own
+    ``_get_relative_embeddings`` and its relative/absolute shifts (window 4: lengths within it and past it)."""
+    module, generator = _vits(), torch.Generator().manual_seed(length)
+    spec = hf_spec(module)
+    rk = spec.relative_keys
+    assert rk is not None and rk.values is not None
+    rows = rk.rows(length, length)
+    q = torch.randn(3, length, module.head_dim, generator=generator)
+    p = torch.softmax(torch.randn(3, length, length, generator=generator), dim=-1)
+    with torch.no_grad():
+        keys = module._relative_position_to_absolute_position(
+            q @ module._get_relative_embeddings(module.emb_rel_k, length).transpose(-2, -1))
+        values = module._absolute_position_to_relative_position(p) @ module._get_relative_embeddings(
+            module.emb_rel_v, length)
+        ours_keys = einsum(q, rk.table(module)[rows], "b t d, t s d -> b t s")
+        ours_values = einsum(p, rk.values(module)[rows], "b t s, t s d -> b t d")
+    torch.testing.assert_close(ours_keys, keys, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours_values, values, rtol=0, atol=1e-6)
+
+
+def test_vits_passes_with_zero_lines() -> None:
+    module = _vits()
+    spec = hf_spec(module)
+    assert hf_limits(module) == []
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+
+
+def test_vits_with_its_relative_values_dropped_fails() -> None:
+    """A VITS whose relative values add nothing (its absolute-to-relative shift zeroed) fails ``reference``."""
+    module = _vits()
+    module._absolute_position_to_relative_position = lambda x: torch.zeros(
+        x.shape[0], x.shape[1], 2 * x.shape[1] - 1, dtype=x.dtype)
+    assert audit_module(module, hf_spec(module), conventions="infer", **QUICK).status("reference") == "FAIL"
+
+
+def test_vits_clipping_distances_past_its_window_fails() -> None:
+    """A VITS that clips distances past its window to the last embedding (Shaw's clipping, where VITS pads with
+    zeros) fails ``reference``."""
+    module = _vits()
+
+    def clipped(table: torch.Tensor, length: int) -> torch.Tensor:
+        index = (torch.arange(2 * length - 1) - (length - 1)).clamp(-module.window_size, module.window_size)
+        return table[:, index + module.window_size]
+
+    module._get_relative_embeddings = clipped
+    assert audit_module(module, hf_spec(module), conventions="infer", **QUICK).status("reference") == "FAIL"
