@@ -142,6 +142,10 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
         if window is not None and window[1][0] * window[1][1] > _HF.lengths[1] and "window_size" not in (
                 overrides or {}):  # Swin's 7 x 7 windows: 2 x 2 ones, as long as the audit's sequences
             module = _build(cls, config, {**(overrides or {}), "window_size": 2}, cross)
+        if _shaw_blocks(module) and int(getattr(module, "context_size")) > _BLOCKS and "context_size" not in (  # noqa: B009
+                overrides or {}):  # Granite Speech's blocks of 128 or 200: blocks of 3, keys as wide as queries
+            module = _build(cls, config, {**(overrides or {}), "context_size": _BLOCKS,
+                                          "num_key_value_heads": TINY["num_attention_heads"]}, cross)
         return module
     assert first is not None
     raise first
@@ -819,6 +823,33 @@ def _disentangled(core: nn.Module, prefix: str) -> Disentangled | None:
 _XL_LENGTH = 256
 
 
+#: the block size the audit builds Granite Speech's block-local attention with (its models': 200, 128), so that the
+#: audit's sequences span several blocks
+_BLOCKS = 3
+
+
+def _distances_arg(cls: Any) -> str | None:
+    """The forward argument of Granite Speech's block attention that carries the relative distances its Shaw table
+    reads (``self.rel_pos_emb(attention_dists)``; Granite Speech 5 calls it ``position_embeddings``), or None."""
+    found = re.search(r"self\.rel_pos_emb\((\w+)\)", _source(getattr(cls, "forward", None)))
+    return found.group(1) if found is not None and found.group(1) in inspect.signature(cls.forward).parameters else None
+
+
+def _shaw_blocks(core: nn.Module) -> bool:
+    """Granite Speech's conformer attention: Shaw's relative keys (``rel_pos_emb``) within blocks of
+    ``context_size`` tokens."""
+    return (isinstance(getattr(core, "context_size", None), int) and isinstance(getattr(core, "rel_pos_emb", None),
+                                                                               nn.Embedding)
+            and _distances_arg(type(core)) is not None)
+
+
+def _block_distances(core: Any) -> Tensor:
+    """The distances Granite Speech's encoder passes its attention: ``clamp(i - j, -c, c) + M`` within a block of
+    ``c`` (``context_size``), ``M`` the middle row of the table (``max_pos_emb``, ``max_position_embeddings``)."""
+    c, middle = int(core.context_size), (int(core.rel_pos_emb.num_embeddings) - 1) // 2
+    return (torch.arange(c)[:, None] - torch.arange(c)[None, :]).clamp(-c, c) + middle
+
+
 def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
     """The conformers' relative positions: Shaw's on the keys (``relative_key``: Wav2Vec2-BERT, SeamlessM4T v2: its
     ``distance_embedding`` of ``j - i`` clamped to ``[-left, right]``), or Transformer-XL's (``relative``:
@@ -840,6 +871,13 @@ def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
             return table
 
         return RelativeKeys(padded("emb_rel_k"), vits_rows, values=padded("emb_rel_v"))
+    if _shaw_blocks(core):  # Granite Speech's: Shaw's keys at i - j (only pairs in one block are visible)
+        c, middle = int(getattr(core, "context_size")), (int(getattr(core, "rel_pos_emb").num_embeddings) - 1) // 2  # noqa: B009
+
+        def granite_rows(t: int, s: int) -> Tensor:
+            return (torch.arange(t)[:, None] - torch.arange(s)[None, :]).clamp(-c, c) + middle
+
+        return RelativeKeys(lambda m: resolve(m, f"{prefix}rel_pos_emb.weight", "hf"), granite_rows)
     kind = getattr(core, "position_embeddings_type", None)
     if kind is None and _espnet_shift(core):  # FastSpeech2-Conformer's: the same terms, no switch
         kind = "relative"
@@ -1047,7 +1085,7 @@ def _rotary_arg(cls: Any) -> str | None:
     """The forward argument that carries the rotary tables: ``position_embeddings``, or a required argument of
     another name that the forward passes to its rotary apply function (Llama 4's vision ``freqs_ci``)."""
     signature = inspect.signature(cls.forward).parameters
-    if "position_embeddings" in signature:
+    if "position_embeddings" in signature and _distances_arg(cls) != "position_embeddings":
         return "position_embeddings"
     source = _source(cls.forward)
     return next((name for name, p in signature.items() if p.default is inspect.Parameter.empty
@@ -1157,7 +1195,7 @@ def _nullable(cls: Any) -> list[str]:
     source = _source(cls.forward)
     body = source.split(")", 1)[-1] if source else ""
     return [n for n, p in list(signature.items())[2:] if p.default is inspect.Parameter.empty
-            and n not in _PROVIDED and n not in ("attention_mask", "mask")
+            and n not in _PROVIDED and n not in ("attention_mask", "mask") and n != _distances_arg(cls)
             and (re.search(rf"\bif {n} is None:", source) is not None or _passed_on(body, n))]
 
 
@@ -1192,7 +1230,8 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append("forward takes optional position_embeddings and its module has no rotary class (DETR-style "
                      "embeddings added to the inputs): audited with none passed, so what they add is not tested")
     elif ("position_embeddings" in signature and (_xl_names(module) or ("",) * 4)[3] != "position_embeddings"
-            and hf_spec(module).rotary is None and not _heads_as_positions(type(module))):
+            and hf_spec(module).rotary is None and not _heads_as_positions(type(module))
+            and _distances_arg(type(module)) != "position_embeddings"):
         notes.append("forward takes position_embeddings and ignores them with this config (audited without "
                      "positions)")
     forward_params = list(signature)[1:4]
@@ -1261,6 +1300,14 @@ def hf_notes(module: nn.Module) -> list[str]:
     if _relative_keys(module, "") is not None and _espnet_shift(module):
         notes.append("Transformer-XL relative terms on the audit's own table (seeded rows for distances t-1 .. 1-t, "
                      "passed as pos_emb): its encoder's sinusoidal table is not tested")
+    if _shaw_blocks(module):
+        notes.append(f"block-local attention built with blocks of {module.context_size} tokens (its "
+                     f"models' 200 or 128), so that the audit's sequences span several blocks; Shaw's relative keys "
+                     f"on the distances its encoder computes (clamp(i - j, -c, c) + the table's middle row)")
+    if _shaw_blocks(module) and "attention_mask" in inspect.signature(type(module).forward).parameters:
+        notes.append("forward takes only a key padding mask (b, s), reshaped into its blocks, and no mask of the "
+                     "audit's (b, 1, t, s) form: audited without masks, so its padding is not tested (the padding "
+                     "of the last block it adds itself is)")
     if _heads_as_positions(type(module)):
         notes.append("its model passes the head index as the rotary position (position_ids = arange(num_heads), "
                      "cos/sin unsqueezed at dim 2): each head is turned by one angle at every position, the turn "
@@ -1309,7 +1356,7 @@ def hf_limits(module: nn.Module) -> list[str]:
             *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or "",
             *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ()),
             *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ()),
-            *(("distance_embedding", "linear_pos") if _relative_keys(module, "") is not None else ()),
+            *(("distance_embedding", "linear_pos", "rel_pos_emb") if _relative_keys(module, "") is not None else ()),
             *((_xl_names(module) or ())[:1])}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
@@ -1459,7 +1506,13 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # a required output_attentions (SqueezeBERT's): False, as its model passes it by default
     flags = [n for n in ("output_attentions",) if n in signature and signature[n].default is inspect.Parameter.empty]
     rotary_arg = _rotary_arg(cls)
-    unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg)
+    distances_arg = _distances_arg(cls) if _shaw_blocks(core) else None
+    if distances_arg is not None and mask_arg in signature:
+        # Granite Speech 5: a key padding mask (b, s) only, reshaped into its blocks: no mask of the audit's
+        # (b, 1, t, s) form reaches it, so it is audited without masks (named in hf_notes)
+        takes_mask = False
+    unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg,
+                                                            distances_arg)
                and n not in _PROVIDED and n not in nullable and n not in flags
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
@@ -1643,6 +1696,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             kwargs["rel_embeddings"] = disentangled.table(m).to(x.dtype)
             if disentangled.form == "v1":  # its encoder's distances i - j too (v1 adds no term without them)
                 kwargs["relative_pos"] = (torch.arange(x.shape[1])[:, None] - torch.arange(x.shape[1]))[None]
+        if distances_arg is not None:  # Granite Speech's block distances, as its encoder computes them
+            kwargs[distances_arg] = _block_distances(m)
         if "shared_kv_states" in signature:  # Gemma 4's key/value sharing: a layer that owns its keys and values
             kwargs["shared_kv_states"] = {}
         if "height" in signature and "width" in signature:  # an image of one row of t patches (SegFormer)
@@ -1774,6 +1829,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
         q_norm=q_norm, k_norm=k_norm, v_norm=_v_norm(core, layout.core),
         window=None if window is None else int(window),
+        blocks=f"{layout.core}context_size" if distances_arg is not None else None,
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,

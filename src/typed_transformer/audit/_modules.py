@@ -431,6 +431,10 @@ class ModuleSpec:
     memory: bool = False
     position_bias: PositionBias | None = None
     window: int | str | None = None
+    #: block-local attention (Granite Speech's conformers): the sequence cut into consecutive blocks of that many
+    #: tokens (a number or attribute path) from the first, each query seeing only the keys of its own block
+    #: (:func:`block_mask`; self-attention)
+    blocks: int | str | None = None
     q_norm: str | None = None
     k_norm: str | None = None
     #: a norm on each value head (Gemma 3n's and Gemma 4's ``v_norm``, an RMSNorm without a weight), as the q/k norms
@@ -764,6 +768,12 @@ def additive_mask(keep: Bool[Tensor, "*shape"] | None, dtype: torch.dtype, fill:
 additive_mask = typechecked(additive_mask)
 
 
+def block_mask(t: int, s: int, size: int) -> Bool[Tensor, "{t} {s}"]:
+    """Block-local attention: query ``i`` sees key ``j`` when both lie in the same block of ``size`` consecutive
+    positions, ``i // size == j // size`` (self-attention: ``t = s``)."""
+    return (torch.arange(t)[:, None] // size) == (torch.arange(s)[None, :] // size)
+
+
 def with_causal(keep: KeepMask | None, is_causal: bool, t: int, s: int) -> KeepMask | None:
     """``keep`` ANDed with our bottom-right causal mask (for modules whose causality is a mask argument):
     :func:`~typed_transformer.merge_causal`, always 4-D ``(#b, #h, t, s)``."""
@@ -897,6 +907,14 @@ class ModuleAdapter:
         if isinstance(window, str):
             window = resolve(self.original, window, spec.name)  # None: this module has no window
         self.window: int | None = None if window is None else int(window)
+        blocks = spec.blocks
+        if isinstance(blocks, str):
+            blocks = resolve(self.original, blocks, spec.name)
+        #: the block size of block-local attention (None: none)
+        self.blocks: int | None = None if blocks is None else int(blocks)
+        if self.blocks is not None and not self.conventions.self_attention:
+            raise AuditUsageError(f"spec {spec.name!r}: block-local attention cuts the queries and the keys into the "
+                                  f"same blocks, so it needs self-attention")
         self.norms: dict[str, Callable[[Tensor], Tensor]] = {}
         for which, path in (("q", spec.q_norm), ("k", spec.k_norm), ("v", spec.v_norm)):
             norm = None if path is None else _norm(self.original, path, spec)
@@ -951,7 +969,8 @@ class ModuleAdapter:
                                                    or spec.alibi is not None or spec.decomposed is not None
                                                    or spec.disentangled is not None
                                                    or spec.relative_keys is not None),
-                                                  ("a sliding window", self.window is not None)) if present]
+                                                  ("a sliding window", self.window is not None),
+                                                  ("blocks of keys", self.blocks is not None)) if present]
         self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
         self._setup: str | None = None
@@ -1096,11 +1115,14 @@ class ModuleAdapter:
         """``(keep, is_causal)`` with the sliding window and the module's extra key positions applied (the
         returned mask covers the ``s`` keys and the appended ones)."""
         w = self.weights
-        if self.window is None and w.extra_k is None:
+        if self.window is None and self.blocks is None and w.extra_k is None:
             return keep, is_causal
         keep = effective_keep(keep, is_causal, t, s, self.conventions)
         if self.window is not None:
             inside = window_mask(t, s, self.window)[None, None]
+            keep = inside if keep is None else keep & inside
+        if self.blocks is not None:
+            inside = block_mask(t, s, self.blocks)[None, None]
             keep = inside if keep is None else keep & inside
         if w.extra_k is not None and keep is not None:
             keep = torch.cat([keep, keep.new_ones(*keep.shape[:-1], w.extra_k.shape[0])], dim=-1)
@@ -1171,6 +1193,8 @@ class ModuleAdapter:
             return torch.ones(example.b, example.t, 1, dtype=torch.bool)
         if self.window is not None:
             keep = keep & window_mask(example.t, example.s, self.window)
+        if self.blocks is not None:
+            keep = keep & block_mask(example.t, example.s, self.blocks)
         return rearrange(keep.any(dim=-1).all(dim=1).expand(example.b, example.t), "b t -> b t 1")
 
     def decode(self, ins: ModuleInputs, dtype: torch.dtype) -> CandidateOutput | None:

@@ -32,7 +32,8 @@ def test_vits_rows_and_tables_are_its_own_relative_terms(length: int) -> None:
     module, generator = _vits(), torch.Generator().manual_seed(length)
     spec = hf_spec(module)
     rk = spec.relative_keys
-    assert rk is not None and rk.values is not None
+    assert rk is not None
+    assert rk.values is not None
     rows = rk.rows(length, length)
     q = torch.randn(3, length, module.head_dim, generator=generator)
     p = torch.softmax(torch.randn(3, length, length, generator=generator), dim=-1)
@@ -75,3 +76,69 @@ def test_vits_clipping_distances_past_its_window_fails() -> None:
 
     module._get_relative_embeddings = clipped
     assert audit_module(module, hf_spec(module), conventions="infer", **QUICK).status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize(("model", "name"), [
+    ("granite_speech", "GraniteSpeechConformerAttention"),  # to_q, a fused [k; v] to_kv, a pre-norm, no mask
+    ("granite_speech_plus", "GraniteSpeechPlusConformerAttention"),
+    ("granite_speech5", "GraniteSpeech5EncoderAttention"),  # q/k/v/o_proj, distances passed as position_embeddings
+])
+def test_granite_speech_block_attention_passes_with_zero_lines(model: str, name: str) -> None:
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    spec = hf_spec(module)
+    assert spec.blocks is not None
+    assert spec.relative_keys is not None
+    assert module.context_size == 3
+    assert hf_limits(module) == []
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+
+
+def test_granite_speech_distances_are_its_encoder_s() -> None:
+    """The distances the audit passes (and the reference's rows within a block) are Granite Speech 5's encoder's own
+    ``compute_attention_dists``."""
+    from types import SimpleNamespace
+
+    from typed_transformer.audit._hf import _block_distances
+
+    module = hf_build(_class("granite_speech5", "GraniteSpeech5EncoderAttention"))
+    encoder = _class("granite_speech5", "GraniteSpeech5Encoder")
+    own = encoder.compute_attention_dists(SimpleNamespace(config=module.config))  # type: ignore[attr-defined]
+    torch.testing.assert_close(_block_distances(module), own, rtol=0, atol=0)
+    spec = hf_spec(module)
+    assert spec.relative_keys is not None
+    torch.testing.assert_close(spec.relative_keys.rows(3, 3), own, rtol=0, atol=0)
+
+
+def test_block_mask_is_one_block_per_size_tokens() -> None:
+    from typed_transformer.audit._modules import block_mask
+
+    expected = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 1]])
+    assert torch.equal(block_mask(5, 5, 2), expected.bool())
+
+
+def test_granite_speech_with_wrong_blocks_or_reversed_distances_fails() -> None:
+    """A Granite Speech 5 cutting blocks of 6 where it was built with 3, and one reading its Shaw table at j - i
+    for i - j: each fails ``reference``."""
+    import dataclasses
+
+    module: Any = randomize_parameters(hf_build(_class("granite_speech5", "GraniteSpeech5EncoderAttention")), 0)
+    spec = dataclasses.replace(hf_spec(module), blocks=3)
+    module.context_size = 6
+    assert audit_module(module, spec, conventions="infer", **QUICK).status("reference") == "FAIL"
+    module = randomize_parameters(hf_build(_class("granite_speech", "GraniteSpeechConformerAttention")), 0)
+    table = module.rel_pos_emb
+
+    class Reversed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = table
+            self.weight = table.weight  # the table the spec reads
+
+        def forward(self, distances: torch.Tensor) -> torch.Tensor:
+            return self.inner(distances.T)  # type: ignore[no-any-return]
+
+    spec = hf_spec(module)
+    module.rel_pos_emb = Reversed()
+    assert audit_module(module, spec, conventions="infer", **QUICK).status("reference") == "FAIL"
