@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
-from einops import rearrange, repeat
+from einops import einsum, rearrange, repeat
 from torch import Tensor, nn
 
 from ..masks import window_mask
@@ -39,6 +39,7 @@ from ._modules import (
     ModuleSpec,
     MRope,
     OutputGate,
+    PositionBias,
     RelativeKeys,
     Rotary,
     Weights,
@@ -49,6 +50,7 @@ from ._modules import (
     one_row,
     resolve,
     spec_weights,
+    t5_buckets,
     window_bias,
     with_causal,
 )
@@ -919,6 +921,38 @@ def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
     return None
 
 
+def _gated_bias(core: nn.Module, prefix: str) -> tuple[PositionBias, Callable[[Any, Tensor], Tensor]] | None:
+    """WavLM's gated relative position bias: T5's bidirectional buckets of ``j - i`` (:func:`t5_buckets`, its
+    ``num_buckets`` and ``max_distance``) read from ``rel_attn_embed (buckets, h)``, each query row of each head
+    times the gate ``a (b c_h - 1) + 2`` of its input: ``x_i`` cut into heads, ``(a, b)`` the sigmoids of the sums of
+    the first and last four outputs of ``gru_rel_pos_linear`` on its head's slice, ``c_h`` the ``gru_rel_pos_const``
+    of the head. The bias as the first layer computes it (its model's later layers reuse the first layer's, gated by
+    their own inputs)."""
+    if not (isinstance(getattr(core, "gru_rel_pos_linear", None), nn.Linear)
+            and isinstance(getattr(core, "gru_rel_pos_const", None), nn.Parameter)
+            and isinstance(getattr(core, "rel_attn_embed", None), nn.Embedding)):
+        return None
+
+    def bias(m: Any, t: int, s: int) -> Tensor:
+        owner = resolve(m, prefix.rstrip("."), "hf") if prefix else m
+        distance = torch.arange(s)[None, :] - torch.arange(s - t, s)[:, None]
+        buckets = t5_buckets(distance, int(owner.num_buckets), int(owner.max_distance))
+        table: Tensor = owner.rel_attn_embed.weight.detach().double()
+        return rearrange(table[buckets], "t s h -> h t s")
+
+    def gate(m: Any, x: Tensor) -> Tensor:
+        owner = resolve(m, prefix.rstrip("."), "hf") if prefix else m
+        h = int(owner.num_heads)
+        linear = owner.gru_rel_pos_linear
+        weight, offset = linear.weight.detach().double(), linear.bias.detach().double()
+        out = einsum(rearrange(x, "b t (h d) -> b h t d", h=h), weight, "b h t d, o d -> b h t o") + offset
+        a, b = torch.sigmoid(out[..., :4].sum(-1)), torch.sigmoid(out[..., 4:].sum(-1))
+        const = owner.gru_rel_pos_const.detach().double().reshape(1, h, 1)
+        return a * (b * const - 1.0) + 2.0
+
+    return bias, gate
+
+
 def _espnet_shift(core: nn.Module) -> bool:
     """ESPnet's relative attention (FastSpeech2-Conformer): Transformer-XL's ``linear_pos``, ``pos_bias_u`` and
     ``pos_bias_v`` with no ``position_embeddings_type``, the content logits' queries plus ``pos_bias_u``, the
@@ -975,6 +1009,13 @@ def _padding_only(cls: Any, mask_arg: str) -> bool:
     source = _source(cls.forward)
     return re.search(r"expected_size = \(\w+, 1, \w+\)", source) is not None and (
         f"{mask_arg}.size() != expected_size" in source)
+
+
+def _padding_ones(cls: Any, mask_arg: str) -> bool:
+    """The class reads its mask as a key padding mask ``(b, s)`` of ones (real) and zeros (WavLM's
+    ``key_padding_mask = attention_mask.ne(1)`` for ``F.multi_head_attention_forward``), any other shape refused."""
+    return any(f"key_padding_mask = {mask_arg}.ne(1)" in _source(f) for f in vars(cls).values()
+               if inspect.isfunction(f))
 
 
 def _deberta_scale(core: nn.Module) -> float | None:
@@ -1304,6 +1345,13 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append(f"block-local attention built with blocks of {module.context_size} tokens (its "
                      f"models' 200 or 128), so that the audit's sequences span several blocks; Shaw's relative keys "
                      f"on the distances its encoder computes (clamp(i - j, -c, c) + the table's middle row)")
+    if _padding_ones(type(module), "attention_mask"):
+        notes.append("forward takes only a key padding mask (b, s) of ones and zeros (key_padding_mask = "
+                     "attention_mask.ne(1)) and refuses the audit's (b, 1, t, s) masks: audited without masks, so its "
+                     "padding is not tested")
+    if _gated_bias(module, "") is not None:
+        notes.append("its gated relative position bias as the first layer computes it (rel_attn_embed); its model's "
+                     "later layers are passed the first layer's bias (position_bias), which the audit does not pass")
     if _shaw_blocks(module) and "attention_mask" in inspect.signature(type(module).forward).parameters:
         notes.append("forward takes only a key padding mask (b, s), reshaped into its blocks, and no mask of the "
                      "audit's (b, 1, t, s) form: audited without masks, so its padding is not tested (the padding "
@@ -1356,6 +1404,7 @@ def hf_limits(module: nn.Module) -> list[str]:
             *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or "",
             *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ()),
             *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ()),
+            *(("gru_rel_pos_linear", "rel_attn_embed") if _gated_bias(module, "") is not None else ()),
             *(("distance_embedding", "linear_pos", "rel_pos_emb") if _relative_keys(module, "") is not None else ()),
             *((_xl_names(module) or ())[:1])}
     for name, child in module.named_children():
@@ -1375,6 +1424,8 @@ def hf_limits(module: nn.Module) -> list[str]:
         own |= {"pos_bias_u", "pos_bias_v", *((_xl_names(module) or ())[1:3]), "emb_rel_k", "emb_rel_v"}
     if _separate_biases(module):
         own |= {"q_bias", "v_bias"}
+    if _gated_bias(module, "") is not None:
+        own |= {"gru_rel_pos_const"}
     if _decomposed(module) is not None:
         own |= {"rel_pos_h", "rel_pos_w"}
     if _differential(module) is not None:
@@ -1510,6 +1561,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     if distances_arg is not None and mask_arg in signature:
         # Granite Speech 5: a key padding mask (b, s) only, reshaped into its blocks: no mask of the audit's
         # (b, 1, t, s) form reaches it, so it is audited without masks (named in hf_notes)
+        takes_mask = False
+    if _padding_ones(cls, mask_arg):
         takes_mask = False
     unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg,
                                                             distances_arg)
@@ -1803,6 +1856,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
 
         frequencies = twice
     position_bias = relative_bias(layout.core) if layout.relative_bias else None
+    wavlm = _gated_bias(core, layout.core)
+    if wavlm is not None:
+        position_bias = wavlm[0]
     lengths = _HF.lengths
     if window_table is not None:
         table_path, window_size = window_table
@@ -1825,7 +1881,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
                 if (takes_rotary or internal) and theta is not None and not heads else None),
         decode=decode if cache_arg is not None and self_attention and _decodes(core) else None,
         build=lambda c, overrides: hf_build(c, overrides, cross=memory_arg is not None),
-        position_bias=position_bias,
+        position_bias=position_bias, position_gate=None if wavlm is None else wavlm[1],
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
         q_norm=q_norm, k_norm=k_norm, v_norm=_v_norm(core, layout.core),
         window=None if window is None else int(window),

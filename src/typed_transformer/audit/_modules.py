@@ -430,6 +430,9 @@ class ModuleSpec:
     module_type: str = ""
     memory: bool = False
     position_bias: PositionBias | None = None
+    #: a gate on the position bias (WavLM's gated relative position bias): ``position_gate(module, x) -> (b, h, t)``
+    #: from the query input ``x (b, t, e)`` in float64, each query row's bias of each head multiplied by its factor
+    position_gate: Callable[[Any, Tensor], Tensor] | None = None
     window: int | str | None = None
     #: block-local attention (Granite Speech's conformers): the sequence cut into consecutive blocks of that many
     #: tokens (a number or attribute path) from the first, each query seeing only the keys of its own block
@@ -774,6 +777,17 @@ def block_mask(t: int, s: int, size: int) -> Bool[Tensor, "{t} {s}"]:
     return (torch.arange(t)[:, None] // size) == (torch.arange(s)[None, :] // size)
 
 
+def t5_buckets(distance: Int[Tensor, "*shape"], buckets: int, max_distance: int) -> Int[Tensor, "*shape"]:
+    """T5's bidirectional relative-position buckets (Raffel et al., 2020; WavLM's too) of ``distance = j - i``: half
+    the ``buckets`` per sign (``n = buckets // 2``, positive distances from ``n``), exact below ``m = n // 2``, beyond
+    it ``min(m + floor(log(|x| / m) / log(max_distance / m) * (n - m)), n - 1)``."""
+    n = buckets // 2
+    half = n // 2
+    size = distance.abs()
+    far = half + torch.floor(torch.log(size.double().clamp(min=1) / half) / math.log(max_distance / half) * (n - half))
+    return (distance > 0).long() * n + torch.where(size < half, size, far.long().clamp(max=n - 1))
+
+
 def with_causal(keep: KeepMask | None, is_causal: bool, t: int, s: int) -> KeepMask | None:
     """``keep`` ANDed with our bottom-right causal mask (for modules whose causality is a mask argument):
     :func:`~typed_transformer.merge_causal`, always 4-D ``(#b, #h, t, s)``."""
@@ -827,8 +841,8 @@ class ModuleAdapter:
     per dtype, in eval mode); the reference uses its weights in float64."""
 
     kind: Literal["function", "module"] = "module"
-    __shape_checked__ = ("call", "bias", "with_content", "visible", "reference", "logit_bound", "logits", "rows",
-                         "decode", "fast_path")
+    __shape_checked__ = ("call", "bias", "gated", "with_content", "visible", "reference", "logit_bound", "logits",
+                         "rows", "decode", "fast_path")
 
     def __init__(self, module: nn.Module, spec: ModuleSpec, *, conventions: Conventions | None = None,
                  name: str | None = None) -> None:
@@ -1079,7 +1093,18 @@ class ModuleAdapter:
                                   f"{tuple(bias.shape)}, expected (1 or {self.weights.h}, {t}, {s})")
         return (bias if alibi is None else bias + alibi.to(dtype))[None]
 
-    def with_content(self, bias: Float[Tensor, "1 #h t s"] | None, q: Float[Tensor, "b h t d"],
+    def gated(self, bias: Float[Tensor, "1 #h t s"] | None, x: Float[Tensor, "b t e"]
+              ) -> Float[Tensor, "#b #h t s"] | None:
+        """``bias`` times the spec's position gate ``(b, h, t)`` of the query input ``x`` (none: ``bias``)."""
+        if bias is None or self.spec.position_gate is None:
+            return bias
+        gate = self.spec.position_gate(self.original, x.double()).to(bias.dtype)
+        if gate.shape != (x.shape[0], self.weights.h, x.shape[1]):
+            raise AuditUsageError(f"spec {self.spec.name!r}: position_gate gave shape {tuple(gate.shape)}, expected "
+                                  f"({x.shape[0]}, {self.weights.h}, {x.shape[1]})")
+        return bias * gate[..., None]
+
+    def with_content(self, bias: Float[Tensor, "#b #h t s"] | None, q: Float[Tensor, "b h t d"],
                      k: Float[Tensor, "b g s d"]) -> Float[Tensor, "#b #h t s"] | None:
         """``bias`` plus the terms that depend on the queries ``q`` and keys ``k``: decomposed relative positions,
         DeBERTa's disentangled terms (when the spec has them)."""
@@ -1133,7 +1158,7 @@ class ModuleAdapter:
         q, k, v = self._project(ins, dtype)
         t, s = q.shape[2], ins[1].shape[1]
         keep, is_causal = self.visible(keep, is_causal, t, s)
-        bias = self.with_content(self.bias(t, s, dtype), q, k[:, :, :s])
+        bias = self.with_content(self.gated(self.bias(t, s, dtype), ins[0]), q, k[:, :, :s])
         if bias is not None and self.weights.extra_k is not None:
             bias = torch.cat([bias, bias.new_zeros(*bias.shape[:-1], self.weights.extra_k.shape[0])], dim=-1)
         w = self.weights
@@ -1183,7 +1208,7 @@ class ModuleAdapter:
         logits = einsum(grouped, k, "b g r t d, b g s d -> b g r t s") * self.weights.scale
         logits = rearrange(logits, "b g r t s -> b (g r) t s")[..., :ins[1].shape[1]]  # not the extra positions
         s = ins[1].shape[1]
-        bias = self.with_content(self.bias(q.shape[2], s, torch.float64), q, k[:, :, :s])
+        bias = self.with_content(self.gated(self.bias(q.shape[2], s, torch.float64), ins[0]), q, k[:, :, :s])
         return logits if bias is None else logits + bias
 
     def rows(self, keep: KeepMask, example: Example) -> Bool[Tensor, "b t 1"]:

@@ -142,3 +142,54 @@ def test_granite_speech_with_wrong_blocks_or_reversed_distances_fails() -> None:
     spec = hf_spec(module)
     module.rel_pos_emb = Reversed()
     assert audit_module(module, spec, conventions="infer", **QUICK).status("reference") == "FAIL"
+
+
+def test_t5_buckets_are_wavlm_s_and_t5_s() -> None:
+    """The reference's bidirectional buckets against WavLM's own ``_relative_positions_bucket`` and T5's
+    ``_relative_position_bucket`` (exact, log-spaced and capped distances)."""
+    from typed_transformer.audit._modules import t5_buckets
+
+    distance = torch.arange(-1000, 1001)[None, :]
+    wavlm: Any = hf_build(_class("wavlm", "WavLMAttention"))
+    assert torch.equal(t5_buckets(distance, wavlm.num_buckets, wavlm.max_distance),
+                       wavlm._relative_positions_bucket(distance))
+    t5 = _class("t5", "T5Attention")
+    for buckets, largest in ((32, 128), (8, 20), (320, 800)):
+        assert torch.equal(t5_buckets(distance, buckets, largest), t5._relative_position_bucket(  # type: ignore[attr-defined]
+            distance, bidirectional=True, num_buckets=buckets, max_distance=largest))
+
+
+def test_wavlm_passes_with_zero_lines() -> None:
+    module = randomize_parameters(hf_build(_class("wavlm", "WavLMAttention")), 0)
+    spec = hf_spec(module)
+    assert spec.position_bias is not None
+    assert spec.position_gate is not None
+    assert hf_limits(module) == []
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert report.status("gradients") == "PASS"  # through the gate too: it is a function of the input
+
+
+def test_wavlm_with_its_gate_halves_swapped_or_distances_reversed_fails() -> None:
+    """A WavLM whose gate reads the two halves of ``gru_rel_pos_linear`` the other way round, and one whose bias is
+    read at ``i - j`` for ``j - i``: each fails ``reference``."""
+    module: Any = randomize_parameters(hf_build(_class("wavlm", "WavLMAttention")), 0)
+    spec = hf_spec(module)
+    linear = module.gru_rel_pos_linear
+
+    class Swapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = linear
+            self.weight, self.bias = linear.weight, linear.bias  # what the spec reads
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x)[..., [4, 5, 6, 7, 0, 1, 2, 3]]  # type: ignore[no-any-return]
+
+    module.gru_rel_pos_linear = Swapped()
+    assert audit_module(module, spec, conventions="infer", **QUICK).status("reference") == "FAIL"
+    module = randomize_parameters(hf_build(_class("wavlm", "WavLMAttention")), 0)
+    own = module.compute_bias
+    module.compute_bias = lambda t, s: own(t, s).transpose(1, 2)
+    assert audit_module(module, hf_spec(module), conventions="infer", **QUICK).status("reference") == "FAIL"
