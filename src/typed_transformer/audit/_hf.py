@@ -947,7 +947,7 @@ def _gated_bias(core: nn.Module, prefix: str) -> tuple[PositionBias, Callable[[A
         weight, offset = linear.weight.detach().double(), linear.bias.detach().double()
         out = einsum(rearrange(x, "b t (h d) -> b h t d", h=h), weight, "b h t d, o d -> b h t o") + offset
         a, b = torch.sigmoid(out[..., :4].sum(-1)), torch.sigmoid(out[..., 4:].sum(-1))
-        const = owner.gru_rel_pos_const.detach().double().reshape(1, h, 1)
+        const: Tensor = owner.gru_rel_pos_const.detach().double().reshape(1, h, 1)
         return a * (b * const - 1.0) + 2.0
 
     return bias, gate
