@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
-from einops import rearrange, repeat
+from einops import einsum, rearrange, repeat
 from torch import Tensor, nn
 
 from ..masks import window_mask
@@ -39,6 +39,7 @@ from ._modules import (
     ModuleSpec,
     MRope,
     OutputGate,
+    PositionBias,
     RelativeKeys,
     Rotary,
     Weights,
@@ -49,6 +50,7 @@ from ._modules import (
     one_row,
     resolve,
     spec_weights,
+    t5_buckets,
     window_bias,
     with_causal,
 )
@@ -142,6 +144,10 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
         if window is not None and window[1][0] * window[1][1] > _HF.lengths[1] and "window_size" not in (
                 overrides or {}):  # Swin's 7 x 7 windows: 2 x 2 ones, as long as the audit's sequences
             module = _build(cls, config, {**(overrides or {}), "window_size": 2}, cross)
+        if _shaw_blocks(module) and int(getattr(module, "context_size")) > _BLOCKS and "context_size" not in (  # noqa: B009
+                overrides or {}):  # Granite Speech's blocks of 128 or 200: blocks of 3, keys as wide as queries
+            module = _build(cls, config, {**(overrides or {}), "context_size": _BLOCKS,
+                                          "num_key_value_heads": TINY["num_attention_heads"]}, cross)
         return module
     assert first is not None
     raise first
@@ -823,11 +829,61 @@ def _disentangled(core: nn.Module, prefix: str) -> Disentangled | None:
 _XL_LENGTH = 256
 
 
+#: the block size the audit builds Granite Speech's block-local attention with (its models': 200, 128), so that the
+#: audit's sequences span several blocks
+_BLOCKS = 3
+
+
+def _distances_arg(cls: Any) -> str | None:
+    """The forward argument of Granite Speech's block attention that carries the relative distances its Shaw table
+    reads (``self.rel_pos_emb(attention_dists)``; Granite Speech 5 calls it ``position_embeddings``), or None."""
+    found = re.search(r"self\.rel_pos_emb\((\w+)\)", _source(getattr(cls, "forward", None)))
+    return found.group(1) if found is not None and found.group(1) in inspect.signature(cls.forward).parameters else None
+
+
+def _shaw_blocks(core: nn.Module) -> bool:
+    """Granite Speech's conformer attention: Shaw's relative keys (``rel_pos_emb``) within blocks of
+    ``context_size`` tokens."""
+    return (isinstance(getattr(core, "context_size", None), int) and isinstance(getattr(core, "rel_pos_emb", None),
+                                                                               nn.Embedding)
+            and _distances_arg(type(core)) is not None)
+
+
+def _block_distances(core: Any) -> Tensor:
+    """The distances Granite Speech's encoder passes its attention: ``clamp(i - j, -c, c) + M`` within a block of
+    ``c`` (``context_size``), ``M`` the middle row of the table (``max_pos_emb``, ``max_position_embeddings``)."""
+    c, middle = int(core.context_size), (int(core.rel_pos_emb.num_embeddings) - 1) // 2
+    return (torch.arange(c)[:, None] - torch.arange(c)[None, :]).clamp(-c, c) + middle
+
+
 def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
     """The conformers' relative positions: Shaw's on the keys (``relative_key``: Wav2Vec2-BERT, SeamlessM4T v2: its
     ``distance_embedding`` of ``j - i`` clamped to ``[-left, right]``), or Transformer-XL's (``relative``:
     Wav2Vec2-Conformer, SeamlessM4T: ``linear_pos`` of the table its encoder passes, ``pos_bias_u`` and
     ``pos_bias_v``)."""
+    window = getattr(core, "window_size", None)
+    if isinstance(window, int) and all(isinstance(getattr(core, n, None), nn.Parameter)
+                                       for n in ("emb_rel_k", "emb_rel_v")):
+        # VITS's: Shaw's keys and values at distances j - i within the window, none beyond it (its tables padded
+        # with zero rows): the last row, all zeros, is every distance beyond the window
+        def vits_rows(t: int, s: int) -> Tensor:
+            distance = torch.arange(s)[None, :] - torch.arange(t)[:, None]
+            return torch.where(distance.abs() <= window, distance + window, 2 * window + 1)
+
+        def padded(name: str) -> Callable[[Any], Tensor]:
+            def table(m: Any) -> Tensor:
+                rows = resolve(m, f"{prefix}{name}", "hf")[0]
+                return torch.cat([rows, rows.new_zeros(1, rows.shape[1])])
+            return table
+
+        return RelativeKeys(padded("emb_rel_k"), vits_rows, values=padded("emb_rel_v"))
+    if _shaw_blocks(core):  # Granite Speech's: Shaw's keys at i - j (only pairs in one block are visible)
+        c, middle = int(getattr(core, "context_size")), (int(getattr(core, "rel_pos_emb").num_embeddings) - 1) // 2  # noqa: B009
+
+        def granite_rows(t: int, s: int) -> Tensor:
+            return (torch.arange(t)[:, None] - torch.arange(s)[None, :]).clamp(-c, c) + middle
+
+        return RelativeKeys(lambda m: resolve(m, f"{prefix}rel_pos_emb.weight", "hf"), granite_rows)
     kind = getattr(core, "position_embeddings_type", None)
     if kind is None and _espnet_shift(core):  # FastSpeech2-Conformer's: the same terms, no switch
         kind = "relative"
@@ -853,6 +909,38 @@ def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
 
     return RelativeKeys(_seeded_table(2 * _XL_LENGTH - 1, int(getattr(core, proj).in_features)), shifted_rows,
                         proj=prefix + proj, query_bias=prefix + query_bias, content_bias=prefix + content_bias)
+
+
+def _gated_bias(core: nn.Module, prefix: str) -> tuple[PositionBias, Callable[[Any, Tensor], Tensor]] | None:
+    """WavLM's gated relative position bias: T5's bidirectional buckets of ``j - i`` (:func:`t5_buckets`, its
+    ``num_buckets`` and ``max_distance``) read from ``rel_attn_embed (buckets, h)``, each query row of each head
+    times the gate ``a (b c_h - 1) + 2`` of its input: ``x_i`` cut into heads, ``(a, b)`` the sigmoids of the sums of
+    the first and last four outputs of ``gru_rel_pos_linear`` on its head's slice, ``c_h`` the ``gru_rel_pos_const``
+    of the head. The bias as the first layer computes it (its model's later layers reuse the first layer's, gated by
+    their own inputs)."""
+    if not (isinstance(getattr(core, "gru_rel_pos_linear", None), nn.Linear)
+            and isinstance(getattr(core, "gru_rel_pos_const", None), nn.Parameter)
+            and isinstance(getattr(core, "rel_attn_embed", None), nn.Embedding)):
+        return None
+
+    def bias(m: Any, t: int, s: int) -> Tensor:
+        owner = resolve(m, prefix.rstrip("."), "hf") if prefix else m
+        distance = torch.arange(s)[None, :] - torch.arange(s - t, s)[:, None]
+        buckets = t5_buckets(distance, int(owner.num_buckets), int(owner.max_distance))
+        table: Tensor = owner.rel_attn_embed.weight.detach().double()
+        return rearrange(table[buckets], "t s h -> h t s")
+
+    def gate(m: Any, x: Tensor) -> Tensor:
+        owner = resolve(m, prefix.rstrip("."), "hf") if prefix else m
+        h = int(owner.num_heads)
+        linear = owner.gru_rel_pos_linear
+        weight, offset = linear.weight.detach().double(), linear.bias.detach().double()
+        out = einsum(rearrange(x, "b t (h d) -> b h t d", h=h), weight, "b h t d, o d -> b h t o") + offset
+        a, b = torch.sigmoid(out[..., :4].sum(-1)), torch.sigmoid(out[..., 4:].sum(-1))
+        const: Tensor = owner.gru_rel_pos_const.detach().double().reshape(1, h, 1)
+        return a * (b * const - 1.0) + 2.0
+
+    return bias, gate
 
 
 def _espnet_shift(core: nn.Module) -> bool:
@@ -911,6 +999,13 @@ def _padding_only(cls: Any, mask_arg: str) -> bool:
     source = _source(cls.forward)
     return re.search(r"expected_size = \(\w+, 1, \w+\)", source) is not None and (
         f"{mask_arg}.size() != expected_size" in source)
+
+
+def _padding_ones(cls: Any, mask_arg: str) -> bool:
+    """The class reads its mask as a key padding mask ``(b, s)`` of ones (real) and zeros (WavLM's
+    ``key_padding_mask = attention_mask.ne(1)`` for ``F.multi_head_attention_forward``), any other shape refused."""
+    return any(f"key_padding_mask = {mask_arg}.ne(1)" in _source(f) for f in vars(cls).values()
+               if inspect.isfunction(f))
 
 
 def _deberta_scale(core: nn.Module) -> float | None:
@@ -1021,7 +1116,7 @@ def _rotary_arg(cls: Any) -> str | None:
     """The forward argument that carries the rotary tables: ``position_embeddings``, or a required argument of
     another name that the forward passes to its rotary apply function (Llama 4's vision ``freqs_ci``)."""
     signature = inspect.signature(cls.forward).parameters
-    if "position_embeddings" in signature:
+    if "position_embeddings" in signature and _distances_arg(cls) != "position_embeddings":
         return "position_embeddings"
     source = _source(cls.forward)
     return next((name for name, p in signature.items() if p.default is inspect.Parameter.empty
@@ -1131,7 +1226,7 @@ def _nullable(cls: Any) -> list[str]:
     source = _source(cls.forward)
     body = source.split(")", 1)[-1] if source else ""
     return [n for n, p in list(signature.items())[2:] if p.default is inspect.Parameter.empty
-            and n not in _PROVIDED and n not in ("attention_mask", "mask")
+            and n not in _PROVIDED and n not in ("attention_mask", "mask") and n != _distances_arg(cls)
             and (re.search(rf"\bif {n} is None:", source) is not None or _passed_on(body, n))]
 
 
@@ -1166,7 +1261,8 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append("forward takes optional position_embeddings and its module has no rotary class (DETR-style "
                      "embeddings added to the inputs): audited with none passed, so what they add is not tested")
     elif ("position_embeddings" in signature and (_xl_names(module) or ("",) * 4)[3] != "position_embeddings"
-            and hf_spec(module).rotary is None and not _heads_as_positions(type(module))):
+            and hf_spec(module).rotary is None and not _heads_as_positions(type(module))
+            and _distances_arg(type(module)) != "position_embeddings"):
         notes.append("forward takes position_embeddings and ignores them with this config (audited without "
                      "positions)")
     forward_params = list(signature)[1:4]
@@ -1235,6 +1331,21 @@ def hf_notes(module: nn.Module) -> list[str]:
     if _relative_keys(module, "") is not None and _espnet_shift(module):
         notes.append("Transformer-XL relative terms on the audit's own table (seeded rows for distances t-1 .. 1-t, "
                      "passed as pos_emb): its encoder's sinusoidal table is not tested")
+    if _shaw_blocks(module):
+        notes.append(f"block-local attention built with blocks of {module.context_size} tokens (its "
+                     f"models' 200 or 128), so that the audit's sequences span several blocks; Shaw's relative keys "
+                     f"on the distances its encoder computes (clamp(i - j, -c, c) + the table's middle row)")
+    if _padding_ones(type(module), "attention_mask"):
+        notes.append("forward takes only a key padding mask (b, s) of ones and zeros (key_padding_mask = "
+                     "attention_mask.ne(1)) and refuses the audit's (b, 1, t, s) masks: audited without masks, so its "
+                     "padding is not tested")
+    if _gated_bias(module, "") is not None:
+        notes.append("its gated relative position bias as the first layer computes it (rel_attn_embed); its model's "
+                     "later layers are passed the first layer's bias (position_bias), which the audit does not pass")
+    if _shaw_blocks(module) and "attention_mask" in inspect.signature(type(module).forward).parameters:
+        notes.append("forward takes only a key padding mask (b, s), reshaped into its blocks, and no mask of the "
+                     "audit's (b, 1, t, s) form: audited without masks, so its padding is not tested (the padding "
+                     "of the last block it adds itself is)")
     if _heads_as_positions(type(module)):
         notes.append("its model passes the head index as the rotary position (position_ids = arange(num_heads), "
                      "cos/sin unsqueezed at dim 2): each head is turned by one angle at every position, the turn "
@@ -1284,7 +1395,8 @@ def hf_limits(module: nn.Module) -> list[str]:
             *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or "",
             *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ()),
             *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ()),
-            *(("distance_embedding", relative.proj or "") if relative is not None else ())}
+            *(("gru_rel_pos_linear", "rel_attn_embed") if _gated_bias(module, "") is not None else ()),
+            *(("distance_embedding", "rel_pos_emb", relative.proj or "") if relative is not None else ())}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity) and not type(child).__name__.endswith(
@@ -1299,9 +1411,11 @@ def hf_limits(module: nn.Module) -> list[str]:
     if gate is not None and gate.bias is not None:
         own |= {gate.bias}
     if relative is not None:
-        own |= {relative.query_bias or "", relative.content_bias or ""}
+        own |= {relative.query_bias or "", relative.content_bias or "", "emb_rel_k", "emb_rel_v"}
     if _separate_biases(module):
         own |= {"q_bias", "v_bias"}
+    if _gated_bias(module, "") is not None:
+        own |= {"gru_rel_pos_const"}
     if _decomposed(module) is not None:
         own |= {"rel_pos_h", "rel_pos_w"}
     if _differential(module) is not None:
@@ -1433,7 +1547,15 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # a required output_attentions (SqueezeBERT's): False, as its model passes it by default
     flags = [n for n in ("output_attentions",) if n in signature and signature[n].default is inspect.Parameter.empty]
     rotary_arg = _rotary_arg(cls)
-    unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg)
+    distances_arg = _distances_arg(cls) if _shaw_blocks(core) else None
+    if distances_arg is not None and mask_arg in signature:
+        # Granite Speech 5: a key padding mask (b, s) only, reshaped into its blocks: no mask of the audit's
+        # (b, 1, t, s) form reaches it, so it is audited without masks (named in hf_notes)
+        takes_mask = False
+    if _padding_ones(cls, mask_arg):
+        takes_mask = False
+    unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg,
+                                                            distances_arg)
                and n not in _PROVIDED and n not in nullable and n not in flags
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
@@ -1617,6 +1739,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             kwargs["rel_embeddings"] = disentangled.table(m).to(x.dtype)
             if disentangled.form == "v1":  # its encoder's distances i - j too (v1 adds no term without them)
                 kwargs["relative_pos"] = (torch.arange(x.shape[1])[:, None] - torch.arange(x.shape[1]))[None]
+        if distances_arg is not None:  # Granite Speech's block distances, as its encoder computes them
+            kwargs[distances_arg] = _block_distances(m)
         if "shared_kv_states" in signature:  # Gemma 4's key/value sharing: a layer that owns its keys and values
             kwargs["shared_kv_states"] = {}
         if "height" in signature and "width" in signature:  # an image of one row of t patches (SegFormer)
@@ -1722,6 +1846,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
 
         frequencies = twice
     position_bias = relative_bias(layout.core) if layout.relative_bias else None
+    wavlm = _gated_bias(core, layout.core)
+    if wavlm is not None:
+        position_bias = wavlm[0]
     lengths = _HF.lengths
     if window_table is not None:
         table_path, window_size = window_table
@@ -1744,10 +1871,11 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
                 if (takes_rotary or internal) and theta is not None and not heads else None),
         decode=decode if cache_arg is not None and self_attention and _decodes(core) else None,
         build=lambda c, overrides: hf_build(c, overrides, cross=memory_arg is not None),
-        position_bias=position_bias,
+        position_bias=position_bias, position_gate=None if wavlm is None else wavlm[1],
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
         q_norm=q_norm, k_norm=k_norm, v_norm=_v_norm(core, layout.core),
         window=None if window is None else int(window),
+        blocks=f"{layout.core}context_size" if distances_arg is not None else None,
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,

@@ -229,15 +229,24 @@ def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (No
                                                _forward_source(type(core))):
             v = k  # Gemma 4's attention_k_eq_v: the values are the keys' projection (before k_norm, then v_norm)
         fused = None if q and k and v else next((n for n in _FUSED if _projection(core, n)), None)
+        if q and k is None and v is None and fused is None and _projection(core, "to_kv"):
+            break  # a query projection and a fused [k; v] one (Granite Speech's to_q and to_kv)
         if (q and k and v) or fused:
             break
     else:
         raise AuditUsageError(f"{type(module).__qualname__}: no query/key/value projections (looked for "
                               f"{'/'.join(_Q)}, {'/'.join(_K)}, {'/'.join(_V)} or a fused {'/'.join(_FUSED)}, in "
                               f"the class and its children)")
+    kv_fused = q is not None and k is None and v is None and fused is None
+    if kv_fused:
+        k = v = "to_kv"
     used = {n.split(".")[0] for n in (q, k, v, fused) if n}
     out = _output(module, core, prefix, used)
     heads, kv, head_dim, scale = _sizes(core, prefix, _width(core, q) if q else None)
+    if kv_fused:
+        return Layout(prefix, prefix + str(q), prefix + "to_kv", prefix + "to_kv", None, out, False, heads, kv,
+                      head_dim, scale, norms=_norms(module, prefix, qk_norms),
+                      weights=_kv_weights(prefix + str(q), prefix + "to_kv", out, heads, scale))
     if kv is not None and kv.endswith("config.num_key_value_heads") and q and k and _width(core, q) == _width(core, k):
         kv = None  # a config field the class never reads (Whisper-like audio encoders): keys as wide as queries
     first = core.get_submodule(fused or q or "")
@@ -295,6 +304,29 @@ def _codegen_weights(prefix: str, fused: str, out: str | None, groups: int) -> C
         return Weights(q, k, v, None if o is None else o.weight.detach().double(), None, None, None,
                        None if o is None or o.bias is None else o.bias.detach().double(), h, h, d, d,
                        float(getattr(core, "scaling", d ** -0.5)))
+
+    return read
+
+
+def _kv_weights(q: str, kv: str, out: str | None, heads: str, scale: float | str | None) -> Callable[[Any], Any]:
+    """A query projection and a fused key/value one whose output is ``[k; v]`` (Granite Speech's ``to_kv(x).chunk(2,
+    dim=-1)``), each ``(h d)`` wide."""
+
+    def read(m: Any) -> Any:
+        from ._modules import Weights, resolve
+
+        def linear(path: str) -> tuple[Tensor, Tensor | None]:
+            layer = resolve(m, path, "hf")
+            return layer.weight.detach().double(), None if layer.bias is None else layer.bias.detach().double()
+
+        (wq, bq), (wkv, bkv) = linear(q), linear(kv)
+        wk, wv = wkv.chunk(2, dim=0)
+        bk, bv = (None, None) if bkv is None else bkv.chunk(2, dim=0)
+        wo, bo = (None, None) if out is None else linear(out)
+        h = int(resolve(m, heads, "hf"))
+        d = wq.shape[0] // h
+        factor = d ** -0.5 if scale is None else float(scale if isinstance(scale, float) else resolve(m, scale, "hf"))
+        return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, h, d, wv.shape[0] // h, factor)
 
     return read
 

@@ -307,13 +307,19 @@ class RelativeKeys:
     the linear map at ``proj``: Transformer-XL's ``linear_pos``), ``row(i, j)`` given by ``rows(t, s)``, and ``c``
     the ``(h, d)`` parameter at ``query_bias`` (Transformer-XL's ``pos_bias_v``; none for Shaw's). Transformer-XL's
     content logits use ``q + u`` (``content_bias``: ``pos_bias_u``). The module reads its table itself (Shaw's
-    ``distance_embedding``) or is passed the one ``table`` gives (the conformers' sinusoids, from their encoder)."""
+    ``distance_embedding``) or is passed the one ``table`` gives (the conformers' sinusoids, from their encoder).
+
+    ``values``: Shaw's relative values too (VITS): a table ``V (n, dv)`` shared by the heads, read at the same rows,
+    each output gaining the rows its attention weights pick,
+
+        ``o_i = sum_j p_ij (v_j + V[row(i, j)])``."""
 
     table: Callable[[Any], Tensor]
     rows: Callable[[int, int], Tensor]
     proj: str | None = None
     query_bias: str | None = None
     content_bias: str | None = None
+    values: Callable[[Any], Tensor] | None = None
 
 
 def log_bucket(distance: Int[Tensor, "*shape"], buckets: int, max_position: int) -> Int[Tensor, "*shape"]:
@@ -424,7 +430,14 @@ class ModuleSpec:
     module_type: str = ""
     memory: bool = False
     position_bias: PositionBias | None = None
+    #: a gate on the position bias (WavLM's gated relative position bias): ``position_gate(module, x) -> (b, h, t)``
+    #: from the query input ``x (b, t, e)`` in float64, each query row's bias of each head multiplied by its factor
+    position_gate: Callable[[Any, Tensor], Tensor] | None = None
     window: int | str | None = None
+    #: block-local attention (Granite Speech's conformers): the sequence cut into consecutive blocks of that many
+    #: tokens (a number or attribute path) from the first, each query seeing only the keys of its own block
+    #: (:func:`block_mask`; self-attention)
+    blocks: int | str | None = None
     q_norm: str | None = None
     k_norm: str | None = None
     #: a norm on each value head (Gemma 3n's and Gemma 4's ``v_norm``, an RMSNorm without a weight), as the q/k norms
@@ -758,6 +771,23 @@ def additive_mask(keep: Bool[Tensor, "*shape"] | None, dtype: torch.dtype, fill:
 additive_mask = typechecked(additive_mask)
 
 
+def block_mask(t: int, s: int, size: int) -> Bool[Tensor, "{t} {s}"]:
+    """Block-local attention: query ``i`` sees key ``j`` when both lie in the same block of ``size`` consecutive
+    positions, ``i // size == j // size`` (self-attention: ``t = s``)."""
+    return (torch.arange(t)[:, None] // size) == (torch.arange(s)[None, :] // size)
+
+
+def t5_buckets(distance: Int[Tensor, "*shape"], buckets: int, max_distance: int) -> Int[Tensor, "*shape"]:
+    """T5's bidirectional relative-position buckets (Raffel et al., 2020; WavLM's too) of ``distance = j - i``: half
+    the ``buckets`` per sign (``n = buckets // 2``, positive distances from ``n``), exact below ``m = n // 2``, beyond
+    it ``min(m + floor(log(|x| / m) / log(max_distance / m) * (n - m)), n - 1)``."""
+    n = buckets // 2
+    half = n // 2
+    size = distance.abs()
+    far = half + torch.floor(torch.log(size.double().clamp(min=1) / half) / math.log(max_distance / half) * (n - half))
+    return (distance > 0).long() * n + torch.where(size < half, size, far.long().clamp(max=n - 1))
+
+
 def with_causal(keep: KeepMask | None, is_causal: bool, t: int, s: int) -> KeepMask | None:
     """``keep`` ANDed with our bottom-right causal mask (for modules whose causality is a mask argument):
     :func:`~typed_transformer.merge_causal`, always 4-D ``(#b, #h, t, s)``."""
@@ -811,8 +841,8 @@ class ModuleAdapter:
     per dtype, in eval mode); the reference uses its weights in float64."""
 
     kind: Literal["function", "module"] = "module"
-    __shape_checked__ = ("call", "bias", "with_content", "visible", "reference", "logit_bound", "logits", "rows",
-                         "decode", "fast_path")
+    __shape_checked__ = ("call", "bias", "gated", "with_content", "visible", "reference", "logit_bound", "logits",
+                         "rows", "decode", "fast_path")
 
     def __init__(self, module: nn.Module, spec: ModuleSpec, *, conventions: Conventions | None = None,
                  name: str | None = None) -> None:
@@ -891,6 +921,14 @@ class ModuleAdapter:
         if isinstance(window, str):
             window = resolve(self.original, window, spec.name)  # None: this module has no window
         self.window: int | None = None if window is None else int(window)
+        blocks = spec.blocks
+        if isinstance(blocks, str):
+            blocks = resolve(self.original, blocks, spec.name)
+        #: the block size of block-local attention (None: none)
+        self.blocks: int | None = None if blocks is None else int(blocks)
+        if self.blocks is not None and not self.conventions.self_attention:
+            raise AuditUsageError(f"spec {spec.name!r}: block-local attention cuts the queries and the keys into the "
+                                  f"same blocks, so it needs self-attention")
         self.norms: dict[str, Callable[[Tensor], Tensor]] = {}
         for which, path in (("q", spec.q_norm), ("k", spec.k_norm), ("v", spec.v_norm)):
             norm = None if path is None else _norm(self.original, path, spec)
@@ -933,12 +971,20 @@ class ModuleAdapter:
         self.relative_keys: tuple[Tensor, Tensor | None] | None = None
         if spec.relative_keys is not None:
             self.relative_keys = _relative_keys(self.original, spec, spec.relative_keys, w.h)
+        #: Shaw's relative values ``V (n, dv)`` in float64 (None: none)
+        self.relative_values: Tensor | None = None
+        if spec.relative_keys is not None and spec.relative_keys.values is not None:
+            self.relative_values = spec.relative_keys.values(self.original).detach().double()
+            if self.relative_values.ndim != 2 or self.relative_values.shape[1] != w.dv:
+                raise AuditUsageError(f"spec {spec.name!r}: relative_keys.values gave shape "
+                                      f"{tuple(self.relative_values.shape)}, expected (n, {w.dv})")
         positional = [what for what, present in (("rotary positions", self.rotary is not None),
                                                   ("a position bias", spec.position_bias is not None
                                                    or spec.alibi is not None or spec.decomposed is not None
                                                    or spec.disentangled is not None
                                                    or spec.relative_keys is not None),
-                                                  ("a sliding window", self.window is not None)) if present]
+                                                  ("a sliding window", self.window is not None),
+                                                  ("blocks of keys", self.blocks is not None)) if present]
         self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
         self._setup: str | None = None
@@ -1047,7 +1093,18 @@ class ModuleAdapter:
                                   f"{tuple(bias.shape)}, expected (1 or {self.weights.h}, {t}, {s})")
         return (bias if alibi is None else bias + alibi.to(dtype))[None]
 
-    def with_content(self, bias: Float[Tensor, "1 #h t s"] | None, q: Float[Tensor, "b h t d"],
+    def gated(self, bias: Float[Tensor, "1 #h t s"] | None, x: Float[Tensor, "b t e"]
+              ) -> Float[Tensor, "#b #h t s"] | None:
+        """``bias`` times the spec's position gate ``(b, h, t)`` of the query input ``x`` (none: ``bias``)."""
+        if bias is None or self.spec.position_gate is None:
+            return bias
+        gate = self.spec.position_gate(self.original, x.double()).to(bias.dtype)
+        if gate.shape != (x.shape[0], self.weights.h, x.shape[1]):
+            raise AuditUsageError(f"spec {self.spec.name!r}: position_gate gave shape {tuple(gate.shape)}, expected "
+                                  f"({x.shape[0]}, {self.weights.h}, {x.shape[1]})")
+        return bias * gate[..., None]
+
+    def with_content(self, bias: Float[Tensor, "#b #h t s"] | None, q: Float[Tensor, "b h t d"],
                      k: Float[Tensor, "b g s d"]) -> Float[Tensor, "#b #h t s"] | None:
         """``bias`` plus the terms that depend on the queries ``q`` and keys ``k``: decomposed relative positions,
         DeBERTa's disentangled terms (when the spec has them)."""
@@ -1083,11 +1140,14 @@ class ModuleAdapter:
         """``(keep, is_causal)`` with the sliding window and the module's extra key positions applied (the
         returned mask covers the ``s`` keys and the appended ones)."""
         w = self.weights
-        if self.window is None and w.extra_k is None:
+        if self.window is None and self.blocks is None and w.extra_k is None:
             return keep, is_causal
         keep = effective_keep(keep, is_causal, t, s, self.conventions)
         if self.window is not None:
             inside = window_mask(t, s, self.window)[None, None]
+            keep = inside if keep is None else keep & inside
+        if self.blocks is not None:
+            inside = block_mask(t, s, self.blocks)[None, None]
             keep = inside if keep is None else keep & inside
         if w.extra_k is not None and keep is not None:
             keep = torch.cat([keep, keep.new_ones(*keep.shape[:-1], w.extra_k.shape[0])], dim=-1)
@@ -1098,17 +1158,23 @@ class ModuleAdapter:
         q, k, v = self._project(ins, dtype)
         t, s = q.shape[2], ins[1].shape[1]
         keep, is_causal = self.visible(keep, is_causal, t, s)
-        bias = self.with_content(self.bias(t, s, dtype), q, k[:, :, :s])
+        bias = self.with_content(self.gated(self.bias(t, s, dtype), ins[0]), q, k[:, :, :s])
         if bias is not None and self.weights.extra_k is not None:
             bias = torch.cat([bias, bias.new_zeros(*bias.shape[:-1], self.weights.extra_k.shape[0])], dim=-1)
         w = self.weights
         if self.differential is not None:  # key/value head j carries the value of its differential head
             half = torch.arange(w.g) % (w.g // 2)
             v = torch.cat([v[:, half], v[:, half + w.g // 2]], dim=-1)
+        dv = v.shape[-1]
+        if self.relative_values is not None:  # the weights p too, as the attention of one-hot values
+            v = torch.cat([v, torch.eye(v.shape[2], dtype=v.dtype).expand(*v.shape[:2], -1, -1)], dim=-1)
         # softmax_dtype: a variant the diagnosis tries, the softmax in a lower precision as many libraries compute it
         out = reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions, bias=bias,
                                   softcap=self.softcap, sinks=None if w.sinks is None else w.sinks.to(dtype),
                                   softmax_dtype=self.softmax_dtype)
+        if self.relative_values is not None and self.spec.relative_keys is not None:  # o_i += sum_j p_ij V[row(i, j)]
+            table = self.relative_values.to(dtype)[self.spec.relative_keys.rows(t, s)]
+            out = out[..., :dv] + einsum(out[..., dv:dv + s], table, "b h t s, t s d -> b h t d")
         if self.differential is not None:
             lam, _ = self.differential
             out = out[:, :w.h // 2] - lam * out[:, w.h // 2:]
@@ -1142,7 +1208,7 @@ class ModuleAdapter:
         logits = einsum(grouped, k, "b g r t d, b g s d -> b g r t s") * self.weights.scale
         logits = rearrange(logits, "b g r t s -> b (g r) t s")[..., :ins[1].shape[1]]  # not the extra positions
         s = ins[1].shape[1]
-        bias = self.with_content(self.bias(q.shape[2], s, torch.float64), q, k[:, :, :s])
+        bias = self.with_content(self.gated(self.bias(q.shape[2], s, torch.float64), ins[0]), q, k[:, :, :s])
         return logits if bias is None else logits + bias
 
     def rows(self, keep: KeepMask, example: Example) -> Bool[Tensor, "b t 1"]:
@@ -1152,6 +1218,8 @@ class ModuleAdapter:
             return torch.ones(example.b, example.t, 1, dtype=torch.bool)
         if self.window is not None:
             keep = keep & window_mask(example.t, example.s, self.window)
+        if self.blocks is not None:
+            keep = keep & block_mask(example.t, example.s, self.blocks)
         return rearrange(keep.any(dim=-1).all(dim=1).expand(example.b, example.t), "b t -> b t 1")
 
     def decode(self, ins: ModuleInputs, dtype: torch.dtype) -> CandidateOutput | None:

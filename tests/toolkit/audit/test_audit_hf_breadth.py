@@ -105,11 +105,12 @@ def test_an_eager_function_that_never_applies_the_mask_is_named_as_the_cause() -
 
 
 def test_parameters_of_the_class_the_spec_does_not_read_are_named() -> None:
-    """VITS adds windowed relative embeddings to its keys and values from parameters of its own: named, not
-    audited (TimesFM's learned query scale is read)."""
+    """A parameter of the class the spec does not read (one planted in a VITS, whose windowed relative embeddings
+    are read): named, not audited (TimesFM's learned query scale is read)."""
     module = hf_build(_class("vits", "VitsAttention"))
-    assert hf_limits(module) == ["parameter 'emb_rel_k' the spec does not read",
-                                 "parameter 'emb_rel_v' the spec does not read"]
+    assert hf_limits(module) == []
+    module.planted = torch.nn.Parameter(torch.ones(3))
+    assert hf_limits(module) == ["parameter 'planted' the spec does not read"]
     assert hf_limits(hf_build(_class("timesfm", "TimesFmAttention"))) == []
     assert hf_limits(hf_build(_class("gpt_oss", "GptOssAttention"))) == []  # its sinks are read
     assert hf_limits(hf_build(_class("sam", "SamVisionAttention"))) == []  # its decomposed tables are read
