@@ -460,7 +460,8 @@ def _rope_theta(module: nn.Module) -> float | None:
 
 
 #: the second argument that makes a class cross-attention over one memory tensor (keys and values from it)
-_MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_states", "context", "to_tensor")
+_MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_states", "context", "to_tensor",
+                "context_hidden_states")
 #: the first three forward parameters of a class that takes queries, keys and values as separate inputs
 _SEPARATE = {("query", "key", "value"), ("queries", "keys", "values"), ("q", "k", "v"),
              ("query_tensor", "key_tensor", "value_tensor")}
@@ -976,6 +977,21 @@ def _cosine(core: nn.Module) -> bool:
         type(core).forward)
 
 
+def _keys_with_input(core: nn.Module, layout: Layout, memory_arg: str | None) -> bool:
+    """Keys and values over the memory followed by the input's own tokens, the queries from the input alone
+    (Idefics2's perceiver resampler: ``hidden_states = torch.concat([context, latents], dim=-2)``, then
+    ``keys = self.k_proj(hidden_states)`` and ``values = self.v_proj(hidden_states)``)."""
+    forward: Any = type(core).forward
+    first = next(iter(list(inspect.signature(forward).parameters)[1:]), None)
+    if memory_arg is None or first is None or layout.k is None or layout.v is None:
+        return False
+    source = _source(forward)
+    found = re.search(rf"(\w+) = torch\.(?:cat|concat)\(\[{memory_arg}, {first}\], dim=(?:-2|1)\)\n", source)
+    k, v = (str(p).rsplit(".", 1)[-1] for p in (layout.k, layout.v))
+    return found is not None and all(f"= self.{n}({found.group(1)})" in source for n in (k, v)) and (
+        f"self.{k}({memory_arg})" not in source)
+
+
 def _split_scale(module: nn.Module) -> float | None:
     """The logit scale of a class that multiplies its queries and its keys each by ``scaling`` and calls its
     attention function with ``scaling=1.0`` (OpenAI's privacy filter: ``d^-1/4`` twice): ``scaling**2``."""
@@ -1245,6 +1261,20 @@ def hf_notes(module: nn.Module) -> list[str]:
     if _relative_keys(module, "") is not None and _espnet_shift(module):
         notes.append("Transformer-XL relative terms on the audit's own table (seeded rows for distances t-1 .. 1-t, "
                      "passed as pos_emb): its encoder's sinusoidal table is not tested")
+    core = _core_of(module)
+    layout = None
+    with contextlib.suppress(AuditUsageError):
+        layout = find_layout(module, _norm_paths(module))
+    memory_arg = _memory_arg(module, core, signature, None)
+    if layout is not None and _keys_with_input(core, layout, memory_arg):
+        window = getattr(core, "sliding_window", None)
+        if window is not None:
+            notes.append(f"keys over its memory and its input: the sliding window of {window} keys (its model's "
+                         f"bidirectional sliding-window mask, over absolute positions) is not applied by the audit "
+                         f"and is not tested")
+        if any(n in signature for n in ("cache", "past_key_values", "past_key_value")):
+            notes.append("keys over its memory and its input: audited in one call without a cache, so its cache "
+                         "path is not tested")
     if _heads_as_positions(type(module)):
         notes.append("its model passes the head index as the rotary position (position_ids = arange(num_heads), "
                      "cos/sin unsqueezed at dim 2): each head is turned by one angle at every position, the turn "
@@ -1489,6 +1519,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         takes_rotary, own_tables, rotary_class = False, False, None
     # Swin's windows: every sequence is one window of Wh x Ww tokens, with a mask per window shared by the heads
     window_table = _window_table(module)
+    with_input = _keys_with_input(core, layout, memory_arg)
     # a mask of ones (attend) and zeros (masked) of shape (b, t, s), which the forward turns into its own fill
     # (XLM's and FlauBERT's ``(mask == 0).view(mask_reshape)``), not an additive (b, 1, t, s) one
     ones_zeros = re.search(rf"\({mask_arg} == 0\)", source) is not None
@@ -1666,6 +1697,16 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             assert value is not None
             masks = {mask_arg: mask_for(m, x, key.shape[1], keep, is_causal)} if takes_mask else {}
             return invoke(m, x, key, value, **masks, **positions(x, 0))
+        if memory_arg is not None and with_input:  # its model's mask: the memory's, then ones for the input's keys
+            assert key is not None
+            t, s = x.shape[1], key.shape[1]
+            over = with_causal(keep, is_causal, t, s)
+            over = torch.ones(1, 1, t, s, dtype=torch.bool) if over is None else over
+            over = torch.cat([over, over.new_ones(*over.shape[:-1], t)], dim=-1)
+            masks = {memory_mask: mask_for(m, x, s + t, over, False)} if takes_mask else {}
+            if takes_rotary:  # tables for the s + t keys, the queries' the last t (MuseGlimmerAssistant's)
+                masks[rotary_arg or ""] = rotary(m, torch.cat([key, x], dim=1), 0)
+            return invoke(m, x, **{memory_arg: key}, **masks, **positions(x, 0))
         if memory_arg is not None:
             assert key is not None
             masks = {memory_mask: mask_for(m, x, key.shape[1], keep, is_causal)} if takes_mask else {}
@@ -1707,7 +1748,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     width = _input_width(module, layout)
     residual = has_residual(module, layout, lambda m, x: forward(m, x, x, x, None, False), width)
     try:
-        ignored = takes_rotary and not heads and _ignores_rotary(module, call, width, rotary_arg or "")
+        # (a class whose keys are over its memory and its input always turns them: its call needs the memory)
+        ignored = takes_rotary and not heads and not with_input and _ignores_rotary(module, call, width,
+                                                                                    rotary_arg or "")
     except Exception as err:
         raise AuditUsageError(f"{cls.__qualname__}: not of the common shape (a call on (b, t, e) tokens with 1-D "
                               f"rotary tables raised {type(err).__name__}: {str(err).splitlines()[0][:100]})") from err
@@ -1757,11 +1800,13 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         position_bias=position_bias,
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
         q_norm=q_norm, k_norm=k_norm, v_norm=_v_norm(core, layout.core),
-        window=None if window is None else int(window),
+        # (keys over memory and input: its model's mask holds any window, bidirectional, over absolute positions)
+        window=None if window is None or with_input else int(window),
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
-        decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys)
+        decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys,
+        keys_with_input=with_input)
     if _cosine(core):  # Swin v2: unit queries and keys, a learned scale per head (clamped at 100)
         scale_path = f"{layout.core}logit_scale"
 

@@ -1,0 +1,104 @@
+"""Hugging Face classes whose keys and values are over their memory followed by their own input (``keys_with_input``:
+Idefics2's perceiver resampler, MuseGlimmerAssistant's drafter) audited with zero lines of spec, and planted bugs in
+that feature failing ``reference``."""
+
+import dataclasses
+import importlib
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from typed_transformer.audit import audit_module
+from typed_transformer.audit._hf import hf_build, hf_limits, hf_notes, hf_spec
+from typed_transformer.audit._modules import ModuleAdapter
+from typed_transformer.strategies import randomize_parameters
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+
+QUICK: dict[str, Any] = {"budget": "quick", "max_examples": 3, "dtypes": (torch.float32,), "seed": 0}
+
+
+def _modeling(model: str) -> Any:
+    return importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+
+
+def _built(model: str, name: str) -> torch.nn.Module:
+    module: torch.nn.Module = randomize_parameters(hf_build(getattr(_modeling(model), name)), 0)
+    return module
+
+
+@pytest.mark.parametrize(("model", "name", "rotary"), [
+    ("idefics2", "Idefics2PerceiverAttention", None),  # concat([context, latents]): keys over both
+    ("muse_glimmer_assistant", "MuseGlimmerAssistantAttention", "half"),  # context then window, turned at 0..s+t-1
+])
+def test_keys_over_memory_and_input_pass(model: str, name: str, rotary: str | None) -> None:
+    module = _built(model, name)
+    spec = hf_spec(module)
+    assert spec.memory and spec.keys_with_input
+    assert (spec.rotary.style if spec.rotary else None) == rotary
+    assert spec.window is None  # Muse's window is its model's mask's (a note says so)
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert hf_limits(module) == []
+    assert any("keys over its memory and its input" in n for n in hf_notes(module))
+
+
+def test_the_reference_appends_the_inputs_keys_visible() -> None:
+    """The reference is the class's own computation: its keys over ``[context; latents]`` with the model's mask (the
+    context's keep-mask, then ones), against the class called as its resampler calls it."""
+    module = _built("idefics2", "Idefics2PerceiverAttention").double().eval()
+    spec = hf_spec(module)
+    adapter = ModuleAdapter(module, spec)
+    g = torch.Generator().manual_seed(1)
+    latents, context = torch.randn(2, 3, 16, dtype=torch.float64, generator=g), torch.randn(2, 5, 16,
+                                                                                           dtype=torch.float64,
+                                                                                           generator=g)
+    keep = torch.ones(2, 1, 3, 5, dtype=torch.bool)
+    keep[0, :, :, 3:] = False  # the first context padded after 3 tokens
+    mask = torch.cat([keep, torch.ones(2, 1, 3, 3, dtype=torch.bool)], dim=-1)
+    additive = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, torch.finfo(torch.float64).min)
+    with torch.no_grad():
+        out = module(latents, context, attention_mask=additive)[0]
+    ref = adapter.reference((latents, context, context), keep, False, torch.float64)
+    # (its eager softmax runs in float32, even on float64 logits)
+    assert float((out - ref).abs().max()) <= 1e-6 * float(ref.abs().max())
+    plain = ModuleAdapter(module, dataclasses.replace(spec, keys_with_input=False))  # keys over the context alone
+    assert float((out - plain.reference((latents, context, context), keep, False, torch.float64)).abs().max()) > 1e-2
+
+
+def test_a_resampler_that_drops_its_context_fails() -> None:
+    """Keys over ``[zeros; latents]`` (the context never reaching the keys): ``reference`` fails."""
+    module = _built("idefics2", "Idefics2PerceiverAttention")
+    spec = hf_spec(module)
+    base = type(module)
+
+    class NoContext(base):  # type: ignore[misc, valid-type]
+        def forward(self, latents: Tensor, context: Tensor, *args: Any, **kwargs: Any) -> Any:
+            return super().forward(latents, torch.zeros_like(context), *args, **kwargs)
+
+    module.__class__ = NoContext
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert not report.passed
+    assert report.status("reference") == "FAIL"
+
+
+def test_a_drafter_that_turns_its_queries_at_the_contexts_positions_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Queries turned by the tables' first ``t`` rows (the context's positions) instead of their last: ``reference``
+    fails."""
+    modeling = _modeling("muse_glimmer_assistant")
+    module = _built("muse_glimmer_assistant", "MuseGlimmerAssistantAttention")
+    spec = hf_spec(module)
+
+    def first_rows(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1) -> tuple[Tensor, Tensor]:
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        n = q.size(-2)
+        turned = q * cos[..., :n, :] + modeling.rotate_half(q) * sin[..., :n, :]
+        return turned, k * cos + modeling.rotate_half(k) * sin
+
+    monkeypatch.setattr(modeling, "apply_rotary_pos_emb", first_rows)
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert not report.passed
+    assert report.status("reference") == "FAIL"
