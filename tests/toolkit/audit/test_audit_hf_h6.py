@@ -36,7 +36,8 @@ def _built(model: str, name: str) -> torch.nn.Module:
 def test_keys_over_memory_and_input_pass(model: str, name: str, rotary: str | None) -> None:
     module = _built(model, name)
     spec = hf_spec(module)
-    assert spec.memory and spec.keys_with_input
+    assert spec.memory
+    assert spec.keys_with_input
     assert (spec.rotary.style if spec.rotary else None) == rotary
     assert spec.window is None  # Muse's window is its model's mask's (a note says so)
     report = audit_module(module, spec, conventions="infer", **QUICK)
