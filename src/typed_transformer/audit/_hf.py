@@ -787,6 +787,9 @@ def _boolean_mask(core: nn.Module, mask_arg: str) -> bool:
     forward = _source(type(core).forward)
     if re.search(rf"~\s*\(?\s*{mask_arg}\b|{mask_arg}\.bool\(\)|{mask_arg}\.logical_not\(\)", forward):
         return True
+    # CPM-Ant's masked_fill(score, attention_mask.view(...) == torch.tensor(False), -inf)
+    if re.search(rf"\b{mask_arg}\.view\([^)]*\) == torch\.tensor\(False\)", forward):
+        return True
     applied = re.findall(rf"(\w+)\.apply\([^)]*\b{mask_arg}\b", forward)
     modeling = _modeling(type(core))
     return any(re.search(r"~\s*\(?\s*\w+\.to\(torch\.bool\)", _source(getattr(getattr(modeling, name, None),
@@ -1143,8 +1146,12 @@ def _added_biases(core: nn.Module) -> list[str]:
     source = _source(type(core).forward)
     signature = inspect.signature(type(core).forward).parameters
     found = re.findall(r"\b\w*scores\w* \+= (\w+)\n", source)
+    # a required bias added as ``score = score + position_bias`` (CPM-Ant's segment-relative bias)
+    required = [n for n in re.findall(r"\b(\w*score\w*) = \1 \+ (\w+)\n", source)
+                if n[1] in signature and signature[n[1]].default is inspect.Parameter.empty]
     return [n for n in dict.fromkeys(found) if n in signature and signature[n].default is None
-            and n not in _PROVIDED and n not in ("attention_mask", "mask")]
+            and n not in _PROVIDED and n not in ("attention_mask", "mask")] + [
+        n for _, n in required if n not in _PROVIDED and n not in ("attention_mask", "mask")]
 
 
 def _nullable(cls: Any) -> list[str]:
@@ -1327,8 +1334,9 @@ def hf_limits(module: nn.Module) -> list[str]:
             *((_xl_names(module) or ())[:1])}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
-        if name not in read and not isinstance(child, nn.Dropout | nn.Identity) and not type(child).__name__.endswith(
-                "Dropout"):
+        # (a softmax over the keys as a module of its own: CPM-Ant's nn.Softmax(dim=-1))
+        inert = isinstance(child, nn.Dropout | nn.Identity) or (isinstance(child, nn.Softmax) and child.dim == -1)
+        if name not in read and not inert and not type(child).__name__.endswith("Dropout"):
             limits.append(f"submodule {name!r} ({type(child).__name__}) the spec does not read")
     # parameters of the class itself (attention sinks, differential lambdas, decomposed relative position tables)
     own = {"sinks"} if _sinks(module) is not None else set()
@@ -1474,7 +1482,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     flags = [n for n in ("output_attentions",) if n in signature and signature[n].default is inspect.Parameter.empty]
     rotary_arg = _rotary_arg(cls)
     unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg)
-               and n not in _PROVIDED and n not in nullable and n not in flags
+               and n not in _PROVIDED and n not in nullable and n not in flags and n not in added
+               and n != "hidden_kv"
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
         raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
@@ -1502,7 +1511,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # a self-attention class that takes its input again as required key (and query) arguments, as its model passes
     # it: FSMT's forward(query, key, ...) gets query=x, key=x; CTRL's forward(v, k, q, ...) gets x three times (its
     # keys and values take the queries' shape: one sequence, not separate inputs)
-    again = [n for n in params[1:3] if n in ("key", "k", "q") and signature[n].default is inspect.Parameter.empty
+    # (CPM-Ant's forward(hidden_q, hidden_kv, ...): its model passes the input as both)
+    again = [n for n in params[1:3] if n in ("key", "k", "q", "hidden_kv")
+             and signature[n].default is inspect.Parameter.empty
              ] if not separate and memory_arg is None and not rotary_self else params[1:3] if rotary_self else []
     cache_arg = next((n for n in ("cache", "past_key_values", "past_key_value") if n in signature), None)
     theta = _PACKED_THETA if own_tables and takes_rotary else _rope_theta(core)
@@ -1743,6 +1754,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         keep = keys <= i if window is None else (keys <= i) & (keys > i - int(window))
         if ones_zeros:
             return keep[None, None].expand(x.shape[0], 1, length).to(x.dtype)
+        if boolean_mask:  # True = may attend (CPM-Ant's)
+            return keep[None, None, None].expand(x.shape[0], 1, 1, length)
         return additive_mask(keep[None, None, None].expand(x.shape[0], 1, 1, length), x.dtype)
 
     width = _input_width(module, layout)

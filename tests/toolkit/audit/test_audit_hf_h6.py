@@ -103,3 +103,41 @@ def test_a_drafter_that_turns_its_queries_at_the_contexts_positions_fails(monkey
     report = audit_module(module, spec, conventions="infer", **QUICK)
     assert not report.passed
     assert report.status("reference") == "FAIL"
+
+
+def test_cpmant_with_its_input_as_keys_and_a_zero_bias_passes() -> None:
+    """CPM-Ant's forward(hidden_q, hidden_kv, attention_mask, position_bias): its layer passes its input as both,
+    a boolean mask (True = may attend), and a segment-relative bias its model computes (passed as zeros, noted);
+    its softmax is a module of its own (nn.Softmax(dim=-1)); a fully masked row gives zeros; its cache decodes."""
+    module = _built("cpmant", "CpmAntAttention")
+    spec = hf_spec(module)
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert report.status("incremental_decoding") == "PASS"
+    assert report.conventions["fully_masked"] == "zero"
+    assert hf_limits(module) == []
+    assert any("position_bias" in n and "zeros" in n for n in hf_notes(module))
+
+
+def test_cpmant_with_its_mask_the_other_way_round_fails() -> None:
+    """A CPM-Ant that fills the keys its mask allows (the polarity inverted): ``masking`` fails."""
+    module = _built("cpmant", "CpmAntAttention")
+    spec = hf_spec(module)
+    base = type(module)
+
+    class Inverted(base):  # type: ignore[misc, valid-type]
+        def forward(self, hidden_q: Tensor, hidden_kv: Tensor, attention_mask: Tensor, *args: Any,
+                    **kwargs: Any) -> Any:
+            return super().forward(hidden_q, hidden_kv, ~attention_mask, *args, **kwargs)
+
+    module.__class__ = Inverted
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert not report.passed
+    assert report.status("masking") == "FAIL"
+
+
+def test_a_softmax_module_over_another_axis_is_not_read_as_inert() -> None:
+    module = _built("cpmant", "CpmAntAttention")
+    module.softmax = torch.nn.Softmax(dim=-2)
+    assert any("'softmax'" in limit for limit in hf_limits(module))
