@@ -995,6 +995,33 @@ def _keys_with_input(core: nn.Module, layout: Layout, memory_arg: str | None) ->
         f"self.{k}({memory_arg})" not in source)
 
 
+#: the encoder tokens the audit gives a merged attention (T5Gemma 2's decoder): seeded, shared by the batch
+_MERGED_MEMORY = 3
+
+
+def _merged_memory(core: nn.Module) -> tuple[str, bool] | None:
+    """Self-attention and cross-attention merged in one softmax (T5Gemma 2's decoder: its keys
+    ``torch.cat([key_states, cross_key_states], dim=2)``, the encoder's keys projected by the same ``k_proj`` and
+    ``v_proj``, normalised by ``k_norm``, not turned): ``(memory argument, whether k_norm applies to its keys)``."""
+    source = _source(type(core).forward)
+    found = re.search(r"\bkey_states = torch\.cat\(\[key_states, (\w+)\], dim=2\)", source)
+    projected = re.search(r"\b(\w+) = self\.k_proj\((\w+)\)", source[:found.start()] if found else "")
+    arg = next((a for n, a in re.findall(r"\b(\w+) = self\.k_proj\((\w+)\)", source)
+                if found is not None and n == found.group(1)), None)
+    if found is None or projected is None or arg is None or arg not in _MEMORY_ARGS:
+        return None
+    if f"self.v_proj({arg})" not in source or "value_states = torch.cat([value_states, " not in source:
+        return None
+    normed = f"{found.group(1)} = self.k_norm({found.group(1)})" in source
+    turned = re.search(rf"apply_rotary\w*\([^)]*\b{found.group(1)}\b", source) is not None
+    return None if turned else (arg, normed)
+
+
+def _memory_tokens(width: int) -> Tensor:
+    """The audit's own encoder states for a merged attention: ``(n, width)`` seeded, float64."""
+    return torch.randn(_MERGED_MEMORY, width, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+
+
 def _split_scale(module: nn.Module) -> float | None:
     """The logit scale of a class that multiplies its queries and its keys each by ``scaling`` and calls its
     attention function with ``scaling=1.0`` (OpenAI's privacy filter: ``d^-1/4`` twice): ``scaling**2``."""
@@ -1282,6 +1309,11 @@ def hf_notes(module: nn.Module) -> list[str]:
         if any(n in signature for n in ("cache", "past_key_values", "past_key_value")):
             notes.append("keys over its memory and its input: audited in one call without a cache, so its cache "
                          "path is not tested")
+    if _merged_memory(core) is not None:
+        notes.append(f"self-attention and cross-attention merged in one softmax: audited as its decoder's "
+                     f"self-attention beside the audit's own {_MERGED_MEMORY} encoder tokens (seeded, the same for "
+                     f"every batch element, every one visible), so its encoder mask and varied encoder inputs are not "
+                     f"tested")
     if _heads_as_positions(type(module)):
         notes.append("its model passes the head index as the rotary position (position_ids = arange(num_heads), "
                      "cos/sin unsqueezed at dim 2): each head is turned by one angle at every position, the turn "
@@ -1444,8 +1476,10 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     rotary_self = (separate and "position_embeddings" in signature
                    and signature["position_embeddings"].default is inspect.Parameter.empty)
     separate = separate and not rotary_self
-    memory_arg = _memory_arg(module, core, signature, cross)
-    mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask") if n in signature), "attention_mask")
+    merged = _merged_memory(core)
+    memory_arg = None if merged is not None else _memory_arg(module, core, signature, cross)
+    mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask", "merged_attention_mask") if n in signature),
+                    "attention_mask")
     # ViT on transformers 5.0 takes forward(hidden_states), BLIP's vision attention (hidden_states, **kwargs) and
     # never reads a mask: audited without masks, as its model calls it (a mask passed would be ignored silently)
     # the vision and audio encoders of Qwen2-VL and its kin take one packed sequence ``(total, e)`` cut by
@@ -1671,6 +1705,13 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
                 kwargs["relative_pos"] = (torch.arange(x.shape[1])[:, None] - torch.arange(x.shape[1]))[None]
         if "shared_kv_states" in signature:  # Gemma 4's key/value sharing: a layer that owns its keys and values
             kwargs["shared_kv_states"] = {}
+        if merged is not None:  # the audit's encoder tokens, every one visible: the mask ends in zeros for them
+            memory = _memory_tokens(x.shape[-1]).to(x.dtype)
+            kwargs[merged[0]] = memory[None].expand(x.shape[0], -1, -1)
+            merged_mask = kwargs.get(mask_arg)
+            if isinstance(merged_mask, Tensor):
+                kwargs[mask_arg] = torch.cat([merged_mask, merged_mask.new_zeros(
+                    *merged_mask.shape[:-1], _MERGED_MEMORY)], dim=-1)
         if "height" in signature and "width" in signature:  # an image of one row of t patches (SegFormer)
             kwargs["height"], kwargs["width"] = 1, x.shape[1]
         kwargs.update(positions(x, offset))
@@ -1864,6 +1905,20 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             return dataclasses.replace(w, wv=w.wv * float(v_scale), bv=None if w.bv is None else w.bv * float(v_scale))
 
         spec = dataclasses.replace(spec, weights=scaled)
+    if merged is not None:  # T5Gemma 2: the encoder's keys and values, appended after the self keys, always visible
+        alone, k_path = spec, (k_norm if merged[1] else None)
+
+        def with_memory(m: Any) -> Weights:
+            w = spec_weights(m, alone)
+            memory = _memory_tokens(w.wk.shape[1])
+            k = memory @ w.wk.T + (0.0 if w.bk is None else w.bk)
+            v = memory @ w.wv.T + (0.0 if w.bv is None else w.bv)
+            norm = None if k_path is None else _norm(m, k_path, alone)
+            if norm is not None:
+                k = rearrange(norm(rearrange(k, "n (g d) -> 1 g n d", g=w.g)), "1 g n d -> n (g d)")
+            return dataclasses.replace(w, extra_k=k, extra_v=v)
+
+        spec = dataclasses.replace(spec, weights=with_memory)
     REBUILDS[spec] = "from typed_transformer.audit import hf_spec\nspec = hf_spec(module)"  # for repros
     return spec
 

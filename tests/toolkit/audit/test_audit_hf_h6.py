@@ -141,3 +141,54 @@ def test_a_softmax_module_over_another_axis_is_not_read_as_inert() -> None:
     module = _built("cpmant", "CpmAntAttention")
     module.softmax = torch.nn.Softmax(dim=-2)
     assert any("'softmax'" in limit for limit in hf_limits(module))
+
+
+def test_t5gemma2_merged_attention_passes_beside_the_audits_encoder_tokens() -> None:
+    """T5Gemma 2's decoder merges self- and cross-attention in one softmax: audited as self-attention (causal mask,
+    rotary, q/k norms, its cache) beside the audit's own encoder tokens, their keys k-normed and unturned."""
+    module = _built("t5gemma2", "T5Gemma2MergedAttention")
+    spec = hf_spec(module)
+    assert not spec.memory
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert report.status("incremental_decoding") == "PASS"
+    assert hf_limits(module) == []
+    assert any("merged in one softmax" in n for n in hf_notes(module))
+
+
+def test_the_merged_references_encoder_keys_are_the_classes() -> None:
+    """The reference's appended keys are the class's encoder keys: without them (or without their k_norm) the
+    reference is far from the class."""
+    module = _built("t5gemma2", "T5Gemma2MergedAttention").double().eval()
+    spec = hf_spec(module)
+    x = torch.randn(2, 4, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    adapter = ModuleAdapter(module, spec)
+    with torch.no_grad():
+        out = adapter.call((x, x, x), None, True, torch.float64)
+    ref = adapter.reference((x, x, x), None, True, torch.float64)
+    assert float((out - ref).abs().max()) <= 1e-6 * float(ref.abs().max())
+    alone = ModuleAdapter(module, dataclasses.replace(spec, weights=None))
+    assert float((out - alone.reference((x, x, x), None, True, torch.float64)).abs().max()) > 1e-2
+
+
+def test_a_merged_attention_that_turns_its_encoder_keys_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A T5Gemma 2 whose encoder keys are turned too (as if at positions 0..): ``reference`` fails."""
+    modeling = _modeling("t5gemma2")
+    module = _built("t5gemma2", "T5Gemma2MergedAttention")
+    spec = hf_spec(module)
+    norm = type(module.k_norm)
+
+    class TurningNorm(norm):  # type: ignore[misc, valid-type]
+        def forward(self, z: Tensor) -> Tensor:
+            out: Tensor = super().forward(z)
+            if z.shape[-2] == 3:  # the encoder's 3 tokens: turned by 1 radian per position and pair
+                angle = torch.arange(3, dtype=z.dtype)[:, None].expand(3, z.shape[-1] // 2)
+                cos, sin = torch.cat([angle, angle], -1).cos(), torch.cat([angle, angle], -1).sin()
+                out = out * cos + modeling.rotate_half(out) * sin
+            return out
+
+    module.k_norm.__class__ = TurningNorm
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert not report.passed
+    assert report.status("reference") == "FAIL"
