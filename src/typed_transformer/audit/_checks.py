@@ -371,6 +371,8 @@ def padding(run: Run, data: st.DataObject) -> None:
     ins = example.inputs()
     # one input, or t = s required: dropping a padded key drops that query position too
     positions = ins[1] is ins[0] or run.adapter.conventions.self_attention
+    if run.adapter.rotary is not None and getattr(getattr(run.adapter, "spec", None), "keys_with_input", False):
+        return  # the input's tokens turn at positions s.. after the memory's s keys: dropping keys moves them
     for i in range(example.b):
         real = keep[i, 0, 0].nonzero().flatten()
         if len(real) < run.adapter.conventions.lengths[0]:

@@ -466,7 +466,8 @@ def _rope_theta(module: nn.Module) -> float | None:
 
 
 #: the second argument that makes a class cross-attention over one memory tensor (keys and values from it)
-_MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_states", "context", "to_tensor")
+_MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_states", "context", "to_tensor",
+                "context_hidden_states")
 #: the first three forward parameters of a class that takes queries, keys and values as separate inputs
 _SEPARATE = {("query", "key", "value"), ("queries", "keys", "values"), ("q", "k", "v"),
              ("query_tensor", "key_tensor", "value_tensor")}
@@ -792,6 +793,9 @@ def _boolean_mask(core: nn.Module, mask_arg: str) -> bool:
     forward = _source(type(core).forward)
     if re.search(rf"~\s*\(?\s*{mask_arg}\b|{mask_arg}\.bool\(\)|{mask_arg}\.logical_not\(\)", forward):
         return True
+    # CPM-Ant's masked_fill(score, attention_mask.view(...) == torch.tensor(False), -inf)
+    if re.search(rf"\b{mask_arg}\.view\([^)]*\) == torch\.tensor\(False\)", forward):
+        return True
     applied = re.findall(rf"(\w+)\.apply\([^)]*\b{mask_arg}\b", forward)
     modeling = _modeling(type(core))
     return any(re.search(r"~\s*\(?\s*\w+\.to\(torch\.bool\)", _source(getattr(getattr(modeling, name, None),
@@ -1061,6 +1065,48 @@ def _cosine(core: nn.Module) -> bool:
         type(core).forward)
 
 
+def _keys_with_input(core: nn.Module, layout: Layout, memory_arg: str | None) -> bool:
+    """Keys and values over the memory followed by the input's own tokens, the queries from the input alone
+    (Idefics2's perceiver resampler: ``hidden_states = torch.concat([context, latents], dim=-2)``, then
+    ``keys = self.k_proj(hidden_states)`` and ``values = self.v_proj(hidden_states)``)."""
+    forward: Any = type(core).forward
+    first = next(iter(list(inspect.signature(forward).parameters)[1:]), None)
+    if memory_arg is None or first is None or layout.k is None or layout.v is None:
+        return False
+    source = _source(forward)
+    found = re.search(rf"(\w+) = torch\.(?:cat|concat)\(\[{memory_arg}, {first}\], dim=(?:-2|1)\)\n", source)
+    k, v = (str(p).rsplit(".", 1)[-1] for p in (layout.k, layout.v))
+    return found is not None and all(f"= self.{n}({found.group(1)})" in source for n in (k, v)) and (
+        f"self.{k}({memory_arg})" not in source)
+
+
+#: the encoder tokens the audit gives a merged attention (T5Gemma 2's decoder): seeded, shared by the batch
+_MERGED_MEMORY = 3
+
+
+def _merged_memory(core: nn.Module) -> tuple[str, bool] | None:
+    """Self-attention and cross-attention merged in one softmax (T5Gemma 2's decoder: its keys
+    ``torch.cat([key_states, cross_key_states], dim=2)``, the encoder's keys projected by the same ``k_proj`` and
+    ``v_proj``, normalised by ``k_norm``, not turned): ``(memory argument, whether k_norm applies to its keys)``."""
+    source = _source(type(core).forward)
+    found = re.search(r"\bkey_states = torch\.cat\(\[key_states, (\w+)\], dim=2\)", source)
+    projected = re.search(r"\b(\w+) = self\.k_proj\((\w+)\)", source[:found.start()] if found else "")
+    arg = next((a for n, a in re.findall(r"\b(\w+) = self\.k_proj\((\w+)\)", source)
+                if found is not None and n == found.group(1)), None)
+    if found is None or projected is None or arg is None or arg not in _MEMORY_ARGS:
+        return None
+    if f"self.v_proj({arg})" not in source or "value_states = torch.cat([value_states, " not in source:
+        return None
+    normed = f"{found.group(1)} = self.k_norm({found.group(1)})" in source
+    turned = re.search(rf"apply_rotary\w*\([^)]*\b{found.group(1)}\b", source) is not None
+    return None if turned else (arg, normed)
+
+
+def _memory_tokens(width: int) -> Tensor:
+    """The audit's own encoder states for a merged attention: ``(n, width)`` seeded, float64."""
+    return torch.randn(_MERGED_MEMORY, width, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+
+
 def _split_scale(module: nn.Module) -> float | None:
     """The logit scale of a class that multiplies its queries and its keys each by ``scaling`` and calls its
     attention function with ``scaling=1.0`` (OpenAI's privacy filter: ``d^-1/4`` twice): ``scaling**2``."""
@@ -1212,8 +1258,12 @@ def _added_biases(core: nn.Module) -> list[str]:
     source = _source(type(core).forward)
     signature = inspect.signature(type(core).forward).parameters
     found = re.findall(r"\b\w*scores\w* \+= (\w+)\n", source)
+    # a required bias added as ``score = score + position_bias`` (CPM-Ant's segment-relative bias)
+    required = [n for n in re.findall(r"\b(\w*score\w*) = \1 \+ (\w+)\n", source)
+                if n[1] in signature and signature[n[1]].default is inspect.Parameter.empty]
     return [n for n in dict.fromkeys(found) if n in signature and signature[n].default is None
-            and n not in _PROVIDED and n not in ("attention_mask", "mask")]
+            and n not in _PROVIDED and n not in ("attention_mask", "mask")] + [
+        n for _, n in required if n not in _PROVIDED and n not in ("attention_mask", "mask")]
 
 
 def _nullable(cls: Any) -> list[str]:
@@ -1346,6 +1396,25 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append("forward takes only a key padding mask (b, s), reshaped into its blocks, and no mask of the "
                      "audit's (b, 1, t, s) form: audited without masks, so its padding is not tested (the padding "
                      "of the last block it adds itself is)")
+    core = _core_of(module)
+    layout = None
+    with contextlib.suppress(AuditUsageError):
+        layout = find_layout(module, _norm_paths(module))
+    memory_arg = _memory_arg(module, core, signature, None)
+    if layout is not None and _keys_with_input(core, layout, memory_arg):
+        window = getattr(core, "sliding_window", None)
+        if window is not None:
+            notes.append(f"keys over its memory and its input: the sliding window of {window} keys (its model's "
+                         f"bidirectional sliding-window mask, over absolute positions) is not applied by the audit "
+                         f"and is not tested")
+        if any(n in signature for n in ("cache", "past_key_values", "past_key_value")):
+            notes.append("keys over its memory and its input: audited in one call without a cache, so its cache "
+                         "path is not tested")
+    if _merged_memory(core) is not None:
+        notes.append(f"self-attention and cross-attention merged in one softmax: audited as its decoder's "
+                     f"self-attention beside the audit's own {_MERGED_MEMORY} encoder tokens (seeded, the same for "
+                     f"every batch element, every one visible), so its encoder mask and varied encoder inputs are not "
+                     f"tested")
     if _heads_as_positions(type(module)):
         notes.append("its model passes the head index as the rotary position (position_ids = arange(num_heads), "
                      "cos/sin unsqueezed at dim 2): each head is turned by one angle at every position, the turn "
@@ -1399,8 +1468,9 @@ def hf_limits(module: nn.Module) -> list[str]:
             *(("distance_embedding", "rel_pos_emb", relative.proj or "") if relative is not None else ())}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
-        if name not in read and not isinstance(child, nn.Dropout | nn.Identity) and not type(child).__name__.endswith(
-                "Dropout"):
+        # (a softmax over the keys as a module of its own: CPM-Ant's nn.Softmax(dim=-1))
+        inert = isinstance(child, nn.Dropout | nn.Identity) or (isinstance(child, nn.Softmax) and child.dim == -1)
+        if name not in read and not inert and not type(child).__name__.endswith("Dropout"):
             limits.append(f"submodule {name!r} ({type(child).__name__}) the spec does not read")
     # parameters of the class itself (attention sinks, differential lambdas, decomposed relative position tables)
     own = {"sinks"} if _sinks(module) is not None else set()
@@ -1510,8 +1580,10 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     rotary_self = (separate and "position_embeddings" in signature
                    and signature["position_embeddings"].default is inspect.Parameter.empty)
     separate = separate and not rotary_self
-    memory_arg = _memory_arg(module, core, signature, cross)
-    mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask") if n in signature), "attention_mask")
+    merged = _merged_memory(core)
+    memory_arg = None if merged is not None else _memory_arg(module, core, signature, cross)
+    mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask", "merged_attention_mask") if n in signature),
+                    "attention_mask")
     # ViT on transformers 5.0 takes forward(hidden_states), BLIP's vision attention (hidden_states, **kwargs) and
     # never reads a mask: audited without masks, as its model calls it (a mask passed would be ignored silently)
     # the vision and audio encoders of Qwen2-VL and its kin take one packed sequence ``(total, e)`` cut by
@@ -1556,7 +1628,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         takes_mask = False
     unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg,
                                                             distances_arg)
-               and n not in _PROVIDED and n not in nullable and n not in flags
+               and n not in _PROVIDED and n not in nullable and n not in flags and n not in added
+               and n != "hidden_kv"
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
         raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
@@ -1584,7 +1657,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # a self-attention class that takes its input again as required key (and query) arguments, as its model passes
     # it: FSMT's forward(query, key, ...) gets query=x, key=x; CTRL's forward(v, k, q, ...) gets x three times (its
     # keys and values take the queries' shape: one sequence, not separate inputs)
-    again = [n for n in params[1:3] if n in ("key", "k", "q") and signature[n].default is inspect.Parameter.empty
+    # (CPM-Ant's forward(hidden_q, hidden_kv, ...): its model passes the input as both)
+    again = [n for n in params[1:3] if n in ("key", "k", "q", "hidden_kv")
+             and signature[n].default is inspect.Parameter.empty
              ] if not separate and memory_arg is None and not rotary_self else params[1:3] if rotary_self else []
     cache_arg = next((n for n in ("cache", "past_key_values", "past_key_value") if n in signature), None)
     theta = _PACKED_THETA if own_tables and takes_rotary else _rope_theta(core)
@@ -1601,6 +1676,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         takes_rotary, own_tables, rotary_class = False, False, None
     # Swin's windows: every sequence is one window of Wh x Ww tokens, with a mask per window shared by the heads
     window_table = _window_table(module)
+    with_input = _keys_with_input(core, layout, memory_arg)
     # a mask of ones (attend) and zeros (masked) of shape (b, t, s), which the forward turns into its own fill
     # (XLM's and FlauBERT's ``(mask == 0).view(mask_reshape)``), not an additive (b, 1, t, s) one
     ones_zeros = re.search(rf"\({mask_arg} == 0\)", source) is not None
@@ -1743,6 +1819,13 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             kwargs[distances_arg] = _block_distances(m)
         if "shared_kv_states" in signature:  # Gemma 4's key/value sharing: a layer that owns its keys and values
             kwargs["shared_kv_states"] = {}
+        if merged is not None:  # the audit's encoder tokens, every one visible: the mask ends in zeros for them
+            memory = _memory_tokens(x.shape[-1]).to(x.dtype)
+            kwargs[merged[0]] = memory[None].expand(x.shape[0], -1, -1)
+            merged_mask = kwargs.get(mask_arg)
+            if isinstance(merged_mask, Tensor):
+                kwargs[mask_arg] = torch.cat([merged_mask, merged_mask.new_zeros(
+                    *merged_mask.shape[:-1], _MERGED_MEMORY)], dim=-1)
         if "height" in signature and "width" in signature:  # an image of one row of t patches (SegFormer)
             kwargs["height"], kwargs["width"] = 1, x.shape[1]
         kwargs.update(positions(x, offset))
@@ -1780,6 +1863,16 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             assert value is not None
             masks = {mask_arg: mask_for(m, x, key.shape[1], keep, is_causal)} if takes_mask else {}
             return invoke(m, x, key, value, **masks, **positions(x, 0))
+        if memory_arg is not None and with_input:  # its model's mask: the memory's, then ones for the input's keys
+            assert key is not None
+            t, s = x.shape[1], key.shape[1]
+            over = with_causal(keep, is_causal, t, s)
+            over = torch.ones(1, 1, t, s, dtype=torch.bool) if over is None else over
+            over = torch.cat([over, over.new_ones(*over.shape[:-1], t)], dim=-1)
+            masks = {memory_mask: mask_for(m, x, s + t, over, False)} if takes_mask else {}
+            if takes_rotary:  # tables for the s + t keys, the queries' the last t (MuseGlimmerAssistant's)
+                masks[rotary_arg or ""] = rotary(m, torch.cat([key, x], dim=1), 0)
+            return invoke(m, x, **{memory_arg: key}, **masks, **positions(x, 0))
         if memory_arg is not None:
             assert key is not None
             masks = {memory_mask: mask_for(m, x, key.shape[1], keep, is_causal)} if takes_mask else {}
@@ -1816,12 +1909,16 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         keep = keys <= i if window is None else (keys <= i) & (keys > i - int(window))
         if ones_zeros:
             return keep[None, None].expand(x.shape[0], 1, length).to(x.dtype)
+        if boolean_mask:  # True = may attend (CPM-Ant's)
+            return keep[None, None, None].expand(x.shape[0], 1, 1, length)
         return additive_mask(keep[None, None, None].expand(x.shape[0], 1, 1, length), x.dtype)
 
     width = _input_width(module, layout)
     residual = has_residual(module, layout, lambda m, x: forward(m, x, x, x, None, False), width)
     try:
-        ignored = takes_rotary and not heads and _ignores_rotary(module, call, width, rotary_arg or "")
+        # (a class whose keys are over its memory and its input always turns them: its call needs the memory)
+        ignored = takes_rotary and not heads and not with_input and _ignores_rotary(module, call, width,
+                                                                                    rotary_arg or "")
     except Exception as err:
         raise AuditUsageError(f"{cls.__qualname__}: not of the common shape (a call on (b, t, e) tokens with 1-D "
                               f"rotary tables raised {type(err).__name__}: {str(err).splitlines()[0][:100]})") from err
@@ -1874,12 +1971,14 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         position_bias=position_bias, position_gate=None if wavlm is None else wavlm[1],
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
         q_norm=q_norm, k_norm=k_norm, v_norm=_v_norm(core, layout.core),
-        window=None if window is None else int(window),
+        # (keys over memory and input: its model's mask holds any window, bidirectional, over absolute positions)
+        window=None if window is None or with_input else int(window),
         blocks=f"{layout.core}context_size" if distances_arg is not None else None,
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
-        decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys)
+        decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys,
+        keys_with_input=with_input)
     if _cosine(core):  # Swin v2: unit queries and keys, a learned scale per head (clamped at 100)
         scale_path = f"{layout.core}logit_scale"
 
@@ -1924,6 +2023,20 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             return dataclasses.replace(w, wv=w.wv * float(v_scale), bv=None if w.bv is None else w.bv * float(v_scale))
 
         spec = dataclasses.replace(spec, weights=scaled)
+    if merged is not None:  # T5Gemma 2: the encoder's keys and values, appended after the self keys, always visible
+        alone, k_path = spec, (k_norm if merged[1] else None)
+
+        def with_memory(m: Any) -> Weights:
+            w = spec_weights(m, alone)
+            memory = _memory_tokens(w.wk.shape[1])
+            k = memory @ w.wk.T + (0.0 if w.bk is None else w.bk)
+            v = memory @ w.wv.T + (0.0 if w.bv is None else w.bv)
+            norm = None if k_path is None else _norm(m, k_path, alone)
+            if norm is not None:
+                k = rearrange(norm(rearrange(k, "n (g d) -> 1 g n d", g=w.g)), "1 g n d -> n (g d)")
+            return dataclasses.replace(w, extra_k=k, extra_v=v)
+
+        spec = dataclasses.replace(spec, weights=with_memory)
     REBUILDS[spec] = "from typed_transformer.audit import hf_spec\nspec = hf_spec(module)"  # for repros
     return spec
 

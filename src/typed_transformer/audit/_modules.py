@@ -478,6 +478,11 @@ class ModuleSpec:
     #: ``unmodelled(module)``: the constructor options this module was built with that the spec does not model,
     #: each named (``"sparse_topk=2"``); a module with any is refused before any check runs
     unmodelled: Callable[[Any], list[str]] | None = None
+    #: keys and values over the memory followed by the query input's own tokens (Idefics2's perceiver resampler:
+    #: ``concat(context, latents)``, its queries from the latents alone): the ``t`` appended keys are visible to
+    #: every query (its model's mask ends in ones for them); with rotary positions the memory's keys are at
+    #: ``0..s-1``, the input's tokens (queries and their keys) at ``s..s+t-1``
+    keys_with_input: bool = False
     #: the longest sequence the module takes (a number, or an attribute path: torchtune's ``max_seq_len``, the
     #: length of a rotary cache it does not grow): no example is longer, and the report lists the lengths past it
     #: as not tested (None: any length)
@@ -1019,6 +1024,9 @@ class ModuleAdapter:
     def _project(self, ins: Inputs, dtype: torch.dtype, offset: int = 0) -> tuple[Tensor, Tensor, Tensor]:
         w = self.weights
         x, key, value = (z.to(dtype) for z in self._memory(ins))
+        memory = key.shape[1]
+        if self.spec.keys_with_input:  # keys and values over concat(memory, x)
+            key, value = torch.cat([key, x], dim=1), torch.cat([value, x], dim=1)
 
         def lin(z: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
             y = einsum(z, weight.to(dtype), "b t e, o e -> b t o")
@@ -1038,7 +1046,7 @@ class ModuleAdapter:
         if "k" in self.norms and not after:
             k = self.norms["k"](k)
         if self.rotary is not None:
-            q, k = self._rotate(q, offset), self._rotate(k, offset)
+            q, k = self._rotate(q, offset + (memory if self.spec.keys_with_input else 0)), self._rotate(k, offset)
         if "q" in self.norms and after:
             q = self.norms["q"](q)
         if "k" in self.norms and after:
@@ -1140,7 +1148,7 @@ class ModuleAdapter:
         """``(keep, is_causal)`` with the sliding window and the module's extra key positions applied (the
         returned mask covers the ``s`` keys and the appended ones)."""
         w = self.weights
-        if self.window is None and self.blocks is None and w.extra_k is None:
+        if self.window is None and self.blocks is None and w.extra_k is None and not self.spec.keys_with_input:
             return keep, is_causal
         keep = effective_keep(keep, is_causal, t, s, self.conventions)
         if self.window is not None:
@@ -1149,6 +1157,9 @@ class ModuleAdapter:
         if self.blocks is not None:
             inside = block_mask(t, s, self.blocks)[None, None]
             keep = inside if keep is None else keep & inside
+        if self.spec.keys_with_input:  # the input's own t keys, after the memory's: always visible
+            keep = torch.ones(1, 1, t, s, dtype=torch.bool) if keep is None else keep
+            keep = torch.cat([keep, keep.new_ones(*keep.shape[:-1], t)], dim=-1)
         if w.extra_k is not None and keep is not None:
             keep = torch.cat([keep, keep.new_ones(*keep.shape[:-1], w.extra_k.shape[0])], dim=-1)
         return keep, False
@@ -1161,6 +1172,9 @@ class ModuleAdapter:
         bias = self.with_content(self.gated(self.bias(t, s, dtype), ins[0]), q, k[:, :, :s])
         if bias is not None and self.weights.extra_k is not None:
             bias = torch.cat([bias, bias.new_zeros(*bias.shape[:-1], self.weights.extra_k.shape[0])], dim=-1)
+        if bias is not None and self.spec.keys_with_input:
+            raise AuditUsageError(f"spec {self.spec.name!r}: a position bias over keys_with_input's appended keys "
+                                  f"is not modelled")
         w = self.weights
         if self.differential is not None:  # key/value head j carries the value of its differential head
             half = torch.arange(w.g) % (w.g // 2)
@@ -1214,7 +1228,7 @@ class ModuleAdapter:
     def rows(self, keep: KeepMask, example: Example) -> Bool[Tensor, "b t 1"]:
         """The query rows with an allowed key: in the sliding window (a row whose window holds only masked keys has
         none), or among the module's extra key positions (always allowed)."""
-        if self.weights.extra_k is not None:
+        if self.weights.extra_k is not None or self.spec.keys_with_input:
             return torch.ones(example.b, example.t, 1, dtype=torch.bool)
         if self.window is not None:
             keep = keep & window_mask(example.t, example.s, self.window)
