@@ -24,6 +24,8 @@ from ._hf_layouts import (
     bypass_norms,
     config_from_configuration_module,
     constructor_arguments,
+    content_layout,
+    content_zero_args,
     find_layout,
     has_residual,
     init_parameters,
@@ -1168,6 +1170,34 @@ def _positions_optional(cls: Any) -> bool:
             and re.search(r"position_embeddings is (not )?None", _source(cls.forward)) is not None)
 
 
+def _content_notes(module: nn.Module) -> list[str]:
+    """What the audit of a DETR decoder's content and position projections (:func:`content_layout`) leaves
+    untested: the positions (zeros), the per-head half they concatenate, the optional ones left None, the position
+    projections the layer does not have."""
+    if content_layout(module) is None:
+        return []
+    cls = type(module)
+    zeros = content_zero_args(cls)
+    source = _source(cls.forward)
+    notes = [f"DETR decoder attention with content and position projections added before the dot product: audited "
+             f"with zero {', '.join(zeros)} (each position projection then adds its bias only), so what the "
+             f"positions add is not tested"]
+    if re.search(r"torch\.cat\(\[\w+, \w+\]", source):
+        notes.append("each head's query and key get a positional half concatenated (the projected sine embedding, "
+                     "the keys' position projection): with zero positions it adds one constant per head to the "
+                     "logits, which the softmax cancels, so that half is not tested; the scale is the class's, "
+                     "1/sqrt of the doubled head")
+    signature = inspect.signature(cls.forward).parameters
+    left = [n for n in re.findall(r"self\.\w*pos\w*proj\((\w+)\)", source) if n in signature and n not in zeros]
+    notes += [f"forward's optional {name} (its model passes them to the first decoder layer only) left None, as "
+              f"for the other layers: the first layer's added positions are not tested" for name in dict.fromkeys(left)]
+    notes += [f"{name} is None in this layer (is_first=False and keep_query_pos=False, as in its model's layers "
+              f"after the first): the query positions the first layer adds are not tested"
+              for name in re.findall(r"self\.(\w*pos\w*proj) = None", _source(cls))
+              if getattr(module, name, None) is None]
+    return notes
+
+
 def hf_notes(module: nn.Module) -> list[str]:
     """True behaviours of the class, as its model calls it, that pass the audit but a user should know."""
     notes = []
@@ -1209,6 +1239,7 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
                      f"they set (UnboundLocalError; its model always passes them): audited with zero {needed}, so "
                      f"what they add is not tested")
+    notes += _content_notes(module)
     notes += [f"normalises its input with {name} before its projections (a pre-norm inside the class): audited with "
               f"it bypassed, as a block's Add & Norm is, so the norm is not tested"
               for name in _input_norms(_core_of(module))]
@@ -1399,6 +1430,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         q_norm, k_norm = (None if n is None else layout.core + n for n in _norm_paths(core))
     signature = inspect.signature(cls.forward).parameters
     params = list(signature)[1:]
+    # a DETR decoder's content and position projections (Conditional DETR, DAB-DETR): its positions given as zeros
+    content_zeros = content_zero_args(cls) if layout.extra_reads else {}
     separate = tuple(params[:3]) in _SEPARATE
     # a (query, key, value) class that requires rotary tables and builds its keys' projection from the queries'
     # width (SAM 2 video's memory self-attention: its model calls it with query = key = value): self-attention, the
@@ -1434,6 +1467,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     if _padding_only(cls, mask_arg):
         takes_mask = False
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
+    if content_zeros and memory_arg is not None and memory_mask in signature:
+        takes_mask = True  # DAB-DETR's cross-attention: its mask is encoder_attention_mask, with no attention_mask
     # the first parameter is the input, passed by position whatever its name (VitDet's hidden_state)
     nullable = _nullable(cls)
     added = _added_biases(core)
@@ -1444,7 +1479,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     flags = [n for n in ("output_attentions",) if n in signature and signature[n].default is inspect.Parameter.empty]
     rotary_arg = _rotary_arg(cls)
     unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg)
-               and n not in _PROVIDED and n not in nullable and n not in flags
+               and n not in _PROVIDED and n not in nullable and n not in flags and n not in content_zeros
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
         raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
@@ -1614,6 +1649,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             kwargs["position_embeddings"] = None
         if zero_positions is not None:  # DETR's optional embeddings that its values need: zeros, plain attention
             kwargs[zero_positions] = torch.zeros_like(x)
+        kwargs.update({name: torch.zeros_like(x) for name in content_zeros})
         kwargs.update({n: x for n in again})
         if "position_ids" in signature:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
@@ -1669,7 +1705,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         if memory_arg is not None:
             assert key is not None
             masks = {memory_mask: mask_for(m, x, key.shape[1], keep, is_causal)} if takes_mask else {}
-            return invoke(m, x, **{memory_arg: key}, **masks, **positions(x, 0))
+            zeros = {n: torch.zeros_like(key if side == "key" else x) for n, side in content_zeros.items()}
+            return invoke(m, x, **{memory_arg: key}, **masks, **zeros, **positions(x, 0))
         return call(m, x, mask_for(m, x, x.shape[1], keep, is_causal), 0)
 
     def decode(m: Any, x: Tensor) -> Tensor:
