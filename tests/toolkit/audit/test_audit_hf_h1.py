@@ -1,0 +1,147 @@
+"""DETR decoders' attention with content and position projections (Conditional DETR's ``q_content_proj`` /
+``q_pos_proj``, DAB-DETR's ``self_attn_query_content_proj`` / ...), audited with zero lines of spec and zero
+positions: the four classes pass, the biases the reference adds are the class's own queries and keys, and planted bugs
+(the wrong position projection on the queries, the positional half of the keys concatenated first) fail."""
+
+import importlib
+from typing import Any
+
+import pytest
+import torch
+from einops import rearrange
+from torch import Tensor
+
+from typed_transformer.audit import audit_module
+from typed_transformer.audit._hf import hf_build, hf_limits, hf_notes, hf_spec
+from typed_transformer.audit._hf_layouts import content_zero_args
+from typed_transformer.audit._modules import spec_weights
+from typed_transformer.strategies import randomize_parameters
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+
+QUICK: dict[str, Any] = {"budget": "quick", "max_examples": 3, "dtypes": (torch.float32,), "seed": 0}
+
+
+def _modeling(model: str) -> Any:
+    return importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+
+
+def _class(model: str, name: str) -> type:
+    return getattr(_modeling(model), name)  # type: ignore[no-any-return]
+
+
+def _audit(module: Any, spec: Any = None) -> Any:
+    return audit_module(module, hf_spec(module) if spec is None else spec, conventions="infer", **QUICK)
+
+
+@pytest.mark.parametrize(("model", "name", "zeros", "concatenated"), [
+    ("conditional_detr", "ConditionalDetrDecoderSelfAttention", {"query_position_embeddings": "both"}, False),
+    ("conditional_detr", "ConditionalDetrDecoderCrossAttention",
+     {"encoder_position_embeddings": "key", "query_sine_embed": "query"}, True),
+    ("dab_detr", "DabDetrDecoderLayerSelfAttention", {"query_position_embeddings": "both"}, False),
+    ("dab_detr", "DabDetrDecoderLayerCrossAttention",
+     {"object_queries": "key", "query_position_embeddings": "query", "query_sine_embed": "query"}, True),
+])
+def test_detr_decoder_content_and_position_projections_pass(model: str, name: str, zeros: dict[str, str],
+                                                           concatenated: bool) -> None:
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    assert content_zero_args(type(module)) == zeros
+    report = _audit(module)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert hf_limits(module) == []
+    notes = hf_notes(module)
+    assert any("audited with zero" in n and "positions add is not tested" in n for n in notes)
+    assert any("positional half concatenated" in n for n in notes) == concatenated
+
+
+def _captured(module: Any, modeling: Any, call: Any) -> dict[str, Tensor]:
+    """The query and key heads the class passes to its attention function."""
+    seen: dict[str, Tensor] = {}
+    original = modeling.eager_attention_forward
+
+    def capture(m: Any, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kwargs: Any) -> Any:
+        seen["q"], seen["k"] = query, key
+        return original(m, query, key, value, *args, **kwargs)
+
+    modeling.eager_attention_forward = capture
+    try:
+        call()
+    finally:
+        modeling.eager_attention_forward = original
+    return seen
+
+
+def test_the_reference_s_biases_are_the_class_s_own_queries_and_keys() -> None:
+    """With zero positions, Conditional DETR's self-attention queries are ``q_content_proj(x) + q_pos_proj(0)``: the
+    weights the reference reads (content weights, both biases) give the very heads the class computes."""
+    modeling = _modeling("conditional_detr")
+    module = randomize_parameters(hf_build(modeling.ConditionalDetrDecoderSelfAttention), 0).double().eval()
+    w = spec_weights(module, hf_spec(module))
+    x = torch.randn(2, 5, w.wq.shape[1], dtype=torch.float64)
+    seen = _captured(module, modeling, lambda: module(x, query_position_embeddings=torch.zeros_like(x)))
+    assert w.bq is not None
+    assert w.bk is not None
+    for side, weight, bias in (("q", w.wq, w.bq), ("k", w.wk, w.bk)):
+        heads = rearrange(x @ weight.T + bias, "b t (h d) -> b h t d", h=w.h)
+        torch.testing.assert_close(seen[side], heads)
+
+
+def test_dab_detr_s_first_layer_adds_its_query_positions() -> None:
+    """DAB-DETR's first decoder layer (``is_first=True``) adds the query and key position projections to the content
+    ones: the reference adds their biases then (and only then), and the layer passes."""
+    cls = _class("dab_detr", "DabDetrDecoderLayerCrossAttention")
+    later: Any = randomize_parameters(hf_build(cls), 0)
+    first: Any = randomize_parameters(cls(later.cross_attn.config, is_first=True), 0)
+    for module, added in ((later, False), (first, True)):
+        w = spec_weights(module, hf_spec(module))
+        content: Tensor = module.cross_attn_query_content_proj.bias.double()
+        expected = content + module.cross_attn_query_pos_proj.bias.double() if added else content
+        assert w.bq is not None
+        torch.testing.assert_close(w.bq, expected)
+    report = _audit(first)
+    assert report.passed, report.table()
+    assert not any("is None in this layer" in n for n in hf_notes(first))
+
+
+def test_a_query_given_the_key_s_position_projection_fails() -> None:
+    """A Conditional DETR self-attention that adds ``k_pos_proj`` to its queries (with zero positions: the wrong bias
+    on every query) fails the reference check."""
+    base = _class("conditional_detr", "ConditionalDetrDecoderSelfAttention")
+
+    class Swapped(base):  # type: ignore[misc, valid-type]
+        def forward(self, hidden_states: Tensor, query_position_embeddings: Tensor, attention_mask: Any = None,
+                    **kwargs: Any) -> Any:
+            own = getattr(self, "q_pos_proj")  # noqa: B009 (typed Any: a class of an Any base)
+            setattr(self, "q_pos_proj", getattr(self, "k_pos_proj"))  # noqa: B009, B010
+            try:
+                return super().forward(hidden_states, query_position_embeddings, attention_mask, **kwargs)
+            finally:
+                setattr(self, "q_pos_proj", own)  # noqa: B010
+
+    module = randomize_parameters(hf_build(base), 0)
+    spec = hf_spec(module)
+    module.__class__ = Swapped
+    assert _audit(module, spec).status("reference") == "FAIL"
+
+
+def test_a_key_with_its_positional_half_first_fails() -> None:
+    """A Conditional DETR cross-attention that concatenates each key head as ``[position, content]`` (the query's
+    halves ``[content, sine]``) pairs the content of the queries with the keys' positions: the reference check
+    fails."""
+    modeling = _modeling("conditional_detr")
+    base = modeling.ConditionalDetrDecoderCrossAttention
+    module = randomize_parameters(hf_build(base), 0)
+    spec = hf_spec(module)
+    original = modeling.eager_attention_forward
+
+    def flipped(m: Any, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kwargs: Any) -> Any:
+        content, position = key.chunk(2, dim=-1)
+        return original(m, query, torch.cat([position, content], dim=-1), value, *args, **kwargs)
+
+    modeling.eager_attention_forward = flipped
+    try:
+        report = _audit(module, spec)
+    finally:
+        modeling.eager_attention_forward = original
+    assert report.status("reference") == "FAIL"
