@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from ..masks import window_mask
 from ._core import AuditUsageError, Conventions
 from ._hf_layouts import (
+    PROJECTED,
     Layout,
     bypass_norms,
     config_from_configuration_module,
@@ -29,6 +30,7 @@ from ._hf_layouts import (
     find_layout,
     has_residual,
     init_parameters,
+    projected_layout,
     relative_bias,
 )
 from ._modules import (
@@ -392,6 +394,8 @@ def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
 
 def _input_width(module: nn.Module, layout: Layout) -> int:
     """The width of the tokens the module takes: the input side of its query (or fused) projection."""
+    if layout.q is None and layout.qkv is None and layout.out is not None and layout.weights is not None:
+        return int(layout.weights(module).wq.shape[1])  # identity projections (DAB-DETR's DabDetrAttention)
     projection: Any = module.get_submodule(str(layout.q or layout.qkv or _LATENT.kv_a))
     if isinstance(projection, nn.Conv1d):  # a 1x1 convolution over channels, grouped: its in_channels
         return int(projection.in_channels)
@@ -1240,6 +1244,10 @@ def hf_notes(module: nn.Module) -> list[str]:
                      f"they set (UnboundLocalError; its model always passes them): audited with zero {needed}, so "
                      f"what they add is not tested")
     notes += _content_notes(module)
+    if projected_layout(module) is not None:
+        notes.append("takes its queries, keys and values already projected (its decoder layer's content and position "
+                     "projections are outside the class, audited with the layer classes): audited with identity "
+                     "projections over separate query, key and value inputs")
     notes += [f"normalises its input with {name} before its projections (a pre-norm inside the class): audited with "
               f"it bypassed, as a block's Add & Norm is, so the norm is not tested"
               for name in _input_norms(_core_of(module))]
@@ -1433,12 +1441,14 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # a DETR decoder's content and position projections (Conditional DETR, DAB-DETR): its positions given as zeros
     content_zeros = content_zero_args(cls) if layout.extra_reads else {}
     separate = tuple(params[:3]) in _SEPARATE
+    # keys and values already projected, taken by name (DAB-DETR's DabDetrAttention): identity projections
+    projected = layout.q is None and layout.qkv is None and all(n in signature for n in PROJECTED)
     # a (query, key, value) class that requires rotary tables and builds its keys' projection from the queries'
     # width (SAM 2 video's memory self-attention: its model calls it with query = key = value): self-attention, the
     # input passed as all three
     rotary_self = (separate and "position_embeddings" in signature
                    and signature["position_embeddings"].default is inspect.Parameter.empty)
-    separate = separate and not rotary_self
+    separate = (separate and not rotary_self) or projected
     memory_arg = _memory_arg(module, core, signature, cross)
     mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask") if n in signature), "attention_mask")
     # ViT on transformers 5.0 takes forward(hidden_states), BLIP's vision attention (hidden_states, **kwargs) and
@@ -1701,6 +1711,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             assert key is not None
             assert value is not None
             masks = {mask_arg: mask_for(m, x, key.shape[1], keep, is_causal)} if takes_mask else {}
+            if projected:
+                return invoke(m, x, **dict(zip(PROJECTED, (key, value), strict=True)), **masks, **positions(x, 0))
             return invoke(m, x, key, value, **masks, **positions(x, 0))
         if memory_arg is not None:
             assert key is not None

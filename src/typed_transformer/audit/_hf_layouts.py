@@ -235,7 +235,7 @@ def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (No
         if (q and k and v) or fused:
             break
     else:
-        content = content_layout(module)
+        content = content_layout(module) or projected_layout(module)
         if content is not None:
             return content
         raise AuditUsageError(f"{type(module).__qualname__}: no query/key/value projections (looked for "
@@ -383,6 +383,43 @@ def content_layout(module: nn.Module) -> Layout | None:
 
     return Layout("", q, k, v, None, out, False, heads, None, None, owner + scale, norms=norms, weights=read,
                   extra_reads=positions + norms)
+
+
+#: the forward arguments of a class that takes its keys and values already projected (DAB-DETR's ``DabDetrAttention``)
+PROJECTED = ("key_states", "value_states")
+
+
+def projected_layout(module: nn.Module) -> Layout | None:
+    """A class that takes its queries (its input), keys and values already projected, its decoder layer's projections
+    outside it (DAB-DETR's ``DabDetrAttention``: ``forward(hidden_states, attention_mask, key_states, value_states)``,
+    only an output projection of its own): audited over separate query, key and value inputs with identity
+    projections; None for any other class."""
+    source = _forward_source(type(module))
+    signature = inspect.signature(type(module).forward).parameters
+    own = [n for n, _ in module.named_children() if _projection(module, n)]
+    if (not all(n in signature for n in PROJECTED) or len(own) != 1 or own[0] not in (*_OUT, "output_proj")
+            or not re.search(r"query_states = hidden_states\b", source)):
+        return None
+    heads = _first(module, (*_HEADS, "attention_heads"), int)
+    head_dim = _first(module, ("attention_head_dim", *_HEAD_DIM), int)
+    value_dim = _first(module, ("values_head_dim",), int)
+    scale = _first(module, _SCALE, (float, int))
+    if heads is None or head_dim is None or scale is None:
+        return None
+    out = own[0]
+
+    def read(m: Any) -> Any:
+        from ._modules import Weights
+
+        h, d = int(getattr(m, heads)), int(getattr(m, head_dim))
+        dv = d if value_dim is None else int(getattr(m, value_dim))
+        layer = m.get_submodule(out)
+        eye = torch.eye(h * d, dtype=torch.float64)
+        return Weights(eye, eye.clone(), torch.eye(h * dv, dtype=torch.float64), layer.weight.detach().double(),
+                       None, None, None, None if layer.bias is None else layer.bias.detach().double(), h, h, d, dv,
+                       float(getattr(m, scale)))
+
+    return Layout("", None, None, None, None, out, False, heads, None, head_dim, scale, weights=read)
 
 
 def _split_per_head(core: Any, fused: str | None) -> bool:

@@ -1,7 +1,9 @@
 """DETR decoders' attention with content and position projections (Conditional DETR's ``q_content_proj`` /
 ``q_pos_proj``, DAB-DETR's ``self_attn_query_content_proj`` / ...), audited with zero lines of spec and zero
 positions: the four classes pass, the biases the reference adds are the class's own queries and keys, and planted bugs
-(the wrong position projection on the queries, the positional half of the keys concatenated first) fail."""
+(the wrong position projection on the queries, the positional half of the keys concatenated first) fail. DAB-DETR's
+inner ``DabDetrAttention`` over keys and values already projected: identity projections, passing, and failing with
+keys and values swapped."""
 
 import importlib
 from typing import Any
@@ -145,3 +147,34 @@ def test_a_key_with_its_positional_half_first_fails() -> None:
     finally:
         modeling.eager_attention_forward = original
     assert report.status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize("is_cross", [False, True])
+def test_attention_over_projected_keys_and_values_passes(is_cross: bool) -> None:
+    """DAB-DETR's ``DabDetrAttention`` takes queries, keys and values its decoder layer projected: audited with
+    identity projections over separate inputs, in its self-attention form and its cross-attention one (query and key
+    heads twice as wide as the value heads)."""
+    cls = _class("dab_detr", "DabDetrAttention")
+    built: Any = hf_build(cls)
+    module = randomize_parameters(cls(built.config, is_cross=True) if is_cross else built, 0)
+    w = spec_weights(module, hf_spec(module))
+    assert (w.d, w.dv) == ((2 if is_cross else 1) * w.dv, w.dv)
+    report = _audit(module)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert hf_limits(module) == []
+    assert any("identity projections" in n for n in hf_notes(module))
+
+
+def test_attention_over_projected_keys_that_reads_the_values_as_keys_fails() -> None:
+    base = _class("dab_detr", "DabDetrAttention")
+
+    class Swapped(base):  # type: ignore[misc, valid-type]
+        def forward(self, hidden_states: Tensor, attention_mask: Any = None, key_states: Any = None,
+                    value_states: Any = None, output_attentions: Any = None) -> Any:
+            return super().forward(hidden_states, attention_mask, value_states, key_states, output_attentions)
+
+    module = randomize_parameters(hf_build(base), 0)
+    spec = hf_spec(module)
+    module.__class__ = Swapped
+    assert _audit(module, spec).status("reference") == "FAIL"
