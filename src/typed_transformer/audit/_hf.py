@@ -1114,7 +1114,8 @@ def _input_norms(core: nn.Module) -> list[str]:
     found = []
     for call in re.finditer(r"self\.(\w+)\((\w+)\)", source):
         norm = getattr(core, call.group(1), None)
-        if (call.start() < first and call.group(2) in names[:1] + list(_MEMORY_ARGS) and isinstance(norm, nn.Module)
+        inputs = names[:1] + list(_MEMORY_ARGS) + list(_perceiver(type(core)) or ())
+        if (call.start() < first and call.group(2) in inputs and isinstance(norm, nn.Module)
                 and (isinstance(norm, nn.LayerNorm | nn.RMSNorm) or "Norm" in type(norm).__name__)
                 and not any(_is_projection(c) for c in norm.modules())):
             found.append(call.group(1))
@@ -1164,6 +1165,27 @@ def _passed_on(body: str, name: str) -> bool:
         if i < 0 or re.search(r"\bself\.\w+$", body[:i]) is None:
             return False
     return True
+
+
+def _perceiver(cls: Any) -> tuple[str, str] | None:
+    """A Perceiver resampler's ``(queries, memory)`` arguments: the forward concatenates the memory and the latents
+    along the tokens (Evolla's ``kv_input = torch.cat((x, latents), dim=-2)``, IDEFICS 2's ``torch.concat([context,
+    latents], dim=-2)``) and projects its keys and values from that, its queries from the latents alone."""
+    source = _source(cls.forward)
+    signature = inspect.signature(cls.forward).parameters
+    found = re.search(r"(\w+) = torch\.(?:cat|concat)\([\[(](\w+), (\w+)[\])], dim=-2\)", source)
+    if found is None or not all(n in signature for n in found.group(2, 3)):
+        return None
+    joined, memory, queries = found.group(1, 2, 3)
+    if not (re.search(rf"self\.\w+\({queries}\)", source) and re.search(rf"self\.\w+\({joined}\)", source)):
+        return None
+    return queries, memory
+
+
+def _key_mask_only(cls: Any, mask_arg: str) -> bool:
+    """The forward reads its mask as one row of ones and zeros per key, ``mask[:, None, None, :]`` (Evolla's
+    compressor)."""
+    return re.search(rf"\b{mask_arg}\[:, None, None, :\]", _source(cls.forward)) is not None
 
 
 def _positions_optional(cls: Any) -> bool:
@@ -1244,6 +1266,11 @@ def hf_notes(module: nn.Module) -> list[str]:
                      f"they set (UnboundLocalError; its model always passes them): audited with zero {needed}, so "
                      f"what they add is not tested")
     notes += _content_notes(module)
+    mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask") if n in signature), "attention_mask")
+    if _key_mask_only(type(module), mask_arg):
+        notes.append(f"its {mask_arg} is a key padding mask (b, s) of ones and zeros (the masked logits filled with "
+                     f"-1e4), which no mask of the audit's (b, 1, t, s) form reaches: audited without masks (ones "
+                     f"passed), so its masking is not tested")
     if projected_layout(module) is not None:
         notes.append("takes its queries, keys and values already projected (its decoder layer's content and position "
                      "projections are outside the class, audited with the layer classes): audited with identity "
@@ -1449,7 +1476,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     rotary_self = (separate and "position_embeddings" in signature
                    and signature["position_embeddings"].default is inspect.Parameter.empty)
     separate = (separate and not rotary_self) or projected
-    memory_arg = _memory_arg(module, core, signature, cross)
+    # a Perceiver resampler (Evolla's compressor, IDEFICS 2's): keys and values over [memory; queries]
+    perceiver = _perceiver(cls)
+    memory_arg = perceiver[1] if perceiver is not None else _memory_arg(module, core, signature, cross)
     mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask") if n in signature), "attention_mask")
     # ViT on transformers 5.0 takes forward(hidden_states), BLIP's vision attention (hidden_states, **kwargs) and
     # never reads a mask: audited without masks, as its model calls it (a mask passed would be ignored silently)
@@ -1476,6 +1505,11 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # of the audit's (b, 1, t, s) form reaches it, so it is audited without masks (named in hf_notes)
     if _padding_only(cls, mask_arg):
         takes_mask = False
+    # a key padding mask (b, s) of ones and zeros only (Evolla's compressor: mask[:, None, None, :]), which no mask of
+    # the audit's (b, 1, t, s) form reaches: audited without masks, ones passed (named in hf_notes)
+    key_mask = _key_mask_only(cls, mask_arg)
+    if key_mask:
+        takes_mask = False
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
     if content_zeros and memory_arg is not None and memory_mask in signature:
         takes_mask = True  # DAB-DETR's cross-attention: its mask is encoder_attention_mask, with no attention_mask
@@ -1490,6 +1524,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     rotary_arg = _rotary_arg(cls)
     unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg)
                and n not in _PROVIDED and n not in nullable and n not in flags and n not in content_zeros
+               and n not in (perceiver or ()) and not (key_mask and n == mask_arg)
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
         raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
@@ -1714,6 +1749,16 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             if projected:
                 return invoke(m, x, **dict(zip(PROJECTED, (key, value), strict=True)), **masks, **positions(x, 0))
             return invoke(m, x, key, value, **masks, **positions(x, 0))
+        if perceiver is not None:  # the latents (queries) and the memory, by name; the mask over both
+            assert key is not None
+            b, t, s = x.shape[0], x.shape[1], key.shape[1]
+            masks = {mask_arg: torch.ones(b, s + t, dtype=x.dtype)} if key_mask else {}
+            if takes_mask:  # the latents' own keys are never masked, as the model appends them unmasked
+                mask = mask_for(m, x, s, keep, is_causal)
+                masks = {mask_arg: torch.cat([mask, mask.new_zeros(*mask.shape[:-1], t)], dim=-1)}
+            if perceiver[0] == params[0]:  # IDEFICS 2's forward(latents, context, ...)
+                return invoke(m, x, **{perceiver[1]: key}, **masks)
+            return invoke(m, key, **{perceiver[0]: x}, **masks)  # Evolla's forward(x, latents, mask): memory first
         if memory_arg is not None:
             assert key is not None
             masks = {memory_mask: mask_for(m, x, key.shape[1], keep, is_causal)} if takes_mask else {}
@@ -1810,7 +1855,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
-        decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys)
+        decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys,
+        keys_with_queries=perceiver is not None)
     if _cosine(core):  # Swin v2: unit queries and keys, a learned scale per head (clamped at 100)
         scale_path = f"{layout.core}logit_scale"
 

@@ -235,7 +235,7 @@ def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (No
         if (q and k and v) or fused:
             break
     else:
-        content = content_layout(module) or projected_layout(module)
+        content = content_layout(module) or projected_layout(module) or kv_layout(module)
         if content is not None:
             return content
         raise AuditUsageError(f"{type(module).__qualname__}: no query/key/value projections (looked for "
@@ -420,6 +420,35 @@ def projected_layout(module: nn.Module) -> Layout | None:
                        float(getattr(m, scale)))
 
     return Layout("", None, None, None, None, out, False, heads, None, head_dim, scale, weights=read)
+
+
+def kv_layout(module: nn.Module) -> Layout | None:
+    """A query projection ``to_q`` beside a fused key/value one ``to_kv`` whose output the forward halves into keys
+    and values (``k, v = self.to_kv(...).chunk(2, dim=-1)``: Evolla's sequence compressor, a Perceiver resampler), the
+    head count in ``heads`` and the scale in ``scale``; None for any other class."""
+    source = _forward_source(type(module))
+    if not (_projection(module, "to_q") and _projection(module, "to_kv") and _projection(module, "to_out")
+            and re.search(r"\bk, v = self\.to_kv\(\w+\)\.chunk\(\s*2, dim=-1\s*\)", source)):
+        return None
+    heads = _first(module, (*_HEADS, "heads"), int)
+    scale = _first(module, _SCALE, (float, int))
+    if heads is None or scale is None:
+        return None
+
+    def read(m: Any) -> Any:
+        from ._modules import Weights
+
+        h = int(getattr(m, heads))
+        wk, wv = m.to_kv.weight.detach().double().chunk(2, dim=0)
+        bk, bv = (None, None) if m.to_kv.bias is None else m.to_kv.bias.detach().double().chunk(2)
+        wq, wo = m.to_q.weight.detach().double(), m.to_out.weight.detach().double()
+        bq = None if m.to_q.bias is None else m.to_q.bias.detach().double()
+        bo = None if m.to_out.bias is None else m.to_out.bias.detach().double()
+        return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, h, wq.shape[0] // h, wv.shape[0] // h,
+                       float(getattr(m, scale)))
+
+    return Layout("", "to_q", None, None, None, "to_out", False, heads, None, None, scale, weights=read,
+                  extra_reads=("to_kv",))
 
 
 def _split_per_head(core: Any, fused: str | None) -> bool:

@@ -465,6 +465,10 @@ class ModuleSpec:
     #: ``unmodelled(module)``: the constructor options this module was built with that the spec does not model,
     #: each named (``"sparse_topk=2"``); a module with any is refused before any check runs
     unmodelled: Callable[[Any], list[str]] | None = None
+    #: a Perceiver resampler's keys and values (IDEFICS 2's, Evolla's): projected from the memory followed by the
+    #: query input, ``cat([memory, x])`` along the tokens; the query input's keys are never masked (a mask covers the
+    #: memory's keys only, as the model appends ones for the latents)
+    keys_with_queries: bool = False
     #: the longest sequence the module takes (a number, or an attribute path: torchtune's ``max_seq_len``, the
     #: length of a rotary cache it does not grow): no example is longer, and the report lists the lengths past it
     #: as not tested (None: any length)
@@ -982,6 +986,8 @@ class ModuleAdapter:
             q, k, v = self.latent(x)
         else:
             q = rearrange(lin(x, w.wq, w.bq), "b t (h d) -> b h t d", h=w.h)
+            if self.spec.keys_with_queries:  # a Perceiver resampler: the query input's keys after the memory's
+                key, value = torch.cat([key, x], dim=1), torch.cat([value, x], dim=1)
             k = rearrange(lin(key, w.wk, w.bk), "b s (g d) -> b g s d", g=w.g)
             v = rearrange(lin(value, w.wv, w.bv), "b s (g d) -> b g s d", g=w.g)
         if "v" in self.norms:
@@ -1083,12 +1089,14 @@ class ModuleAdapter:
         """``(keep, is_causal)`` with the sliding window and the module's extra key positions applied (the
         returned mask covers the ``s`` keys and the appended ones)."""
         w = self.weights
-        if self.window is None and w.extra_k is None:
+        if self.window is None and w.extra_k is None and not self.spec.keys_with_queries:
             return keep, is_causal
         keep = effective_keep(keep, is_causal, t, s, self.conventions)
         if self.window is not None:
             inside = window_mask(t, s, self.window)[None, None]
             keep = inside if keep is None else keep & inside
+        if self.spec.keys_with_queries and keep is not None:  # the query input's own keys: always visible
+            keep = torch.cat([keep, keep.new_ones(*keep.shape[:-1], t)], dim=-1)
         if w.extra_k is not None and keep is not None:
             keep = torch.cat([keep, keep.new_ones(*keep.shape[:-1], w.extra_k.shape[0])], dim=-1)
         return keep, False
@@ -1099,8 +1107,8 @@ class ModuleAdapter:
         t, s = q.shape[2], ins[1].shape[1]
         keep, is_causal = self.visible(keep, is_causal, t, s)
         bias = self.with_content(self.bias(t, s, dtype), q, k[:, :, :s])
-        if bias is not None and self.weights.extra_k is not None:
-            bias = torch.cat([bias, bias.new_zeros(*bias.shape[:-1], self.weights.extra_k.shape[0])], dim=-1)
+        if bias is not None and k.shape[2] > s:  # no bias on the appended keys (extra_k, keys_with_queries)
+            bias = torch.cat([bias, bias.new_zeros(*bias.shape[:-1], k.shape[2] - s)], dim=-1)
         w = self.weights
         if self.differential is not None:  # key/value head j carries the value of its differential head
             half = torch.arange(w.g) % (w.g // 2)
@@ -1148,7 +1156,7 @@ class ModuleAdapter:
     def rows(self, keep: KeepMask, example: Example) -> Bool[Tensor, "b t 1"]:
         """The query rows with an allowed key: in the sliding window (a row whose window holds only masked keys has
         none), or among the module's extra key positions (always allowed)."""
-        if self.weights.extra_k is not None:
+        if self.weights.extra_k is not None or self.spec.keys_with_queries:
             return torch.ones(example.b, example.t, 1, dtype=torch.bool)
         if self.window is not None:
             keep = keep & window_mask(example.t, example.s, self.window)

@@ -3,8 +3,10 @@
 positions: the four classes pass, the biases the reference adds are the class's own queries and keys, and planted bugs
 (the wrong position projection on the queries, the positional half of the keys concatenated first) fail. DAB-DETR's
 inner ``DabDetrAttention`` over keys and values already projected: identity projections, passing, and failing with
-keys and values swapped."""
+keys and values swapped. Perceiver resamplers (IDEFICS 2's, Evolla's compressor): keys and values over the memory
+followed by the latents (``keys_with_queries``), passing, and failing with the latents left out of the keys."""
 
+import dataclasses
 import importlib
 from typing import Any
 
@@ -177,4 +179,53 @@ def test_attention_over_projected_keys_that_reads_the_values_as_keys_fails() -> 
     module = randomize_parameters(hf_build(base), 0)
     spec = hf_spec(module)
     module.__class__ = Swapped
+    assert _audit(module, spec).status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize(("model", "name", "masks"), [
+    ("idefics2", "Idefics2PerceiverAttention", True),  # forward(latents, context, attention_mask (b, 1, t, s + t))
+    ("evolla", "EvollaSequenceCompressorAttention", False),  # forward(x, latents, mask (b, s + t)), to_kv halved
+])
+def test_perceiver_resamplers_pass_with_the_latents_among_their_keys(model: str, name: str, masks: bool) -> None:
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
+    spec = hf_spec(module)
+    assert spec.keys_with_queries
+    assert spec.memory
+    report = _audit(module, spec)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert (report.status("masking") == "PASS") == masks
+    assert hf_limits(module) == []
+    assert any("key padding mask" in n for n in hf_notes(module)) == (not masks)
+    # without the latents' keys the reference is another attention: the module fails it
+    assert _audit(module, dataclasses.replace(spec, keys_with_queries=False)).status("reference") == "FAIL"
+
+
+def test_evolla_s_fused_keys_and_values_are_its_own_halves() -> None:
+    """The reference's keys and values of Evolla's compressor are ``to_kv``'s halves, as the class's
+    ``self.to_kv(kv_input).chunk(2, dim=-1)`` reads them."""
+    module: Any = randomize_parameters(hf_build(_class("evolla", "EvollaSequenceCompressorAttention")), 0).double()
+    w = spec_weights(module, hf_spec(module))
+    z = torch.randn(2, 5, w.wk.shape[1], dtype=torch.float64)
+    k, v = module.to_kv(z).chunk(2, dim=-1)
+    torch.testing.assert_close(k, z @ w.wk.T)
+    torch.testing.assert_close(v, z @ w.wv.T)
+
+
+def test_a_perceiver_that_leaves_the_latents_out_of_its_keys_fails() -> None:
+    """Evolla's compressor with keys and values from the memory alone (the latents only as queries): the reference
+    (keys over ``[memory; latents]``) fails it."""
+    base = _class("evolla", "EvollaSequenceCompressorAttention")
+
+    class MemoryOnly(base):  # type: ignore[misc, valid-type]
+        def forward(self, x: Tensor, latents: Tensor, mask: Tensor) -> Tensor:
+            x, latents = self.norm_media(x), self.norm_latents(latents)
+            q = rearrange(self.to_q(latents), "b t (h d) -> b h t d", h=self.heads)
+            k, v = (rearrange(z, "b s (h d) -> b h s d", h=self.heads) for z in self.to_kv(x).chunk(2, dim=-1))
+            attention = (q @ k.transpose(-1, -2) * self.scale).softmax(dim=-1)
+            return self.to_out(rearrange(attention @ v, "b h t d -> b t (h d)"))  # type: ignore[no-any-return]
+
+    module = randomize_parameters(hf_build(base), 0)
+    spec = hf_spec(module)
+    module.__class__ = MemoryOnly
     assert _audit(module, spec).status("reference") == "FAIL"
