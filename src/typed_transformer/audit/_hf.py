@@ -1266,6 +1266,17 @@ def hf_notes(module: nn.Module) -> list[str]:
                      f"they set (UnboundLocalError; its model always passes them): audited with zero {needed}, so "
                      f"what they add is not tested")
     notes += _content_notes(module)
+    if _gated_block(module):
+        heads, width = int(getattr(module, "num_attention_heads")), int(getattr(module, "hidden_size"))  # noqa: B009
+        notes.append("a gated cross-attention block (x + tanh(gate_attention) * attention, then + tanh(gate_ffw) * "
+                     "feed-forward): audited with its residual subtracted, tanh(gate_attention) folded into the "
+                     "output projection, gate_ffw zeroed and attention_norm bypassed, so the feed-forward and the "
+                     "norm are not tested; keys and values of the protein modality only, as its model builds it; "
+                     "its query and key masks (rows of ones and zeros, filled with the dtype's minimum) are not "
+                     "tested (audited without masks)")
+        notes.append(f"its scale is num_attention_heads**-0.5 (self.scale, read as the class uses it), not "
+                     f"head_dim**-0.5: the same here ({heads} heads of {width // heads}), not in a model whose head "
+                     f"count and head size differ")
     mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask") if n in signature), "attention_mask")
     if _key_mask_only(type(module), mask_arg):
         notes.append(f"its {mask_arg} is a key padding mask (b, s) of ones and zeros (the masked logits filled with "
@@ -1360,7 +1371,7 @@ def hf_limits(module: nn.Module) -> list[str]:
             *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ()),
             *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ()),
             *(("distance_embedding", "linear_pos") if _relative_keys(module, "") is not None else ()),
-            *((_xl_names(module) or ())[:1])}
+            *((_xl_names(module) or ())[:1]), *(_GATED_READS if _gated_block(module) else ())}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity) and not type(child).__name__.endswith(
@@ -1382,6 +1393,8 @@ def hf_limits(module: nn.Module) -> list[str]:
         own |= {"rel_pos_h", "rel_pos_w"}
     if _differential(module) is not None:
         own |= {n for n, _ in module.named_parameters(recurse=False) if n.startswith("lambda")}
+    if _gated_block(module):
+        own |= set(_GATED_OWN)
     limits += [f"parameter {name!r} the spec does not read" for name, _ in module.named_parameters(recurse=False)
                if name not in own]
     return limits
@@ -1409,6 +1422,8 @@ def hf_spec(cls_or_module: type | nn.Module, *, cross: bool | None = None) -> Mo
         AuditUsageError: the class is not of that shape (the message says what is missing).
     """
     module = hf_build(cls_or_module, cross=bool(cross)) if isinstance(cls_or_module, type) else cls_or_module
+    if _gated_block(module):
+        return _gated_spec(module)
     shipped = _shipped_spec(module, bool(cross))
     if shipped is not None and (shipped.qkv_layout != "blocks" or shipped.alibi is not None or shipped.memory):
         return shipped
@@ -1421,6 +1436,66 @@ def hf_spec(cls_or_module: type | nn.Module, *, cross: bool | None = None) -> Mo
                 raise AuditUsageError(f"{type(module).__qualname__}: {refused}; and {err}") from err
             raise
         return shipped
+
+
+#: the children and parameters of a gated cross-attention block (Evolla's aligner) its spec reads or bypasses
+_GATED_READS = ("query", "key_protein", "value_protein", "out_proj", "attention_norm", "ff")
+_GATED_OWN = ("gate_attention", "gate_ffw")
+
+
+def _gated_block(module: nn.Module) -> bool:
+    """Evolla's ``EvollaSequenceAlignerCrossAttention``, a Flamingo-style gated block: ``x + tanh(gate_attention) *
+    cross_attention(x)``, then ``+ tanh(gate_ffw) * ff(...)``, its attention (in its ``cross_attention`` method) over
+    the keys and values of the modalities its constructor was given widths for; recognised when only the protein one
+    was (as its model builds it)."""
+    source = _source(type(module).forward)
+    return ("hidden_states = torch.tanh(self.gate_attention) * hidden_states" in source
+            and "self.ff(hidden_states) * torch.tanh(self.gate_ffw)" in source
+            and "self.attention_norm(query_states)" in _source(getattr(type(module), "cross_attention", None))
+            and all(_is_projection(getattr(module, n, None)) for n in ("query", "key_protein", "value_protein",
+                                                                         "out_proj"))
+            and all(getattr(module, n, 0) is None for n in ("key_structure", "value_structure", "key_msa",
+                                                             "value_msa"))
+            and all(isinstance(getattr(module, n, None), nn.Parameter) for n in _GATED_OWN))
+
+
+def _gated_spec(module: nn.Module) -> ModuleSpec:
+    """The spec of a :func:`_gated_block`: cross-attention over the protein keys and values, the block's residual
+    subtracted, ``tanh(gate_attention)`` folded into the output projection, the feed-forward bypassed (``gate_ffw``
+    zeroed on the audit's copy), ``attention_norm`` bypassed as a pre-norm; no masks (its masks are rows of ones and
+    zeros per query and per key, which no mask of the audit's form reaches)."""
+    cls = type(module)
+    plain = ModuleSpec(f"hf:{cls.__name__}", _unused_forward, q="query", k="key_protein", v="value_protein",
+                       out="out_proj", num_heads="num_attention_heads", scale="scale")
+
+    def weights(m: Any) -> Weights:
+        w = spec_weights(m, plain)
+        gate = math.tanh(float(m.gate_attention.detach().double().reshape(-1)[0]))
+        return dataclasses.replace(w, wo=None if w.wo is None else w.wo * gate,
+                                   bo=None if w.bo is None else w.bo * gate)
+
+    def forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                is_causal: bool) -> Tensor:
+        assert key is not None
+        bypass_norms(m, ("attention_norm",))
+        with torch.no_grad():
+            m.gate_ffw.zero_()  # the feed-forward bypassed, as a block's Add & Norm is
+        out: Tensor = m(query_states=x, protein_kv_states=key, structure_kv_states=None, msa_kv_states=None,
+                        query_attn_mask=None, protein_kv_attn_mask=torch.ones(key.shape[0], key.shape[1],
+                                                                             dtype=x.dtype))
+        return out - x
+
+    spec = dataclasses.replace(plain, forward=forward, weights=weights, memory=True,
+                               conventions=dataclasses.replace(_HF_CROSS, supports_mask=False, supports_causal=False),
+                               module_type=f"{cls.__module__}.{cls.__qualname__}",
+                               build=lambda c, overrides: hf_build(c, overrides, cross=True))
+    REBUILDS[spec] = "from typed_transformer.audit import hf_spec\nspec = hf_spec(module)"  # for repros
+    return spec
+
+
+def _unused_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                    is_causal: bool) -> Tensor:
+    raise NotImplementedError  # the weights-only spec _gated_spec reads projections through
 
 
 def _shipped_spec(module: nn.Module, cross: bool) -> ModuleSpec | None:

@@ -4,7 +4,8 @@ positions: the four classes pass, the biases the reference adds are the class's 
 (the wrong position projection on the queries, the positional half of the keys concatenated first) fail. DAB-DETR's
 inner ``DabDetrAttention`` over keys and values already projected: identity projections, passing, and failing with
 keys and values swapped. Perceiver resamplers (IDEFICS 2's, Evolla's compressor): keys and values over the memory
-followed by the latents (``keys_with_queries``), passing, and failing with the latents left out of the keys."""
+followed by the latents (``keys_with_queries``), passing, and failing with the latents left out of the keys. Evolla's
+gated aligner block: its gate folded into the output projection, passing, and failing without the gate's tanh."""
 
 import dataclasses
 import importlib
@@ -228,4 +229,50 @@ def test_a_perceiver_that_leaves_the_latents_out_of_its_keys_fails() -> None:
     module = randomize_parameters(hf_build(base), 0)
     spec = hf_spec(module)
     module.__class__ = MemoryOnly
+    assert _audit(module, spec).status("reference") == "FAIL"
+
+
+def test_evolla_s_gated_aligner_passes_with_its_gate_folded_into_the_output() -> None:
+    """Evolla's aligner block, ``x + tanh(gate_attention) * cross_attention(x)`` then a gated feed-forward: audited
+    with the feed-forward's gate zeroed, the residual subtracted and ``tanh(gate_attention)`` folded into the output
+    projection, which is what the class's own ``cross_attention`` method times its gate gives."""
+    module: Any = randomize_parameters(hf_build(_class("evolla", "EvollaSequenceAlignerCrossAttention")), 0)
+    spec = hf_spec(module)
+    report = _audit(module, spec)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert hf_limits(module) == []
+    notes = hf_notes(module)
+    assert any("gate_ffw zeroed" in n for n in notes)
+    assert any("num_attention_heads**-0.5" in n for n in notes)
+    # the folded gate against the class's own method (its norm bypassed, as the spec's call bypasses it)
+    m = module.double().eval()
+    x, memory = torch.randn(2, 3, 16, dtype=torch.float64), torch.randn(2, 5, 16, dtype=torch.float64)
+    out = spec.forward(m, x, memory, memory, None, False)
+    ones = torch.ones(2, 5, dtype=torch.float64)
+    inner = m.cross_attention(x, memory, None, None, None, ones, None, None)
+    torch.testing.assert_close(out, torch.tanh(m.gate_attention) * inner)
+
+
+def test_an_aligner_that_drops_the_tanh_of_its_gate_fails() -> None:
+    """An aligner that multiplies its attention by the raw ``gate_attention`` (1 here), not by its tanh: the
+    reference (the output projection times ``tanh(1)``) fails it."""
+    base = _class("evolla", "EvollaSequenceAlignerCrossAttention")
+
+    class Ungated(base):  # type: ignore[misc, valid-type]
+        def forward(self, query_states: Tensor, protein_kv_states: Tensor, structure_kv_states: Any,
+                    msa_kv_states: Any, query_attn_mask: Any, protein_kv_attn_mask: Any = None, **kwargs: Any
+                    ) -> Tensor:
+            inner = self.cross_attention(query_states, protein_kv_states, None, None, query_attn_mask,
+                                         protein_kv_attn_mask, None, None)
+            hidden = query_states + getattr(self, "gate_attention") * inner  # noqa: B009 (an Any base's attribute)
+            out: Tensor = hidden + self.ff(hidden) * torch.tanh(getattr(self, "gate_ffw"))  # noqa: B009
+            return out
+
+    module: Any = randomize_parameters(hf_build(base), 0)
+    with torch.no_grad():
+        module.gate_attention.fill_(1.0)
+    spec = hf_spec(module)
+    assert _audit(module, spec).status("reference") == "PASS"
+    module.__class__ = Ungated
     assert _audit(module, spec).status("reference") == "FAIL"
