@@ -265,9 +265,9 @@ def content_zero_args(cls: Any) -> dict[str, str]:
     ``q_content_proj``/``k_content_proj`` beside position projections ``q_pos_proj``/``k_pos_proj``/
     ``q_pos_sine_proj``) that feed its position projections, which the audit passes as zeros, each with the side it
     belongs to (``"key"``: it feeds key position projections only, zeros like the keys' input; ``"query"``: query
-    ones only; ``"both"``: a self-attention's, which feeds both); not an
-    optional one the forward tests for None (Conditional DETR's cross-attention ``query_position_embeddings``, which
-    its model passes to the first layer only: left None, as for the other layers)."""
+    ones only; ``"both"``: a self-attention's, which feeds both); not an optional one the forward tests for None
+    (Conditional DETR's cross-attention ``query_position_embeddings``, which its model passes to the first layer
+    only: left None, as for the other layers)."""
     source = _forward_source(cls)
     signature = inspect.signature(cls.forward).parameters
     found: dict[str, str] = {}
@@ -377,7 +377,9 @@ def content_layout(module: nn.Module) -> Layout | None:
 
         (wq, bq), (wk, bk), (wv, bv), (wo, bo) = (linear(n) for n in plain[:4])
         bq, bk = plus(bq, "q"), plus(bk, "k")
-        h = int(resolve(m, plain[4], type(m).__name__))
+        # the head size the class split its heads by (Conditional DETR's self-attention keeps no head count)
+        size = getattr(m.get_submodule(owner.rstrip(".")) if owner else m, "head_dim", None)
+        h = wq.shape[0] // size if isinstance(size, int) and size > 0 else int(resolve(m, plain[4], type(m).__name__))
         return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, h, wq.shape[0] // h, wv.shape[0] // h,
                        float(resolve(m, plain[5], type(m).__name__)))
 

@@ -60,6 +60,18 @@ def test_detr_decoder_content_and_position_projections_pass(model: str, name: st
     assert any("positional half concatenated" in n for n in notes) == concatenated
 
 
+@pytest.mark.parametrize("name", ["ConditionalDetrDecoderSelfAttention", "ConditionalDetrDecoderCrossAttention"])
+def test_conditional_detr_s_head_count_is_the_module_s_own(name: str) -> None:
+    """Its decoder layer builds the class with ``decoder_attention_heads``, not the config's
+    ``num_attention_heads`` (the encoder's): the heads are read from the module's head size, so 2 heads pass."""
+    cls = _class("conditional_detr", name)
+    built: Any = hf_build(cls)
+    module = randomize_parameters(cls(built.config, 16, 2), 0)
+    w = spec_weights(module, hf_spec(module))
+    assert (w.h, w.d) == (2, 8)
+    assert _audit(module).passed
+
+
 def _captured(module: Any, modeling: Any, call: Any) -> dict[str, Tensor]:
     """The query and key heads the class passes to its attention function."""
     seen: dict[str, Tensor] = {}
