@@ -329,6 +329,10 @@ def page(rows: list[dict[str, Any]], unimportable: list[str], seconds: float, ve
         "Muse), gates with a per-head bias or a softplus (Beam, Laguna), proportional rope, boolean masks "
         "(DeBERTa), tokens time-first (FSMT, Mask2Former) and DETR-style positions a class needs (passed as zeros: "
         "named in a note). "
+        "Also DETR decoders' content and position projections (Conditional DETR, DAB-DETR: zero positions, named), "
+        "keys and values already projected (DAB-DETR's inner attention: identity projections), Perceiver "
+        "resamplers' keys over the memory and the latents (IDEFICS 2, Evolla) and Evolla's gated aligner block (its "
+        "gate folded into the output projection, its feed-forward bypassed: named). "
         "Status letters, in "
         "order: " + ", ".join(f"`{c}`" for c in checks) + " (P pass, F fail, S skip).",
         "",

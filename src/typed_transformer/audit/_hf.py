@@ -20,13 +20,17 @@ from torch import Tensor, nn
 from ..masks import window_mask
 from ._core import AuditUsageError, Conventions
 from ._hf_layouts import (
+    PROJECTED,
     Layout,
     bypass_norms,
     config_from_configuration_module,
     constructor_arguments,
+    content_layout,
+    content_zero_args,
     find_layout,
     has_residual,
     init_parameters,
+    projected_layout,
     relative_bias,
 )
 from ._modules import (
@@ -396,6 +400,8 @@ def _rotary_style(module: nn.Module) -> Literal["half", "interleaved"]:
 
 def _input_width(module: nn.Module, layout: Layout) -> int:
     """The width of the tokens the module takes: the input side of its query (or fused) projection."""
+    if layout.q is None and layout.qkv is None and layout.out is not None and layout.weights is not None:
+        return int(layout.weights(module).wq.shape[1])  # identity projections (DAB-DETR's DabDetrAttention)
     projection: Any = module.get_submodule(str(layout.q or layout.qkv or _LATENT.kv_a))
     if isinstance(projection, nn.Conv1d):  # a 1x1 convolution over channels, grouped: its in_channels
         return int(projection.in_channels)
@@ -1239,7 +1245,8 @@ def _input_norms(core: nn.Module) -> list[str]:
     found = []
     for call in re.finditer(r"self\.(\w+)\((\w+)\)", source):
         norm = getattr(core, call.group(1), None)
-        if (call.start() < first and call.group(2) in names[:1] + list(_MEMORY_ARGS) and isinstance(norm, nn.Module)
+        inputs = names[:1] + list(_MEMORY_ARGS) + list(_perceiver(type(core)) or ())
+        if (call.start() < first and call.group(2) in inputs and isinstance(norm, nn.Module)
                 and (isinstance(norm, nn.LayerNorm | nn.RMSNorm) or "Norm" in type(norm).__name__)
                 and not any(_is_projection(c) for c in norm.modules())):
             found.append(call.group(1))
@@ -1295,12 +1302,61 @@ def _passed_on(body: str, name: str) -> bool:
     return True
 
 
+def _perceiver(cls: Any) -> tuple[str, str] | None:
+    """A Perceiver resampler's ``(queries, memory)`` arguments: the forward concatenates the memory and the latents
+    along the tokens (Evolla's ``kv_input = torch.cat((x, latents), dim=-2)``, IDEFICS 2's ``torch.concat([context,
+    latents], dim=-2)``) and projects its keys and values from that, its queries from the latents alone."""
+    source = _source(cls.forward)
+    signature = inspect.signature(cls.forward).parameters
+    found = re.search(r"(\w+) = torch\.(?:cat|concat)\([\[(](\w+), (\w+)[\])], dim=-2\)", source)
+    if found is None or not all(n in signature for n in found.group(2, 3)):
+        return None
+    joined, memory, queries = found.group(1, 2, 3)
+    if not (re.search(rf"self\.\w+\({queries}\)", source) and re.search(rf"self\.\w+\({joined}\)", source)):
+        return None
+    return queries, memory
+
+
+def _key_mask_only(cls: Any, mask_arg: str) -> bool:
+    """The forward reads its mask as one row of ones and zeros per key, ``mask[:, None, None, :]`` (Evolla's
+    compressor)."""
+    return re.search(rf"\b{mask_arg}\[:, None, None, :\]", _source(cls.forward)) is not None
+
+
 def _positions_optional(cls: Any) -> bool:
     """``forward``'s ``position_embeddings`` defaults to None and its code tests for None (DETR: sine embeddings its
     model adds to the query and key inputs; without them the class is plain attention)."""
     signature = inspect.signature(cls.forward).parameters
     return ("position_embeddings" in signature and signature["position_embeddings"].default is None
             and re.search(r"position_embeddings is (not )?None", _source(cls.forward)) is not None)
+
+
+def _content_notes(module: nn.Module) -> list[str]:
+    """What the audit of a DETR decoder's content and position projections (:func:`content_layout`) leaves
+    untested: the positions (zeros), the per-head half they concatenate, the optional ones left None, the position
+    projections the layer does not have."""
+    if content_layout(module) is None:
+        return []
+    cls = type(module)
+    zeros = content_zero_args(cls)
+    source = _source(cls.forward)
+    notes = [f"DETR decoder attention with content and position projections added before the dot product: audited "
+             f"with zero {', '.join(zeros)} (each position projection then adds its bias only), so what the "
+             f"positions add is not tested"]
+    if re.search(r"torch\.cat\(\[\w+, \w+\]", source):
+        notes.append("each head's query and key get a positional half concatenated (the projected sine embedding, "
+                     "the keys' position projection): with zero positions it adds one constant per head to the "
+                     "logits, which the softmax cancels, so that half is not tested; the scale is the class's, "
+                     "1/sqrt of the doubled head")
+    signature = inspect.signature(cls.forward).parameters
+    left = [n for n in re.findall(r"self\.\w*pos\w*proj\((\w+)\)", source) if n in signature and n not in zeros]
+    notes += [f"forward's optional {name} (its model passes them to the first decoder layer only) left None, as "
+              f"for the other layers: the first layer's added positions are not tested" for name in dict.fromkeys(left)]
+    notes += [f"{name} is None in this layer (is_first=False and keep_query_pos=False, as in its model's layers "
+              f"after the first): the query positions the first layer adds are not tested"
+              for name in re.findall(r"self\.(\w*pos\w*proj) = None", _source(cls))
+              if getattr(module, name, None) is None]
+    return notes
 
 
 def hf_notes(module: nn.Module) -> list[str]:
@@ -1345,6 +1401,27 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
                      f"they set (UnboundLocalError; its model always passes them): audited with zero {needed}, so "
                      f"what they add is not tested")
+    notes += _content_notes(module)
+    if _gated_block(module):
+        heads, width = int(getattr(module, "num_attention_heads")), int(getattr(module, "hidden_size"))  # noqa: B009
+        notes.append("a gated cross-attention block (x + tanh(gate_attention) * attention, then + tanh(gate_ffw) * "
+                     "feed-forward): audited with its residual subtracted, tanh(gate_attention) folded into the "
+                     "output projection, gate_ffw zeroed and attention_norm bypassed, so the feed-forward and the "
+                     "norm are not tested; keys and values of the protein modality only, as its model builds it; "
+                     "its query and key masks (rows of ones and zeros, filled with the dtype's minimum) are not "
+                     "tested (audited without masks)")
+        notes.append(f"its scale is num_attention_heads**-0.5 (self.scale, read as the class uses it), not "
+                     f"head_dim**-0.5: the same here ({heads} heads of {width // heads}), not in a model whose head "
+                     f"count and head size differ")
+    mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask") if n in signature), "attention_mask")
+    if _key_mask_only(type(module), mask_arg):
+        notes.append(f"its {mask_arg} is a key padding mask (b, s) of ones and zeros (the masked logits filled with "
+                     f"-1e4), which no mask of the audit's (b, 1, t, s) form reaches: audited without masks (ones "
+                     f"passed), so its masking is not tested")
+    if projected_layout(module) is not None:
+        notes.append("takes its queries, keys and values already projected (its decoder layer's content and position "
+                     "projections are outside the class, audited with the layer classes): audited with identity "
+                     "projections over separate query, key and value inputs")
     notes += [f"normalises its input with {name} before its projections (a pre-norm inside the class): audited with "
               f"it bypassed, as a block's Add & Norm is, so the norm is not tested"
               for name in _input_norms(_core_of(module))]
@@ -1465,7 +1542,8 @@ def hf_limits(module: nn.Module) -> list[str]:
             *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ()),
             *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ()),
             *(("gru_rel_pos_linear", "rel_attn_embed") if _gated_bias(module, "") is not None else ()),
-            *(("distance_embedding", "rel_pos_emb", relative.proj or "") if relative is not None else ())}
+            *(("distance_embedding", "rel_pos_emb", relative.proj or "") if relative is not None else ()),
+            *(_GATED_READS if _gated_block(module) else ())}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
         # (a softmax over the keys as a module of its own: CPM-Ant's nn.Softmax(dim=-1))
@@ -1490,6 +1568,8 @@ def hf_limits(module: nn.Module) -> list[str]:
         own |= {"rel_pos_h", "rel_pos_w"}
     if _differential(module) is not None:
         own |= {n for n, _ in module.named_parameters(recurse=False) if n.startswith("lambda")}
+    if _gated_block(module):
+        own |= set(_GATED_OWN)
     limits += [f"parameter {name!r} the spec does not read" for name, _ in module.named_parameters(recurse=False)
                if name not in own]
     return limits
@@ -1517,6 +1597,8 @@ def hf_spec(cls_or_module: type | nn.Module, *, cross: bool | None = None) -> Mo
         AuditUsageError: the class is not of that shape (the message says what is missing).
     """
     module = hf_build(cls_or_module, cross=bool(cross)) if isinstance(cls_or_module, type) else cls_or_module
+    if _gated_block(module):
+        return _gated_spec(module)
     shipped = _shipped_spec(module, bool(cross))
     if shipped is not None and (shipped.qkv_layout != "blocks" or shipped.alibi is not None or shipped.memory):
         return shipped
@@ -1529,6 +1611,66 @@ def hf_spec(cls_or_module: type | nn.Module, *, cross: bool | None = None) -> Mo
                 raise AuditUsageError(f"{type(module).__qualname__}: {refused}; and {err}") from err
             raise
         return shipped
+
+
+#: the children and parameters of a gated cross-attention block (Evolla's aligner) its spec reads or bypasses
+_GATED_READS = ("query", "key_protein", "value_protein", "out_proj", "attention_norm", "ff")
+_GATED_OWN = ("gate_attention", "gate_ffw")
+
+
+def _gated_block(module: nn.Module) -> bool:
+    """Evolla's ``EvollaSequenceAlignerCrossAttention``, a Flamingo-style gated block: ``x + tanh(gate_attention) *
+    cross_attention(x)``, then ``+ tanh(gate_ffw) * ff(...)``, its attention (in its ``cross_attention`` method) over
+    the keys and values of the modalities its constructor was given widths for; recognised when only the protein one
+    was (as its model builds it)."""
+    source = _source(type(module).forward)
+    return ("hidden_states = torch.tanh(self.gate_attention) * hidden_states" in source
+            and "self.ff(hidden_states) * torch.tanh(self.gate_ffw)" in source
+            and "self.attention_norm(query_states)" in _source(getattr(type(module), "cross_attention", None))
+            and all(_is_projection(getattr(module, n, None)) for n in ("query", "key_protein", "value_protein",
+                                                                         "out_proj"))
+            and all(getattr(module, n, 0) is None for n in ("key_structure", "value_structure", "key_msa",
+                                                             "value_msa"))
+            and all(isinstance(getattr(module, n, None), nn.Parameter) for n in _GATED_OWN))
+
+
+def _gated_spec(module: nn.Module) -> ModuleSpec:
+    """The spec of a :func:`_gated_block`: cross-attention over the protein keys and values, the block's residual
+    subtracted, ``tanh(gate_attention)`` folded into the output projection, the feed-forward bypassed (``gate_ffw``
+    zeroed on the audit's copy), ``attention_norm`` bypassed as a pre-norm; no masks (its masks are rows of ones and
+    zeros per query and per key, which no mask of the audit's form reaches)."""
+    cls = type(module)
+    plain = ModuleSpec(f"hf:{cls.__name__}", _unused_forward, q="query", k="key_protein", v="value_protein",
+                       out="out_proj", num_heads="num_attention_heads", scale="scale")
+
+    def weights(m: Any) -> Weights:
+        w = spec_weights(m, plain)
+        gate = math.tanh(float(m.gate_attention.detach().double().reshape(-1)[0]))
+        return dataclasses.replace(w, wo=None if w.wo is None else w.wo * gate,
+                                   bo=None if w.bo is None else w.bo * gate)
+
+    def forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                is_causal: bool) -> Tensor:
+        assert key is not None
+        bypass_norms(m, ("attention_norm",))
+        with torch.no_grad():
+            m.gate_ffw.zero_()  # the feed-forward bypassed, as a block's Add & Norm is
+        out: Tensor = m(query_states=x, protein_kv_states=key, structure_kv_states=None, msa_kv_states=None,
+                        query_attn_mask=None, protein_kv_attn_mask=torch.ones(key.shape[0], key.shape[1],
+                                                                             dtype=x.dtype))
+        return out - x
+
+    spec = dataclasses.replace(plain, forward=forward, weights=weights, memory=True,
+                               conventions=dataclasses.replace(_HF_CROSS, supports_mask=False, supports_causal=False),
+                               module_type=f"{cls.__module__}.{cls.__qualname__}",
+                               build=lambda c, overrides: hf_build(c, overrides, cross=True))
+    REBUILDS[spec] = "from typed_transformer.audit import hf_spec\nspec = hf_spec(module)"  # for repros
+    return spec
+
+
+def _unused_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                    is_causal: bool) -> Tensor:
+    raise NotImplementedError  # the weights-only spec _gated_spec reads projections through
 
 
 def _shipped_spec(module: nn.Module, cross: bool) -> ModuleSpec | None:
@@ -1573,15 +1715,24 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         q_norm, k_norm = (None if n is None else layout.core + n for n in _norm_paths(core))
     signature = inspect.signature(cls.forward).parameters
     params = list(signature)[1:]
+    # a DETR decoder's content and position projections (Conditional DETR, DAB-DETR): its positions given as zeros
+    content_zeros = content_zero_args(cls) if layout.extra_reads else {}
     separate = tuple(params[:3]) in _SEPARATE
+    # keys and values already projected, taken by name (DAB-DETR's DabDetrAttention): identity projections
+    projected = layout.q is None and layout.qkv is None and all(n in signature for n in PROJECTED)
     # a (query, key, value) class that requires rotary tables and builds its keys' projection from the queries'
     # width (SAM 2 video's memory self-attention: its model calls it with query = key = value): self-attention, the
     # input passed as all three
     rotary_self = (separate and "position_embeddings" in signature
                    and signature["position_embeddings"].default is inspect.Parameter.empty)
-    separate = separate and not rotary_self
+    separate = (separate and not rotary_self) or projected
     merged = _merged_memory(core)
-    memory_arg = None if merged is not None else _memory_arg(module, core, signature, cross)
+    # a Perceiver resampler that takes its memory first (Evolla's compressor: forward(x, latents, mask)): keys and
+    # values over [memory; latents], the queries from the latents (IDEFICS 2's, latents first, is _keys_with_input's)
+    perceiver = _perceiver(cls)
+    perceiver = perceiver if perceiver is not None and params[:1] == [perceiver[1]] else None
+    memory_arg = (None if merged is not None else perceiver[1] if perceiver is not None
+                  else _memory_arg(module, core, signature, cross))
     mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask", "merged_attention_mask") if n in signature),
                     "attention_mask")
     # ViT on transformers 5.0 takes forward(hidden_states), BLIP's vision attention (hidden_states, **kwargs) and
@@ -1609,7 +1760,14 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # of the audit's (b, 1, t, s) form reaches it, so it is audited without masks (named in hf_notes)
     if _padding_only(cls, mask_arg):
         takes_mask = False
+    # a key padding mask (b, s) of ones and zeros only (Evolla's compressor: mask[:, None, None, :]), which no mask of
+    # the audit's (b, 1, t, s) form reaches: audited without masks, ones passed (named in hf_notes)
+    key_mask = _key_mask_only(cls, mask_arg)
+    if key_mask:
+        takes_mask = False
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
+    if content_zeros and memory_arg is not None and memory_mask in signature:
+        takes_mask = True  # DAB-DETR's cross-attention: its mask is encoder_attention_mask, with no attention_mask
     # the first parameter is the input, passed by position whatever its name (VitDet's hidden_state)
     nullable = _nullable(cls)
     added = _added_biases(core)
@@ -1629,7 +1787,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg,
                                                             distances_arg)
                and n not in _PROVIDED and n not in nullable and n not in flags and n not in added
-               and n != "hidden_kv"
+               and n != "hidden_kv" and n not in content_zeros and n not in (perceiver or ())
+               and not (key_mask and n == mask_arg)
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
         raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
@@ -1676,7 +1835,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         takes_rotary, own_tables, rotary_class = False, False, None
     # Swin's windows: every sequence is one window of Wh x Ww tokens, with a mask per window shared by the heads
     window_table = _window_table(module)
-    with_input = _keys_with_input(core, layout, memory_arg)
+    with_input = _keys_with_input(core, layout, memory_arg) or perceiver is not None
     # a mask of ones (attend) and zeros (masked) of shape (b, t, s), which the forward turns into its own fill
     # (XLM's and FlauBERT's ``(mask == 0).view(mask_reshape)``), not an additive (b, 1, t, s) one
     ones_zeros = re.search(rf"\({mask_arg} == 0\)", source) is not None
@@ -1802,6 +1961,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             kwargs["position_embeddings"] = None
         if zero_positions is not None:  # DETR's optional embeddings that its values need: zeros, plain attention
             kwargs[zero_positions] = torch.zeros_like(x)
+        kwargs.update({name: torch.zeros_like(x) for name in content_zeros})
         kwargs.update({n: x for n in again})
         if "position_ids" in signature:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
@@ -1862,7 +2022,13 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             assert key is not None
             assert value is not None
             masks = {mask_arg: mask_for(m, x, key.shape[1], keep, is_causal)} if takes_mask else {}
+            if projected:
+                return invoke(m, x, **dict(zip(PROJECTED, (key, value), strict=True)), **masks, **positions(x, 0))
             return invoke(m, x, key, value, **masks, **positions(x, 0))
+        if perceiver is not None:  # the memory first, the latents (queries) by name, a key mask of ones over both
+            assert key is not None
+            masks = {mask_arg: torch.ones(x.shape[0], key.shape[1] + x.shape[1], dtype=x.dtype)} if key_mask else {}
+            return invoke(m, key, **{perceiver[0]: x}, **masks)
         if memory_arg is not None and with_input:  # its model's mask: the memory's, then ones for the input's keys
             assert key is not None
             t, s = x.shape[1], key.shape[1]
@@ -1876,7 +2042,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         if memory_arg is not None:
             assert key is not None
             masks = {memory_mask: mask_for(m, x, key.shape[1], keep, is_causal)} if takes_mask else {}
-            return invoke(m, x, **{memory_arg: key}, **masks, **positions(x, 0))
+            zeros = {n: torch.zeros_like(key if side == "key" else x) for n, side in content_zeros.items()}
+            return invoke(m, x, **{memory_arg: key}, **masks, **zeros, **positions(x, 0))
         return call(m, x, mask_for(m, x, x.shape[1], keep, is_causal), 0)
 
     def decode(m: Any, x: Tensor) -> Tensor:

@@ -63,6 +63,8 @@ class Layout:
     weights: Callable[[Any], Any] | None = None
     #: how the fused projection's outputs are ordered (:class:`~typed_transformer.audit.ModuleSpec`'s field)
     qkv_layout: str = "blocks"
+    #: other children the layout reads (DETR decoders' position projections, which get zero inputs)
+    extra_reads: tuple[str, ...] = ()
 
     def fields(self) -> dict[str, Any]:
         """The :class:`~typed_transformer.audit.ModuleSpec` fields this layout gives."""
@@ -75,7 +77,8 @@ class Layout:
     def reads(self) -> set[str]:
         """The module's direct children the layout reads (a block's norms, which it bypasses; a norm of the
         attention module itself, such as BitNet's sub-norm, is not read)."""
-        paths = [self.core, self.q, self.k, self.v, self.qkv, self.out, *(self.norms if self.core else ())]
+        paths = [self.core, self.q, self.k, self.v, self.qkv, self.out, *(self.norms if self.core else ()),
+                 *self.extra_reads]
         return {p.split(".")[0] for p in paths if p}
 
 
@@ -234,10 +237,15 @@ def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (No
         if (q and k and v) or fused:
             break
     else:
+        content = content_layout(module) or projected_layout(module) or kv_layout(module)
+        if content is not None:
+            return content
         raise AuditUsageError(f"{type(module).__qualname__}: no query/key/value projections (looked for "
                               f"{'/'.join(_Q)}, {'/'.join(_K)}, {'/'.join(_V)} or a fused {'/'.join(_FUSED)}, in "
                               f"the class and its children)")
     kv_fused = q is not None and k is None and v is None and fused is None
+    if kv_fused and not prefix and _first(core, _HEADS, int) is None and (own := kv_layout(core)) is not None:
+        return own  # its head count in ``heads`` (Evolla's compressor)
     if kv_fused:
         k = v = "to_kv"
     used = {n.split(".")[0] for n in (q, k, v, fused) if n}
@@ -258,6 +266,202 @@ def find_layout(module: nn.Module, qk_norms: tuple[str | None, str | None] = (No
                   norms=_norms(module, prefix, qk_norms),
                   weights=_codegen_weights(prefix, str(fused), out, groups) if groups else None,
                   qkv_layout="heads" if fused in _PER_HEAD or _split_per_head(core, fused) else "blocks")
+
+
+_CONTENT = re.compile(r"(\w*?)(q|query)_content_proj")
+
+
+def content_zero_args(cls: Any) -> dict[str, str]:
+    """The forward arguments of a DETR decoder's attention (Conditional DETR's, DAB-DETR's: content projections
+    ``q_content_proj``/``k_content_proj`` beside position projections ``q_pos_proj``/``k_pos_proj``/
+    ``q_pos_sine_proj``) that feed its position projections, which the audit passes as zeros, each with the side it
+    belongs to (``"key"``: it feeds key position projections only, zeros like the keys' input; ``"query"``: query
+    ones only; ``"both"``: a self-attention's, which feeds both); not an optional one the forward tests for None
+    (Conditional DETR's cross-attention ``query_position_embeddings``, which its model passes to the first layer
+    only: left None, as for the other layers)."""
+    source = _forward_source(cls)
+    signature = inspect.signature(cls.forward).parameters
+    found: dict[str, str] = {}
+    for call in re.finditer(r"self\.(\w*pos\w*proj)\((\w+)\)", source):
+        name, arg = call.group(1), call.group(2)
+        if arg not in signature or (signature[arg].default is None and f"if {arg} is not None:" in source):
+            continue
+        side = "key" if re.search(r"(^|_)(k|key)_pos\w*_proj$", name) else "query"
+        found[arg] = side if found.get(arg, side) == side else "both"  # both: a self-attention's
+    return found
+
+
+def _branch_taken(module: Any, source: str, at: int, zeros: dict[str, str]) -> bool | None:
+    """Whether the statement at ``at`` in ``source`` runs when the audit calls the class (its zero arguments given,
+    the others left None): True outside any ``if``; an ``if X is not None:`` on a forward argument, or an ``if`` on
+    the module's own flags (``self.is_first or self.keep_query_pos``), evaluated; None for any other condition."""
+    start = source.rfind("\n", 0, at) + 1
+    line = source[start:at]
+    indent = len(line) - len(line.lstrip())
+    for above in reversed(source[:start].splitlines()):
+        stripped = above.lstrip()
+        if not stripped or len(above) - len(stripped) >= indent:
+            continue
+        indent = len(above) - len(stripped)
+        if stripped.startswith(("def ", ")")):  # the signature: the forward's own body is reached
+            return True
+        none = re.fullmatch(r"if (\w+) is not None:", stripped)
+        flags = re.fullmatch(r"if (self\.\w+(?: (?:or|and) self\.\w+)*):", stripped)
+        if none is not None:
+            if none.group(1) not in zeros:
+                return False
+        elif flags is not None:
+            # "a or b and c": or of ands, each term a flag of the module
+            if not any(all(bool(getattr(module, term.strip()[5:])) for term in either.split(" and "))
+                       for either in flags.group(1).split(" or ")):
+                return False
+        elif re.match(r"(elif|else|for|while|with|try|except|finally)\b", stripped):
+            return None
+        # else the opening line of a statement continued below (Conditional DETR's ``query_states = (``)
+    return True
+
+
+def _added_bias(module: Any, source: str, projection: str, zeros: dict[str, str]) -> bool | None:
+    """Whether the forward adds ``self.<projection>(...)`` (a position projection of a zero input: its bias) to the
+    content projection: ``+ self.<projection>(`` or ``+ <name>`` of the name it was assigned to, on a path the audit's
+    call takes; None when a condition on that path is not one :func:`_branch_taken` reads."""
+    if getattr(module, projection, None) is None:
+        return False  # DAB-DETR's cross_attn_query_pos_proj, None in the layers that do not use it
+    assigned = re.search(rf"(\w+) = self\.{projection}\(", source)
+    forms = [rf"\+ self\.{projection}\("] + ([rf"\+ {assigned.group(1)}\b"] if assigned else [])
+    taken = [_branch_taken(module, source, m.start(), zeros) for form in forms for m in re.finditer(form, source)]
+    return None if None in taken else any(taken)
+
+
+def content_layout(module: nn.Module) -> Layout | None:
+    """A DETR decoder's attention with content and position projections (Conditional DETR's
+    ``q_content_proj``/``q_pos_proj``/..., DAB-DETR's ``self_attn_query_content_proj``/... around its
+    ``DabDetrAttention``, which adds them before the dot product): audited with zero positions (the arguments of
+    :func:`content_zero_args`), so a position projection gives its bias only. The queries and keys are then the
+    content projections, with the biases of the position projections the forward adds on the audit's path; a part
+    concatenated to each head (Conditional DETR's ``q_pos_sine_proj`` of the sine embedding beside ``k_pos_proj`` of
+    the keys' positions) is then one constant per head in the logits, which the softmax cancels, and the scale is the
+    class's (over the doubled head). None when the class is not of that form."""
+    found = next((m for n, _ in module.named_children() if (m := _CONTENT.fullmatch(n)) and _projection(module, n)),
+                 None)
+    if found is None:
+        return None
+    prefix = found.group(1)
+    long = found.group(2) == "query"
+    names = {s: f"{prefix}{(w if long else w[0])}_{{}}_proj" for s, w in (("q", "query"), ("k", "key"))}
+    q, k = names["q"].format("content"), names["k"].format("content")
+    v = f"{prefix}{'value' if long else 'v'}_proj"
+    if not (_projection(module, k) and _projection(module, v)):
+        return None
+    source = _forward_source(type(module))
+    zeros = content_zero_args(type(module))
+    added = {s: _added_bias(module, source, names[s].format("pos"), zeros) for s in ("q", "k")}
+    # a concatenated part must be a position projection (of zeros: a constant)
+    for cat in re.finditer(r"torch\.cat\(\[(\w+), (\w+)\]", source):
+        if not re.search(rf"\b{cat.group(2)} = self\.\w*pos\w*_proj\(", source):
+            return None
+    if None in added.values() or not zeros:
+        return None
+    attention = [(n, c) for n, c in module.named_children() if not _projection(module, n) and any(
+        _projection(c, o) for o in ("o_proj", "output_proj", "out_proj"))]
+    owner, inner = (f"{attention[0][0]}.", attention[0][1]) if len(attention) == 1 else ("", module)
+    out = next((owner + o for o in ("o_proj", "output_proj", "out_proj") if _projection(inner, o)), None)
+    own = _first(inner, (*_HEADS, "attention_heads"), int)
+    heads = owner + own if own is not None else _sizes(module, "", _width(module, q))[0]
+    scale = _first(inner, _SCALE, (float, int))
+    if out is None or scale is None:
+        return None
+    positions = tuple(n for n, c in module.named_children() if "pos" in n and _projection(module, n))
+    norms = _norms(module, owner, (None, None))
+    plain = (q, k, v, out, heads, owner + scale)
+
+    def read(m: Any) -> Any:
+        from ._modules import Weights, resolve
+
+        def linear(name: str) -> tuple[Tensor, Tensor | None]:
+            layer = m.get_submodule(name)
+            return layer.weight.detach().double(), None if layer.bias is None else layer.bias.detach().double()
+
+        def plus(bias: Tensor | None, side: str) -> Tensor | None:
+            extra = linear(names[side].format("pos"))[1] if added[side] else None
+            return extra if bias is None else bias if extra is None else bias + extra
+
+        (wq, bq), (wk, bk), (wv, bv), (wo, bo) = (linear(n) for n in plain[:4])
+        bq, bk = plus(bq, "q"), plus(bk, "k")
+        # the head size the class split its heads by (Conditional DETR's self-attention keeps no head count)
+        size = getattr(m.get_submodule(owner.rstrip(".")) if owner else m, "head_dim", None)
+        h = wq.shape[0] // size if isinstance(size, int) and size > 0 else int(resolve(m, plain[4], type(m).__name__))
+        return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, h, wq.shape[0] // h, wv.shape[0] // h,
+                       float(resolve(m, plain[5], type(m).__name__)))
+
+    return Layout("", q, k, v, None, out, False, heads, None, None, owner + scale, norms=norms, weights=read,
+                  extra_reads=positions + norms)
+
+
+#: the forward arguments of a class that takes its keys and values already projected (DAB-DETR's ``DabDetrAttention``)
+PROJECTED = ("key_states", "value_states")
+
+
+def projected_layout(module: nn.Module) -> Layout | None:
+    """A class that takes its queries (its input), keys and values already projected, its decoder layer's projections
+    outside it (DAB-DETR's ``DabDetrAttention``: ``forward(hidden_states, attention_mask, key_states, value_states)``,
+    only an output projection of its own): audited over separate query, key and value inputs with identity
+    projections; None for any other class."""
+    source = _forward_source(type(module))
+    signature = inspect.signature(type(module).forward).parameters
+    own = [n for n, _ in module.named_children() if _projection(module, n)]
+    if (not all(n in signature for n in PROJECTED) or len(own) != 1 or own[0] not in (*_OUT, "output_proj")
+            or not re.search(r"query_states = hidden_states\b", source)):
+        return None
+    heads = _first(module, (*_HEADS, "attention_heads"), int)
+    head_dim = _first(module, ("attention_head_dim", *_HEAD_DIM), int)
+    value_dim = _first(module, ("values_head_dim",), int)
+    scale = _first(module, _SCALE, (float, int))
+    if heads is None or head_dim is None or scale is None:
+        return None
+    out = own[0]
+
+    def read(m: Any) -> Any:
+        from ._modules import Weights
+
+        h, d = int(getattr(m, heads)), int(getattr(m, head_dim))
+        dv = d if value_dim is None else int(getattr(m, value_dim))
+        layer = m.get_submodule(out)
+        eye = torch.eye(h * d, dtype=torch.float64)
+        return Weights(eye, eye.clone(), torch.eye(h * dv, dtype=torch.float64), layer.weight.detach().double(),
+                       None, None, None, None if layer.bias is None else layer.bias.detach().double(), h, h, d, dv,
+                       float(getattr(m, scale)))
+
+    return Layout("", None, None, None, None, out, False, heads, None, head_dim, scale, weights=read)
+
+
+def kv_layout(module: nn.Module) -> Layout | None:
+    """A query projection ``to_q`` beside a fused key/value one ``to_kv`` whose output the forward halves into keys
+    and values (``k, v = self.to_kv(...).chunk(2, dim=-1)``: Evolla's sequence compressor, a Perceiver resampler), the
+    head count in ``heads`` and the scale in ``scale``; None for any other class."""
+    source = _forward_source(type(module))
+    if not (_projection(module, "to_q") and _projection(module, "to_kv") and _projection(module, "to_out")
+            and re.search(r"\bk, v = self\.to_kv\(\w+\)\.chunk\(\s*2, dim=-1\s*\)", source)):
+        return None
+    heads = _first(module, (*_HEADS, "heads"), int)
+    scale = _first(module, _SCALE, (float, int))
+    if heads is None or scale is None:
+        return None
+
+    def read(m: Any) -> Any:
+        from ._modules import Weights
+
+        h = int(getattr(m, heads))
+        wk, wv = m.to_kv.weight.detach().double().chunk(2, dim=0)
+        bk, bv = (None, None) if m.to_kv.bias is None else m.to_kv.bias.detach().double().chunk(2)
+        wq, wo = m.to_q.weight.detach().double(), m.to_out.weight.detach().double()
+        bq = None if m.to_q.bias is None else m.to_q.bias.detach().double()
+        bo = None if m.to_out.bias is None else m.to_out.bias.detach().double()
+        return Weights(wq, wk, wv, wo, bq, bk, bv, bo, h, h, wq.shape[0] // h, wv.shape[0] // h,
+                       float(getattr(m, scale)))
+
+    return Layout("", "to_q", None, None, None, "to_out", False, heads, None, None, scale, weights=read,
+                  extra_reads=("to_kv",))
 
 
 def _split_per_head(core: Any, fused: str | None) -> bool:
