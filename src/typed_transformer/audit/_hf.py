@@ -142,6 +142,9 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
         if window is not None and window[1][0] * window[1][1] > _HF.lengths[1] and "window_size" not in (
                 overrides or {}):  # Swin's 7 x 7 windows: 2 x 2 ones, as long as the audit's sequences
             module = _build(cls, config, {**(overrides or {}), "window_size": 2}, cross)
+        if _local_blocks(_core_of(module)) is not None and "local_radius" not in (overrides or {}):
+            # LongT5's local attention of radius 127: radius 2 (blocks of 3), so the audit's sequences span blocks
+            module = _build(cls, config, {**(overrides or {}), "local_radius": _LOCAL_RADIUS}, cross)
         return module
     assert first is not None
     raise first
@@ -1018,6 +1021,12 @@ def hf_causes(module: nn.Module) -> list[str]:
                       "1e4 (1 - b)) and then adds the attention mask: a query row whose earlier keys are all masked "
                       "averages the values of the later keys, and a logit below -1e4 loses to a later key (large "
                       "logits)")
+    if _local_blocks(_core_of(module)) is not None and "torch.where(mask > 0, 0.0, -1e10)" in attention:
+        causes.append("LongT5's local attention adds -1e10 to the logits of masked keys, over each query block's frame "
+                      "of 3 blocks of keys (the zero padding past the sequence's ends included): a query row whose "
+                      "keys are all masked weighs every value of its frame (in float32, where -1e10 swamps the "
+                      "logits, their mean, the padding's zeros and the keys beyond the radius counted) instead of "
+                      "what a fully masked row gives; rows with an allowed key are exact")
     eager = _source(getattr(_modeling(type(module)), "eager_attention_forward", None))
     body = eager.split(")", 1)[-1].split(":", 1)[-1] if eager else ""
     if eager and "attention_mask" not in re.sub(r'""".*?"""|#[^\n]*', "", body, flags=re.S) and (
@@ -1120,12 +1129,48 @@ def _is_projection(obj: Any) -> bool:
     return isinstance(obj, nn.Module) and isinstance(weight, Tensor) and weight.ndim == 2
 
 
+#: the local radius LongT5's local attention is built with (its config's default, 127, is longer than the audit's
+#: sequences, which would then all fit in one block)
+_LOCAL_RADIUS = 2
+
+
+def _local_blocks(core: nn.Module) -> int | None:
+    """The block length of LongT5's local attention (blocks of ``local_radius + 1`` tokens, each query block against
+    its 3-block frame of keys, a mask of the model's block form ``(b, 1, blocks, block_len, 3 block_len)``), or None
+    for another class (the transient-global one takes a key padding mask and builds the blocks itself)."""
+    source = _source(type(core).forward)
+    block = getattr(core, "block_len", None)
+    if "_concatenate_3_blocks(" not in source or "_get_local_attention_mask(" in source or not isinstance(block, int):
+        return None
+    return block
+
+
+def _local_frames(core: nn.Module, keep: Tensor, dtype: torch.dtype) -> Tensor:
+    """The audit's mask ``keep (b, h, t, t)`` in LongT5's block form ``(b, h, blocks, block_len, 3 block_len)``, as
+    its model's ``_get_local_attention_mask`` builds it from a key padding mask: each query block's row of its 3-block
+    frame (the keys of the block before, its own, the one after; past the sequence's ends: masked), then the model's
+    own ``_mask_local_attention_mask`` (keys farther than the radius masked); ones attend, zeros are masked."""
+    block = _local_blocks(core)
+    assert block is not None
+    b, h, t, s = keep.shape
+    blocks = -(-t // block)
+    padded = keep.new_zeros(b, h, blocks * block, (blocks + 2) * block)
+    padded[:, :, :t, block:block + s] = keep
+    columns = torch.arange(blocks)[:, None] * block + torch.arange(3 * block)  # block n: keys (n - 1) bl .. (n + 2) bl
+    rows = rearrange(padded, "b h (n l) k -> b h n l k", l=block)
+    frames = rows.gather(-1, columns[None, None, :, None, :].expand(b, h, blocks, block, 3 * block))
+    local: Tensor = _modeling(type(core))._mask_local_attention_mask(frames, block)
+    return local.to(dtype)
+
+
 def _added_biases(core: nn.Module) -> list[str]:
     """Optional forward arguments the class adds to its attention logits as they are (LayoutLMv2's ``rel_pos`` and
     ``rel_2d_pos``: relative and spatial biases its encoder computes from the token and box positions), without
     which it raises: passed as zeros (what they add is not tested)."""
     source = _source(type(core).forward)
     signature = inspect.signature(type(core).forward).parameters
+    if _local_blocks(core) is not None:  # LongT5's local attention: its own bias and the mask, given None
+        return []
     found = re.findall(r"\b\w*scores\w* \+= (\w+)\n", source)
     return [n for n in dict.fromkeys(found) if n in signature and signature[n].default is None
             and n not in _PROVIDED and n not in ("attention_mask", "mask")]
@@ -1204,6 +1249,12 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append(f"its model limits each query to a window of {window} keys (config.sliding_window, by its mask "
                      f"and its sliding-window cache); the layer has no window of its own and is audited under a plain "
                      f"causal mask with a full cache, so that window is not tested")
+    local = _local_blocks(_core_of(module))
+    if local is not None:
+        notes.append(f"LongT5's local attention built with local_radius {local - 1} (blocks of {local}; its config's "
+                     f"default 127 would fit the audit's short sequences in one block), given its mask in its model's "
+                     f"block form (each query block's row of its 3-block frame, the keys beyond the radius masked by "
+                     f"the model's _mask_local_attention_mask); other radii are not tested")
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
@@ -1489,6 +1540,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         takes_rotary, own_tables, rotary_class = False, False, None
     # Swin's windows: every sequence is one window of Wh x Ww tokens, with a mask per window shared by the heads
     window_table = _window_table(module)
+    # LongT5's local attention: queries in blocks, each against its 3-block frame (a two-sided window of its radius)
+    local = _local_blocks(core)
     # a mask of ones (attend) and zeros (masked) of shape (b, t, s), which the forward turns into its own fill
     # (XLM's and FlauBERT's ``(mask == 0).view(mask_reshape)``), not an additive (b, 1, t, s) one
     ones_zeros = re.search(rf"\({mask_arg} == 0\)", source) is not None
@@ -1645,6 +1698,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         keep = with_causal(keep, is_causal, t, s)
         if keep is None:  # an explicit mask always: without one, some kernels decide causality themselves
             keep = torch.ones(1, 1, t, s, dtype=torch.bool)
+        if local is not None:  # LongT5's local attention: its model's block form
+            return _local_frames(core, keep.expand(b, keep.shape[1], t, s), x.dtype)
         if boolean_mask:
             return window_keep(m, keep, t, s).expand(b, keep.shape[1], t, s)
         if ones_zeros:
@@ -1761,7 +1816,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
-        decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys)
+        decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys,
+        radius=None if local is None else f"{layout.core}local_radius")
     if _cosine(core):  # Swin v2: unit queries and keys, a learned scale per head (clamped at 100)
         scale_path = f"{layout.core}logit_scale"
 

@@ -350,7 +350,16 @@ def log_coordinates(window: tuple[int, int], pretrained: tuple[int, int] | None 
 
 
 resize_table = typechecked(resize_table)
+def local_mask(t: int, s: int, radius: int) -> Bool[Tensor, "t s"]:
+    """A two-sided local window (LongT5's local attention), aligned bottom-right like :func:`window_mask`:
+    ``keep[i, j] = |j - p| <= radius`` with ``p = i + s - t`` the query's position."""
+    positions = rearrange(torch.arange(s - t, s), "t -> t 1")
+    keys = rearrange(torch.arange(s), "s -> 1 s")
+    return (keys - positions).abs() <= radius
+
+
 window_bias = typechecked(window_bias)
+local_mask = typechecked(local_mask)
 log_coordinates = typechecked(log_coordinates)
 decomposed_bias = typechecked(decomposed_bias)
 log_bucket = typechecked(log_bucket)
@@ -469,6 +478,9 @@ class ModuleSpec:
     #: length of a rotary cache it does not grow): no example is longer, and the report lists the lengths past it
     #: as not tested (None: any length)
     max_length: int | str | None = None
+    #: a two-sided local window (LongT5's local attention): query position ``p = i + s - t`` sees the keys ``j`` with
+    #: ``|p - j| <= radius``, on top of the masks (a number, or an attribute path; None there: no window)
+    radius: int | str | None = None
 
 
 #: Python lines that rebuild a spec in a fresh interpreter once ``module`` is defined (``hf_spec`` registers
@@ -891,6 +903,13 @@ class ModuleAdapter:
         if isinstance(window, str):
             window = resolve(self.original, window, spec.name)  # None: this module has no window
         self.window: int | None = None if window is None else int(window)
+        radius = spec.radius
+        if isinstance(radius, str):
+            radius = resolve(self.original, radius, spec.name)  # None: this module has no local window
+        #: the two-sided local window's radius (None: none)
+        self.radius: int | None = None if radius is None else int(radius)
+        if self.radius is not None and self.radius < 0:
+            raise AuditUsageError(f"spec {spec.name!r}: a local window's radius is at least 0, got {self.radius}")
         self.norms: dict[str, Callable[[Tensor], Tensor]] = {}
         for which, path in (("q", spec.q_norm), ("k", spec.k_norm), ("v", spec.v_norm)):
             norm = None if path is None else _norm(self.original, path, spec)
@@ -938,7 +957,8 @@ class ModuleAdapter:
                                                    or spec.alibi is not None or spec.decomposed is not None
                                                    or spec.disentangled is not None
                                                    or spec.relative_keys is not None),
-                                                  ("a sliding window", self.window is not None)) if present]
+                                                  ("a sliding window", self.window is not None),
+                                                  ("a local window", self.radius is not None)) if present]
         self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
         self._setup: str | None = None
@@ -1083,12 +1103,15 @@ class ModuleAdapter:
         """``(keep, is_causal)`` with the sliding window and the module's extra key positions applied (the
         returned mask covers the ``s`` keys and the appended ones)."""
         w = self.weights
-        if self.window is None and w.extra_k is None:
+        if self.window is None and self.radius is None and w.extra_k is None:
             return keep, is_causal
         keep = effective_keep(keep, is_causal, t, s, self.conventions)
         if self.window is not None:
             inside = window_mask(t, s, self.window)[None, None]
             keep = inside if keep is None else keep & inside
+        if self.radius is not None:
+            near = local_mask(t, s, self.radius)[None, None]
+            keep = near if keep is None else keep & near
         if w.extra_k is not None and keep is not None:
             keep = torch.cat([keep, keep.new_ones(*keep.shape[:-1], w.extra_k.shape[0])], dim=-1)
         return keep, False
@@ -1152,6 +1175,8 @@ class ModuleAdapter:
             return torch.ones(example.b, example.t, 1, dtype=torch.bool)
         if self.window is not None:
             keep = keep & window_mask(example.t, example.s, self.window)
+        if self.radius is not None:
+            keep = keep & local_mask(example.t, example.s, self.radius)
         return rearrange(keep.any(dim=-1).all(dim=1).expand(example.b, example.t), "b t -> b t 1")
 
     def decode(self, ins: ModuleInputs, dtype: torch.dtype) -> CandidateOutput | None:
