@@ -170,6 +170,12 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
             with contextlib.suppress(AttributeError, NotImplementedError):
                 setattr(config, key, value)
     _tiny_partial_rotary(config)
+    window = getattr(config, "attention_window", None)
+    if isinstance(window, int) and "attention_window" not in (overrides or {}) and (
+            "config.attention_window[self.layer_id]" in inspect.getsource(_modeling(cls))):
+        # Longformer's and LED's layers read one window per layer, which their models make from an int: windows of
+        # 2 * _LOCAL_RADIUS keys (one-sided radius _LOCAL_RADIUS; the default 512 would cover the audit's sequences)
+        config.attention_window = [2 * _LOCAL_RADIUS] * config.num_hidden_layers
     # eager, unless the class looks its attention function up with no eager fallback (Qwen2.5-Omni's DiTAttention:
     # ALL_ATTENTION_FUNCTIONS[...], where eager is not registered): then SDPA, the transformers default
     direct = "ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]" in _source(getattr(cls, "forward", None))
@@ -1145,6 +1151,15 @@ def _local_blocks(core: nn.Module) -> int | None:
     return block
 
 
+def _sliding_chunks(core: nn.Module) -> int | None:
+    """The one-sided window of Longformer's sliding-chunk attention (Longformer's, LED's encoder's): each query sees
+    the keys within that many positions; None for another class."""
+    window = getattr(core, "one_sided_attn_window_size", None)
+    if "_sliding_chunks_query_key_matmul(" not in _source(type(core).forward) or not isinstance(window, int):
+        return None
+    return window
+
+
 def _local_frames(core: nn.Module, keep: Tensor, dtype: torch.dtype) -> Tensor:
     """The audit's mask ``keep (b, h, t, t)`` in LongT5's block form ``(b, h, blocks, block_len, 3 block_len)``, as
     its model's ``_get_local_attention_mask`` builds it from a key padding mask: each query block's row of its 3-block
@@ -1255,6 +1270,16 @@ def hf_notes(module: nn.Module) -> list[str]:
                      f"default 127 would fit the audit's short sequences in one block), given its mask in its model's "
                      f"block form (each query block's row of its 3-block frame, the keys beyond the radius masked by "
                      f"the model's _mask_local_attention_mask); other radii are not tested")
+    sliding = _sliding_chunks(_core_of(module))
+    if sliding is not None:
+        notes.append(f"Longformer's sliding-chunk attention built with attention_window {2 * sliding} (each query sees "
+                     f"the keys within {sliding}; its config's default 512 would cover the audit's sequences), called "
+                     f"as its model calls it: the input padded to a multiple of the window (the padding keys masked "
+                     f"with the dtype's minimum, their rows zeroed and dropped); its mask is a key padding mask (b, s) "
+                     f"of its own values, so it is audited without the audit's masks (their padding, and the "
+                     f"(b, 1, t, s) masks it cannot take, are not tested); no global tokens (is_global_attn=False), so "
+                     f"the global attention and its query_global, key_global, value_global are not tested; other "
+                     f"windows are not tested")
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
@@ -1344,6 +1369,7 @@ def hf_limits(module: nn.Module) -> list[str]:
             *_layout_reads(module), gate.proj if gate is not None else "", _sub_norm(module) or "",
             *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ()),
             *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ()),
+            *(("query_global", "key_global", "value_global") if _sliding_chunks(module) is not None else ()),
             *(("distance_embedding", "linear_pos") if _relative_keys(module, "") is not None else ()),
             *((_xl_names(module) or ())[:1])}
     for name, child in module.named_children():
@@ -1484,6 +1510,11 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # of the audit's (b, 1, t, s) form reaches it, so it is audited without masks (named in hf_notes)
     if _padding_only(cls, mask_arg):
         takes_mask = False
+    # Longformer's sliding chunks: a key padding mask (b, s) only, of its own values (< 0 padding, > 0 global), and
+    # lengths a multiple of its window (its model pads): audited without masks, the padding the forward's own
+    sliding = _sliding_chunks(core)
+    if sliding is not None:
+        takes_mask = False
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
     # the first parameter is the input, passed by position whatever its name (VitDet's hidden_state)
     nullable = _nullable(cls)
@@ -1566,6 +1597,15 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             channels: Tensor = _output_tensor(m(x.transpose(1, 2), *args, **kwargs)).transpose(1, 2)
             return channels - x if residual else channels
         kwargs.update({name: torch.zeros((), dtype=x.dtype) for name in added})
+        if sliding is not None:  # Longformer: padded to a multiple of its window and called as its model calls it
+            b, t = x.shape[0], x.shape[1]
+            pad = -t % (2 * sliding)
+            padding = torch.zeros(b, t + pad, dtype=torch.bool)
+            padding[:, t:] = True  # its model's padding tokens: masked keys (the dtype's minimum), rows zeroed
+            kwargs.update({mask_arg: padding.to(x.dtype) * torch.finfo(x.dtype).min, "is_index_masked": padding,
+                           "is_index_global_attn": torch.zeros_like(padding), "is_global_attn": False})
+            windowed: Tensor = _output_tensor(m(nn.functional.pad(x, (0, 0, 0, pad)), *args, **kwargs))[:, :t]
+            return windowed - x if residual else windowed
         if packed:
             b, t = x.shape[0], x.shape[1]
             kwargs["cu_seqlens"] = torch.arange(0, (b + 1) * t, t, dtype=torch.int32)
@@ -1817,7 +1857,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
         decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys,
-        radius=None if local is None else f"{layout.core}local_radius")
+        radius=(f"{layout.core}local_radius" if local is not None
+                else f"{layout.core}one_sided_attn_window_size" if sliding is not None else None))
     if _cosine(core):  # Swin v2: unit queries and keys, a learned scale per head (clamped at 100)
         scale_path = f"{layout.core}logit_scale"
 

@@ -1,7 +1,7 @@
-"""A two-sided local window (``ModuleSpec.radius``) and LongT5's local attention audited with zero lines of spec: its
-blocks of ``local_radius + 1`` tokens against a 3-block frame reduce to ``|i - j| <= radius`` (checked against the
-model's own mask builder), the reference matches, its fully masked rows are a named cause, and a radius off by one
-fails ``reference``."""
+"""A two-sided local window (``ModuleSpec.radius``) and the classes it audits with zero lines of spec: LongT5's local
+attention (its blocks of ``local_radius + 1`` tokens against a 3-block frame reduce to ``|i - j| <= radius``, checked
+against the model's own mask builder; its fully masked rows a named cause) and Longformer's sliding chunks (Longformer,
+LED's encoder); a radius off by one, in the class or in the reference, fails ``reference``."""
 
 import dataclasses
 import importlib
@@ -104,4 +104,34 @@ def test_a_longt5_whose_locality_keeps_one_key_too_many_fails(monkeypatch: pytes
         return torch.logical_and(mask, (relative.abs() <= block)[None, None])
 
     monkeypatch.setattr(modeling, "_mask_local_attention_mask", loose)
+    assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize(("model", "name"), [
+    ("longformer", "LongformerSelfAttention"),
+    ("longformer", "LongformerAttention"),  # + LongformerSelfOutput (dense, its Add & Norm bypassed)
+    ("led", "LEDEncoderSelfAttention"),
+    ("led", "LEDEncoderAttention"),  # + its output Linear
+])
+def test_longformer_sliding_chunks_pass_as_a_local_window(model: str, name: str) -> None:
+    """Built with windows of 4 (radius 2) and padded to a multiple of the window as its model does: every check
+    that runs without masks passes; the masks and the global attention it is not given are named in notes."""
+    module = randomize_parameters(hf_build(getattr(importlib.import_module(
+        f"transformers.models.{model}.modeling_{model}"), name)), 0)
+    spec = hf_spec(module)
+    assert spec.radius is not None
+    assert not spec.conventions.supports_mask
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert hf_limits(module) == []
+    assert any("is_global_attn=False" in note for note in hf_notes(module))
+
+
+@pytest.mark.parametrize("radius", [1, 3])
+def test_a_reference_whose_radius_is_off_by_one_fails_on_longformer(radius: int) -> None:
+    """Longformer's window is exactly radius 2: a reference of radius 1 or 3 fails ``reference``."""
+    module = randomize_parameters(hf_build(importlib.import_module(
+        "transformers.models.longformer.modeling_longformer").LongformerSelfAttention), 0)
+    spec = dataclasses.replace(hf_spec(module), radius=radius)
     assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
