@@ -932,6 +932,25 @@ def _padding_only(cls: Any, mask_arg: str) -> bool:
         f"{mask_arg}.size() != expected_size" in source)
 
 
+def _head_padding_only(cls: Any, mask_arg: str) -> bool:
+    """The forward refuses any mask but a key padding mask per head ``(b, h, 1, s)`` (ProphetNet's ``expected_shape =
+    (batch_size, self.num_attn_heads, 1, src_len)``, a ValueError otherwise)."""
+    source = _source(cls.forward)
+    return re.search(r"expected_shape = \(\w+, self\.\w+, 1, \w+\)", source) is not None and (
+        f"{mask_arg}.size() != expected_shape" in source)
+
+
+def _chunked_local(core: nn.Module) -> int | None:
+    """The chunk length of Reformer's local attention (chunks of keys before and after each query chunk, a key
+    padding mask ``(b, s)`` of ones and zeros only; a sequence no longer than one chunk is plain attention), or None
+    for another class."""
+    source = _source(type(core).forward)
+    chunk = getattr(core, "chunk_length", None)
+    if "do_standard_self_attention = sequence_length <= self.chunk_length" not in source or not isinstance(chunk, int):
+        return None
+    return chunk
+
+
 def _deberta_scale(core: nn.Module) -> float | None:
     """DeBERTa's logit scale ``1 / sqrt(d (1 + #terms))``, whether its disentangled terms are on or not."""
     terms = getattr(core, "pos_att_type", None)
@@ -1130,6 +1149,23 @@ def _input_norms(core: nn.Module) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def _block_input_norms(module: nn.Module) -> list[str]:
+    """The norms a block applies to its input before it calls its attention core, the input replaced by its norm
+    (Reformer's ``hidden_states = self.layer_norm(hidden_states)`` before ``self.self_attention(...)``: no residual of
+    the input can follow): a pre-norm, bypassed as the core's are."""
+    try:
+        layout = find_layout(module, _norm_paths(module))
+    except AuditUsageError:
+        return []
+    if not layout.core:
+        return []
+    source = _source(type(module).forward)
+    call = source.find(f"self.{layout.core.split('.')[0]}(")
+    first = next((n for n in inspect.signature(type(module).forward).parameters if n != "self"), "")
+    return [n for n in _input_norms(module)
+            if (found := re.search(rf"\b{first} = self\.{n}\({first}\)", source)) is not None and found.start() < call]
+
+
 def _is_projection(obj: Any) -> bool:
     weight = getattr(obj, "weight", None)
     return isinstance(obj, nn.Module) and isinstance(weight, Tensor) and weight.ndim == 2
@@ -1280,6 +1316,15 @@ def hf_notes(module: nn.Module) -> list[str]:
                      f"(b, 1, t, s) masks it cannot take, are not tested); no global tokens (is_global_attn=False), so "
                      f"the global attention and its query_global, key_global, value_global are not tested; other "
                      f"windows are not tested")
+    chunked = _chunked_local(_core_of(module))
+    if chunked is not None:
+        core = _core_of(module)
+        notes.append(f"Reformer's local attention: audited on sequences of one chunk ({chunked} tokens) at most, where "
+                     f"it is plain attention, so its chunks ({core.num_chunks_before} before, {core.num_chunks_after} "
+                     f"after each query chunk) and its model's padding to a multiple of the chunk are not tested; its "
+                     f"mask is a key padding mask (b, s) only, so it is audited without masks (their padding is not "
+                     f"tested)" + ("" if core.is_decoder else "; built as an encoder (is_decoder=False), so its causal "
+                                   "mask is not tested"))
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
@@ -1287,7 +1332,7 @@ def hf_notes(module: nn.Module) -> list[str]:
                      f"what they add is not tested")
     notes += [f"normalises its input with {name} before its projections (a pre-norm inside the class): audited with "
               f"it bypassed, as a block's Add & Norm is, so the norm is not tested"
-              for name in _input_norms(_core_of(module))]
+              for name in _input_norms(_core_of(module)) + _block_input_norms(module)]
     notes += [f"forward adds {name} to its logits, a bias its model computes outside the class: audited with zeros "
               f"passed, so what it adds is not tested" for name in _added_biases(_core_of(module))]
     notes += [f"forward requires {name} and takes None for it (LUKE's model passes None without entities, I-BERT's "
@@ -1318,6 +1363,11 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append("forward takes only a key padding mask (b, 1, s) (0 = padding: its logits filled with the dtype's "
                      "minimum, its weights zeroed after the softmax) and refuses the audit's (b, 1, t, s) masks: "
                      "audited without masks, so its padding (and a fully padded row's zero output) is not tested")
+    if any(_head_padding_only(type(m), "attention_mask") for m in module.modules()):
+        notes.append("forward takes only a key padding mask per head (b, h, 1, s), added to its logits, and refuses "
+                     "the audit's (b, 1, t, s) masks: audited without masks, so its padding is not tested; nor is "
+                     "its cache (no causal mask can reach it; its model uses it as the encoder's self-attention, "
+                     "without a cache, and the decoder's cross-attention)")
     if _relative_keys(module, "") is not None and _espnet_shift(module):
         notes.append("Transformer-XL relative terms on the audit's own table (seeded rows for distances t-1 .. 1-t, "
                      "passed as pos_emb): its encoder's sinusoidal table is not tested")
@@ -1510,17 +1560,24 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # of the audit's (b, 1, t, s) form reaches it, so it is audited without masks (named in hf_notes)
     if _padding_only(cls, mask_arg):
         takes_mask = False
+    if _head_padding_only(cls, mask_arg):  # ProphetNet's (b, h, 1, s) only: the same, named in hf_notes
+        takes_mask = False
     # Longformer's sliding chunks: a key padding mask (b, s) only, of its own values (< 0 padding, > 0 global), and
     # lengths a multiple of its window (its model pads): audited without masks, the padding the forward's own
     sliding = _sliding_chunks(core)
     if sliding is not None:
+        takes_mask = False
+    # Reformer's local attention: a key padding mask (b, s) only, and chunks past one chunk's length: audited
+    # without masks on sequences of one chunk at most (max_length), where it is plain attention
+    chunked = _chunked_local(core)
+    if chunked is not None:
         takes_mask = False
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
     # the first parameter is the input, passed by position whatever its name (VitDet's hidden_state)
     nullable = _nullable(cls)
     added = _added_biases(core)
     channels_first = isinstance(module.get_submodule(str(layout.q or layout.qkv or "")), nn.Conv1d)
-    input_norms = tuple(layout.core + n for n in _input_norms(core))
+    input_norms = tuple(layout.core + n for n in _input_norms(core)) + tuple(_block_input_norms(module))
     # a required mask argument is the mask the audit passes (XLM's and FlauBERT's ``mask``)
     # a required output_attentions (SqueezeBERT's): False, as its model passes it by default
     flags = [n for n in ("output_attentions",) if n in signature and signature[n].default is inspect.Parameter.empty]
@@ -1847,7 +1904,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         rotary=(Rotary(theta, _latent_style(module) if latent else _rotary_style(module),
                        fraction=_rotary_fraction(core), frequencies=frequencies, prefix=prefix or 0)
                 if (takes_rotary or internal) and theta is not None and not heads else None),
-        decode=decode if cache_arg is not None and self_attention and _decodes(core) else None,
+        decode=decode if cache_arg is not None and self_attention and _decodes(core)
+        and not _head_padding_only(cls, mask_arg) else None,
         build=lambda c, overrides: hf_build(c, overrides, cross=memory_arg is not None),
         position_bias=position_bias,
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
@@ -1857,6 +1915,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
         decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys,
+        max_length=None if chunked is None else f"{layout.core}chunk_length",
         radius=(f"{layout.core}local_radius" if local is not None
                 else f"{layout.core}one_sided_attn_window_size" if sliding is not None else None))
     if _cosine(core):  # Swin v2: unit queries and keys, a learned scale per head (clamped at 100)

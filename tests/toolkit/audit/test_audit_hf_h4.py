@@ -135,3 +135,33 @@ def test_a_reference_whose_radius_is_off_by_one_fails_on_longformer(radius: int)
         "transformers.models.longformer.modeling_longformer").LongformerSelfAttention), 0)
     spec = dataclasses.replace(hf_spec(module), radius=radius)
     assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
+
+
+@pytest.mark.parametrize(("model", "name", "note"), [
+    ("prophetnet", "ProphetNetAttention", "key padding mask per head (b, h, 1, s)"),  # refuses (b, 1, t, s) masks
+    ("reformer", "LocalSelfAttention", "sequences of one chunk (64 tokens) at most"),  # plain attention up to a chunk
+    ("reformer", "ReformerAttention", "sequences of one chunk (64 tokens) at most"),  # + its pre-norm, bypassed
+])
+def test_key_padding_only_classes_pass_without_masks(model: str, name: str, note: str) -> None:
+    """Classes that take only a key padding mask of their own form are audited without masks, named in notes;
+    Reformer's local attention on sequences no longer than one chunk (``max_length``)."""
+    module = randomize_parameters(hf_build(getattr(importlib.import_module(
+        f"transformers.models.{model}.modeling_{model}"), name)), 0)
+    spec = hf_spec(module)
+    assert not spec.conventions.supports_mask
+    assert spec.decode is None
+    report = audit_module(module, spec, conventions="infer", **QUICK)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+    assert hf_limits(module) == []
+    assert any(note in n for n in hf_notes(module))
+
+
+def test_a_reformer_that_applies_a_causal_mask_of_its_own_fails() -> None:
+    """A Reformer local attention switched to a decoder (its own causal mask, which the audit does not ask for)
+    fails ``reference``: the audit without masks still sees what the class does to its keys."""
+    modeling = importlib.import_module("transformers.models.reformer.modeling_reformer")
+    module: Any = randomize_parameters(hf_build(modeling.LocalSelfAttention), 0)
+    spec = hf_spec(module)
+    module.is_decoder = True
+    assert audit_module(module, spec, **QUICK).status("reference") == "FAIL"
