@@ -152,6 +152,9 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
                 overrides or {}):  # Granite Speech's blocks of 128 or 200: blocks of 3, keys as wide as queries
             module = _build(cls, config, {**(overrides or {}), "context_size": _BLOCKS,
                                           "num_key_value_heads": TINY["num_attention_heads"]}, cross)
+        if _local_blocks(_core_of(module)) is not None and "local_radius" not in (overrides or {}):
+            # LongT5's local attention of radius 127: radius 2 (blocks of 3), so the audit's sequences span blocks
+            module = _build(cls, config, {**(overrides or {}), "local_radius": _LOCAL_RADIUS}, cross)
         return module
     assert first is not None
     raise first
@@ -177,6 +180,12 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
             with contextlib.suppress(AttributeError, NotImplementedError):
                 setattr(config, key, value)
     _tiny_partial_rotary(config)
+    window = getattr(config, "attention_window", None)
+    if isinstance(window, int) and "attention_window" not in (overrides or {}) and (
+            "config.attention_window[self.layer_id]" in inspect.getsource(_modeling(cls))):
+        # Longformer's and LED's layers read one window per layer, which their models make from an int: windows of
+        # 2 * _LOCAL_RADIUS keys (one-sided radius _LOCAL_RADIUS; the default 512 would cover the audit's sequences)
+        config.attention_window = [2 * _LOCAL_RADIUS] * config.num_hidden_layers
     # eager, unless the class looks its attention function up with no eager fallback (Qwen2.5-Omni's DiTAttention:
     # ALL_ATTENTION_FUNCTIONS[...], where eager is not registered): then SDPA, the transformers default
     direct = "ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]" in _source(getattr(cls, "forward", None))
@@ -1016,6 +1025,23 @@ def _padding_ones(cls: Any, mask_arg: str) -> bool:
     ``key_padding_mask = attention_mask.ne(1)`` for ``F.multi_head_attention_forward``), any other shape refused."""
     return any(f"key_padding_mask = {mask_arg}.ne(1)" in _source(f) for f in vars(cls).values()
                if inspect.isfunction(f))
+def _head_padding_only(cls: Any, mask_arg: str) -> bool:
+    """The forward refuses any mask but a key padding mask per head ``(b, h, 1, s)`` (ProphetNet's ``expected_shape =
+    (batch_size, self.num_attn_heads, 1, src_len)``, a ValueError otherwise)."""
+    source = _source(cls.forward)
+    return re.search(r"expected_shape = \(\w+, self\.\w+, 1, \w+\)", source) is not None and (
+        f"{mask_arg}.size() != expected_shape" in source)
+
+
+def _chunked_local(core: nn.Module) -> int | None:
+    """The chunk length of Reformer's local attention (chunks of keys before and after each query chunk, a key
+    padding mask ``(b, s)`` of ones and zeros only; a sequence no longer than one chunk is plain attention), or None
+    for another class."""
+    source = _source(type(core).forward)
+    chunk = getattr(core, "chunk_length", None)
+    if "do_standard_self_attention = sequence_length <= self.chunk_length" not in source or not isinstance(chunk, int):
+        return None
+    return chunk
 
 
 def _deberta_scale(core: nn.Module) -> float | None:
@@ -1155,6 +1181,12 @@ def hf_causes(module: nn.Module) -> list[str]:
                       "1e4 (1 - b)) and then adds the attention mask: a query row whose earlier keys are all masked "
                       "averages the values of the later keys, and a logit below -1e4 loses to a later key (large "
                       "logits)")
+    if _local_blocks(_core_of(module)) is not None and "torch.where(mask > 0, 0.0, -1e10)" in attention:
+        causes.append("LongT5's local attention adds -1e10 to the logits of masked keys, over each query block's frame "
+                      "of 3 blocks of keys (the zero padding past the sequence's ends included): a query row whose "
+                      "keys are all masked weighs every value of its frame (in float32, where -1e10 swamps the "
+                      "logits, their mean, the padding's zeros and the keys beyond the radius counted) instead of "
+                      "what a fully masked row gives; rows with an allowed key are exact")
     eager = _source(getattr(_modeling(type(module)), "eager_attention_forward", None))
     body = eager.split(")", 1)[-1].split(":", 1)[-1] if eager else ""
     if eager and "attention_mask" not in re.sub(r'""".*?"""|#[^\n]*', "", body, flags=re.S) and (
@@ -1253,9 +1285,69 @@ def _input_norms(core: nn.Module) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def _block_input_norms(module: nn.Module) -> list[str]:
+    """The norms a block applies to its input before it calls its attention core, the input replaced by its norm
+    (Reformer's ``hidden_states = self.layer_norm(hidden_states)`` before ``self.self_attention(...)``: no residual of
+    the input can follow): a pre-norm, bypassed as the core's are."""
+    try:
+        layout = find_layout(module, _norm_paths(module))
+    except AuditUsageError:
+        return []
+    if not layout.core:
+        return []
+    source = _source(type(module).forward)
+    call = source.find(f"self.{layout.core.split('.')[0]}(")
+    first = next((n for n in inspect.signature(type(module).forward).parameters if n != "self"), "")
+    return [n for n in _input_norms(module)
+            if (found := re.search(rf"\b{first} = self\.{n}\({first}\)", source)) is not None and found.start() < call]
+
+
 def _is_projection(obj: Any) -> bool:
     weight = getattr(obj, "weight", None)
     return isinstance(obj, nn.Module) and isinstance(weight, Tensor) and weight.ndim == 2
+
+
+#: the local radius LongT5's local attention is built with (its config's default, 127, is longer than the audit's
+#: sequences, which would then all fit in one block)
+_LOCAL_RADIUS = 2
+
+
+def _local_blocks(core: nn.Module) -> int | None:
+    """The block length of LongT5's local attention (blocks of ``local_radius + 1`` tokens, each query block against
+    its 3-block frame of keys, a mask of the model's block form ``(b, 1, blocks, block_len, 3 block_len)``), or None
+    for another class (the transient-global one takes a key padding mask and builds the blocks itself)."""
+    source = _source(type(core).forward)
+    block = getattr(core, "block_len", None)
+    if "_concatenate_3_blocks(" not in source or "_get_local_attention_mask(" in source or not isinstance(block, int):
+        return None
+    return block
+
+
+def _sliding_chunks(core: nn.Module) -> int | None:
+    """The one-sided window of Longformer's sliding-chunk attention (Longformer's, LED's encoder's): each query sees
+    the keys within that many positions; None for another class."""
+    window = getattr(core, "one_sided_attn_window_size", None)
+    if "_sliding_chunks_query_key_matmul(" not in _source(type(core).forward) or not isinstance(window, int):
+        return None
+    return window
+
+
+def _local_frames(core: nn.Module, keep: Tensor, dtype: torch.dtype) -> Tensor:
+    """The audit's mask ``keep (b, h, t, t)`` in LongT5's block form ``(b, h, blocks, block_len, 3 block_len)``, as
+    its model's ``_get_local_attention_mask`` builds it from a key padding mask: each query block's row of its 3-block
+    frame (the keys of the block before, its own, the one after; past the sequence's ends: masked), then the model's
+    own ``_mask_local_attention_mask`` (keys farther than the radius masked); ones attend, zeros are masked."""
+    block = _local_blocks(core)
+    assert block is not None
+    b, h, t, s = keep.shape
+    blocks = -(-t // block)
+    padded = keep.new_zeros(b, h, blocks * block, (blocks + 2) * block)
+    padded[:, :, :t, block:block + s] = keep
+    columns = torch.arange(blocks)[:, None] * block + torch.arange(3 * block)  # block n: keys (n - 1) bl .. (n + 2) bl
+    rows = rearrange(padded, "b h (n l) k -> b h n l k", l=block)
+    frames = rows.gather(-1, columns[None, None, :, None, :].expand(b, h, blocks, block, 3 * block))
+    local: Tensor = _modeling(type(core))._mask_local_attention_mask(frames, block)
+    return local.to(dtype)
 
 
 def _added_biases(core: nn.Module) -> list[str]:
@@ -1264,6 +1356,8 @@ def _added_biases(core: nn.Module) -> list[str]:
     which it raises: passed as zeros (what they add is not tested)."""
     source = _source(type(core).forward)
     signature = inspect.signature(type(core).forward).parameters
+    if _local_blocks(core) is not None:  # LongT5's local attention: its own bias and the mask, given None
+        return []
     found = re.findall(r"\b\w*scores\w* \+= (\w+)\n", source)
     # a required bias added as ``score = score + position_bias`` (CPM-Ant's segment-relative bias)
     required = [n for n in re.findall(r"\b(\w*score\w*) = \1 \+ (\w+)\n", source)
@@ -1396,6 +1490,31 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append(f"its model limits each query to a window of {window} keys (config.sliding_window, by its mask "
                      f"and its sliding-window cache); the layer has no window of its own and is audited under a plain "
                      f"causal mask with a full cache, so that window is not tested")
+    local = _local_blocks(_core_of(module))
+    if local is not None:
+        notes.append(f"LongT5's local attention built with local_radius {local - 1} (blocks of {local}; its config's "
+                     f"default 127 would fit the audit's short sequences in one block), given its mask in its model's "
+                     f"block form (each query block's row of its 3-block frame, the keys beyond the radius masked by "
+                     f"the model's _mask_local_attention_mask); other radii are not tested")
+    sliding = _sliding_chunks(_core_of(module))
+    if sliding is not None:
+        notes.append(f"Longformer's sliding-chunk attention built with attention_window {2 * sliding} (each query sees "
+                     f"the keys within {sliding}; its config's default 512 would cover the audit's sequences), called "
+                     f"as its model calls it: the input padded to a multiple of the window (the padding keys masked "
+                     f"with the dtype's minimum, their rows zeroed and dropped); its mask is a key padding mask (b, s) "
+                     f"of its own values, so it is audited without the audit's masks (their padding, and the "
+                     f"(b, 1, t, s) masks it cannot take, are not tested); no global tokens (is_global_attn=False), so "
+                     f"the global attention and its query_global, key_global, value_global are not tested; other "
+                     f"windows are not tested")
+    chunked = _chunked_local(_core_of(module))
+    if chunked is not None:
+        core = _core_of(module)
+        notes.append(f"Reformer's local attention: audited on sequences of one chunk ({chunked} tokens) at most, where "
+                     f"it is plain attention, so its chunks ({core.num_chunks_before} before, {core.num_chunks_after} "
+                     f"after each query chunk) and its model's padding to a multiple of the chunk are not tested; its "
+                     f"mask is a key padding mask (b, s) only, so it is audited without masks (their padding is not "
+                     f"tested)" + ("" if core.is_decoder else "; built as an encoder (is_decoder=False), so its causal "
+                                   "mask is not tested"))
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
@@ -1424,7 +1543,7 @@ def hf_notes(module: nn.Module) -> list[str]:
                      "projections over separate query, key and value inputs")
     notes += [f"normalises its input with {name} before its projections (a pre-norm inside the class): audited with "
               f"it bypassed, as a block's Add & Norm is, so the norm is not tested"
-              for name in _input_norms(_core_of(module))]
+              for name in _input_norms(_core_of(module)) + _block_input_norms(module)]
     notes += [f"forward adds {name} to its logits, a bias its model computes outside the class: audited with zeros "
               f"passed, so what it adds is not tested" for name in _added_biases(_core_of(module))]
     notes += [f"forward requires {name} and takes None for it (LUKE's model passes None without entities, I-BERT's "
@@ -1455,6 +1574,11 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append("forward takes only a key padding mask (b, 1, s) (0 = padding: its logits filled with the dtype's "
                      "minimum, its weights zeroed after the softmax) and refuses the audit's (b, 1, t, s) masks: "
                      "audited without masks, so its padding (and a fully padded row's zero output) is not tested")
+    if any(_head_padding_only(type(m), "attention_mask") for m in module.modules()):
+        notes.append("forward takes only a key padding mask per head (b, h, 1, s), added to its logits, and refuses "
+                     "the audit's (b, 1, t, s) masks: audited without masks, so its padding is not tested; nor is "
+                     "its cache (no causal mask can reach it; its model uses it as the encoder's self-attention, "
+                     "without a cache, and the decoder's cross-attention)")
     if _relative_keys(module, "") is not None and _espnet_shift(module):
         notes.append("Transformer-XL relative terms on the audit's own table (seeded rows for distances t-1 .. 1-t, "
                      "passed as pos_emb): its encoder's sinusoidal table is not tested")
@@ -1543,7 +1667,8 @@ def hf_limits(module: nn.Module) -> list[str]:
             *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ()),
             *(("gru_rel_pos_linear", "rel_attn_embed") if _gated_bias(module, "") is not None else ()),
             *(("distance_embedding", "rel_pos_emb", relative.proj or "") if relative is not None else ()),
-            *(_GATED_READS if _gated_block(module) else ())}
+            *(_GATED_READS if _gated_block(module) else ()),
+            *(("query_global", "key_global", "value_global") if _sliding_chunks(module) is not None else ())}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
         # (a softmax over the keys as a module of its own: CPM-Ant's nn.Softmax(dim=-1))
@@ -1760,6 +1885,18 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # of the audit's (b, 1, t, s) form reaches it, so it is audited without masks (named in hf_notes)
     if _padding_only(cls, mask_arg):
         takes_mask = False
+    if _head_padding_only(cls, mask_arg):  # ProphetNet's (b, h, 1, s) only: the same, named in hf_notes
+        takes_mask = False
+    # Longformer's sliding chunks: a key padding mask (b, s) only, of its own values (< 0 padding, > 0 global), and
+    # lengths a multiple of its window (its model pads): audited without masks, the padding the forward's own
+    sliding = _sliding_chunks(core)
+    if sliding is not None:
+        takes_mask = False
+    # Reformer's local attention: a key padding mask (b, s) only, and chunks past one chunk's length: audited
+    # without masks on sequences of one chunk at most (max_length), where it is plain attention
+    chunked = _chunked_local(core)
+    if chunked is not None:
+        takes_mask = False
     # a key padding mask (b, s) of ones and zeros only (Evolla's compressor: mask[:, None, None, :]), which no mask of
     # the audit's (b, 1, t, s) form reaches: audited without masks, ones passed (named in hf_notes)
     key_mask = _key_mask_only(cls, mask_arg)
@@ -1772,7 +1909,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     nullable = _nullable(cls)
     added = _added_biases(core)
     channels_first = isinstance(module.get_submodule(str(layout.q or layout.qkv or "")), nn.Conv1d)
-    input_norms = tuple(layout.core + n for n in _input_norms(core))
+    input_norms = tuple(layout.core + n for n in _input_norms(core)) + tuple(_block_input_norms(module))
     # a required mask argument is the mask the audit passes (XLM's and FlauBERT's ``mask``)
     # a required output_attentions (SqueezeBERT's): False, as its model passes it by default
     flags = [n for n in ("output_attentions",) if n in signature and signature[n].default is inspect.Parameter.empty]
@@ -1836,6 +1973,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # Swin's windows: every sequence is one window of Wh x Ww tokens, with a mask per window shared by the heads
     window_table = _window_table(module)
     with_input = _keys_with_input(core, layout, memory_arg) or perceiver is not None
+    # LongT5's local attention: queries in blocks, each against its 3-block frame (a two-sided window of its radius)
+    local = _local_blocks(core)
     # a mask of ones (attend) and zeros (masked) of shape (b, t, s), which the forward turns into its own fill
     # (XLM's and FlauBERT's ``(mask == 0).view(mask_reshape)``), not an additive (b, 1, t, s) one
     ones_zeros = re.search(rf"\({mask_arg} == 0\)", source) is not None
@@ -1860,6 +1999,15 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             channels: Tensor = _output_tensor(m(x.transpose(1, 2), *args, **kwargs)).transpose(1, 2)
             return channels - x if residual else channels
         kwargs.update({name: torch.zeros((), dtype=x.dtype) for name in added})
+        if sliding is not None:  # Longformer: padded to a multiple of its window and called as its model calls it
+            b, t = x.shape[0], x.shape[1]
+            pad = -t % (2 * sliding)
+            padding = torch.zeros(b, t + pad, dtype=torch.bool)
+            padding[:, t:] = True  # its model's padding tokens: masked keys (the dtype's minimum), rows zeroed
+            kwargs.update({mask_arg: padding.to(x.dtype) * torch.finfo(x.dtype).min, "is_index_masked": padding,
+                           "is_index_global_attn": torch.zeros_like(padding), "is_global_attn": False})
+            windowed: Tensor = _output_tensor(m(nn.functional.pad(x, (0, 0, 0, pad)), *args, **kwargs))[:, :t]
+            return windowed - x if residual else windowed
         if packed:
             b, t = x.shape[0], x.shape[1]
             kwargs["cu_seqlens"] = torch.arange(0, (b + 1) * t, t, dtype=torch.int32)
@@ -2002,6 +2150,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         keep = with_causal(keep, is_causal, t, s)
         if keep is None:  # an explicit mask always: without one, some kernels decide causality themselves
             keep = torch.ones(1, 1, t, s, dtype=torch.bool)
+        if local is not None:  # LongT5's local attention: its model's block form
+            return _local_frames(core, keep.expand(b, keep.shape[1], t, s), x.dtype)
         if boolean_mask:
             return window_keep(m, keep, t, s).expand(b, keep.shape[1], t, s)
         if ones_zeros:
@@ -2133,7 +2283,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         rotary=(Rotary(theta, _latent_style(module) if latent else _rotary_style(module),
                        fraction=_rotary_fraction(core), frequencies=frequencies, prefix=prefix or 0)
                 if (takes_rotary or internal) and theta is not None and not heads else None),
-        decode=decode if cache_arg is not None and self_attention and _decodes(core) else None,
+        decode=decode if cache_arg is not None and self_attention and _decodes(core)
+        and not _head_padding_only(cls, mask_arg) else None,
         build=lambda c, overrides: hf_build(c, overrides, cross=memory_arg is not None),
         position_bias=position_bias, position_gate=None if wavlm is None else wavlm[1],
         module_type=f"{cls.__module__}.{cls.__qualname__}", memory=memory_arg is not None,
@@ -2145,7 +2296,11 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
         decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys,
-        keys_with_input=with_input)
+        keys_with_input=with_input,
+
+        max_length=None if chunked is None else f"{layout.core}chunk_length",
+        radius=(f"{layout.core}local_radius" if local is not None
+                else f"{layout.core}one_sided_attn_window_size" if sliding is not None else None))
     if _cosine(core):  # Swin v2: unit queries and keys, a learned scale per head (clamped at 100)
         scale_path = f"{layout.core}logit_scale"
 

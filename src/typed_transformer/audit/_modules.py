@@ -356,7 +356,16 @@ def log_coordinates(window: tuple[int, int], pretrained: tuple[int, int] | None 
 
 
 resize_table = typechecked(resize_table)
+def local_mask(t: int, s: int, radius: int) -> Bool[Tensor, "t s"]:
+    """A two-sided local window (LongT5's local attention), aligned bottom-right like :func:`window_mask`:
+    ``keep[i, j] = |j - p| <= radius`` with ``p = i + s - t`` the query's position."""
+    positions = rearrange(torch.arange(s - t, s), "t -> t 1")
+    keys = rearrange(torch.arange(s), "s -> 1 s")
+    return (keys - positions).abs() <= radius
+
+
 window_bias = typechecked(window_bias)
+local_mask = typechecked(local_mask)
 log_coordinates = typechecked(log_coordinates)
 decomposed_bias = typechecked(decomposed_bias)
 log_bucket = typechecked(log_bucket)
@@ -487,6 +496,9 @@ class ModuleSpec:
     #: length of a rotary cache it does not grow): no example is longer, and the report lists the lengths past it
     #: as not tested (None: any length)
     max_length: int | str | None = None
+    #: a two-sided local window (LongT5's local attention): query position ``p = i + s - t`` sees the keys ``j`` with
+    #: ``|p - j| <= radius``, on top of the masks (a number, or an attribute path; None there: no window)
+    radius: int | str | None = None
 
 
 #: Python lines that rebuild a spec in a fresh interpreter once ``module`` is defined (``hf_spec`` registers
@@ -934,6 +946,13 @@ class ModuleAdapter:
         if self.blocks is not None and not self.conventions.self_attention:
             raise AuditUsageError(f"spec {spec.name!r}: block-local attention cuts the queries and the keys into the "
                                   f"same blocks, so it needs self-attention")
+        radius = spec.radius
+        if isinstance(radius, str):
+            radius = resolve(self.original, radius, spec.name)  # None: this module has no local window
+        #: the two-sided local window's radius (None: none)
+        self.radius: int | None = None if radius is None else int(radius)
+        if self.radius is not None and self.radius < 0:
+            raise AuditUsageError(f"spec {spec.name!r}: a local window's radius is at least 0, got {self.radius}")
         self.norms: dict[str, Callable[[Tensor], Tensor]] = {}
         for which, path in (("q", spec.q_norm), ("k", spec.k_norm), ("v", spec.v_norm)):
             norm = None if path is None else _norm(self.original, path, spec)
@@ -989,7 +1008,8 @@ class ModuleAdapter:
                                                    or spec.disentangled is not None
                                                    or spec.relative_keys is not None),
                                                   ("a sliding window", self.window is not None),
-                                                  ("blocks of keys", self.blocks is not None)) if present]
+                                                  ("blocks of keys", self.blocks is not None),
+                                                  ("a local window", self.radius is not None)) if present]
         self.positional: str | None = ", ".join(positional) or None
         self._copies: dict[torch.dtype, nn.Module] = {}
         self._setup: str | None = None
@@ -1148,7 +1168,8 @@ class ModuleAdapter:
         """``(keep, is_causal)`` with the sliding window and the module's extra key positions applied (the
         returned mask covers the ``s`` keys and the appended ones)."""
         w = self.weights
-        if self.window is None and self.blocks is None and w.extra_k is None and not self.spec.keys_with_input:
+        if (self.window is None and self.blocks is None and self.radius is None and w.extra_k is None
+                and not self.spec.keys_with_input):
             return keep, is_causal
         keep = effective_keep(keep, is_causal, t, s, self.conventions)
         if self.window is not None:
@@ -1157,6 +1178,9 @@ class ModuleAdapter:
         if self.blocks is not None:
             inside = block_mask(t, s, self.blocks)[None, None]
             keep = inside if keep is None else keep & inside
+        if self.radius is not None:
+            near = local_mask(t, s, self.radius)[None, None]
+            keep = near if keep is None else keep & near
         if self.spec.keys_with_input:  # the input's own t keys, after the memory's: always visible
             keep = torch.ones(1, 1, t, s, dtype=torch.bool) if keep is None else keep
             keep = torch.cat([keep, keep.new_ones(*keep.shape[:-1], t)], dim=-1)
@@ -1234,6 +1258,8 @@ class ModuleAdapter:
             keep = keep & window_mask(example.t, example.s, self.window)
         if self.blocks is not None:
             keep = keep & block_mask(example.t, example.s, self.blocks)
+        if self.radius is not None:
+            keep = keep & local_mask(example.t, example.s, self.radius)
         return rearrange(keep.any(dim=-1).all(dim=1).expand(example.b, example.t), "b t -> b t 1")
 
     def decode(self, ins: ModuleInputs, dtype: torch.dtype) -> CandidateOutput | None:
