@@ -172,6 +172,13 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
     direct = "ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]" in _source(getattr(cls, "forward", None))
     config._attn_implementation = "sdpa" if direct else "eager"
     args, kwargs = constructor_arguments(cls, config, _attention_layer(config), cross)
+    from transformers import PretrainedConfig
+
+    for sub in kwargs.values():  # a sub-config the constructor takes (EsmFold2's atom_config): the tiny sizes
+        if isinstance(sub, PretrainedConfig) and sub is not config:
+            for key in ("hidden_size", "num_attention_heads", "head_dim"):
+                if hasattr(sub, key):
+                    setattr(sub, key, tiny[key])
     try:
         module: nn.Module = _construct(cls, config, args, kwargs)
     except (ValueError, IndexError):
@@ -915,6 +922,15 @@ def _xl_names(core: nn.Module) -> tuple[str, str, str, str] | None:
     return proj[0], biased[product.group(1)], biased[content.group(1)], proj[1]
 
 
+def _bias_as_mask(cls: Any) -> bool:
+    """Whether forward takes no mask but an ``attention_bias`` that it passes in the mask's place of its attention
+    function (EsmFold2's diffusion attention: "the step-invariant per-head bias doubles as the additive attention
+    mask", the pair bias with the padding folded in by its layer)."""
+    signature = inspect.signature(cls.forward).parameters
+    return "attention_bias" in signature and re.search(
+        r"attention_interface\(\s*self,\s*\w+,\s*\w+,\s*\w+,\s*attention_bias,", _source(cls.forward)) is not None
+
+
 def _padding_only(cls: Any, mask_arg: str) -> bool:
     """The forward refuses any mask but a key padding mask ``(b, 1, s)`` (FastSpeech2-Conformer's ``expected_size =
     (bsz, 1, q_len)``, a ValueError otherwise)."""
@@ -1061,7 +1077,10 @@ def _own_tables(module: nn.Module) -> bool:
     if rotary is None:
         return not _positions_optional(type(module))
     forward: Any = getattr(rotary, "forward", None)
-    return len(inspect.signature(forward).parameters) < 3
+    params = inspect.signature(forward).parameters
+    # or one that makes its tables from coordinates, not positions (EsmFold2's atom rotary: x/y/z and an atom's
+    # space UID), which the audit cannot give as token positions
+    return len(params) < 3 or not {"position_ids", "seq_len"} & set(params)
 
 
 def _model_window(module: nn.Module) -> int | None:
@@ -1204,6 +1223,14 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append(f"its model limits each query to a window of {window} keys (config.sliding_window, by its mask "
                      f"and its sliding-window cache); the layer has no window of its own and is audited under a plain "
                      f"causal mask with a full cache, so that window is not tested")
+    if _bias_as_mask(type(module)):
+        notes.append("forward takes attention_bias, which it adds to its logits as its mask (its layer's per-head pair "
+                     "bias with the padding folded in): audited with the audit's masks passed as it, so a pair bias "
+                     "is tested only as an additive mask is")
+    if _own_tables(module) and _rotary_class(module) is not None and _rotary_arg(type(module)) == "position_embeddings":
+        notes.append(f"its model's rotary class ({_rotary_class(module).__name__}) makes its cos/sin from coordinates, "
+                     f"not token positions: audited with the audit's own 1-D tables (positions 0.., base "
+                     f"{_PACKED_THETA:g}), so its model's tables are not tested, the class's turn of q and k is")
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
@@ -1408,6 +1435,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     separate = separate and not rotary_self
     memory_arg = _memory_arg(module, core, signature, cross)
     mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask") if n in signature), "attention_mask")
+    if mask_arg not in signature and _bias_as_mask(cls):
+        mask_arg = "attention_bias"  # EsmFold2's diffusion attention: its pair bias, the padding folded in
     # ViT on transformers 5.0 takes forward(hidden_states), BLIP's vision attention (hidden_states, **kwargs) and
     # never reads a mask: audited without masks, as its model calls it (a mask passed would be ignored silently)
     # the vision and audio encoders of Qwen2-VL and its kin take one packed sequence ``(total, e)`` cut by

@@ -137,6 +137,27 @@ def _config_heads(config: Any, core: Any, width: int | None) -> str | None:
     return sorted(fields)[0] if len(set(fields.values())) == 1 else None
 
 
+def _nested_heads(config: Any, core: Any, width: int | None) -> str | None:
+    """The path, under the config, of the ``num_attention_heads`` of a nested config (breadth first) that sizes a
+    class taking its sizes from a sub-config (EsmFold2's atom attention: ``atom_config.head_dim``, its heads the
+    ``-1`` of ``view(..., -1, head_dim)``): the first whose head count times the class's ``head_dim`` is the query
+    projection's width (``width``), which the class's reshape then implies; None if none fits."""
+    from transformers import PretrainedConfig
+
+    head_dim = getattr(core, "head_dim", None)
+    if config is None or width is None or not isinstance(head_dim, int) or head_dim <= 0:
+        return None
+    level: list[tuple[str, Any]] = [("", config)]
+    for _ in range(4):
+        level = [(f"{path}{name}.", v) for path, c in level for name, v in vars(c).items()
+                 if isinstance(v, PretrainedConfig)]
+        for path, c in level:
+            heads = getattr(c, "num_attention_heads", None)
+            if type(heads) is int and heads * head_dim == width and getattr(c, "head_dim", None) == head_dim:
+                return f"{path}num_attention_heads"
+    return None
+
+
 def _sizes(core: Any, prefix: str, width: int | None = None) -> tuple[str, str | None, str | None, float | str | None]:
     """Head counts: the module's own attribute first (what its constructor chose: Inkling's sliding layers and Dia's
     cross-attention read prefixed config fields, GPT-BigCode's ``kv_heads`` is 1 with ``multi_query``), then the
@@ -148,6 +169,8 @@ def _sizes(core: Any, prefix: str, width: int | None = None) -> tuple[str, str |
     elif isinstance(getattr(config, "num_attention_heads", None), int):
         heads = prefix + "config.num_attention_heads"
     elif (field := _config_heads(config, core, width)) is not None:
+        heads = f"{prefix}config.{field}"
+    elif (field := _nested_heads(config, core, width)) is not None:
         heads = f"{prefix}config.{field}"
     else:
         raise AuditUsageError(f"{type(core).__qualname__}: no head count (none of {', '.join(_HEADS)}, no "
@@ -435,6 +458,23 @@ def _module_config(config: Any) -> dict[str, Any] | None:
     return None
 
 
+def _nested_config(config: Any, annotation: Any, depth: int = 4) -> Any:
+    """The first config nested in ``config`` (breadth first, ``depth`` levels) that is an instance of
+    ``annotation`` (a config class), or None: EsmFold2's ``atom_config``, its model's
+    ``config.structure_head.diffusion_module.atom_encoder``."""
+    from transformers import PretrainedConfig
+
+    if not (isinstance(annotation, type) and issubclass(annotation, PretrainedConfig)):
+        return None
+    level = [config]
+    for _ in range(depth):
+        level = [v for c in level for v in vars(c).values() if isinstance(v, PretrainedConfig)]
+        found = next((c for c in level if isinstance(c, annotation)), None)
+        if found is not None:
+            return found
+    return None
+
+
 def _heads_field(config: Any) -> str | None:
     """The one integer config field named ``*_heads`` (not a key/value head count): the head count of a config
     that keeps it under a name of its own (PatchTSMixer's ``self_attn_heads``); None when none or several."""
@@ -478,6 +518,9 @@ def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tu
             kwargs[name] = config.attention_layers[layer]  # GPT-Neo: "global" or "local", per layer
         elif name == "module_config" and p.default is p.empty and (found := _module_config(config)) is not None:
             kwargs[name] = found  # FastSpeech2-Conformer's: the encoder's dict of sizes
+        elif name.endswith("_config") and p.default is p.empty and (
+                nested := _nested_config(config, p.annotation)) is not None:
+            kwargs[name] = nested  # EsmFold2's atom_config: the sub-config of the annotated class its model passes
         elif p.default is p.empty and getattr(config, name, None) is not None:
             # a size the config holds under the parameter's name (Swin's window_size), per stage as a list
             value = getattr(config, name)
