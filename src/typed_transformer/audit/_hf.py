@@ -75,7 +75,10 @@ TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_va
                         # DINOv3's prefix of unturned tokens: the class token and one register token
                         "num_register_tokens": 1,
                         # Perceiver's latents (its self-attention's width) and its heads over them
-                        "d_latents": 16, "num_self_attention_heads": 4, "num_cross_attention_heads": 4}
+                        "d_latents": 16, "num_self_attention_heads": 4, "num_cross_attention_heads": 4,
+                        # MobileBERT's attention width (its config sets true_hidden_size = intra_bottleneck_size when
+                        # it is made, with use_bottleneck): the tiny width, as the bottlenecks' is
+                        "intra_bottleneck_size": 16, "true_hidden_size": 16}
 
 #: the base of the rotary tables the audit makes itself (packed ``cu_seqlens`` encoders, image-grid rotaries)
 _PACKED_THETA = 10000.0
@@ -471,10 +474,13 @@ _MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_st
 #: the first three forward parameters of a class that takes queries, keys and values as separate inputs
 _SEPARATE = {("query", "key", "value"), ("queries", "keys", "values"), ("q", "k", "v"),
              ("query_tensor", "key_tensor", "value_tensor")}
+#: a block's residual input, required beside the attention's (MobileBERT's layer_input: the input bottleneck's output
+#: added before the block's Add & Norm, the hidden states themselves in a model without bottlenecks): the input
+_RESIDUAL_INPUTS = ("layer_input",)
 #: the arguments the generic call provides (or leaves at their defaults)
 _PROVIDED = {"hidden_states", "query", "key", "value", "attention_mask", "position_embeddings", "position_ids",
              "layer_idx", "cache", "past_key_values", "past_key_value", "kwargs", "cu_seqlens", "max_seqlen",
-             "shared_kv_states", "height", "width",
+             "shared_kv_states", "height", "width", *_RESIDUAL_INPUTS,
              *(name for names in _SEPARATE for name in names),
              *_MEMORY_ARGS}
 #: q/k norm attributes, as pairs
@@ -922,6 +928,19 @@ def _xl_names(core: nn.Module) -> tuple[str, str, str, str] | None:
     return proj[0], biased[product.group(1)], biased[content.group(1)], proj[1]
 
 
+def _same_shape(cls: Any) -> bool:
+    """A ``(query_tensor, key_tensor, value_tensor)`` class that views its key and value projections with the query
+    input's shape (MobileBERT's ``hidden_shape = (*query_tensor.shape[:-1], -1, d)``, its keys ``self.key(
+    key_tensor).view(*hidden_shape)``): keys of another length do not fit, so the three are one sequence; its model
+    passes them the hidden states (without bottlenecks) or bottlenecks of them (the shared one as query and key)."""
+    params = list(inspect.signature(cls.forward).parameters)[1:4]
+    if tuple(params) not in _SEPARATE:
+        return False
+    body = _body(cls.forward)
+    return (re.search(rf"input_shape = {params[0]}\.shape\[:-1\]", body) is not None
+            and all(re.search(rf"\({name}\)\.view\(\*hidden_shape\)", body) for name in params[1:]))
+
+
 def _bias_as_mask(cls: Any) -> bool:
     """Whether forward takes no mask but an ``attention_bias`` that it passes in the mask's place of its attention
     function (EsmFold2's diffusion attention: "the step-invariant per-head bias doubles as the additive attention
@@ -1223,6 +1242,13 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append(f"its model limits each query to a window of {window} keys (config.sliding_window, by its mask "
                      f"and its sliding-window cache); the layer has no window of its own and is audited under a plain "
                      f"causal mask with a full cache, so that window is not tested")
+    if _same_shape(type(module)) or _same_shape(type(_core_of(module))):
+        residual = ", and as layer_input, its block's residual," if "layer_input" in signature else ""
+        notes.append(f"a (query_tensor, key_tensor, value_tensor) class that views its keys and values with the "
+                     f"queries' shape: audited as self-attention, the input passed as all three{residual} as its model "
+                     f"passes its hidden states without bottlenecks; with them (outside the class) the model passes "
+                     f"the shared bottleneck's output as query and key and the hidden states as value, a use not "
+                     f"tested")
     if _bias_as_mask(type(module)):
         notes.append("forward takes attention_bias, which it adds to its logits as its mask (its layer's per-head pair "
                      "bias with the padding folded in): audited with the audit's masks passed as it, so a pair bias "
@@ -1432,6 +1458,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # input passed as all three
     rotary_self = (separate and "position_embeddings" in signature
                    and signature["position_embeddings"].default is inspect.Parameter.empty)
+    # or one that views its keys and values with the queries' shape (MobileBERT's self.key(key_tensor).view(
+    # *hidden_shape), hidden_shape from query_tensor): one sequence, as its model passes it (see _same_shape)
+    rotary_self = rotary_self or (separate and (_same_shape(cls) or _same_shape(type(core))))
     separate = separate and not rotary_self
     memory_arg = _memory_arg(module, core, signature, cross)
     mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask") if n in signature), "attention_mask")
@@ -1644,6 +1673,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         if zero_positions is not None:  # DETR's optional embeddings that its values need: zeros, plain attention
             kwargs[zero_positions] = torch.zeros_like(x)
         kwargs.update({n: x for n in again})
+        kwargs.update({n: x for n in _RESIDUAL_INPUTS if n in signature})
         if "position_ids" in signature:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
         if "layer_idx" in signature:
