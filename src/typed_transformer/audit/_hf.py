@@ -861,6 +861,18 @@ def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
 
         return RelativeKeys(table, xl_rows, proj=f"{prefix}linear_pos", query_bias=f"{prefix}pos_bias_v",
                             content_bias=f"{prefix}pos_bias_u")
+    pair = _pair_arg(core)
+    if pair is not None:  # Bros's bbox_pos_emb, R[i, j] per query-key pair: the audit's own table, L x L pairs
+        d = int(getattr(core, "attention_head_size"))  # noqa: B009 (typed Any)
+
+        def pair_table(m: Any) -> Tensor:
+            seeded = torch.Generator().manual_seed(0)
+            return torch.randn(_XL_LENGTH * _XL_LENGTH, d, dtype=torch.float64, generator=seeded)
+
+        def pair_rows(t: int, s: int) -> Tensor:
+            return torch.arange(t)[:, None] * _XL_LENGTH + torch.arange(s)[None, :]
+
+        return RelativeKeys(pair_table, pair_rows)
     found = _xl_names(core)
     if found is not None:  # Parakeet's and Nemotron's: the same terms under names of their own
         proj, query_bias, content_bias, _ = found
@@ -876,6 +888,21 @@ def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
         return RelativeKeys(xl_table, shifted_rows, proj=prefix + proj, query_bias=prefix + query_bias,
                             content_bias=prefix + content_bias)
     return None
+
+
+def _pair_arg(core: nn.Module) -> str | None:
+    """The forward argument of a relative embedding per query-key pair that the queries meet before the logits are
+    scaled (Bros's ``bbox_pos_emb``: its model's projected sinusoids of the box differences, ``(t, t, b, d)``, shared
+    by the heads; ``logit[i, j] = (q_i . k_j + q_i . R[i, j]) / sqrt(d)``), read from the forward's source, or None."""
+    source = _source(type(core).forward)
+    found = re.search(r'(\w+) = torch\.einsum\("bnid,bijd->bnij", \(query_layer, (\w+)\)\)', source)
+    if found is None or found.group(2) not in inspect.signature(type(core).forward).parameters:
+        return None
+    view = rf"{found.group(2)} = {found.group(2)}\.view\(seq_length, seq_length, batch_size, d_head\)\s+"
+    added = rf"attention_scores = attention_scores \+ {found.group(1)}\s+attention_scores = attention_scores / math"
+    if re.search(view, source) is None or re.search(added, source) is None:
+        return None
+    return found.group(2)
 
 
 def _espnet_shift(core: nn.Module) -> bool:
@@ -1269,7 +1296,11 @@ def hf_notes(module: nn.Module) -> list[str]:
               f"passed, so what it adds is not tested" for name in _added_biases(_core_of(module))]
     notes += [f"forward requires {name} and takes None for it (LUKE's model passes None without entities, I-BERT's "
               f"without quant_mode): audited with None, so what the class computes with a value is not tested"
-              for name in _nullable(type(module))]
+              for name in _nullable(type(module)) if name != _pair_arg(_core_of(module))]
+    if _pair_arg(_core_of(module)) is not None:
+        notes.append(f"forward adds q_i . R[i, j] to its logits before scaling them, R its model's "
+                     f"{_pair_arg(_core_of(module))} (t, t, b, d): audited with the audit's own seeded table, the same "
+                     f"for every sequence of the batch, so its model's box embeddings are not tested")
     ratios = ("sr_ratio", "sequence_reduction_ratio", "sequences_reduction_ratio", "spatial_reduction_ratio")
     if any(getattr(m, name, None) == 1 for m in module.modules() for name in ratios):
         notes.append("built with a key reduction ratio of 1, as its model's last stage is (every key): the earlier "
@@ -1493,7 +1524,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         takes_mask = False
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
     # the first parameter is the input, passed by position whatever its name (VitDet's hidden_state)
-    nullable = _nullable(cls)
+    pair_arg = _pair_arg(core)  # Bros's bbox_pos_emb: given the audit's own table (see _relative_keys)
+    nullable = [n for n in _nullable(cls) if n != pair_arg]
     added = _added_biases(core)
     channels_first = isinstance(module.get_submodule(str(layout.q or layout.qkv or "")), nn.Conv1d)
     input_norms = tuple(layout.core + n for n in _input_norms(core))
@@ -1502,7 +1534,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     flags = [n for n in ("output_attentions",) if n in signature and signature[n].default is inspect.Parameter.empty]
     rotary_arg = _rotary_arg(cls)
     unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg)
-               and n not in _PROVIDED and n not in nullable and n not in flags
+               and n not in _PROVIDED and n not in nullable and n not in flags and n != pair_arg
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
         raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
@@ -1682,6 +1714,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             # (decoding: the keys the cache holds too, distances offset + t - 1 .. 1 - t)
             rows = relative_keys.table(m)[_XL_LENGTH - x.shape[1] - offset:_XL_LENGTH + x.shape[1] - 1]
             kwargs[table_arg] = rows[None].expand(x.shape[0], -1, -1).to(x.dtype)
+        if pair_arg is not None and relative_keys is not None:  # Bros's (t, t, b, d), the same for every sequence
+            pairs = relative_keys.table(m).view(_XL_LENGTH, _XL_LENGTH, -1)[:x.shape[1], :x.shape[1]]
+            kwargs[pair_arg] = pairs[:, :, None].expand(-1, -1, x.shape[0], -1).contiguous().to(x.dtype)
         if disentangled is not None:  # DeBERTa's relative embeddings, from its encoder: the audit's own table
             kwargs["rel_embeddings"] = disentangled.table(m).to(x.dtype)
             if disentangled.form == "v1":  # its encoder's distances i - j too (v1 adds no term without them)
