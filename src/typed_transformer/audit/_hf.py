@@ -905,6 +905,49 @@ def _pair_arg(core: nn.Module) -> str | None:
     return found.group(2)
 
 
+def _layout_arg(core: nn.Module) -> str | None:
+    """The forward argument of LiLT's layout stream: the layout inputs ``L`` that ``layout_query`` and ``layout_key``
+    project (heads of ``d // r``), whose logits ``ql . kl / sqrt(d // r)`` the class adds to the text logits
+    ``q . k / sqrt(d)`` before its mask and softmax (the text output's softmax, the first output), read from the
+    forward's source; or None."""
+    source = re.sub(r"\s+", " ", _source(type(core).forward))
+    found = re.search(r"self\.layout_key\((\w+)\)", source)
+    forms = ("layout_attention_scores = torch.matmul(layout_query_layer, layout_key_layer.transpose(-1, -2))",
+             "tmp_layout_attention_scores = layout_attention_scores / math.sqrt( self.attention_head_size // "
+             "self.channel_shrink_ratio )",
+             "attention_scores = tmp_attention_scores + tmp_layout_attention_scores",
+             "attention_scores = attention_scores + attention_mask",
+             "attention_probs = nn.Softmax(dim=-1)(attention_scores)", "outputs = (context_layer, layout_context_layer)")
+    if (found is None or found.group(1) not in inspect.signature(type(core).forward).parameters
+            or f"self.layout_query({found.group(1)})" not in source or not all(f in source for f in forms)
+            or not all(isinstance(getattr(core, n, None), nn.Linear) for n in ("layout_query", "layout_key"))):
+        return None
+    return found.group(1)
+
+
+def _layout_inputs(m: Any, prefix: str, t: int) -> Tensor:
+    """The audit's own layout inputs for LiLT (seeded, float64, ``(t, e // r)``: the same for every sequence)."""
+    width = int(resolve(m, f"{prefix}layout_query", "hf").in_features)
+    seeded = torch.Generator().manual_seed(0)
+    return torch.randn(_XL_LENGTH, width, dtype=torch.float64, generator=seeded)[:t]
+
+
+def _layout_bias(prefix: str) -> Callable[[Any, int, int], Tensor]:
+    """LiLT's layout logits over the audit's layout inputs, ``(h, t, s)`` in float64: ``ql . kl / sqrt(d // r)``."""
+
+    def bias(m: Any, t: int, s: int) -> Tensor:
+        core = resolve(m, prefix.rstrip("."), "hf") if prefix else m
+        heads, d = int(core.num_attention_heads), int(core.attention_head_size) // int(core.channel_shrink_ratio)
+        inputs = _layout_inputs(m, prefix, max(t, s))
+        ql, kl = (nn.functional.linear(inputs, layer.weight.double(), None if layer.bias is None
+                                       else layer.bias.double()) for layer in (core.layout_query, core.layout_key))
+        ql = rearrange(ql[:t], "t (h d) -> h t d", h=heads)
+        kl = rearrange(kl[:s], "s (h d) -> h s d", h=heads)
+        return torch.einsum("htd,hsd->hts", ql, kl) / math.sqrt(d)
+
+    return bias
+
+
 def _espnet_shift(core: nn.Module) -> bool:
     """ESPnet's relative attention (FastSpeech2-Conformer): Transformer-XL's ``linear_pos``, ``pos_bias_u`` and
     ``pos_bias_v`` with no ``position_embeddings_type``, the content logits' queries plus ``pos_bias_u``, the
@@ -1296,7 +1339,13 @@ def hf_notes(module: nn.Module) -> list[str]:
               f"passed, so what it adds is not tested" for name in _added_biases(_core_of(module))]
     notes += [f"forward requires {name} and takes None for it (LUKE's model passes None without entities, I-BERT's "
               f"without quant_mode): audited with None, so what the class computes with a value is not tested"
-              for name in _nullable(type(module)) if name != _pair_arg(_core_of(module))]
+              for name in _nullable(type(module)) if name not in (_pair_arg(_core_of(module)),
+                                                                  _layout_arg(_core_of(module)))]
+    if _layout_arg(_core_of(module)) is not None:
+        notes.append(f"LiLT's layout stream: its logits ql . kl / sqrt(d // r) (layout_query and layout_key of its "
+                     f"model's {_layout_arg(_core_of(module))}) added to the text logits are audited over the audit's "
+                     f"own seeded layout inputs, the same for every sequence; the stream's own output (its context "
+                     f"over layout_value, the class's second output, and its block's layout_output) is not tested")
     if _pair_arg(_core_of(module)) is not None:
         notes.append(f"forward adds q_i . R[i, j] to its logits before scaling them, R its model's "
                      f"{_pair_arg(_core_of(module))} (t, t, b, d): audited with the audit's own seeded table, the same "
@@ -1378,6 +1427,7 @@ def hf_limits(module: nn.Module) -> list[str]:
             *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ()),
             *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ()),
             *(("distance_embedding", "linear_pos") if _relative_keys(module, "") is not None else ()),
+            *(("layout_query", "layout_key", "layout_value") if _layout_arg(module) is not None else ()),
             *((_xl_names(module) or ())[:1])}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
@@ -1525,7 +1575,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
     # the first parameter is the input, passed by position whatever its name (VitDet's hidden_state)
     pair_arg = _pair_arg(core)  # Bros's bbox_pos_emb: given the audit's own table (see _relative_keys)
-    nullable = [n for n in _nullable(cls) if n != pair_arg]
+    layout_arg = _layout_arg(core)  # LiLT's layout_inputs: given the audit's own (see _layout_bias)
+    nullable = [n for n in _nullable(cls) if n not in (pair_arg, layout_arg)]
     added = _added_biases(core)
     channels_first = isinstance(module.get_submodule(str(layout.q or layout.qkv or "")), nn.Conv1d)
     input_norms = tuple(layout.core + n for n in _input_norms(core))
@@ -1534,7 +1585,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     flags = [n for n in ("output_attentions",) if n in signature and signature[n].default is inspect.Parameter.empty]
     rotary_arg = _rotary_arg(cls)
     unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg)
-               and n not in _PROVIDED and n not in nullable and n not in flags and n != pair_arg
+               and n not in _PROVIDED and n not in nullable and n not in flags and n not in (pair_arg, layout_arg)
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
         raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
@@ -1714,6 +1765,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             # (decoding: the keys the cache holds too, distances offset + t - 1 .. 1 - t)
             rows = relative_keys.table(m)[_XL_LENGTH - x.shape[1] - offset:_XL_LENGTH + x.shape[1] - 1]
             kwargs[table_arg] = rows[None].expand(x.shape[0], -1, -1).to(x.dtype)
+        if layout_arg is not None:  # LiLT's layout stream: the audit's own layout inputs, the same for every sequence
+            own_layout = _layout_inputs(m, layout.core, x.shape[1])
+            kwargs[layout_arg] = own_layout[None].expand(x.shape[0], -1, -1).to(x.dtype)
         if pair_arg is not None and relative_keys is not None:  # Bros's (t, t, b, d), the same for every sequence
             pairs = relative_keys.table(m).view(_XL_LENGTH, _XL_LENGTH, -1)[:x.shape[1], :x.shape[1]]
             kwargs[pair_arg] = pairs[:, :, None].expand(-1, -1, x.shape[0], -1).contiguous().to(x.dtype)
@@ -1826,6 +1880,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
 
         frequencies = twice
     position_bias = relative_bias(layout.core) if layout.relative_bias else None
+    if layout_arg is not None:
+        position_bias = _layout_bias(layout.core)
     lengths = _HF.lengths
     if window_table is not None:
         table_path, window_size = window_table
