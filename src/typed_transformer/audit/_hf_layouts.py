@@ -444,7 +444,9 @@ _PLAIN_PARAMS: dict[str, Any] = {"dropout": 0.0, "attention_dropout": 0.0, "is_c
                                  # PVT's and SegFormer's key reduction: 1, as their last stage builds it (every key;
                                  # a ratio above 1 pools the keys with a strided convolution)
                                  "sequence_reduction_ratio": 1, "sequences_reduction_ratio": 1,
-                                 "spatial_reduction_ratio": 1}
+                                 "spatial_reduction_ratio": 1,
+                                 # Funnel's relative attention: the first block's (its position embeddings' index)
+                                 "block_index": 0}
 
 
 def _module_config(config: Any) -> dict[str, Any] | None:
