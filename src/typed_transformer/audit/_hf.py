@@ -27,6 +27,7 @@ from ._hf_layouts import (
     find_layout,
     has_residual,
     init_parameters,
+    nested_config,
     relative_bias,
 )
 from ._modules import (
@@ -177,8 +178,10 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
     args, kwargs = constructor_arguments(cls, config, _attention_layer(config), cross)
     from transformers import PretrainedConfig
 
-    for sub in kwargs.values():  # a sub-config the constructor takes (EsmFold2's atom_config): the tiny sizes
-        if isinstance(sub, PretrainedConfig) and sub is not config:
+    params = init_parameters(cls)
+    for name, sub in kwargs.items():  # a nested sub-config the constructor takes (EsmFold2's atom_config): tiny too
+        if (name.endswith("_config") and isinstance(sub, PretrainedConfig) and getattr(config, name, None) is not sub
+                and name in params and sub is nested_config(config, params[name].annotation)):
             for key in ("hidden_size", "num_attention_heads", "head_dim"):
                 if hasattr(sub, key):
                     setattr(sub, key, tiny[key])
@@ -917,7 +920,8 @@ def _layout_arg(core: nn.Module) -> str | None:
              "self.channel_shrink_ratio )",
              "attention_scores = tmp_attention_scores + tmp_layout_attention_scores",
              "attention_scores = attention_scores + attention_mask",
-             "attention_probs = nn.Softmax(dim=-1)(attention_scores)", "outputs = (context_layer, layout_context_layer)")
+             "attention_probs = nn.Softmax(dim=-1)(attention_scores)",
+             "outputs = (context_layer, layout_context_layer)")
     if (found is None or found.group(1) not in inspect.signature(type(core).forward).parameters
             or f"self.layout_query({found.group(1)})" not in source or not all(f in source for f in forms)
             or not all(isinstance(getattr(core, n, None), nn.Linear) for n in ("layout_query", "layout_key"))):
@@ -1323,8 +1327,9 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append("forward takes attention_bias, which it adds to its logits as its mask (its layer's per-head pair "
                      "bias with the padding folded in): audited with the audit's masks passed as it, so a pair bias "
                      "is tested only as an additive mask is")
-    if _own_tables(module) and _rotary_class(module) is not None and _rotary_arg(type(module)) == "position_embeddings":
-        notes.append(f"its model's rotary class ({_rotary_class(module).__name__}) makes its cos/sin from coordinates, "
+    coordinates = _rotary_class(module)
+    if _own_tables(module) and coordinates is not None and _rotary_arg(type(module)) == "position_embeddings":
+        notes.append(f"its model's rotary class ({coordinates.__name__}) makes its cos/sin from coordinates, "
                      f"not token positions: audited with the audit's own 1-D tables (positions 0.., base "
                      f"{_PACKED_THETA:g}), so its model's tables are not tested, the class's turn of q and k is")
     needed = _needed_positions(type(module))

@@ -168,10 +168,8 @@ def _sizes(core: Any, prefix: str, width: int | None = None) -> tuple[str, str |
         heads = prefix + own
     elif isinstance(getattr(config, "num_attention_heads", None), int):
         heads = prefix + "config.num_attention_heads"
-    elif (field := _config_heads(config, core, width)) is not None:
-        heads = f"{prefix}config.{field}"
-    elif (field := _nested_heads(config, core, width)) is not None:
-        heads = f"{prefix}config.{field}"
+    elif (field := _config_heads(config, core, width) or _nested_heads(config, core, width)) is not None:
+        heads = f"{prefix}config.{field}"  # (a nested config's: EsmFold2's atom_config)
     else:
         raise AuditUsageError(f"{type(core).__qualname__}: no head count (none of {', '.join(_HEADS)}, no "
                               f"config.num_attention_heads)")
@@ -460,7 +458,7 @@ def _module_config(config: Any) -> dict[str, Any] | None:
     return None
 
 
-def _nested_config(config: Any, annotation: Any, depth: int = 4) -> Any:
+def nested_config(config: Any, annotation: Any, depth: int = 4) -> Any:
     """The first config nested in ``config`` (breadth first, ``depth`` levels) that is an instance of
     ``annotation`` (a config class), or None: EsmFold2's ``atom_config``, its model's
     ``config.structure_head.diffusion_module.atom_encoder``."""
@@ -520,15 +518,15 @@ def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tu
             kwargs[name] = config.attention_layers[layer]  # GPT-Neo: "global" or "local", per layer
         elif name == "module_config" and p.default is p.empty and (found := _module_config(config)) is not None:
             kwargs[name] = found  # FastSpeech2-Conformer's: the encoder's dict of sizes
-        elif name.endswith("_config") and p.default is p.empty and (
-                nested := _nested_config(config, p.annotation)) is not None:
-            kwargs[name] = nested  # EsmFold2's atom_config: the sub-config of the annotated class its model passes
         elif p.default is p.empty and getattr(config, name, None) is not None:
             # a size the config holds under the parameter's name (Swin's window_size), per stage as a list
             value = getattr(config, name)
             kwargs[name] = value[0] if isinstance(value, list | tuple) and value else value
         elif getattr(config, sites.get(name, ""), None) is not None:
             kwargs[name] = getattr(config, sites[name])  # the field its model passes (Perceiver's q_dim=d_latents)
+        elif name.endswith("_config") and p.default is p.empty and (
+                nested := nested_config(config, p.annotation)) is not None:
+            kwargs[name] = nested  # EsmFold2's atom_config: the sub-config of the annotated class its model passes
     return args, kwargs
 
 
@@ -552,4 +550,4 @@ def _call_sites(cls: type) -> dict[str, str]:
 
 
 __all__ = ["Layout", "bypass_norms", "config_from_configuration_module", "constructor_arguments", "find_layout",
-           "has_residual", "init_parameters", "relative_bias"]
+           "has_residual", "init_parameters", "nested_config", "relative_bias"]

@@ -60,10 +60,13 @@ def test_glued_classes_pass_with_zero_lines(model: str, name: str, note: str) ->
 def test_esmfold2_takes_its_sub_config_and_its_gate() -> None:
     """The sub-config of the annotated class (the model's ``structure_head.diffusion_module.atom_encoder``), at the
     tiny sizes; the gated output and the weightless q/k norms read."""
-    module = hf_build(_class("esmfold2", "EsmFold2AtomAttention"))
-    assert module.q_proj.in_features == 16 and module.head_dim == 4
+    module: Any = hf_build(_class("esmfold2", "EsmFold2AtomAttention"))
+    assert module.q_proj.in_features == 16
+    assert module.head_dim == 4
     spec = hf_spec(module)
-    assert spec.gate is not None and spec.q_norm == "q_norm" and spec.rotary is not None
+    assert spec.gate is not None
+    assert spec.q_norm == "q_norm"
+    assert spec.rotary is not None
     assert spec.num_heads.endswith("atom_encoder.num_attention_heads")
 
 
@@ -100,9 +103,11 @@ def test_a_bros_that_reads_its_pairs_transposed_fails() -> None:
 def test_bros_pair_term_is_its_own_einsum() -> None:
     """The reference's term ``q_i . R[i, j]`` (RelativeKeys over the audit's table, ``rows(t, s)``) is what the
     class's own einsum computes from the ``(t, t, b, d)`` tensor the audit passes."""
-    module = hf_build(_class("bros", "BrosSelfAttention"))
+    module: Any = hf_build(_class("bros", "BrosSelfAttention"))
     keys = hf_spec(module).relative_keys
-    assert keys is not None and keys.proj is None and keys.query_bias is None
+    assert keys is not None
+    assert keys.proj is None
+    assert keys.query_bias is None
     t, b, d = 5, 2, int(module.attention_head_size)
     table = keys.table(module)
     passed = table.view(_XL_LENGTH, _XL_LENGTH, -1)[:t, :t][:, :, None].expand(-1, -1, b, -1).contiguous()
@@ -115,7 +120,7 @@ def test_bros_pair_term_is_its_own_einsum() -> None:
 def test_lilt_layout_bias_is_its_own_layout_scores() -> None:
     """The position bias the spec declares is the class's own layout logits (its transpose_for_scores of
     layout_query and layout_key over the same inputs, scaled by sqrt(d // r))."""
-    module = randomize_parameters(hf_build(_class("lilt", "LiltSelfAttention")), 0).double()
+    module: Any = randomize_parameters(hf_build(_class("lilt", "LiltSelfAttention")), 0).double()
     t = 6
     inputs = _layout_inputs(module, "", t)[None]
     r = module.channel_shrink_ratio
@@ -152,7 +157,7 @@ def test_a_mobilebert_block_that_drops_its_residual_fails() -> None:
 
 
 def test_mobilebert_builds_at_the_tiny_width() -> None:
-    module = hf_build(_class("mobilebert", "MobileBertSelfAttention"))
+    module: Any = hf_build(_class("mobilebert", "MobileBertSelfAttention"))
     assert module.query.in_features == module.value.in_features == 16
 
 
