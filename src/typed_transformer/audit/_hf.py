@@ -1328,7 +1328,10 @@ def hf_notes(module: nn.Module) -> list[str]:
                      "bias with the padding folded in): audited with the audit's masks passed as it, so a pair bias "
                      "is tested only as an additive mask is")
     coordinates = _rotary_class(module)
-    if _own_tables(module) and coordinates is not None and _rotary_arg(type(module)) == "position_embeddings":
+    rotary_forward: Any = getattr(coordinates, "forward", None)
+    if (_own_tables(module) and coordinates is not None and _rotary_arg(type(module)) == "position_embeddings"
+            and len(params := inspect.signature(rotary_forward).parameters) >= 3
+            and not {"position_ids", "seq_len"} & set(params)):
         notes.append(f"its model's rotary class ({coordinates.__name__}) makes its cos/sin from coordinates, "
                      f"not token positions: audited with the audit's own 1-D tables (positions 0.., base "
                      f"{_PACKED_THETA:g}), so its model's tables are not tested, the class's turn of q and k is")
