@@ -105,8 +105,9 @@ def test_the_scripts_page_adds_up_and_a_changed_count_is_found() -> None:
 def test_a_class_that_does_not_build_is_listed_with_its_own_error() -> None:
     """The sweep retries a failing class with as many key/value heads as query heads; when the retry fails too, the
     reason listed is the first error, not the retry's (which said only that the module had no config)."""
-    row = _sweep().audit_class(("bros", "BrosSelfAttention"))
-    assert row["skipped"].startswith("AuditUsageError: BrosSelfAttention: forward needs bbox_pos_emb"), row
+    row = _sweep().audit_class(("pegasus_x", "PegasusXGlobalLocalAttention"))
+    assert row["skipped"].startswith("AuditUsageError: PegasusXGlobalLocalAttention: forward needs "
+                                     "global_hidden_states"), row
 
 
 def test_the_page_states_the_budget_the_sweep_ran_with() -> None:

@@ -30,6 +30,7 @@ from ._hf_layouts import (
     find_layout,
     has_residual,
     init_parameters,
+    nested_config,
     projected_layout,
     relative_bias,
 )
@@ -81,7 +82,10 @@ TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_va
                         # DINOv3's prefix of unturned tokens: the class token and one register token
                         "num_register_tokens": 1,
                         # Perceiver's latents (its self-attention's width) and its heads over them
-                        "d_latents": 16, "num_self_attention_heads": 4, "num_cross_attention_heads": 4}
+                        "d_latents": 16, "num_self_attention_heads": 4, "num_cross_attention_heads": 4,
+                        # MobileBERT's attention width (its config sets true_hidden_size = intra_bottleneck_size when
+                        # it is made, with use_bottleneck): the tiny width, as the bottlenecks' is
+                        "intra_bottleneck_size": 16, "true_hidden_size": 16}
 
 #: the base of the rotary tables the audit makes itself (packed ``cu_seqlens`` encoders, image-grid rotaries)
 _PACKED_THETA = 10000.0
@@ -191,6 +195,15 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
     direct = "ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]" in _source(getattr(cls, "forward", None))
     config._attn_implementation = "sdpa" if direct else "eager"
     args, kwargs = constructor_arguments(cls, config, _attention_layer(config), cross)
+    from transformers import PretrainedConfig
+
+    params = init_parameters(cls)
+    for name, sub in kwargs.items():  # a nested sub-config the constructor takes (EsmFold2's atom_config): tiny too
+        if (name.endswith("_config") and isinstance(sub, PretrainedConfig) and getattr(config, name, None) is not sub
+                and name in params and sub is nested_config(config, params[name].annotation)):
+            for key in ("hidden_size", "num_attention_heads", "head_dim"):
+                if hasattr(sub, key):
+                    setattr(sub, key, tiny[key])
     try:
         module: nn.Module = _construct(cls, config, args, kwargs)
     except (ValueError, IndexError):
@@ -486,10 +499,13 @@ _MEMORY_ARGS = ("encoder_hidden_states", "cross_attention_states", "key_value_st
 #: the first three forward parameters of a class that takes queries, keys and values as separate inputs
 _SEPARATE = {("query", "key", "value"), ("queries", "keys", "values"), ("q", "k", "v"),
              ("query_tensor", "key_tensor", "value_tensor")}
+#: a block's residual input, required beside the attention's (MobileBERT's layer_input: the input bottleneck's output
+#: added before the block's Add & Norm, the hidden states themselves in a model without bottlenecks): the input
+_RESIDUAL_INPUTS = ("layer_input",)
 #: the arguments the generic call provides (or leaves at their defaults)
 _PROVIDED = {"hidden_states", "query", "key", "value", "attention_mask", "position_embeddings", "position_ids",
              "layer_idx", "cache", "past_key_values", "past_key_value", "kwargs", "cu_seqlens", "max_seqlen",
-             "shared_kv_states", "height", "width",
+             "shared_kv_states", "height", "width", *_RESIDUAL_INPUTS,
              *(name for names in _SEPARATE for name in names),
              *_MEMORY_ARGS}
 #: q/k norm attributes, as pairs
@@ -914,6 +930,13 @@ def _relative_keys(core: nn.Module, prefix: str) -> RelativeKeys | None:
             return (torch.arange(s)[None, :] - torch.arange(t)[:, None]).clamp(-left, right) + left
 
         return RelativeKeys(lambda m: resolve(m, f"{prefix}distance_embedding.weight", "hf"), shaw_rows)
+    pair = _pair_arg(core)
+    if pair is not None:  # Bros's bbox_pos_emb, R[i, j] per query-key pair: the audit's own table, L x L pairs
+        def pair_rows(t: int, s: int) -> Tensor:
+            return torch.arange(t)[:, None] * _XL_LENGTH + torch.arange(s)[None, :]
+
+        return RelativeKeys(_seeded_table(_XL_LENGTH * _XL_LENGTH, int(getattr(core, "attention_head_size"))),  # noqa: B009
+                            pair_rows)
     if kind == "relative" and isinstance(getattr(core, "linear_pos", None), nn.Linear) and all(
             isinstance(getattr(core, n, None), Tensor) for n in ("pos_bias_u", "pos_bias_v")):
         names: tuple[str, ...] | None = ("linear_pos", "pos_bias_v", "pos_bias_u")
@@ -960,6 +983,65 @@ def _gated_bias(core: nn.Module, prefix: str) -> tuple[PositionBias, Callable[[A
         return a * (b * const - 1.0) + 2.0
 
     return bias, gate
+
+
+def _pair_arg(core: nn.Module) -> str | None:
+    """The forward argument of a relative embedding per query-key pair that the queries meet before the logits are
+    scaled (Bros's ``bbox_pos_emb``: its model's projected sinusoids of the box differences, ``(t, t, b, d)``, shared
+    by the heads; ``logit[i, j] = (q_i . k_j + q_i . R[i, j]) / sqrt(d)``), read from the forward's source, or None."""
+    source = _source(type(core).forward)
+    found = re.search(r'(\w+) = torch\.einsum\("bnid,bijd->bnij", \(query_layer, (\w+)\)\)', source)
+    if found is None or found.group(2) not in inspect.signature(type(core).forward).parameters:
+        return None
+    view = rf"{found.group(2)} = {found.group(2)}\.view\(seq_length, seq_length, batch_size, d_head\)\s+"
+    added = rf"attention_scores = attention_scores \+ {found.group(1)}\s+attention_scores = attention_scores / math"
+    if re.search(view, source) is None or re.search(added, source) is None:
+        return None
+    return found.group(2)
+
+
+def _layout_arg(core: nn.Module) -> str | None:
+    """The forward argument of LiLT's layout stream: the layout inputs ``L`` that ``layout_query`` and ``layout_key``
+    project (heads of ``d // r``), whose logits ``ql . kl / sqrt(d // r)`` the class adds to the text logits
+    ``q . k / sqrt(d)`` before its mask and softmax (the text output's softmax, the first output), read from the
+    forward's source; or None."""
+    source = re.sub(r"\s+", " ", _source(type(core).forward))
+    found = re.search(r"self\.layout_key\((\w+)\)", source)
+    forms = ("layout_attention_scores = torch.matmul(layout_query_layer, layout_key_layer.transpose(-1, -2))",
+             "tmp_layout_attention_scores = layout_attention_scores / math.sqrt( self.attention_head_size // "
+             "self.channel_shrink_ratio )",
+             "attention_scores = tmp_attention_scores + tmp_layout_attention_scores",
+             "attention_scores = attention_scores + attention_mask",
+             "attention_probs = nn.Softmax(dim=-1)(attention_scores)",
+             "outputs = (context_layer, layout_context_layer)")
+    if (found is None or found.group(1) not in inspect.signature(type(core).forward).parameters
+            or f"self.layout_query({found.group(1)})" not in source or not all(f in source for f in forms)
+            or not all(isinstance(getattr(core, n, None), nn.Linear) for n in ("layout_query", "layout_key"))):
+        return None
+    return found.group(1)
+
+
+def _layout_inputs(m: Any, prefix: str, t: int) -> Tensor:
+    """The audit's own layout inputs for LiLT (seeded, float64, ``(t, e // r)``: the same for every sequence)."""
+    width = int(resolve(m, f"{prefix}layout_query", "hf").in_features)
+    seeded = torch.Generator().manual_seed(0)
+    return torch.randn(_XL_LENGTH, width, dtype=torch.float64, generator=seeded)[:t]
+
+
+def _layout_bias(prefix: str) -> Callable[[Any, int, int], Tensor]:
+    """LiLT's layout logits over the audit's layout inputs, ``(h, t, s)`` in float64: ``ql . kl / sqrt(d // r)``."""
+
+    def bias(m: Any, t: int, s: int) -> Tensor:
+        core = resolve(m, prefix.rstrip("."), "hf") if prefix else m
+        heads, d = int(core.num_attention_heads), int(core.attention_head_size) // int(core.channel_shrink_ratio)
+        inputs = _layout_inputs(m, prefix, max(t, s))
+        ql, kl = (nn.functional.linear(inputs, layer.weight.double(), None if layer.bias is None
+                                       else layer.bias.double()) for layer in (core.layout_query, core.layout_key))
+        ql = rearrange(ql[:t], "t (h d) -> h t d", h=heads)
+        kl = rearrange(kl[:s], "s (h d) -> h s d", h=heads)
+        return torch.einsum("htd,hsd->hts", ql, kl) / math.sqrt(d)
+
+    return bias
 
 
 def _espnet_shift(core: nn.Module) -> bool:
@@ -1010,6 +1092,28 @@ def _xl_names(core: nn.Module) -> tuple[str, str, str, str] | None:
     if not all(isinstance(getattr(core, biased[v], None), Tensor) for v in (product.group(1), content.group(1))):
         return None
     return proj[0], biased[product.group(1)], biased[content.group(1)], proj[1]
+
+
+def _same_shape(cls: Any) -> bool:
+    """A ``(query_tensor, key_tensor, value_tensor)`` class that views its key and value projections with the query
+    input's shape (MobileBERT's ``hidden_shape = (*query_tensor.shape[:-1], -1, d)``, its keys ``self.key(
+    key_tensor).view(*hidden_shape)``): keys of another length do not fit, so the three are one sequence; its model
+    passes them the hidden states (without bottlenecks) or bottlenecks of them (the shared one as query and key)."""
+    params = list(inspect.signature(cls.forward).parameters)[1:4]
+    if tuple(params) not in _SEPARATE:
+        return False
+    body = _body(cls.forward)
+    return (re.search(rf"input_shape = {params[0]}\.shape\[:-1\]", body) is not None
+            and all(re.search(rf"\({name}\)\.view\(\*hidden_shape\)", body) for name in params[1:]))
+
+
+def _bias_as_mask(cls: Any) -> bool:
+    """Whether forward takes no mask but an ``attention_bias`` that it passes in the mask's place of its attention
+    function (EsmFold2's diffusion attention: "the step-invariant per-head bias doubles as the additive attention
+    mask", the pair bias with the padding folded in by its layer)."""
+    signature = inspect.signature(cls.forward).parameters
+    return "attention_bias" in signature and re.search(
+        r"attention_interface\(\s*self,\s*\w+,\s*\w+,\s*\w+,\s*attention_bias,", _source(cls.forward)) is not None
 
 
 def _padding_only(cls: Any, mask_arg: str) -> bool:
@@ -1230,7 +1334,10 @@ def _own_tables(module: nn.Module) -> bool:
     if rotary is None:
         return not _positions_optional(type(module))
     forward: Any = getattr(rotary, "forward", None)
-    return len(inspect.signature(forward).parameters) < 3
+    params = inspect.signature(forward).parameters
+    # or one that makes its tables from coordinates, not positions (EsmFold2's atom rotary: x/y/z and an atom's
+    # space UID), which the audit cannot give as token positions
+    return len(params) < 3 or not {"position_ids", "seq_len"} & set(params)
 
 
 def _model_window(module: nn.Module) -> int | None:
@@ -1515,6 +1622,25 @@ def hf_notes(module: nn.Module) -> list[str]:
                      f"mask is a key padding mask (b, s) only, so it is audited without masks (their padding is not "
                      f"tested)" + ("" if core.is_decoder else "; built as an encoder (is_decoder=False), so its causal "
                                    "mask is not tested"))
+    if _same_shape(type(module)) or _same_shape(type(_core_of(module))):
+        residual = ", and as layer_input, its block's residual," if "layer_input" in signature else ""
+        notes.append(f"a (query_tensor, key_tensor, value_tensor) class that views its keys and values with the "
+                     f"queries' shape: audited as self-attention, the input passed as all three{residual} as its model "
+                     f"passes its hidden states without bottlenecks; with them (outside the class) the model passes "
+                     f"the shared bottleneck's output as query and key and the hidden states as value, a use not "
+                     f"tested")
+    if _bias_as_mask(type(module)):
+        notes.append("forward takes attention_bias, which it adds to its logits as its mask (its layer's per-head pair "
+                     "bias with the padding folded in): audited with the audit's masks passed as it, so a pair bias "
+                     "is tested only as an additive mask is")
+    coordinates = _rotary_class(module)
+    rotary_forward: Any = getattr(coordinates, "forward", None)
+    if (_own_tables(module) and coordinates is not None and _rotary_arg(type(module)) == "position_embeddings"
+            and len(params := inspect.signature(rotary_forward).parameters) >= 3
+            and not {"position_ids", "seq_len"} & set(params)):
+        notes.append(f"its model's rotary class ({coordinates.__name__}) makes its cos/sin from coordinates, "
+                     f"not token positions: audited with the audit's own 1-D tables (positions 0.., base "
+                     f"{_PACKED_THETA:g}), so its model's tables are not tested, the class's turn of q and k is")
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
@@ -1548,7 +1674,17 @@ def hf_notes(module: nn.Module) -> list[str]:
               f"passed, so what it adds is not tested" for name in _added_biases(_core_of(module))]
     notes += [f"forward requires {name} and takes None for it (LUKE's model passes None without entities, I-BERT's "
               f"without quant_mode): audited with None, so what the class computes with a value is not tested"
-              for name in _nullable(type(module))]
+              for name in _nullable(type(module)) if name not in (_pair_arg(_core_of(module)),
+                                                                  _layout_arg(_core_of(module)))]
+    if _layout_arg(_core_of(module)) is not None:
+        notes.append(f"LiLT's layout stream: its logits ql . kl / sqrt(d // r) (layout_query and layout_key of its "
+                     f"model's {_layout_arg(_core_of(module))}) added to the text logits are audited over the audit's "
+                     f"own seeded layout inputs, the same for every sequence; the stream's own output (its context "
+                     f"over layout_value, the class's second output, and its block's layout_output) is not tested")
+    if _pair_arg(_core_of(module)) is not None:
+        notes.append(f"forward adds q_i . R[i, j] to its logits before scaling them, R its model's "
+                     f"{_pair_arg(_core_of(module))} (t, t, b, d): audited with the audit's own seeded table, the same "
+                     f"for every sequence of the batch, so its model's box embeddings are not tested")
     ratios = ("sr_ratio", "sequence_reduction_ratio", "sequences_reduction_ratio", "spatial_reduction_ratio")
     if any(getattr(m, name, None) == 1 for m in module.modules() for name in ratios):
         notes.append("built with a key reduction ratio of 1, as its model's last stage is (every key): the earlier "
@@ -1668,7 +1804,8 @@ def hf_limits(module: nn.Module) -> list[str]:
             *(("gru_rel_pos_linear", "rel_attn_embed") if _gated_bias(module, "") is not None else ()),
             *(("distance_embedding", "rel_pos_emb", relative.proj or "") if relative is not None else ()),
             *(_GATED_READS if _gated_block(module) else ()),
-            *(("query_global", "key_global", "value_global") if _sliding_chunks(module) is not None else ())}
+            *(("query_global", "key_global", "value_global") if _sliding_chunks(module) is not None else ()),
+            *(("layout_query", "layout_key", "layout_value") if _layout_arg(module) is not None else ())}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
         # (a softmax over the keys as a module of its own: CPM-Ant's nn.Softmax(dim=-1))
@@ -1850,6 +1987,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # input passed as all three
     rotary_self = (separate and "position_embeddings" in signature
                    and signature["position_embeddings"].default is inspect.Parameter.empty)
+    # or one that views its keys and values with the queries' shape (MobileBERT's self.key(key_tensor).view(
+    # *hidden_shape), hidden_shape from query_tensor): one sequence, as its model passes it (see _same_shape)
+    rotary_self = rotary_self or (separate and (_same_shape(cls) or _same_shape(type(core))))
     separate = (separate and not rotary_self) or projected
     merged = _merged_memory(core)
     # a Perceiver resampler that takes its memory first (Evolla's compressor: forward(x, latents, mask)): keys and
@@ -1860,6 +2000,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
                   else _memory_arg(module, core, signature, cross))
     mask_arg = next((n for n in ("attention_mask", "mask", "attn_mask", "merged_attention_mask") if n in signature),
                     "attention_mask")
+    if mask_arg not in signature and _bias_as_mask(cls):
+        mask_arg = "attention_bias"  # EsmFold2's diffusion attention: its pair bias, the padding folded in
     # ViT on transformers 5.0 takes forward(hidden_states), BLIP's vision attention (hidden_states, **kwargs) and
     # never reads a mask: audited without masks, as its model calls it (a mask passed would be ignored silently)
     # the vision and audio encoders of Qwen2-VL and its kin take one packed sequence ``(total, e)`` cut by
@@ -1906,7 +2048,9 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     if content_zeros and memory_arg is not None and memory_mask in signature:
         takes_mask = True  # DAB-DETR's cross-attention: its mask is encoder_attention_mask, with no attention_mask
     # the first parameter is the input, passed by position whatever its name (VitDet's hidden_state)
-    nullable = _nullable(cls)
+    pair_arg = _pair_arg(core)  # Bros's bbox_pos_emb: given the audit's own table (see _relative_keys)
+    layout_arg = _layout_arg(core)  # LiLT's layout_inputs: given the audit's own (see _layout_bias)
+    nullable = [n for n in _nullable(cls) if n not in (pair_arg, layout_arg)]
     added = _added_biases(core)
     channels_first = isinstance(module.get_submodule(str(layout.q or layout.qkv or "")), nn.Conv1d)
     input_norms = tuple(layout.core + n for n in _input_norms(core)) + tuple(_block_input_norms(module))
@@ -1924,8 +2068,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg,
                                                             distances_arg)
                and n not in _PROVIDED and n not in nullable and n not in flags and n not in added
-               and n != "hidden_kv" and n not in content_zeros and n not in (perceiver or ())
-               and not (key_mask and n == mask_arg)
+               and n not in (pair_arg, layout_arg) and n != "hidden_kv" and n not in content_zeros
+               and n not in (perceiver or ()) and not (key_mask and n == mask_arg)
                and p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     if unknown:
         raise AuditUsageError(f"{cls.__qualname__}: forward needs {', '.join(unknown)}, which the common shape does "
@@ -2111,6 +2255,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             kwargs[zero_positions] = torch.zeros_like(x)
         kwargs.update({name: torch.zeros_like(x) for name in content_zeros})
         kwargs.update({n: x for n in again})
+        kwargs.update({n: x for n in _RESIDUAL_INPUTS if n in signature})
         if "position_ids" in signature:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
         if "layer_idx" in signature:
@@ -2119,6 +2264,12 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
             # (decoding: the keys the cache holds too, distances offset + t - 1 .. 1 - t)
             rows = relative_keys.table(m)[_XL_LENGTH - x.shape[1] - offset:_XL_LENGTH + x.shape[1] - 1]
             kwargs[table_arg] = rows[None].expand(x.shape[0], -1, -1).to(x.dtype)
+        if layout_arg is not None:  # LiLT's layout stream: the audit's own layout inputs, the same for every sequence
+            own_layout = _layout_inputs(m, layout.core, x.shape[1])
+            kwargs[layout_arg] = own_layout[None].expand(x.shape[0], -1, -1).to(x.dtype)
+        if pair_arg is not None and relative_keys is not None:  # Bros's (t, t, b, d), the same for every sequence
+            pairs = relative_keys.table(m).view(_XL_LENGTH, _XL_LENGTH, -1)[:x.shape[1], :x.shape[1]]
+            kwargs[pair_arg] = pairs[:, :, None].expand(-1, -1, x.shape[0], -1).contiguous().to(x.dtype)
         if disentangled is not None:  # DeBERTa's relative embeddings, from its encoder: the audit's own table
             kwargs["rel_embeddings"] = disentangled.table(m).to(x.dtype)
             if disentangled.form == "v1":  # its encoder's distances i - j too (v1 adds no term without them)
@@ -2263,6 +2414,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     wavlm = _gated_bias(core, layout.core)
     if wavlm is not None:
         position_bias = wavlm[0]
+    if layout_arg is not None:
+        position_bias = _layout_bias(layout.core)
     lengths = _HF.lengths
     if window_table is not None:
         table_path, window_size = window_table

@@ -140,6 +140,27 @@ def _config_heads(config: Any, core: Any, width: int | None) -> str | None:
     return sorted(fields)[0] if len(set(fields.values())) == 1 else None
 
 
+def _nested_heads(config: Any, core: Any, width: int | None) -> str | None:
+    """The path, under the config, of the ``num_attention_heads`` of a nested config (breadth first) that sizes a
+    class taking its sizes from a sub-config (EsmFold2's atom attention: ``atom_config.head_dim``, its heads the
+    ``-1`` of ``view(..., -1, head_dim)``): the first whose head count times the class's ``head_dim`` is the query
+    projection's width (``width``), which the class's reshape then implies; None if none fits."""
+    from transformers import PretrainedConfig
+
+    head_dim = getattr(core, "head_dim", None)
+    if config is None or width is None or not isinstance(head_dim, int) or head_dim <= 0:
+        return None
+    level: list[tuple[str, Any]] = [("", config)]
+    for _ in range(4):
+        level = [(f"{path}{name}.", v) for path, c in level for name, v in vars(c).items()
+                 if isinstance(v, PretrainedConfig)]
+        for path, c in level:
+            heads = getattr(c, "num_attention_heads", None)
+            if type(heads) is int and heads * head_dim == width and getattr(c, "head_dim", None) == head_dim:
+                return f"{path}num_attention_heads"
+    return None
+
+
 def _sizes(core: Any, prefix: str, width: int | None = None) -> tuple[str, str | None, str | None, float | str | None]:
     """Head counts: the module's own attribute first (what its constructor chose: Inkling's sliding layers and Dia's
     cross-attention read prefixed config fields, GPT-BigCode's ``kv_heads`` is 1 with ``multi_query``), then the
@@ -150,8 +171,8 @@ def _sizes(core: Any, prefix: str, width: int | None = None) -> tuple[str, str |
         heads = prefix + own
     elif isinstance(getattr(config, "num_attention_heads", None), int):
         heads = prefix + "config.num_attention_heads"
-    elif (field := _config_heads(config, core, width)) is not None:
-        heads = f"{prefix}config.{field}"
+    elif (field := _config_heads(config, core, width) or _nested_heads(config, core, width)) is not None:
+        heads = f"{prefix}config.{field}"  # (a nested config's: EsmFold2's atom_config)
     else:
         raise AuditUsageError(f"{type(core).__qualname__}: no head count (none of {', '.join(_HEADS)}, no "
                               f"config.num_attention_heads)")
@@ -657,7 +678,9 @@ _PLAIN_PARAMS: dict[str, Any] = {"dropout": 0.0, "attention_dropout": 0.0, "is_c
                                  # PVT's and SegFormer's key reduction: 1, as their last stage builds it (every key;
                                  # a ratio above 1 pools the keys with a strided convolution)
                                  "sequence_reduction_ratio": 1, "sequences_reduction_ratio": 1,
-                                 "spatial_reduction_ratio": 1}
+                                 "spatial_reduction_ratio": 1,
+                                 # Funnel's relative attention: the first block's (its position embeddings' index)
+                                 "block_index": 0}
 
 
 def _module_config(config: Any) -> dict[str, Any] | None:
@@ -668,6 +691,23 @@ def _module_config(config: Any) -> dict[str, Any] | None:
         if attr.endswith("_config") and isinstance(value, dict) and value:
             part = attr.removesuffix("_config")
             return {key: getattr(config, f"{part}_{key}", entry) for key, entry in value.items()}
+    return None
+
+
+def nested_config(config: Any, annotation: Any, depth: int = 4) -> Any:
+    """The first config nested in ``config`` (breadth first, ``depth`` levels) that is an instance of
+    ``annotation`` (a config class), or None: EsmFold2's ``atom_config``, its model's
+    ``config.structure_head.diffusion_module.atom_encoder``."""
+    from transformers import PretrainedConfig
+
+    if not (isinstance(annotation, type) and issubclass(annotation, PretrainedConfig)):
+        return None
+    level = [config]
+    for _ in range(depth):
+        level = [v for c in level for v in vars(c).values() if isinstance(v, PretrainedConfig)]
+        found = next((c for c in level if isinstance(c, annotation)), None)
+        if found is not None:
+            return found
     return None
 
 
@@ -720,6 +760,9 @@ def constructor_arguments(cls: type, config: Any, layer: int, cross: bool) -> tu
             kwargs[name] = value[0] if isinstance(value, list | tuple) and value else value
         elif getattr(config, sites.get(name, ""), None) is not None:
             kwargs[name] = getattr(config, sites[name])  # the field its model passes (Perceiver's q_dim=d_latents)
+        elif name.endswith("_config") and p.default is p.empty and (
+                nested := nested_config(config, p.annotation)) is not None:
+            kwargs[name] = nested  # EsmFold2's atom_config: the sub-config of the annotated class its model passes
     return args, kwargs
 
 
@@ -743,4 +786,4 @@ def _call_sites(cls: type) -> dict[str, str]:
 
 
 __all__ = ["Layout", "bypass_norms", "config_from_configuration_module", "constructor_arguments", "find_layout",
-           "has_residual", "init_parameters", "relative_bias"]
+           "has_residual", "init_parameters", "nested_config", "relative_bias"]
