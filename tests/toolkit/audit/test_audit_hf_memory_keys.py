@@ -1,6 +1,6 @@
 """Hugging Face classes whose keys and values are over their memory followed by their own input (``keys_with_input``:
-Idefics2's perceiver resampler, MuseGlimmerAssistant's drafter) audited with zero lines of spec, and planted bugs in
-that feature failing ``reference``."""
+Idefics2's perceiver resampler, MuseGlimmerAssistant's drafter), T5Gemma 2's self- and cross-attention merged in one
+softmax, and CPM-Ant's attention, audited with zero lines of spec; planted bugs in each failing the named check."""
 
 import dataclasses
 import importlib

@@ -1,5 +1,8 @@
-"""Shaw's relative values (VITS): the reference's ``RelativeKeys.values`` against VITS's own helpers, VITS audited
-with zero lines of spec, and VITS with planted bugs in its relative terms failing ``reference``."""
+"""Relative positions of speech models, audited with zero lines of spec: Shaw's relative values (VITS: the
+reference's ``RelativeKeys.values`` against VITS's own helpers), block-local attention with relative keys (Granite
+Speech's conformers: ``block_mask`` and the distances its encoder computes) and WavLM's gated relative bias
+(``t5_buckets`` against WavLM's and T5's bucket functions); each class passing, and planted bugs in its relative terms
+failing ``reference``."""
 
 import importlib
 from typing import Any
