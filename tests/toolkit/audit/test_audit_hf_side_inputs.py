@@ -70,36 +70,6 @@ def test_esmfold2_takes_its_sub_config_and_its_gate() -> None:
     assert spec.num_heads.endswith("atom_encoder.num_attention_heads")
 
 
-def _audit_patched(module: nn.Module, spec: Any, hook: Any) -> Any:
-    """The audit of ``module`` against the spec read from the sound class, once ``hook`` (a forward pre-hook with
-    kwargs) plants a bug."""
-    module.register_forward_pre_hook(hook, with_kwargs=True)
-    return audit_module(module, spec, conventions="infer", **QUICK)
-
-
-def test_a_bros_that_ignores_its_pair_embedding_fails() -> None:
-    module = randomize_parameters(hf_build(_class("bros", "BrosSelfAttention")), 0)
-    spec = hf_spec(module)
-
-    def zeroed(m: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
-        return args, {**kwargs, "bbox_pos_emb": torch.zeros_like(kwargs["bbox_pos_emb"])}
-
-    report = _audit_patched(module, spec, zeroed)
-    assert report.status("reference") == "FAIL"
-
-
-def test_a_bros_that_reads_its_pairs_transposed_fails() -> None:
-    """R[j, i] for R[i, j]: the relative embedding of the other direction."""
-    module = randomize_parameters(hf_build(_class("bros", "BrosSelfAttention")), 0)
-    spec = hf_spec(module)
-
-    def transposed(m: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
-        return args, {**kwargs, "bbox_pos_emb": kwargs["bbox_pos_emb"].transpose(0, 1).contiguous()}
-
-    report = _audit_patched(module, spec, transposed)
-    assert report.status("reference") == "FAIL"
-
-
 def test_bros_pair_term_is_its_own_einsum() -> None:
     """The reference's term ``q_i . R[i, j]`` (RelativeKeys over the audit's table, ``rows(t, s)``) is what the
     class's own einsum computes from the ``(t, t, b, d)`` tensor the audit passes."""
@@ -131,29 +101,30 @@ def test_lilt_layout_bias_is_its_own_layout_scores() -> None:
     assert hf_spec(module).position_bias is not None
 
 
-def test_a_lilt_without_its_layout_logits_fails() -> None:
-    """Layout inputs the same for every token (zeros) make the layout logits the same for every key, which the
-    softmax cancels: the class then computes the text logits alone, and the audit says so."""
-    module = randomize_parameters(hf_build(_class("lilt", "LiltSelfAttention")), 0)
+#: planted bugs in a side input, each a change to one keyword argument of the call (a forward pre-hook): Bros
+#: ignoring its pair embedding or reading R[j, i] for R[i, j]; LiLT's layout inputs the same for every token (its
+#: layout logits then the same for every key, which the softmax cancels); MobileBERT's block adding zeros for its
+#: residual layer_input before its Add & Norm
+_SIDE_INPUT_BUGS = [
+    ("bros", "BrosSelfAttention", "bbox_pos_emb", torch.zeros_like),
+    ("bros", "BrosSelfAttention", "bbox_pos_emb", lambda r: r.transpose(0, 1).contiguous()),
+    ("lilt", "LiltSelfAttention", "layout_inputs", torch.zeros_like),
+    ("mobilebert", "MobileBertAttention", "layer_input", torch.zeros_like),
+]
+
+
+@pytest.mark.parametrize(("model", "name", "argument", "change"), _SIDE_INPUT_BUGS,
+                         ids=["bros-ignored", "bros-transposed", "lilt-flat", "mobilebert-no-residual"])
+def test_a_side_input_bug_fails_the_reference(model: str, name: str, argument: str, change: Any) -> None:
+    """The audit against the spec read from the sound class, once the hook plants the bug."""
+    module = randomize_parameters(hf_build(_class(model, name)), 0)
     spec = hf_spec(module)
 
-    def flat(m: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
-        return args, {**kwargs, "layout_inputs": torch.zeros_like(kwargs["layout_inputs"])}
+    def planted(m: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
+        return args, {**kwargs, argument: change(kwargs[argument])}
 
-    report = _audit_patched(module, spec, flat)
-    assert report.status("reference") == "FAIL"
-
-
-def test_a_mobilebert_block_that_drops_its_residual_fails() -> None:
-    """MobileBERT's block adds layer_input before its Add & Norm: one that adds zeros instead fails."""
-    module = randomize_parameters(hf_build(_class("mobilebert", "MobileBertAttention")), 0)
-    spec = hf_spec(module)
-
-    def dropped(m: nn.Module, args: Any, kwargs: dict[str, Any]) -> Any:
-        return args, {**kwargs, "layer_input": torch.zeros_like(kwargs["layer_input"])}
-
-    report = _audit_patched(module, spec, dropped)
-    assert report.status("reference") == "FAIL"
+    module.register_forward_pre_hook(planted, with_kwargs=True)
+    assert audit_module(module, spec, conventions="infer", **QUICK).status("reference") == "FAIL"
 
 
 def test_mobilebert_builds_at_the_tiny_width() -> None:
