@@ -138,6 +138,10 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
             # the temporal section as inv_freq[-t:]): heads wide enough for one frequency in every section
             return hf_build(cls, {**(overrides or {}), "head_dim": head,
                                   "hidden_size": TINY["num_attention_heads"] * head}, cross=cross)
+        if _unguarded_clip(module):
+            # DBRX clamps with max=self.clip_qkv whatever it holds, and its config's default None makes torch.clamp
+            # raise (neither bound): the bound of its released checkpoints (attn_config.clip_qkv = 8)
+            module.clip_qkv = _RELEASED_CLIP
         window = _window_table(module)
         if window is not None and window[1][0] * window[1][1] > _HF.lengths[1] and "window_size" not in (
                 overrides or {}):  # Swin's 7 x 7 windows: 2 x 2 ones, as long as the audit's sequences
@@ -603,6 +607,34 @@ def _softcap(module: nn.Module) -> str | None:
     except AttributeError:
         return None
     return found.group(1) if value else None
+
+
+def _clip_path(module: nn.Module) -> str | None:
+    """The bound a class clamps its projections' outputs to (DBRX's ``clip_qkv`` on the fused projection, OLMo's
+    ``config.clip_qkv`` on each of q, k and v): the path the class reads it from, as ``.clamp(..., max=self.<path>)``."""
+    found = re.search(r"\.clamp_?\([^)]*\bmax=self\.([\w.]*clip_qkv)\b", _forward_source(module))
+    return None if found is None else found.group(1)
+
+
+#: DBRX's released checkpoints' ``attn_config.clip_qkv``
+_RELEASED_CLIP = 8.0
+
+
+def _unguarded_clip(module: nn.Module) -> bool:
+    """The class clamps with ``max=self.clip_qkv`` whatever it holds (no ``if self.clip_qkv:`` statement before it)
+    and holds None, which torch.clamp refuses (DBRX with its config's default)."""
+    return getattr(module, "clip_qkv", 0) is None and _clamps_always(module)
+
+
+def _clamps_always(module: nn.Module) -> bool:
+    return (_clip_path(module) == "clip_qkv"
+            and re.search(r"^\s*if self\.clip_qkv", _forward_source(module), re.MULTILINE) is None)
+
+
+def _clip_qkv(module: nn.Module) -> str | None:
+    """:func:`_clip_path`, where the clamp is on the projections' outputs themselves (no q/k norm before it: OLMoE
+    clamps its normalised queries and keys, which the reference does not model)."""
+    return _clip_path(module) if _norm_paths(module) == (None, None) else None
 
 
 def _sinks(module: nn.Module) -> str | None:
@@ -1204,6 +1236,11 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append(f"its model limits each query to a window of {window} keys (config.sliding_window, by its mask "
                      f"and its sliding-window cache); the layer has no window of its own and is audited under a plain "
                      f"causal mask with a full cache, so that window is not tested")
+    if _clamps_always(module) and getattr(getattr(getattr(module, "config", None), "attn_config", None), "clip_qkv",
+                                          0) is None and getattr(module, "clip_qkv", None) == _RELEASED_CLIP:
+        notes.append(f"its config's default clip_qkv=None makes forward raise (torch.clamp with neither bound; its "
+                     f"released checkpoints set {_RELEASED_CLIP:g}): built with clip_qkv={_RELEASED_CLIP:g}, the "
+                     f"clamp of q, k and v modelled")
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
@@ -1285,6 +1322,9 @@ def hf_limits(module: nn.Module) -> list[str]:
                       "with text positions only (1-D rotary)")
     if getattr(module, "sinks", None) is not None and _sinks(module) is None:
         limits.append("attention sinks")
+    clip = _clip_path(module)
+    if clip is not None and _clip_qkv(module) is None and resolve(module, clip, type(module).__name__) is not None:
+        limits.append(f"{clip} clamps the normalised queries and keys (after the q/k norms)")
     gate = _output_gate(module)
     latent = [] if _latent(module) is None else [getattr(_LATENT, f) for f in ("q", "q_a", "q_norm", "q_b", "kv_a",
                                                                               "kv_norm", "kv_b")]
@@ -1760,6 +1800,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         window=None if window is None else int(window),
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
+        clip_qkv=_clip_qkv(module) if not layout.core else None,
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
         decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys)
     if _cosine(core):  # Swin v2: unit queries and keys, a learned scale per head (clamped at 100)

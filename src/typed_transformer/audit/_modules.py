@@ -435,6 +435,9 @@ class ModuleSpec:
     #: logit soft-capping (Gemma 2): the cap ``c`` (a number or an attribute path; None there: no cap), the scaled
     #: logits become ``c * tanh(l / c)`` before the bias and the mask
     softcap: float | str | None = None
+    #: clipping of the projections (DBRX's and OLMo's ``clip_qkv``): the bound ``c`` (a number or an attribute
+    #: path; None there: no clipping), each of q, k and v becomes ``clamp(x W + b, -c, c)`` before any norm or rotary
+    clip_qkv: float | str | None = None
     #: attention sinks (gpt-oss): the attribute holding one learned logit per query head
     sinks: str | None = None
     #: an output gate: ``out * sigmoid(gate(x))`` on the attention output before the output projection
@@ -902,6 +905,10 @@ class ModuleAdapter:
             self.original, spec.softcap, spec.name)
         #: the logit cap (None: no soft-capping; a config's 0 or None switches it off)
         self.softcap: float | None = float(cap) if cap else None
+        clip = spec.clip_qkv if spec.clip_qkv is None or isinstance(spec.clip_qkv, float | int) else resolve(
+            self.original, spec.clip_qkv, spec.name)
+        #: the bound of the projections' clipping (None: no clipping; a config's None switches it off)
+        self.clip_qkv: float | None = None if clip is None else float(clip)
         self.sub_norm = None if spec.sub_norm is None else _norm(self.original, spec.sub_norm, spec)
         factor = None if spec.alibi is None else spec.alibi.factor
         #: ALiBi's slopes ``(h,)`` in canonical head order (None: no ALiBi)
@@ -976,7 +983,8 @@ class ModuleAdapter:
 
         def lin(z: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
             y = einsum(z, weight.to(dtype), "b t e, o e -> b t o")
-            return y if bias is None else y + bias.to(dtype)
+            y = y if bias is None else y + bias.to(dtype)
+            return y if self.clip_qkv is None else y.clamp(-self.clip_qkv, self.clip_qkv)
 
         if self.latent is not None:  # self-attention through a compressed latent: x gives q, k and v
             q, k, v = self.latent(x)

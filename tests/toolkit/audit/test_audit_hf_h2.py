@@ -1,0 +1,65 @@
+"""Hugging Face classes the sweep could not build before, audited with zero lines of spec: DBRX's clipped
+projections (``clip_qkv``, modelled), and a planted bug (the clip left out of the reference) failing."""
+
+import dataclasses
+import importlib
+from typing import Any
+
+import pytest
+import torch
+
+from typed_transformer.audit import audit_module
+from typed_transformer.audit._hf import hf_build, hf_limits, hf_notes, hf_spec
+from typed_transformer.strategies import randomize_parameters
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+
+QUICK: dict[str, Any] = {"budget": "quick", "max_examples": 3, "dtypes": (torch.float32,), "seed": 0}
+
+
+def _class(model: str, name: str) -> type:
+    return getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name)  # type: ignore[no-any-return]
+
+
+def _audit(module: Any, spec: Any) -> Any:
+    return audit_module(module, spec, conventions="infer", **QUICK)
+
+
+def test_dbrx_builds_with_its_released_clip_and_passes() -> None:
+    module = randomize_parameters(hf_build(_class("dbrx", "DbrxAttention")), 0)
+    assert module.clip_qkv == 8.0  # its config's default None makes forward raise
+    spec = hf_spec(module)
+    assert spec.clip_qkv == "clip_qkv" and not hf_limits(module)
+    assert any("clip_qkv=None makes forward raise" in n for n in hf_notes(module))
+    report = _audit(module, spec)
+    assert report.passed, report.table()
+
+
+def test_a_clip_the_reference_leaves_out_fails_the_reference() -> None:
+    """A bound the audit's projections cross (0.5): the clip modelled, every check passes; left out, the
+    reference fails."""
+    module = randomize_parameters(hf_build(_class("dbrx", "DbrxAttention")), 0)
+    module.clip_qkv = 0.5
+    spec = hf_spec(module)
+    assert _audit(module, spec).passed
+    report = _audit(module, dataclasses.replace(spec, clip_qkv=None))
+    assert report.status("reference") == "FAIL"
+
+
+def test_olmo_s_config_clip_is_modelled() -> None:
+    """OLMo clamps q, k and v with ``config.clip_qkv`` (None by default: no clamp)."""
+    module = randomize_parameters(hf_build(_class("olmo", "OlmoAttention")), 0)
+    module.config.clip_qkv = 0.5
+    spec = hf_spec(module)
+    assert spec.clip_qkv == "config.clip_qkv"
+    assert _audit(module, spec).passed
+    assert _audit(module, dataclasses.replace(spec, clip_qkv=None)).status("reference") == "FAIL"
+
+
+def test_a_clip_after_the_qk_norms_is_a_limit() -> None:
+    """OLMoE clamps its normalised queries and keys: not modelled, named as a limit when a bound is set."""
+    module = hf_build(_class("olmoe", "OlmoeAttention"))
+    assert not hf_limits(module)
+    module.config.clip_qkv = 0.5
+    assert hf_spec(module).clip_qkv is None
+    assert any("clip_qkv" in limit for limit in hf_limits(module))
