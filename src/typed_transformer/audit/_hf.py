@@ -171,6 +171,7 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
             with contextlib.suppress(AttributeError, NotImplementedError):
                 setattr(config, key, value)
     _tiny_partial_rotary(config)
+    _missing_layer_rope(cls, config)
     # eager, unless the class looks its attention function up with no eager fallback (Qwen2.5-Omni's DiTAttention:
     # ALL_ATTENTION_FUNCTIONS[...], where eager is not registered): then SDPA, the transformers default
     direct = "ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]" in _source(getattr(cls, "forward", None))
@@ -282,6 +283,23 @@ def _tiny_partial_rotary(config: Any) -> None:
     while int(head * float(factor)) % 2:
         head += 2
     config.head_dim, config.hidden_size = head, TINY["num_attention_heads"] * head
+
+
+def _missing_layer_rope(cls: type, config: Any) -> None:
+    """A config whose rotary parameters are read per layer type (``rope_parameters[layer_type]``) and whose default
+    holds none (Cohere Compass's text config: ``{}``, so its model's rotary class raises a KeyError): each layer type
+    gets default rotary parameters, base :data:`_PACKED_THETA` (named in :func:`hf_notes`)."""
+    types = getattr(config, "layer_types", None)
+    if getattr(config, "rope_parameters", None) != {} or not isinstance(types, list) or not types:
+        return
+    try:
+        source = inspect.getsource(_modeling(cls))
+    except (OSError, TypeError):
+        return
+    if "rope_parameters[layer_type]" in source:
+        config.rope_parameters = {kind: {"rope_type": "default", "rope_theta": _PACKED_THETA}
+                                  for kind in dict.fromkeys(types)}
+        config.audit_default_rope = True
 
 
 def _tiny_mrope(module: nn.Module) -> int | None:
@@ -1241,6 +1259,11 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append(f"its config's default clip_qkv=None makes forward raise (torch.clamp with neither bound; its "
                      f"released checkpoints set {_RELEASED_CLIP:g}): built with clip_qkv={_RELEASED_CLIP:g}, the "
                      f"clamp of q, k and v modelled")
+    if getattr(getattr(module, "config", None), "audit_default_rope", False):
+        notes.append(f"its config's default holds no rotary parameters for its layer types (rope_parameters = {{}}: "
+                     f"its model's rotary class raises a KeyError): built with default rotary parameters (base "
+                     f"{_PACKED_THETA:g}) for each type, audited with text positions (every M-RoPE axis equal), so "
+                     f"its checkpoints' own parameters (a NoPE layer type, M-RoPE image positions) are not tested")
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "

@@ -63,3 +63,16 @@ def test_a_clip_after_the_qk_norms_is_a_limit() -> None:
     module.config.clip_qkv = 0.5
     assert hf_spec(module).clip_qkv is None
     assert any("clip_qkv" in limit for limit in hf_limits(module))
+
+
+def test_cohere_compass_gets_default_rotary_parameters_per_layer_type() -> None:
+    """Its text config's default ``rope_parameters = {}`` (its model's rotary class raises a KeyError): each layer
+    type gets default parameters, named in the notes; the rotary path is then audited and passes."""
+    module = randomize_parameters(hf_build(_class("cohere_compass", "CohereCompassAttention")), 0)
+    assert module.config.rope_parameters == {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    spec = hf_spec(module)
+    assert spec.rotary is not None and spec.rotary.style == "half" and not hf_limits(module)
+    assert any("rope_parameters = {}" in n for n in hf_notes(module))
+    report = _audit(module, spec)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
