@@ -75,7 +75,12 @@ TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_va
                         # DINOv3's prefix of unturned tokens: the class token and one register token
                         "num_register_tokens": 1,
                         # Perceiver's latents (its self-attention's width) and its heads over them
-                        "d_latents": 16, "num_self_attention_heads": 4, "num_cross_attention_heads": 4}
+                        "d_latents": 16, "num_self_attention_heads": 4, "num_cross_attention_heads": 4,
+                        # Qwen4-Exp's QSA indexer (its attention builds one whatever the config, and its default
+                        # config leaves every field None): one key head, blocks of 2 tokens, a budget of 256 tokens,
+                        # past the audit's lengths, so that every visible key is selected (named in hf_notes)
+                        "indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 4, "indexer_budget": 256,
+                        "indexer_compress_ratio": 2}
 
 #: the base of the rotary tables the audit makes itself (packed ``cu_seqlens`` encoders, image-grid rotaries)
 _PACKED_THETA = 10000.0

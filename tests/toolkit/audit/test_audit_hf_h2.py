@@ -76,3 +76,12 @@ def test_cohere_compass_gets_default_rotary_parameters_per_layer_type() -> None:
     report = _audit(module, spec)
     assert report.passed, report.table()
     assert report.status("reference") == "PASS"
+
+
+def test_qwen4_exp_builds_with_a_qsa_indexer_and_is_set_aside_with_its_reasons() -> None:
+    """Its attention builds a QSA indexer whatever the config, and the default config leaves the indexer's sizes
+    None (a TypeError): the tiny ones build it; interleaved M-RoPE and the indexer keep it set aside, by name."""
+    module = hf_build(_class("qwen4_exp", "Qwen4ExpTextAttention"))
+    assert module.indexer.token_budget == 256 and module.indexer.compress_ratio == 2
+    limits = hf_limits(module)
+    assert any("interleaved" in limit for limit in limits) and any("'indexer'" in limit for limit in limits)
