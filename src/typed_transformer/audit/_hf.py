@@ -157,7 +157,8 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
 
 
 def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool) -> nn.Module:
-    tiny = {**TINY, "num_key_value_heads": TINY["num_attention_heads"]} if _heads_as_positions(cls) else TINY
+    tiny = {**TINY, "num_key_value_heads": TINY["num_attention_heads"]} if _heads_as_positions(cls) or _tied_kv_heads(
+        config) else TINY
     if getattr(config, "is_heterogeneous", False):  # Gemma 4's per-layer overrides: one tiny size for every layer
         config.per_layer_config = None
     # a size under a prefix (Inkling's swa_num_attention_heads, Dia's cross_head_dim): the same tiny value
@@ -193,6 +194,16 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
         config.num_hidden_layers = len(types)
         module = _construct(cls, config, args, kwargs)
     return module
+
+
+def _tied_kv_heads(config: Any) -> bool:
+    """The config sets ``num_key_value_heads = num_attention_heads`` whatever it was given (EfficientLoFTR's,
+    Parakeet's ``__post_init__``: its models never group keys): the tiny config keeps them equal too."""
+    try:
+        source = inspect.getsource(type(config).__post_init__)
+    except (OSError, TypeError, AttributeError):
+        return False
+    return re.search(r"^        self\.num_key_value_heads = self\.num_attention_heads$", source, re.MULTILINE) is not None
 
 
 def _construct(cls: type, config: Any, args: list[Any], kwargs: dict[str, Any]) -> nn.Module:
@@ -1223,6 +1234,15 @@ def _positions_optional(cls: Any) -> bool:
             and re.search(r"position_embeddings is (not )?None", _source(cls.forward)) is not None)
 
 
+def _width_rotary(cls: Any) -> bool:
+    """Optional rotary tables that turn q and k across the whole model width before the heads are split
+    (EfficientLoFTR's ``view(batch_size, seq_len, -1, dim)`` then ``apply_rotary_pos_emb``: each head meets its own
+    slice of a 2-D table, other frequencies per head), which the reference does not model."""
+    source = _source(cls.forward)
+    return _positions_optional(cls) and re.search(
+        r"\.view\(batch_size, seq_len, -1, dim\)[\s\S]*apply_rotary_pos_emb", source) is not None
+
+
 def hf_notes(module: nn.Module) -> list[str]:
     """True behaviours of the class, as its model calls it, that pass the audit but a user should know."""
     notes = []
@@ -1230,6 +1250,11 @@ def hf_notes(module: nn.Module) -> list[str]:
     if "position_embeddings" in signature and _rotary_class(module) is None and _positions_optional(type(module)):
         notes.append("forward takes optional position_embeddings and its module has no rotary class (DETR-style "
                      "embeddings added to the inputs): audited with none passed, so what they add is not tested")
+    elif "position_embeddings" in signature and _width_rotary(type(module)):
+        notes.append("forward takes optional rotary tables that turn q and k across the whole model width before "
+                     "the heads are split (each head its own slice of its model's 2-D table): audited with none "
+                     "passed, as its model calls it for cross-attention, so its self-attention's rotary is not "
+                     "tested")
     elif ("position_embeddings" in signature and (_xl_names(module) or ("",) * 4)[3] != "position_embeddings"
             and hf_spec(module).rotary is None and not _heads_as_positions(type(module))):
         notes.append("forward takes position_embeddings and ignores them with this config (audited without "
@@ -1523,6 +1548,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     internal = "position_ids" in signature and (isinstance(getattr(module, "rotary_emb", None), nn.Module)
                                                 or isinstance(getattr(core, "embed_positions", None), Tensor))
     rotary_class = _rotary_class(module) if takes_rotary and not packed else None
+    if takes_rotary and _width_rotary(cls):  # EfficientLoFTR's: audited with none, as its cross-attention is called
+        takes_rotary, rotary_class = False, None
     if takes_rotary and rotary_class is None and _positions_optional(cls):
         takes_rotary = False  # DETR's sine embeddings, added to the query and key inputs: audited with none
     # the audit makes the tables: a packed encoder's, and a class whose module has no rotary class or one that takes

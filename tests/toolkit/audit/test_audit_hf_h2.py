@@ -85,3 +85,17 @@ def test_qwen4_exp_builds_with_a_qsa_indexer_and_is_set_aside_with_its_reasons()
     assert module.indexer.token_budget == 256 and module.indexer.compress_ratio == 2
     limits = hf_limits(module)
     assert any("interleaved" in limit for limit in limits) and any("'indexer'" in limit for limit in limits)
+
+
+def test_efficientloftr_is_built_with_its_tied_heads_and_audited_without_its_width_rotary() -> None:
+    """Its config sets num_key_value_heads = num_attention_heads whatever it is given (the tiny config keeps them
+    equal), and its optional rotary tables turn the whole width before the heads are split (not modelled): audited
+    without them, named in the notes."""
+    module = randomize_parameters(hf_build(_class("efficientloftr", "EfficientLoFTRAttention")), 0)
+    assert module.config.num_key_value_heads == module.config.num_attention_heads == 4
+    spec = hf_spec(module)
+    assert spec.rotary is None and not hf_limits(module)
+    assert any("across the whole model width" in n for n in hf_notes(module))
+    report = _audit(module, spec)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
