@@ -512,8 +512,10 @@ class OutputGate:
 
 
 def resolve(module: Any, path: str, spec: str) -> Any:
-    """``module.a.b`` for ``path="a.b"`` (steps into dicts too); a missing attribute is an
-    :class:`AuditUsageError` that names it."""
+    """``module.a.b`` for ``path="a.b"`` (steps into dicts too); a path of digits that names no attribute is that
+    number (a literal head count); a missing attribute is an :class:`AuditUsageError` that names it."""
+    if path.isdigit() and not hasattr(module, path):  # a literal count (a single-head class keeps none)
+        return int(path)
     value = module
     for part in path.split("."):
         if isinstance(value, dict) and part in value:

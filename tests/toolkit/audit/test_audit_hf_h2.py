@@ -99,3 +99,34 @@ def test_efficientloftr_is_built_with_its_tied_heads_and_audited_without_its_wid
     report = _audit(module, spec)
     assert report.passed, report.table()
     assert report.status("reference") == "PASS"
+
+
+def test_a_single_head_block_of_1x1_convolutions_is_audited_as_one_head() -> None:
+    """WavTokenizer's Vocos attention keeps no head count: one head over every channel (``torch.bmm`` of the whole
+    query and key, ``channels**-0.5``), (b, e, t) in and out; its GroupNorm named as bypassed."""
+    module = randomize_parameters(hf_build(_class("wavtokenizer", "WavTokenizerVocosAttention")), 0)
+    spec = hf_spec(module)
+    assert spec.num_heads == "1" and not hf_limits(module)
+    assert any("pre-norm inside the class" in n for n in hf_notes(module))
+    report = _audit(module, spec)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+
+
+def test_a_single_head_block_that_weighs_its_keys_fails() -> None:
+    """The same block weighing its keys instead of its values: the reference fails."""
+    cls = _class("wavtokenizer", "WavTokenizerVocosAttention")
+
+    class Wrong(cls):  # type: ignore[misc,valid-type]
+        def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            x = self.norm(hidden_states)
+            q, k = self.q(x), self.k(x)
+            weights = torch.softmax(torch.bmm(q.permute(0, 2, 1), k) * q.shape[1] ** -0.5, dim=2)
+            return hidden_states + self.proj_out(torch.bmm(k, weights.permute(0, 2, 1)))
+
+    module = randomize_parameters(hf_build(cls), 0)
+    spec = hf_spec(module)
+    module.__class__ = Wrong
+    report = _audit(module, dataclasses.replace(spec, module_type=""))
+    assert not report.passed and report.status("conventions") == "FAIL"
+    assert "differs from the reference" in next(r.message for r in report.results if r.name == "conventions")
