@@ -745,6 +745,8 @@ def _mrope(module: nn.Module) -> MRope | None:
         return _AXIAL
     if _flipped_axial(rotary) and _rope_type(module) == "axial":
         return _AXIAL_WH
+    if _blocked_axial(rotary) and _rope_type(module) == "axial":
+        return _AXIAL_BLOCKS
     return MRope() if form in source and "mrope_section" in _rope_params(module) else None
 
 
@@ -766,6 +768,15 @@ def _flipped_axial(rotary: type | None) -> bool:
                                            "torch.cat((freq_wh, freq_wh), dim=-1)"))
 
 
+def _blocked_axial(rotary: type | None) -> bool:
+    """Gemma 4's vision rotary: one set of ``d/4`` inverse frequencies, positions ``(b, t, 2)``, tables
+    ``cat([freq_h, freq_h, freq_w, freq_w])`` that its ``apply_multidimensional_rope`` splits in two blocks of ``d/2``
+    features, each turned by ``rotate_half`` within it: the first block by the height, the second by the width."""
+    source = re.sub(r"\s+", " ", _source(rotary))
+    return all(part in source for part in ("freq_h, freq_w = freq[:, :, 0], freq[:, :, 1]",
+                                           "torch.cat([freq_h, freq_h, freq_w, freq_w], dim=-1)"))
+
+
 def _axial_sections(module: Any) -> tuple[int, int]:
     """Pixtral's axial sections: the first half of the rotated frequencies turned by the height, the rest by the
     width (its inverse frequencies ``base^(-2i/d)``, the even-indexed ones first: read from its rotary class)."""
@@ -777,6 +788,8 @@ def _axial_sections(module: Any) -> tuple[int, int]:
 _AXIAL = MRope(sections=_axial_sections, axes=(1, 2))
 #: the same turned by width then height (Step 3.7's vision rotary)
 _AXIAL_WH = MRope(sections=_axial_sections, axes=(2, 1))
+#: blocked axial rotary (Gemma 4's vision rotary): a block of features turned by the height, then one by the width
+_AXIAL_BLOCKS = MRope(sections=_axial_sections, axes=(1, 2), blocks=True)
 
 
 def _latent_layout() -> Layout:
@@ -1294,6 +1307,10 @@ def hf_notes(module: nn.Module) -> list[str]:
                      f"its model's rotary class raises a KeyError): built with default rotary parameters (base "
                      f"{_PACKED_THETA:g}) for each type, audited with text positions (every M-RoPE axis equal), so "
                      f"its checkpoints' own parameters (a NoPE layer type, M-RoPE image positions) are not tested")
+    if any(getattr(m, "use_clipped_linears", None) is False for m in module.modules()):
+        notes.append("its projections' optional clipping (use_clipped_linears: inputs and outputs clamped to bounds "
+                     "read from a checkpoint) is off in its default config: audited without it, so the clamps are "
+                     "not tested")
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
@@ -1360,7 +1377,7 @@ def hf_limits(module: nn.Module) -> list[str]:
     # a class given the audit's own 1-D tables (packed encoders, image-grid rotaries): its rope type is not read
     uses_rotary = "position_embeddings" in signature and not _own_tables(module)
     kind = _rope_type(module)
-    if uses_rotary and kind not in _STATIC_ROPE and _mrope(module) not in (_AXIAL, _AXIAL_WH):
+    if uses_rotary and kind not in _STATIC_ROPE and _mrope(module) not in (_AXIAL, _AXIAL_WH, _AXIAL_BLOCKS):
         limits.append(f"rope_type {kind!r} (" + ("frequencies recomputed from each call's length"
                                                  if kind in ("dynamic", "longrope") else
                                                  "frequencies of a kind the reference does not read") + ")")
@@ -1691,6 +1708,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         positions = torch.arange(0 if heads else offset, (0 if heads else offset) + n)[None].expand(x.shape[0], -1)
         if mrope in (_AXIAL, _AXIAL_WH):  # (height, width) of each patch, shared by the batch
             positions = mrope_positions(offset, n)[1:].T
+        elif mrope == _AXIAL_BLOCKS:  # (b, t, 2): Gemma 4's vision rotary takes a batch of (height, width)
+            positions = mrope_positions(offset, n)[1:].T[None].expand(x.shape[0], -1, -1)
         elif mrope is not None:  # 3-D positions (temporal, height, width): an image grid, not text
             positions = mrope_positions(offset, n)[:, None].expand(3, x.shape[0], n)
         extra = ({"layer_type": _layer_type(m)} if "layer_type" in inspect.signature(embedding.forward).parameters
@@ -1712,6 +1731,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         kwargs.update({n: x for n in again})
         if "position_ids" in signature:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
+            if takes_rotary and mrope == _AXIAL_BLOCKS:  # the (b, t, 2) positions its tables were made from
+                kwargs["position_ids"] = mrope_positions(offset, x.shape[1])[1:].T[None].expand(x.shape[0], -1, -1)
         if "layer_idx" in signature:
             kwargs["layer_idx"] = getattr(m, "layer_idx", 0)
         if relative_keys is not None and relative_keys.proj is not None:  # Transformer-XL: distances t-1 .. 1-t
@@ -1816,7 +1837,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     v_scale = getattr(module, "v_scale", None)
     # Llama 3's or YaRN's frequencies: read from the module's own rotary class (the default: from the base alone)
     frequencies = (_frequencies(rotary_class, _layer_type(module)) if takes_rotary and rotary_class is not None and (
-        _rope_type(module) in _STATIC_ROPE[1:] or mrope in (_AXIAL, _AXIAL_WH)) else None)
+        _rope_type(module) in _STATIC_ROPE[1:] or mrope in (_AXIAL, _AXIAL_WH, _AXIAL_BLOCKS)) else None)
     # the same d/4 frequencies for both coordinates (SAM 2's, Step 3.7's)
     if frequencies is not None and (_shared_axial(rotary_class) or _flipped_axial(rotary_class)):
         shared = frequencies

@@ -209,6 +209,10 @@ class MRope:
 
     sections: str | tuple[int, ...] | Callable[[Any], Sequence[int]] = "config.rope_parameters.mrope_section"
     axes: tuple[int, ...] | None = None
+    #: blocked axial rotary (Gemma 4's vision rotary): the rotated features split into ``len(axes)`` consecutive
+    #: blocks, block ``i`` turned on its own (``rotate_half`` within the block) by axis ``axes[i]``, every block with
+    #: the same ``d / (2 len(axes))`` frequencies; ``sections`` is then not read
+    blocks: bool = False
 
 
 def one_row(t: int) -> tuple[int, int]:
@@ -883,7 +887,14 @@ class ModuleAdapter:
             self.rotary_dims, self.rotary_last = int(resolve(self.original, spec.latent.rope, spec.name)), True
         #: M-RoPE: the axis (0, 1, 2) of the 3-D position each rotated frequency turns by (None: 1-D positions)
         self.mrope_axes: Tensor | None = None
-        if spec.mrope is not None and self.rotary is not None:
+        #: blocked axial rotary: the axis of each block of rotated features (None: not blocked)
+        self.mrope_blocks: tuple[int, ...] | None = None
+        if spec.mrope is not None and self.rotary is not None and spec.mrope.blocks:
+            if spec.mrope.axes is None or self.rotary_dims % (2 * len(spec.mrope.axes)):
+                raise AuditUsageError(f"spec {spec.name!r}: blocked M-RoPE needs axes that split the "
+                                      f"{self.rotary_dims} rotated features into blocks of whole pairs")
+            self.mrope_blocks = spec.mrope.axes
+        elif spec.mrope is not None and self.rotary is not None:
             sections, axes = spec.mrope.sections, spec.mrope.axes
             sizes = [int(n) for n in (sections if isinstance(sections, tuple) else sections(self.original)
                                       if callable(sections) else resolve(self.original, sections, spec.name))]
@@ -1032,6 +1043,14 @@ class ModuleAdapter:
         low, high = (d - self.rotary_dims, d) if self.rotary_last else (0, self.rotary_dims)
         inverse, magnitude = self.rotary_frequencies or (None, 1.0)
         positions = None
+        if self.mrope_blocks is not None:  # each block of features turns on its own, by its axis
+            grid = mrope_positions(offset, x.shape[2]).double()
+            width = (high - low) // len(self.mrope_blocks)
+            blocks = [rotate(x[..., low + i * width:low + (i + 1) * width], *self.rotary, offset=offset,
+                             tables=self.rotary_tables, frequencies=inverse, magnitude=magnitude,
+                             positions=grid[axis][:, None].expand(-1, width // 2))
+                      for i, axis in enumerate(self.mrope_blocks)]
+            return torch.cat([x[..., :low], *blocks, x[..., high:]], dim=-1)
         if self.mrope_axes is not None:  # each frequency turns by its section's axis of the 3-D positions
             grid = mrope_positions(offset, x.shape[2]).double()
             positions = grid[self.mrope_axes].T  # (t, frequencies)

@@ -130,3 +130,51 @@ def test_a_single_head_block_that_weighs_its_keys_fails() -> None:
     report = _audit(module, dataclasses.replace(spec, module_type=""))
     assert not report.passed and report.status("conventions") == "FAIL"
     assert "differs from the reference" in next(r.message for r in report.results if r.name == "conventions")
+
+
+def test_gemma4_vision_s_blocked_axial_rotary_passes() -> None:
+    """Gemma 4's vision rotary turns a block of d/2 features by the height and the next by the width
+    (``rotate_half`` within each block, the same d/4 frequencies): the blocked M-RoPE of the reference."""
+    module = randomize_parameters(hf_build(_class("gemma4", "Gemma4VisionAttention")), 0)
+    spec = hf_spec(module)
+    assert spec.mrope is not None and spec.mrope.blocks and spec.mrope.axes == (1, 2) and not hf_limits(module)
+    assert any("use_clipped_linears" in n for n in hf_notes(module))
+    report = _audit(module, spec)
+    assert report.passed, report.table()
+    assert report.status("rope") == "PASS"
+
+
+def test_gemma4_vision_turning_its_blocks_by_the_wrong_axes_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planted bug: its rotary helper given the tables with the height and width halves swapped (the first block
+    turned by the width): the rope check fails."""
+    modeling = importlib.import_module("transformers.models.gemma4.modeling_gemma4")
+    original = modeling.apply_multidimensional_rope
+
+    def swapped(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position_ids: torch.Tensor,
+                unsqueeze_dim: int = 2) -> torch.Tensor:
+        def flip(z: torch.Tensor) -> torch.Tensor:
+            return torch.cat(z.chunk(2, dim=-1)[::-1], dim=-1)
+
+        return original(x, flip(cos), flip(sin), position_ids, unsqueeze_dim)  # type: ignore[no-any-return]
+
+    module = randomize_parameters(hf_build(_class("gemma4", "Gemma4VisionAttention")), 0)
+    spec = hf_spec(module)
+    monkeypatch.setattr(modeling, "apply_multidimensional_rope", swapped)
+    report = _audit(module, spec)
+    assert not report.passed and report.status("rope") == "FAIL"
+
+
+def test_the_blocked_rotary_matches_gemma4_s_own_helper() -> None:
+    """The reference's blocked turn of (b, h, t, d) heads equals ``apply_multidimensional_rope`` on the tables
+    Gemma 4's vision rotary class makes from the same (height, width) positions."""
+    from typed_transformer.audit._modules import ModuleAdapter, mrope_positions
+
+    modeling = importlib.import_module("transformers.models.gemma4.modeling_gemma4")
+    module = hf_build(_class("gemma4", "Gemma4VisionAttention"))
+    adapter = ModuleAdapter(module, hf_spec(module))
+    b, h, t, d = 2, 4, 6, module.head_dim
+    x = torch.randn(b, h, t, d, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    positions = mrope_positions(0, t)[1:].T[None].expand(b, -1, -1)
+    cos, sin = modeling.Gemma4VisionRotaryEmbedding(module.config)(x, positions)
+    theirs = modeling.apply_multidimensional_rope(x.transpose(1, 2), cos.double(), sin.double(), positions)
+    torch.testing.assert_close(adapter._turn(x, 0), theirs.transpose(1, 2), rtol=1e-6, atol=1e-6)
