@@ -146,7 +146,7 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
         if _unguarded_clip(module):
             # DBRX clamps with max=self.clip_qkv whatever it holds, and its config's default None makes torch.clamp
             # raise (neither bound): the bound of its released checkpoints (attn_config.clip_qkv = 8)
-            module.clip_qkv = _RELEASED_CLIP
+            setattr(module, "clip_qkv", _RELEASED_CLIP)  # noqa: B010  (not a Tensor | Module attribute)
         window = _window_table(module)
         if window is not None and window[1][0] * window[1][1] > _HF.lengths[1] and "window_size" not in (
                 overrides or {}):  # Swin's 7 x 7 windows: 2 x 2 ones, as long as the audit's sequences
@@ -203,7 +203,8 @@ def _tied_kv_heads(config: Any) -> bool:
         source = inspect.getsource(type(config).__post_init__)
     except (OSError, TypeError, AttributeError):
         return False
-    return re.search(r"^        self\.num_key_value_heads = self\.num_attention_heads$", source, re.MULTILINE) is not None
+    tied = r"^        self\.num_key_value_heads = self\.num_attention_heads$"
+    return re.search(tied, source, re.MULTILINE) is not None
 
 
 def _construct(cls: type, config: Any, args: list[Any], kwargs: dict[str, Any]) -> nn.Module:
@@ -645,7 +646,8 @@ def _softcap(module: nn.Module) -> str | None:
 
 def _clip_path(module: nn.Module) -> str | None:
     """The bound a class clamps its projections' outputs to (DBRX's ``clip_qkv`` on the fused projection, OLMo's
-    ``config.clip_qkv`` on each of q, k and v): the path the class reads it from, as ``.clamp(..., max=self.<path>)``."""
+    ``config.clip_qkv`` on each of q, k and v): the path the class reads it from, as
+    ``.clamp(..., max=self.<path>)``."""
     found = re.search(r"\.clamp_?\([^)]*\bmax=self\.([\w.]*clip_qkv)\b", _forward_source(module))
     return None if found is None else found.group(1)
 

@@ -26,10 +26,11 @@ def _audit(module: Any, spec: Any) -> Any:
 
 
 def test_dbrx_builds_with_its_released_clip_and_passes() -> None:
-    module = randomize_parameters(hf_build(_class("dbrx", "DbrxAttention")), 0)
+    module: Any = randomize_parameters(hf_build(_class("dbrx", "DbrxAttention")), 0)
     assert module.clip_qkv == 8.0  # its config's default None makes forward raise
     spec = hf_spec(module)
-    assert spec.clip_qkv == "clip_qkv" and not hf_limits(module)
+    assert spec.clip_qkv == "clip_qkv"
+    assert not hf_limits(module)
     assert any("clip_qkv=None makes forward raise" in n for n in hf_notes(module))
     report = _audit(module, spec)
     assert report.passed, report.table()
@@ -38,7 +39,7 @@ def test_dbrx_builds_with_its_released_clip_and_passes() -> None:
 def test_a_clip_the_reference_leaves_out_fails_the_reference() -> None:
     """A bound the audit's projections cross (0.5): the clip modelled, every check passes; left out, the
     reference fails."""
-    module = randomize_parameters(hf_build(_class("dbrx", "DbrxAttention")), 0)
+    module: Any = randomize_parameters(hf_build(_class("dbrx", "DbrxAttention")), 0)
     module.clip_qkv = 0.5
     spec = hf_spec(module)
     assert _audit(module, spec).passed
@@ -48,7 +49,7 @@ def test_a_clip_the_reference_leaves_out_fails_the_reference() -> None:
 
 def test_olmo_s_config_clip_is_modelled() -> None:
     """OLMo clamps q, k and v with ``config.clip_qkv`` (None by default: no clamp)."""
-    module = randomize_parameters(hf_build(_class("olmo", "OlmoAttention")), 0)
+    module: Any = randomize_parameters(hf_build(_class("olmo", "OlmoAttention")), 0)
     module.config.clip_qkv = 0.5
     spec = hf_spec(module)
     assert spec.clip_qkv == "config.clip_qkv"
@@ -58,7 +59,7 @@ def test_olmo_s_config_clip_is_modelled() -> None:
 
 def test_a_clip_after_the_qk_norms_is_a_limit() -> None:
     """OLMoE clamps its normalised queries and keys: not modelled, named as a limit when a bound is set."""
-    module = hf_build(_class("olmoe", "OlmoeAttention"))
+    module: Any = hf_build(_class("olmoe", "OlmoeAttention"))
     assert not hf_limits(module)
     module.config.clip_qkv = 0.5
     assert hf_spec(module).clip_qkv is None
@@ -68,10 +69,12 @@ def test_a_clip_after_the_qk_norms_is_a_limit() -> None:
 def test_cohere_compass_gets_default_rotary_parameters_per_layer_type() -> None:
     """Its text config's default ``rope_parameters = {}`` (its model's rotary class raises a KeyError): each layer
     type gets default parameters, named in the notes; the rotary path is then audited and passes."""
-    module = randomize_parameters(hf_build(_class("cohere_compass", "CohereCompassAttention")), 0)
+    module: Any = randomize_parameters(hf_build(_class("cohere_compass", "CohereCompassAttention")), 0)
     assert module.config.rope_parameters == {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
     spec = hf_spec(module)
-    assert spec.rotary is not None and spec.rotary.style == "half" and not hf_limits(module)
+    assert spec.rotary is not None
+    assert spec.rotary.style == "half"
+    assert not hf_limits(module)
     assert any("rope_parameters = {}" in n for n in hf_notes(module))
     report = _audit(module, spec)
     assert report.passed, report.table()
@@ -81,20 +84,23 @@ def test_cohere_compass_gets_default_rotary_parameters_per_layer_type() -> None:
 def test_qwen4_exp_builds_with_a_qsa_indexer_and_is_set_aside_with_its_reasons() -> None:
     """Its attention builds a QSA indexer whatever the config, and the default config leaves the indexer's sizes
     None (a TypeError): the tiny ones build it; interleaved M-RoPE and the indexer keep it set aside, by name."""
-    module = hf_build(_class("qwen4_exp", "Qwen4ExpTextAttention"))
-    assert module.indexer.token_budget == 256 and module.indexer.compress_ratio == 2
+    module: Any = hf_build(_class("qwen4_exp", "Qwen4ExpTextAttention"))
+    assert module.indexer.token_budget == 256
+    assert module.indexer.compress_ratio == 2
     limits = hf_limits(module)
-    assert any("interleaved" in limit for limit in limits) and any("'indexer'" in limit for limit in limits)
+    assert any("interleaved" in limit for limit in limits)
+    assert any("'indexer'" in limit for limit in limits)
 
 
 def test_efficientloftr_is_built_with_its_tied_heads_and_audited_without_its_width_rotary() -> None:
     """Its config sets num_key_value_heads = num_attention_heads whatever it is given (the tiny config keeps them
     equal), and its optional rotary tables turn the whole width before the heads are split (not modelled): audited
     without them, named in the notes."""
-    module = randomize_parameters(hf_build(_class("efficientloftr", "EfficientLoFTRAttention")), 0)
+    module: Any = randomize_parameters(hf_build(_class("efficientloftr", "EfficientLoFTRAttention")), 0)
     assert module.config.num_key_value_heads == module.config.num_attention_heads == 4
     spec = hf_spec(module)
-    assert spec.rotary is None and not hf_limits(module)
+    assert spec.rotary is None
+    assert not hf_limits(module)
     assert any("across the whole model width" in n for n in hf_notes(module))
     report = _audit(module, spec)
     assert report.passed, report.table()
@@ -104,9 +110,10 @@ def test_efficientloftr_is_built_with_its_tied_heads_and_audited_without_its_wid
 def test_a_single_head_block_of_1x1_convolutions_is_audited_as_one_head() -> None:
     """WavTokenizer's Vocos attention keeps no head count: one head over every channel (``torch.bmm`` of the whole
     query and key, ``channels**-0.5``), (b, e, t) in and out; its GroupNorm named as bypassed."""
-    module = randomize_parameters(hf_build(_class("wavtokenizer", "WavTokenizerVocosAttention")), 0)
+    module: Any = randomize_parameters(hf_build(_class("wavtokenizer", "WavTokenizerVocosAttention")), 0)
     spec = hf_spec(module)
-    assert spec.num_heads == "1" and not hf_limits(module)
+    assert spec.num_heads == "1"
+    assert not hf_limits(module)
     assert any("pre-norm inside the class" in n for n in hf_notes(module))
     report = _audit(module, spec)
     assert report.passed, report.table()
@@ -122,22 +129,27 @@ def test_a_single_head_block_that_weighs_its_keys_fails() -> None:
             x = self.norm(hidden_states)
             q, k = self.q(x), self.k(x)
             weights = torch.softmax(torch.bmm(q.permute(0, 2, 1), k) * q.shape[1] ** -0.5, dim=2)
-            return hidden_states + self.proj_out(torch.bmm(k, weights.permute(0, 2, 1)))
+            out: torch.Tensor = hidden_states + self.proj_out(torch.bmm(k, weights.permute(0, 2, 1)))
+            return out
 
-    module = randomize_parameters(hf_build(cls), 0)
+    module: Any = randomize_parameters(hf_build(cls), 0)
     spec = hf_spec(module)
     module.__class__ = Wrong
     report = _audit(module, dataclasses.replace(spec, module_type=""))
-    assert not report.passed and report.status("conventions") == "FAIL"
+    assert not report.passed
+    assert report.status("conventions") == "FAIL"
     assert "differs from the reference" in next(r.message for r in report.results if r.name == "conventions")
 
 
 def test_gemma4_vision_s_blocked_axial_rotary_passes() -> None:
     """Gemma 4's vision rotary turns a block of d/2 features by the height and the next by the width
     (``rotate_half`` within each block, the same d/4 frequencies): the blocked M-RoPE of the reference."""
-    module = randomize_parameters(hf_build(_class("gemma4", "Gemma4VisionAttention")), 0)
+    module: Any = randomize_parameters(hf_build(_class("gemma4", "Gemma4VisionAttention")), 0)
     spec = hf_spec(module)
-    assert spec.mrope is not None and spec.mrope.blocks and spec.mrope.axes == (1, 2) and not hf_limits(module)
+    assert spec.mrope is not None
+    assert spec.mrope.blocks
+    assert spec.mrope.axes == (1, 2)
+    assert not hf_limits(module)
     assert any("use_clipped_linears" in n for n in hf_notes(module))
     report = _audit(module, spec)
     assert report.passed, report.table()
@@ -155,13 +167,15 @@ def test_gemma4_vision_turning_its_blocks_by_the_wrong_axes_fails(monkeypatch: p
         def flip(z: torch.Tensor) -> torch.Tensor:
             return torch.cat(z.chunk(2, dim=-1)[::-1], dim=-1)
 
-        return original(x, flip(cos), flip(sin), position_ids, unsqueeze_dim)  # type: ignore[no-any-return]
+        result: torch.Tensor = original(x, flip(cos), flip(sin), position_ids, unsqueeze_dim)
+        return result
 
-    module = randomize_parameters(hf_build(_class("gemma4", "Gemma4VisionAttention")), 0)
+    module: Any = randomize_parameters(hf_build(_class("gemma4", "Gemma4VisionAttention")), 0)
     spec = hf_spec(module)
     monkeypatch.setattr(modeling, "apply_multidimensional_rope", swapped)
     report = _audit(module, spec)
-    assert not report.passed and report.status("rope") == "FAIL"
+    assert not report.passed
+    assert report.status("rope") == "FAIL"
 
 
 def test_the_blocked_rotary_matches_gemma4_s_own_helper() -> None:
@@ -170,7 +184,7 @@ def test_the_blocked_rotary_matches_gemma4_s_own_helper() -> None:
     from typed_transformer.audit._modules import ModuleAdapter, mrope_positions
 
     modeling = importlib.import_module("transformers.models.gemma4.modeling_gemma4")
-    module = hf_build(_class("gemma4", "Gemma4VisionAttention"))
+    module: Any = hf_build(_class("gemma4", "Gemma4VisionAttention"))
     adapter = ModuleAdapter(module, hf_spec(module))
     b, h, t, d = 2, 4, 6, module.head_dim
     x = torch.randn(b, h, t, d, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
