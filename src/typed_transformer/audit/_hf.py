@@ -178,6 +178,12 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
                 setattr(config, key, value)
     _tiny_partial_rotary(config)
     _missing_layer_rope(cls, config)
+    if "JetMoeMoA(config)" in _source(cls) and not {"num_local_experts", "num_experts_per_tok"} & set(
+            overrides or {}):
+        # JetMoE's mixture of attention: one expert, chosen for every token (the routing then exact: gate 1), and
+        # as many query heads as key/value heads (num_attention_heads = num_key_value_heads * num_experts_per_tok)
+        config.num_local_experts, config.num_experts_per_tok = 1, 1
+        config.num_attention_heads = config.num_key_value_heads
     # eager, unless the class looks its attention function up with no eager fallback (Qwen2.5-Omni's DiTAttention:
     # ALL_ATTENTION_FUNCTIONS[...], where eager is not registered): then SDPA, the transformers default
     direct = "ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]" in _source(getattr(cls, "forward", None))
@@ -1313,6 +1319,12 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append("its projections' optional clipping (use_clipped_linears: inputs and outputs clamped to bounds "
                      "read from a checkpoint) is off in its default config: audited without it, so the clamps are "
                      "not tested")
+    if _mixture_of_attention(module):
+        notes.append("JetMoE's mixture of attention built with one expert chosen for every token (num_local_experts = "
+                     "num_experts_per_tok = 1: its gate is 1, its routing exact): the expert's query and output "
+                     "projections, the shared keys and values and the output bias are tested; the routing of its "
+                     "checkpoints (top-k of several experts, their softmax gates, the keys and values repeated per "
+                     "chosen expert) is not")
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
@@ -1406,7 +1418,8 @@ def hf_limits(module: nn.Module) -> list[str]:
             *(("pos_key_proj", "pos_query_proj", "pos_proj", "pos_q_proj") if _disentangled(module, "") else ()),
             *(("continuous_position_bias_mlp",) if _window_table(module) is not None else ()),
             *(("distance_embedding", "linear_pos") if _relative_keys(module, "") is not None else ()),
-            *((_xl_names(module) or ())[:1])}
+            *((_xl_names(module) or ())[:1]),
+            *(("experts", "kv_proj") if _mixture_of_attention(module) else ())}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
         if name not in read and not isinstance(child, nn.Dropout | nn.Identity) and not type(child).__name__.endswith(
@@ -1455,6 +1468,8 @@ def hf_spec(cls_or_module: type | nn.Module, *, cross: bool | None = None) -> Mo
         AuditUsageError: the class is not of that shape (the message says what is missing).
     """
     module = hf_build(cls_or_module, cross=bool(cross)) if isinstance(cls_or_module, type) else cls_or_module
+    if _mixture_of_attention(module):
+        return _moa_spec(module)
     shipped = _shipped_spec(module, bool(cross))
     if shipped is not None and (shipped.qkv_layout != "blocks" or shipped.alibi is not None or shipped.memory):
         return shipped
@@ -1467,6 +1482,68 @@ def hf_spec(cls_or_module: type | nn.Module, *, cross: bool | None = None) -> Mo
                 raise AuditUsageError(f"{type(module).__qualname__}: {refused}; and {err}") from err
             raise
         return shipped
+
+
+def _mixture_of_attention(module: nn.Module) -> bool:
+    """JetMoE's mixture of attention: routed experts each with a query and an output projection
+    (``experts.input_linear``/``output_linear``, ``(experts, out, in)`` weights, an output ``bias``), keys and
+    values from one shared fused ``kv_proj``."""
+    experts = getattr(module, "experts", None)
+    return (isinstance(getattr(module, "kv_proj", None), nn.Linear) and isinstance(experts, nn.Module)
+            and all(hasattr(experts, n) for n in ("input_linear", "output_linear", "router", "bias")))
+
+
+def _moa_unmodelled(m: Any) -> list[str]:
+    """Routing the reference does not compute: more than one expert or more than one expert per token."""
+    n, k = int(m.experts.num_experts), int(m.experts.top_k)
+    return [] if n == k == 1 else [f"num_local_experts={n}, num_experts_per_tok={k} (routed query and output "
+                                   f"projections, top-k gates)"]
+
+
+def _moa_weights(m: Any) -> Weights:
+    """One expert, chosen for every token with gate 1 (softmax over one logit): its query projection, the shared
+    keys and values (``kv_proj``'s ``[k; v]``), its output projection and the output bias; ``g`` key/value heads,
+    one query head each (``top_k * g`` query heads)."""
+    experts = m.experts
+    g, d = int(m.num_key_value_heads), int(m.head_dim)
+    wk, wv = m.kv_proj.weight.detach().double().chunk(2)
+    return Weights(wq=experts.input_linear.weight[0].detach().double(), wk=wk, wv=wv,
+                   wo=experts.output_linear.weight[0].detach().double(), bq=None, bk=None, bv=None,
+                   bo=experts.bias.detach().double(), h=g * int(experts.top_k), g=g, d=d, dv=d, scale=float(m.scaling))
+
+
+def _moa_spec(module: nn.Module) -> ModuleSpec:
+    """JetMoE's attention with one expert (:func:`_moa_unmodelled` refuses routing): plain rotary attention with
+    the expert's projections (:func:`_moa_weights`), its model's rotary class and mask, its cache token by token."""
+    cls = type(module)
+    rotary_class = _rotary_class(module)
+    if rotary_class is None:
+        raise AuditUsageError(f"{cls.__qualname__}: no rotary class in its module")
+
+    def tables(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+        cos, sin = rotary_class(config=m.config)(x, torch.arange(offset, offset + x.shape[1])[None])
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+    def forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                is_causal: bool) -> Tensor:
+        keep = with_causal(keep, is_causal, x.shape[1], x.shape[1])
+        mask = additive_mask(keep.expand(x.shape[0], keep.shape[1], x.shape[1], x.shape[1]), x.dtype) if (
+            keep is not None) else None
+        out: Tensor = m(x, attention_mask=mask, position_embeddings=tables(m, x, 0))[0]
+        return out
+
+    def decode(m: Any, x: Tensor) -> Tensor:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=m.config)
+        outs = [m(x[:, i:i + 1], attention_mask=None, position_embeddings=tables(m, x[:, i:i + 1], i),
+                  cache=cache)[0] for i in range(x.shape[1])]
+        return torch.cat(outs, dim=1)
+
+    theta = _rope_theta(module)
+    return ModuleSpec(f"hf:{cls.__name__}", forward, _HF, q=None, k=None, v=None, out=None,
+                      weights=_moa_weights, rotary=None if theta is None else Rotary(theta, _rotary_style(module)),
+                      decode=decode, module_type=f"{cls.__module__}.{cls.__qualname__}", unmodelled=_moa_unmodelled)
 
 
 def _shipped_spec(module: nn.Module, cross: bool) -> ModuleSpec | None:

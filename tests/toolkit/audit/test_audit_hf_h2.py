@@ -175,6 +175,7 @@ def test_gemma4_vision_turning_its_blocks_by_the_wrong_axes_fails(monkeypatch: p
     monkeypatch.setattr(modeling, "apply_multidimensional_rope", swapped)
     report = _audit(module, spec)
     assert not report.passed
+    assert "FAIL" in (report.status("conventions"), report.status("reference"))
     assert report.status("rope") == "FAIL"
 
 
@@ -192,3 +193,38 @@ def test_the_blocked_rotary_matches_gemma4_s_own_helper() -> None:
     cos, sin = modeling.Gemma4VisionRotaryEmbedding(module.config)(x, positions)
     theirs = modeling.apply_multidimensional_rope(x.transpose(1, 2), cos.double(), sin.double(), positions)
     torch.testing.assert_close(adapter._turn(x, 0), theirs.transpose(1, 2), rtol=1e-6, atol=1e-6)
+
+
+def test_jetmoe_with_one_expert_passes_and_routing_is_refused() -> None:
+    """JetMoE's mixture of attention with one expert for every token (gate 1): plain rotary attention through the
+    expert's projections; several experts (its checkpoints' routing) are refused by name."""
+    cls = _class("jetmoe", "JetMoeAttention")
+    module: Any = randomize_parameters(hf_build(cls), 0)
+    spec = hf_spec(module)
+    assert spec.weights is not None
+    assert not hf_limits(module)
+    assert any("mixture of attention" in n for n in hf_notes(module))
+    report = _audit(module, spec)
+    assert report.passed, report.table()
+    assert report.status("incremental_decoding") == "PASS"
+    routed: Any = hf_build(cls, {"num_local_experts": 2, "num_experts_per_tok": 2})
+    assert spec.unmodelled is not None
+    assert spec.unmodelled(routed) == ["num_local_experts=2, num_experts_per_tok=2 (routed query and output "
+                                       "projections, top-k gates)"]
+
+
+def test_jetmoe_that_drops_its_output_bias_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planted bug: the experts' output bias left out of the merge."""
+    modeling = importlib.import_module("transformers.models.jetmoe.modeling_jetmoe")
+    module: Any = randomize_parameters(hf_build(_class("jetmoe", "JetMoeAttention")), 0)
+    spec = hf_spec(module)
+    original = modeling.JetMoeMoA.reduce
+
+    def without_bias(self: Any, layer_input: torch.Tensor, topo_info: Any) -> torch.Tensor:
+        out: torch.Tensor = original(self, layer_input, topo_info) - self.bias
+        return out
+
+    monkeypatch.setattr(modeling.JetMoeMoA, "reduce", without_bias)
+    report = _audit(module, spec)
+    assert not report.passed
+    assert "FAIL" in (report.status("conventions"), report.status("reference"))
