@@ -291,11 +291,8 @@ def test_a_skipped_key_norm_fails() -> None:
 
 def test_classes_the_generic_call_cannot_describe_are_refused_with_the_reason() -> None:
     from transformers.models.bros.modeling_bros import BrosSelfAttention
-    from transformers.models.efficientloftr.modeling_efficientloftr import EfficientLoFTRAttention
 
-    # its image-grid rotary class takes no positions: given the audit's own 1-D tables, its 2-D layout does not fit
-    with pytest.raises(AuditUsageError, match=r"EfficientLoFTRAttention: not of the common shape .* 1-D rotary"):
-        hf_spec(EfficientLoFTRAttention)
+    # (EfficientLoFTR, refused here before, is audited without its whole-width rotary: test_audit_hf_h2.py)
     with pytest.raises(AuditUsageError, match="forward needs bbox_pos_emb"):  # a bounding-box bias of its model's
         hf_spec(BrosSelfAttention)
 
