@@ -85,7 +85,12 @@ TINY: dict[str, Any] = {"hidden_size": 16, "num_attention_heads": 4, "num_key_va
                         "d_latents": 16, "num_self_attention_heads": 4, "num_cross_attention_heads": 4,
                         # MobileBERT's attention width (its config sets true_hidden_size = intra_bottleneck_size when
                         # it is made, with use_bottleneck): the tiny width, as the bottlenecks' is
-                        "intra_bottleneck_size": 16, "true_hidden_size": 16}
+                        "intra_bottleneck_size": 16, "true_hidden_size": 16,
+                        # Qwen4-Exp's QSA indexer (its attention builds one whatever the config, and its default
+                        # config leaves every field None): one key head, blocks of 2 tokens, a budget of 256 tokens,
+                        # past the audit's lengths, so that every visible key is selected (named in hf_notes)
+                        "indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 4, "indexer_budget": 256,
+                        "indexer_compress_ratio": 2}
 
 #: the base of the rotary tables the audit makes itself (packed ``cu_seqlens`` encoders, image-grid rotaries)
 _PACKED_THETA = 10000.0
@@ -148,6 +153,10 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
             # the temporal section as inv_freq[-t:]): heads wide enough for one frequency in every section
             return hf_build(cls, {**(overrides or {}), "head_dim": head,
                                   "hidden_size": TINY["num_attention_heads"] * head}, cross=cross)
+        if _unguarded_clip(module):
+            # DBRX clamps with max=self.clip_qkv whatever it holds, and its config's default None makes torch.clamp
+            # raise (neither bound): the bound of its released checkpoints (attn_config.clip_qkv = 8)
+            setattr(module, "clip_qkv", _RELEASED_CLIP)  # noqa: B010  (not a Tensor | Module attribute)
         window = _window_table(module)
         if window is not None and window[1][0] * window[1][1] > _HF.lengths[1] and "window_size" not in (
                 overrides or {}):  # Swin's 7 x 7 windows: 2 x 2 ones, as long as the audit's sequences
@@ -165,7 +174,8 @@ def hf_build(cls: type, overrides: dict[str, Any] | None = None, *, cross: bool 
 
 
 def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool) -> nn.Module:
-    tiny = {**TINY, "num_key_value_heads": TINY["num_attention_heads"]} if _heads_as_positions(cls) else TINY
+    tiny = {**TINY, "num_key_value_heads": TINY["num_attention_heads"]} if _heads_as_positions(cls) or _tied_kv_heads(
+        config) else TINY
     if getattr(config, "is_heterogeneous", False):  # Gemma 4's per-layer overrides: one tiny size for every layer
         config.per_layer_config = None
     # a size under a prefix (Inkling's swa_num_attention_heads, Dia's cross_head_dim): the same tiny value
@@ -190,6 +200,13 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
         # Longformer's and LED's layers read one window per layer, which their models make from an int: windows of
         # 2 * _LOCAL_RADIUS keys (one-sided radius _LOCAL_RADIUS; the default 512 would cover the audit's sequences)
         config.attention_window = [2 * _LOCAL_RADIUS] * config.num_hidden_layers
+    _missing_layer_rope(cls, config)
+    if "JetMoeMoA(config)" in _source(cls) and not {"num_local_experts", "num_experts_per_tok"} & set(
+            overrides or {}):
+        # JetMoE's mixture of attention: one expert, chosen for every token (the routing then exact: gate 1), and
+        # as many query heads as key/value heads (num_attention_heads = num_key_value_heads * num_experts_per_tok)
+        config.num_local_experts, config.num_experts_per_tok = 1, 1
+        config.num_attention_heads = config.num_key_value_heads
     # eager, unless the class looks its attention function up with no eager fallback (Qwen2.5-Omni's DiTAttention:
     # ALL_ATTENTION_FUNCTIONS[...], where eager is not registered): then SDPA, the transformers default
     direct = "ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]" in _source(getattr(cls, "forward", None))
@@ -215,6 +232,17 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
         config.num_hidden_layers = len(types)
         module = _construct(cls, config, args, kwargs)
     return module
+
+
+def _tied_kv_heads(config: Any) -> bool:
+    """The config sets ``num_key_value_heads = num_attention_heads`` whatever it was given (EfficientLoFTR's,
+    Parakeet's ``__post_init__``: its models never group keys): the tiny config keeps them equal too."""
+    try:
+        source = inspect.getsource(type(config).__post_init__)
+    except (OSError, TypeError, AttributeError):
+        return False
+    tied = r"^        self\.num_key_value_heads = self\.num_attention_heads$"
+    return re.search(tied, source, re.MULTILINE) is not None
 
 
 def _construct(cls: type, config: Any, args: list[Any], kwargs: dict[str, Any]) -> nn.Module:
@@ -310,6 +338,23 @@ def _tiny_partial_rotary(config: Any) -> None:
     while int(head * float(factor)) % 2:
         head += 2
     config.head_dim, config.hidden_size = head, TINY["num_attention_heads"] * head
+
+
+def _missing_layer_rope(cls: type, config: Any) -> None:
+    """A config whose rotary parameters are read per layer type (``rope_parameters[layer_type]``) and whose default
+    holds none (Cohere Compass's text config: ``{}``, so its model's rotary class raises a KeyError): each layer type
+    gets default rotary parameters, base :data:`_PACKED_THETA` (named in :func:`hf_notes`)."""
+    types = getattr(config, "layer_types", None)
+    if getattr(config, "rope_parameters", None) != {} or not isinstance(types, list) or not types:
+        return
+    try:
+        source = inspect.getsource(_modeling(cls))
+    except (OSError, TypeError):
+        return
+    if "rope_parameters[layer_type]" in source:
+        config.rope_parameters = {kind: {"rope_type": "default", "rope_theta": _PACKED_THETA}
+                                  for kind in dict.fromkeys(types)}
+        config.audit_default_rope = True
 
 
 def _tiny_mrope(module: nn.Module) -> int | None:
@@ -643,6 +688,35 @@ def _softcap(module: nn.Module) -> str | None:
     return found.group(1) if value else None
 
 
+def _clip_path(module: nn.Module) -> str | None:
+    """The bound a class clamps its projections' outputs to (DBRX's ``clip_qkv`` on the fused projection, OLMo's
+    ``config.clip_qkv`` on each of q, k and v): the path the class reads it from, as
+    ``.clamp(..., max=self.<path>)``."""
+    found = re.search(r"\.clamp_?\([^)]*\bmax=self\.([\w.]*clip_qkv)\b", _forward_source(module))
+    return None if found is None else found.group(1)
+
+
+#: DBRX's released checkpoints' ``attn_config.clip_qkv``
+_RELEASED_CLIP = 8.0
+
+
+def _unguarded_clip(module: nn.Module) -> bool:
+    """The class clamps with ``max=self.clip_qkv`` whatever it holds (no ``if self.clip_qkv:`` statement before it)
+    and holds None, which torch.clamp refuses (DBRX with its config's default)."""
+    return getattr(module, "clip_qkv", 0) is None and _clamps_always(module)
+
+
+def _clamps_always(module: nn.Module) -> bool:
+    return (_clip_path(module) == "clip_qkv"
+            and re.search(r"^\s*if self\.clip_qkv", _forward_source(module), re.MULTILINE) is None)
+
+
+def _clip_qkv(module: nn.Module) -> str | None:
+    """:func:`_clip_path`, where the clamp is on the projections' outputs themselves (no q/k norm before it: OLMoE
+    clamps its normalised queries and keys, which the reference does not model)."""
+    return _clip_path(module) if _norm_paths(module) == (None, None) else None
+
+
 def _sinks(module: nn.Module) -> str | None:
     """Attention sinks (gpt-oss, Granite SWA, Flint): the per-head parameter the class passes to its attention
     function as ``s_aux=self.<name>``."""
@@ -717,6 +791,8 @@ def _mrope(module: nn.Module) -> MRope | None:
         return _AXIAL
     if _flipped_axial(rotary) and _rope_type(module) == "axial":
         return _AXIAL_WH
+    if _blocked_axial(rotary) and _rope_type(module) == "axial":
+        return _AXIAL_BLOCKS
     return MRope() if form in source and "mrope_section" in _rope_params(module) else None
 
 
@@ -738,6 +814,15 @@ def _flipped_axial(rotary: type | None) -> bool:
                                            "torch.cat((freq_wh, freq_wh), dim=-1)"))
 
 
+def _blocked_axial(rotary: type | None) -> bool:
+    """Gemma 4's vision rotary: one set of ``d/4`` inverse frequencies, positions ``(b, t, 2)``, tables
+    ``cat([freq_h, freq_h, freq_w, freq_w])`` that its ``apply_multidimensional_rope`` splits in two blocks of ``d/2``
+    features, each turned by ``rotate_half`` within it: the first block by the height, the second by the width."""
+    source = re.sub(r"\s+", " ", _source(rotary))
+    return all(part in source for part in ("freq_h, freq_w = freq[:, :, 0], freq[:, :, 1]",
+                                           "torch.cat([freq_h, freq_h, freq_w, freq_w], dim=-1)"))
+
+
 def _axial_sections(module: Any) -> tuple[int, int]:
     """Pixtral's axial sections: the first half of the rotated frequencies turned by the height, the rest by the
     width (its inverse frequencies ``base^(-2i/d)``, the even-indexed ones first: read from its rotary class)."""
@@ -749,6 +834,8 @@ def _axial_sections(module: Any) -> tuple[int, int]:
 _AXIAL = MRope(sections=_axial_sections, axes=(1, 2))
 #: the same turned by width then height (Step 3.7's vision rotary)
 _AXIAL_WH = MRope(sections=_axial_sections, axes=(2, 1))
+#: blocked axial rotary (Gemma 4's vision rotary): a block of features turned by the height, then one by the width
+_AXIAL_BLOCKS = MRope(sections=_axial_sections, axes=(1, 2), blocks=True)
 
 
 def _latent_layout() -> Layout:
@@ -1560,6 +1647,15 @@ def _content_notes(module: nn.Module) -> list[str]:
     return notes
 
 
+def _width_rotary(cls: Any) -> bool:
+    """Optional rotary tables that turn q and k across the whole model width before the heads are split
+    (EfficientLoFTR's ``view(batch_size, seq_len, -1, dim)`` then ``apply_rotary_pos_emb``: each head meets its own
+    slice of a 2-D table, other frequencies per head), which the reference does not model."""
+    source = _source(cls.forward)
+    return _positions_optional(cls) and re.search(
+        r"\.view\(batch_size, seq_len, -1, dim\)[\s\S]*apply_rotary_pos_emb", source) is not None
+
+
 def hf_notes(module: nn.Module) -> list[str]:
     """True behaviours of the class, as its model calls it, that pass the audit but a user should know."""
     notes = []
@@ -1567,6 +1663,11 @@ def hf_notes(module: nn.Module) -> list[str]:
     if "position_embeddings" in signature and _rotary_class(module) is None and _positions_optional(type(module)):
         notes.append("forward takes optional position_embeddings and its module has no rotary class (DETR-style "
                      "embeddings added to the inputs): audited with none passed, so what they add is not tested")
+    elif "position_embeddings" in signature and _width_rotary(type(module)):
+        notes.append("forward takes optional rotary tables that turn q and k across the whole model width before "
+                     "the heads are split (each head its own slice of its model's 2-D table): audited with none "
+                     "passed, as its model calls it for cross-attention, so its self-attention's rotary is not "
+                     "tested")
     elif ("position_embeddings" in signature and (_xl_names(module) or ("",) * 4)[3] != "position_embeddings"
             and hf_spec(module).rotary is None and not _heads_as_positions(type(module))
             and _distances_arg(type(module)) != "position_embeddings"):
@@ -1641,6 +1742,26 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append(f"its model's rotary class ({coordinates.__name__}) makes its cos/sin from coordinates, "
                      f"not token positions: audited with the audit's own 1-D tables (positions 0.., base "
                      f"{_PACKED_THETA:g}), so its model's tables are not tested, the class's turn of q and k is")
+    if _clamps_always(module) and getattr(getattr(getattr(module, "config", None), "attn_config", None), "clip_qkv",
+                                          0) is None and getattr(module, "clip_qkv", None) == _RELEASED_CLIP:
+        notes.append(f"its config's default clip_qkv=None makes forward raise (torch.clamp with neither bound; its "
+                     f"released checkpoints set {_RELEASED_CLIP:g}): built with clip_qkv={_RELEASED_CLIP:g}, the "
+                     f"clamp of q, k and v modelled")
+    if getattr(getattr(module, "config", None), "audit_default_rope", False):
+        notes.append(f"its config's default holds no rotary parameters for its layer types (rope_parameters = {{}}: "
+                     f"its model's rotary class raises a KeyError): built with default rotary parameters (base "
+                     f"{_PACKED_THETA:g}) for each type, audited with text positions (every M-RoPE axis equal), so "
+                     f"its checkpoints' own parameters (a NoPE layer type, M-RoPE image positions) are not tested")
+    if any(getattr(m, "use_clipped_linears", None) is False for m in module.modules()):
+        notes.append("its projections' optional clipping (use_clipped_linears: inputs and outputs clamped to bounds "
+                     "read from a checkpoint) is off in its default config: audited without it, so the clamps are "
+                     "not tested")
+    if _mixture_of_attention(module):
+        notes.append("JetMoE's mixture of attention built with one expert chosen for every token (num_local_experts = "
+                     "num_experts_per_tok = 1: its gate is 1, its routing exact): the expert's query and output "
+                     "projections, the shared keys and values and the output bias are tested; the routing of its "
+                     "checkpoints (top-k of several experts, their softmax gates, the keys and values repeated per "
+                     "chosen expert) is not")
     needed = _needed_positions(type(module))
     if needed is not None:
         notes.append(f"forward's {needed} defaults to None, yet without them its value projection reads a name only "
@@ -1777,7 +1898,7 @@ def hf_limits(module: nn.Module) -> list[str]:
     # a class given the audit's own 1-D tables (packed encoders, image-grid rotaries): its rope type is not read
     uses_rotary = "position_embeddings" in signature and not _own_tables(module)
     kind = _rope_type(module)
-    if uses_rotary and kind not in _STATIC_ROPE and _mrope(module) not in (_AXIAL, _AXIAL_WH):
+    if uses_rotary and kind not in _STATIC_ROPE and _mrope(module) not in (_AXIAL, _AXIAL_WH, _AXIAL_BLOCKS):
         limits.append(f"rope_type {kind!r} (" + ("frequencies recomputed from each call's length"
                                                  if kind in ("dynamic", "longrope") else
                                                  "frequencies of a kind the reference does not read") + ")")
@@ -1792,6 +1913,9 @@ def hf_limits(module: nn.Module) -> list[str]:
                       "with text positions only (1-D rotary)")
     if getattr(module, "sinks", None) is not None and _sinks(module) is None:
         limits.append("attention sinks")
+    clip = _clip_path(module)
+    if clip is not None and _clip_qkv(module) is None and resolve(module, clip, type(module).__name__) is not None:
+        limits.append(f"{clip} clamps the normalised queries and keys (after the q/k norms)")
     gate = _output_gate(module)
     relative = _relative_keys(module, "")
     latent = [] if _latent(module) is None else [getattr(_LATENT, f) for f in ("q", "q_a", "q_norm", "q_b", "kv_a",
@@ -1805,7 +1929,8 @@ def hf_limits(module: nn.Module) -> list[str]:
             *(("distance_embedding", "rel_pos_emb", relative.proj or "") if relative is not None else ()),
             *(_GATED_READS if _gated_block(module) else ()),
             *(("query_global", "key_global", "value_global") if _sliding_chunks(module) is not None else ()),
-            *(("layout_query", "layout_key", "layout_value") if _layout_arg(module) is not None else ())}
+            *(("layout_query", "layout_key", "layout_value") if _layout_arg(module) is not None else ()),
+            *(("experts", "kv_proj") if _mixture_of_attention(module) else ())}
     for name, child in module.named_children():
         # dropout of any class (DeBERTa's StableDropout): off in eval mode
         # (a softmax over the keys as a module of its own: CPM-Ant's nn.Softmax(dim=-1))
@@ -1861,6 +1986,8 @@ def hf_spec(cls_or_module: type | nn.Module, *, cross: bool | None = None) -> Mo
     module = hf_build(cls_or_module, cross=bool(cross)) if isinstance(cls_or_module, type) else cls_or_module
     if _gated_block(module):
         return _gated_spec(module)
+    if _mixture_of_attention(module):
+        return _moa_spec(module)
     shipped = _shipped_spec(module, bool(cross))
     if shipped is not None and (shipped.qkv_layout != "blocks" or shipped.alibi is not None or shipped.memory):
         return shipped
@@ -1933,6 +2060,68 @@ def _gated_spec(module: nn.Module) -> ModuleSpec:
 def _unused_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
                     is_causal: bool) -> Tensor:
     raise NotImplementedError  # the weights-only spec _gated_spec reads projections through
+
+
+def _mixture_of_attention(module: nn.Module) -> bool:
+    """JetMoE's mixture of attention: routed experts each with a query and an output projection
+    (``experts.input_linear``/``output_linear``, ``(experts, out, in)`` weights, an output ``bias``), keys and
+    values from one shared fused ``kv_proj``."""
+    experts = getattr(module, "experts", None)
+    return (isinstance(getattr(module, "kv_proj", None), nn.Linear) and isinstance(experts, nn.Module)
+            and all(hasattr(experts, n) for n in ("input_linear", "output_linear", "router", "bias")))
+
+
+def _moa_unmodelled(m: Any) -> list[str]:
+    """Routing the reference does not compute: more than one expert or more than one expert per token."""
+    n, k = int(m.experts.num_experts), int(m.experts.top_k)
+    return [] if n == k == 1 else [f"num_local_experts={n}, num_experts_per_tok={k} (routed query and output "
+                                   f"projections, top-k gates)"]
+
+
+def _moa_weights(m: Any) -> Weights:
+    """One expert, chosen for every token with gate 1 (softmax over one logit): its query projection, the shared
+    keys and values (``kv_proj``'s ``[k; v]``), its output projection and the output bias; ``g`` key/value heads,
+    one query head each (``top_k * g`` query heads)."""
+    experts = m.experts
+    g, d = int(m.num_key_value_heads), int(m.head_dim)
+    wk, wv = m.kv_proj.weight.detach().double().chunk(2)
+    return Weights(wq=experts.input_linear.weight[0].detach().double(), wk=wk, wv=wv,
+                   wo=experts.output_linear.weight[0].detach().double(), bq=None, bk=None, bv=None,
+                   bo=experts.bias.detach().double(), h=g * int(experts.top_k), g=g, d=d, dv=d, scale=float(m.scaling))
+
+
+def _moa_spec(module: nn.Module) -> ModuleSpec:
+    """JetMoE's attention with one expert (:func:`_moa_unmodelled` refuses routing): plain rotary attention with
+    the expert's projections (:func:`_moa_weights`), its model's rotary class and mask, its cache token by token."""
+    cls = type(module)
+    rotary_class = _rotary_class(module)
+    if rotary_class is None:
+        raise AuditUsageError(f"{cls.__qualname__}: no rotary class in its module")
+
+    def tables(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
+        cos, sin = rotary_class(config=m.config)(x, torch.arange(offset, offset + x.shape[1])[None])
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+    def forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
+                is_causal: bool) -> Tensor:
+        keep = with_causal(keep, is_causal, x.shape[1], x.shape[1])
+        mask = additive_mask(keep.expand(x.shape[0], keep.shape[1], x.shape[1], x.shape[1]), x.dtype) if (
+            keep is not None) else None
+        out: Tensor = m(x, attention_mask=mask, position_embeddings=tables(m, x, 0))[0]
+        return out
+
+    def decode(m: Any, x: Tensor) -> Tensor:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=m.config)
+        outs = [m(x[:, i:i + 1], attention_mask=None, position_embeddings=tables(m, x[:, i:i + 1], i),
+                  cache=cache)[0] for i in range(x.shape[1])]
+        return torch.cat(outs, dim=1)
+
+    theta = _rope_theta(module)
+    return ModuleSpec(f"hf:{cls.__name__}", forward, _HF, q=None, k=None, v=None, out=None,
+                      weights=_moa_weights, rotary=None if theta is None else Rotary(theta, _rotary_style(module)),
+                      decode=decode, module_type=f"{cls.__module__}.{cls.__qualname__}", unmodelled=_moa_unmodelled)
 
 
 def _shipped_spec(module: nn.Module, cross: bool) -> ModuleSpec | None:
@@ -2080,6 +2269,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     internal = "position_ids" in signature and (isinstance(getattr(module, "rotary_emb", None), nn.Module)
                                                 or isinstance(getattr(core, "embed_positions", None), Tensor))
     rotary_class = _rotary_class(module) if takes_rotary and not packed else None
+    if takes_rotary and _width_rotary(cls):  # EfficientLoFTR's: audited with none, as its cross-attention is called
+        takes_rotary, rotary_class = False, None
     if takes_rotary and rotary_class is None and _positions_optional(cls):
         takes_rotary = False  # DETR's sine embeddings, added to the query and key inputs: audited with none
     # the audit makes the tables: a packed encoder's, and a class whose module has no rotary class or one that takes
@@ -2235,6 +2426,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         positions = torch.arange(0 if heads else offset, (0 if heads else offset) + n)[None].expand(x.shape[0], -1)
         if mrope in (_AXIAL, _AXIAL_WH):  # (height, width) of each patch, shared by the batch
             positions = mrope_positions(offset, n)[1:].T
+        elif mrope == _AXIAL_BLOCKS:  # (b, t, 2): Gemma 4's vision rotary takes a batch of (height, width)
+            positions = mrope_positions(offset, n)[1:].T[None].expand(x.shape[0], -1, -1)
         elif mrope is not None:  # 3-D positions (temporal, height, width): an image grid, not text
             positions = mrope_positions(offset, n)[:, None].expand(3, x.shape[0], n)
         extra = ({"layer_type": _layer_type(m)} if "layer_type" in inspect.signature(embedding.forward).parameters
@@ -2258,6 +2451,8 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         kwargs.update({n: x for n in _RESIDUAL_INPUTS if n in signature})
         if "position_ids" in signature:
             kwargs["position_ids"] = torch.arange(offset, offset + x.shape[1])[None].expand(x.shape[0], -1)
+            if takes_rotary and mrope == _AXIAL_BLOCKS:  # the (b, t, 2) positions its tables were made from
+                kwargs["position_ids"] = mrope_positions(offset, x.shape[1])[1:].T[None].expand(x.shape[0], -1, -1)
         if "layer_idx" in signature:
             kwargs["layer_idx"] = getattr(m, "layer_idx", 0)
         if relative_keys is not None and relative_keys.proj is not None:  # Transformer-XL: distances t-1 .. 1-t
@@ -2400,7 +2595,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     v_scale = getattr(module, "v_scale", None)
     # Llama 3's or YaRN's frequencies: read from the module's own rotary class (the default: from the base alone)
     frequencies = (_frequencies(rotary_class, _layer_type(module)) if takes_rotary and rotary_class is not None and (
-        _rope_type(module) in _STATIC_ROPE[1:] or mrope in (_AXIAL, _AXIAL_WH)) else None)
+        _rope_type(module) in _STATIC_ROPE[1:] or mrope in (_AXIAL, _AXIAL_WH, _AXIAL_BLOCKS)) else None)
     # the same d/4 frequencies for both coordinates (SAM 2's, Step 3.7's)
     if frequencies is not None and (_shared_axial(rotary_class) or _flipped_axial(rotary_class)):
         shared = frequencies
@@ -2447,6 +2642,7 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
         blocks=f"{layout.core}context_size" if distances_arg is not None else None,
         norms_after_rotary=0 <= turn < normed,  # HunYuan and nanochat normalise the turned q and k
         softcap=_softcap(module), sinks=_sinks(module), gate=_output_gate(module), sub_norm=_sub_norm(module),
+        clip_qkv=_clip_qkv(module) if not layout.core else None,
         differential=_differential(module), latent=latent, mrope=mrope if takes_rotary else None,
         decomposed=_decomposed(module), disentangled=disentangled, relative_keys=relative_keys,
         keys_with_input=with_input,

@@ -161,6 +161,14 @@ def _nested_heads(config: Any, core: Any, width: int | None) -> str | None:
     return None
 
 
+def _single_head(cls: Any) -> bool:
+    """One head over every channel, no head count kept (WavTokenizer's Vocos attention, a VAE-style block: 1x1
+    convolutions, ``torch.bmm`` of the whole query and key, scaled by ``channels**-0.5``, no split into heads)."""
+    source = _forward_source(cls)
+    return (re.search(r"\btorch\.bmm\(", source) is not None and re.search(r"\bchannels\s*\*\*\s*-0\.5", source)
+            is not None and re.search(r"\.(view|reshape|unflatten)\(|rearrange|num_heads|head_dim", source) is None)
+
+
 def _sizes(core: Any, prefix: str, width: int | None = None) -> tuple[str, str | None, str | None, float | str | None]:
     """Head counts: the module's own attribute first (what its constructor chose: Inkling's sliding layers and Dia's
     cross-attention read prefixed config fields, GPT-BigCode's ``kv_heads`` is 1 with ``multi_query``), then the
@@ -173,6 +181,8 @@ def _sizes(core: Any, prefix: str, width: int | None = None) -> tuple[str, str |
         heads = prefix + "config.num_attention_heads"
     elif (field := _config_heads(config, core, width) or _nested_heads(config, core, width)) is not None:
         heads = f"{prefix}config.{field}"  # (a nested config's: EsmFold2's atom_config)
+    elif _single_head(type(core)):
+        heads = "1"  # a literal count (resolve reads a path of digits as the number)
     else:
         raise AuditUsageError(f"{type(core).__qualname__}: no head count (none of {', '.join(_HEADS)}, no "
                               f"config.num_attention_heads)")

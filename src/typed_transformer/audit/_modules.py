@@ -209,6 +209,10 @@ class MRope:
 
     sections: str | tuple[int, ...] | Callable[[Any], Sequence[int]] = "config.rope_parameters.mrope_section"
     axes: tuple[int, ...] | None = None
+    #: blocked axial rotary (Gemma 4's vision rotary): the rotated features split into ``len(axes)`` consecutive
+    #: blocks, block ``i`` turned on its own (``rotate_half`` within the block) by axis ``axes[i]``, every block with
+    #: the same ``d / (2 len(axes))`` frequencies; ``sections`` is then not read
+    blocks: bool = False
 
 
 def one_row(t: int) -> tuple[int, int]:
@@ -457,6 +461,9 @@ class ModuleSpec:
     #: logit soft-capping (Gemma 2): the cap ``c`` (a number or an attribute path; None there: no cap), the scaled
     #: logits become ``c * tanh(l / c)`` before the bias and the mask
     softcap: float | str | None = None
+    #: clipping of the projections (DBRX's and OLMo's ``clip_qkv``): the bound ``c`` (a number or an attribute
+    #: path; None there: no clipping), each of q, k and v becomes ``clamp(x W + b, -c, c)`` before any norm or rotary
+    clip_qkv: float | str | None = None
     #: attention sinks (gpt-oss): the attribute holding one learned logit per query head
     sinks: str | None = None
     #: an output gate: ``out * sigmoid(gate(x))`` on the attention output before the output projection
@@ -539,8 +546,10 @@ class OutputGate:
 
 
 def resolve(module: Any, path: str, spec: str) -> Any:
-    """``module.a.b`` for ``path="a.b"`` (steps into dicts too); a missing attribute is an
-    :class:`AuditUsageError` that names it."""
+    """``module.a.b`` for ``path="a.b"`` (steps into dicts too); a path of digits that names no attribute is that
+    number (a literal head count); a missing attribute is an :class:`AuditUsageError` that names it."""
+    if path.isdigit() and not hasattr(module, path):  # a literal count (a single-head class keeps none)
+        return int(path)
     value = module
     for part in path.split("."):
         if isinstance(value, dict) and part in value:
@@ -925,7 +934,14 @@ class ModuleAdapter:
             self.rotary_dims, self.rotary_last = int(resolve(self.original, spec.latent.rope, spec.name)), True
         #: M-RoPE: the axis (0, 1, 2) of the 3-D position each rotated frequency turns by (None: 1-D positions)
         self.mrope_axes: Tensor | None = None
-        if spec.mrope is not None and self.rotary is not None:
+        #: blocked axial rotary: the axis of each block of rotated features (None: not blocked)
+        self.mrope_blocks: tuple[int, ...] | None = None
+        if spec.mrope is not None and self.rotary is not None and spec.mrope.blocks:
+            if spec.mrope.axes is None or self.rotary_dims % (2 * len(spec.mrope.axes)):
+                raise AuditUsageError(f"spec {spec.name!r}: blocked M-RoPE needs axes that split the "
+                                      f"{self.rotary_dims} rotated features into blocks of whole pairs")
+            self.mrope_blocks = spec.mrope.axes
+        elif spec.mrope is not None and self.rotary is not None:
             sections, axes = spec.mrope.sections, spec.mrope.axes
             sizes = [int(n) for n in (sections if isinstance(sections, tuple) else sections(self.original)
                                       if callable(sections) else resolve(self.original, sections, spec.name))]
@@ -964,6 +980,10 @@ class ModuleAdapter:
             self.original, spec.softcap, spec.name)
         #: the logit cap (None: no soft-capping; a config's 0 or None switches it off)
         self.softcap: float | None = float(cap) if cap else None
+        clip = spec.clip_qkv if spec.clip_qkv is None or isinstance(spec.clip_qkv, float | int) else resolve(
+            self.original, spec.clip_qkv, spec.name)
+        #: the bound of the projections' clipping (None: no clipping; a config's None switches it off)
+        self.clip_qkv: float | None = None if clip is None else float(clip)
         self.sub_norm = None if spec.sub_norm is None else _norm(self.original, spec.sub_norm, spec)
         factor = None if spec.alibi is None else spec.alibi.factor
         #: ALiBi's slopes ``(h,)`` in canonical head order (None: no ALiBi)
@@ -1050,7 +1070,8 @@ class ModuleAdapter:
 
         def lin(z: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
             y = einsum(z, weight.to(dtype), "b t e, o e -> b t o")
-            return y if bias is None else y + bias.to(dtype)
+            y = y if bias is None else y + bias.to(dtype)
+            return y if self.clip_qkv is None else y.clamp(-self.clip_qkv, self.clip_qkv)
 
         if self.latent is not None:  # self-attention through a compressed latent: x gives q, k and v
             q, k, v = self.latent(x)
@@ -1096,6 +1117,14 @@ class ModuleAdapter:
         low, high = (d - self.rotary_dims, d) if self.rotary_last else (0, self.rotary_dims)
         inverse, magnitude = self.rotary_frequencies or (None, 1.0)
         positions = None
+        if self.mrope_blocks is not None:  # each block of features turns on its own, by its axis
+            grid = mrope_positions(offset, x.shape[2]).double()
+            width = (high - low) // len(self.mrope_blocks)
+            blocks = [rotate(x[..., low + i * width:low + (i + 1) * width], *self.rotary, offset=offset,
+                             tables=self.rotary_tables, frequencies=inverse, magnitude=magnitude,
+                             positions=grid[axis][:, None].expand(-1, width // 2))
+                      for i, axis in enumerate(self.mrope_blocks)]
+            return torch.cat([x[..., :low], *blocks, x[..., high:]], dim=-1)
         if self.mrope_axes is not None:  # each frequency turns by its section's axis of the 3-D positions
             grid = mrope_positions(offset, x.shape[2]).double()
             positions = grid[self.mrope_axes].T  # (t, frequencies)

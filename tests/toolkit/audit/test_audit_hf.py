@@ -290,14 +290,10 @@ def test_a_skipped_key_norm_fails() -> None:
 
 
 def test_classes_the_generic_call_cannot_describe_are_refused_with_the_reason() -> None:
-    from transformers.models.efficientloftr.modeling_efficientloftr import EfficientLoFTRAttention
     from transformers.models.pegasus_x.modeling_pegasus_x import PegasusXGlobalLocalAttention
 
-    # its image-grid rotary class takes no positions: given the audit's own 1-D tables, its 2-D layout does not fit
-    with pytest.raises(AuditUsageError, match=r"EfficientLoFTRAttention: not of the common shape .* 1-D rotary"):
-        hf_spec(EfficientLoFTRAttention)
-    # its global tokens, which its model passes beside the local ones (Bros's bounding-box embeddings and CPM-Ant's
-    # hidden_kv, refused here before, are described now)
+    # its global tokens, which its model passes beside the local ones (Bros's bounding-box embeddings, CPM-Ant's
+    # hidden_kv and EfficientLoFTR's image-grid rotary, refused here before, are described now)
     with pytest.raises(AuditUsageError, match="forward needs global_hidden_states"):
         hf_spec(PegasusXGlobalLocalAttention)
 
