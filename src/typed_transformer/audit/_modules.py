@@ -359,7 +359,6 @@ def log_coordinates(window: tuple[int, int], pretrained: tuple[int, int] | None 
     return rearrange(coords.sign() * torch.log2(coords.abs() + 1) / 3, "y x two -> (y x) two")
 
 
-resize_table = typechecked(resize_table)
 def local_mask(t: int, s: int, radius: int) -> Bool[Tensor, "t s"]:
     """A two-sided local window (LongT5's local attention), aligned bottom-right like :func:`window_mask`:
     ``keep[i, j] = |j - p| <= radius`` with ``p = i + s - t`` the query's position."""
@@ -368,6 +367,7 @@ def local_mask(t: int, s: int, radius: int) -> Bool[Tensor, "t s"]:
     return (keys - positions).abs() <= radius
 
 
+resize_table = typechecked(resize_table)
 window_bias = typechecked(window_bias)
 local_mask = typechecked(local_mask)
 log_coordinates = typechecked(log_coordinates)
@@ -797,7 +797,7 @@ def additive_mask(keep: Bool[Tensor, "*shape"] | None, dtype: torch.dtype, fill:
 additive_mask = typechecked(additive_mask)
 
 
-def block_mask(t: int, s: int, size: int) -> Bool[Tensor, "{t} {s}"]:
+def block_mask(t: int, s: int, size: int) -> Bool[Tensor, "t s"]:
     """Block-local attention: query ``i`` sees key ``j`` when both lie in the same block of ``size`` consecutive
     positions, ``i // size == j // size`` (self-attention: ``t = s``)."""
     return (torch.arange(t)[:, None] // size) == (torch.arange(s)[None, :] // size)
@@ -812,6 +812,10 @@ def t5_buckets(distance: Int[Tensor, "*shape"], buckets: int, max_distance: int)
     size = distance.abs()
     far = half + torch.floor(torch.log(size.double().clamp(min=1) / half) / math.log(max_distance / half) * (n - half))
     return (distance > 0).long() * n + torch.where(size < half, size, far.long().clamp(max=n - 1))
+
+
+block_mask = typechecked(block_mask)
+t5_buckets = typechecked(t5_buckets)
 
 
 def with_causal(keep: KeepMask | None, is_causal: bool, t: int, s: int) -> KeepMask | None:
