@@ -1791,8 +1791,10 @@ def hf_notes(module: nn.Module) -> list[str]:
     notes += [f"normalises its input with {name} before its projections (a pre-norm inside the class): audited with "
               f"it bypassed, as a block's Add & Norm is, so the norm is not tested"
               for name in _input_norms(_core_of(module)) + _block_input_norms(module)]
-    notes += [f"forward adds {name} to its logits, a bias its model computes outside the class: audited with zeros "
-              f"passed, so what it adds is not tested" for name in _added_biases(_core_of(module))]
+    shipped = _shipped_spec(module, False)
+    if shipped is None or shipped.alibi is None:  # (MPT's shipped spec passes its position_bias: the ALiBi it models)
+        notes += [f"forward adds {name} to its logits, a bias its model computes outside the class: audited with "
+                  f"zeros passed, so what it adds is not tested" for name in _added_biases(_core_of(module))]
     notes += [f"forward requires {name} and takes None for it (LUKE's model passes None without entities, I-BERT's "
               f"without quant_mode): audited with None, so what the class computes with a value is not tested"
               for name in _nullable(type(module)) if name not in (_pair_arg(_core_of(module)),
@@ -1991,13 +1993,14 @@ def hf_spec(cls_or_module: type | nn.Module, *, cross: bool | None = None) -> Mo
     shipped = _shipped_spec(module, bool(cross))
     if shipped is not None and (shipped.qkv_layout != "blocks" or shipped.alibi is not None or shipped.memory):
         return shipped
+    refused = _refused_options(module) if shipped is None else ""
+    if refused:  # the class's shipped spec (its ALiBi and all) does not model an option it was built with: named,
+        # not left to the generic call, which would pass zeros for what the shipped spec computes (MPT's ALiBi)
+        raise AuditUsageError(f"{type(module).__qualname__}: {refused}")
     try:
         return _generic_spec(module, cross)
-    except AuditUsageError as err:
+    except AuditUsageError:
         if shipped is None:
-            refused = _refused_options(module)
-            if refused:  # the class has a shipped spec, which does not model an option it was built with
-                raise AuditUsageError(f"{type(module).__qualname__}: {refused}; and {err}") from err
             raise
         return shipped
 
