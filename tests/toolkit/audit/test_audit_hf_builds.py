@@ -27,6 +27,15 @@ def _audit(module: Any, spec: Any) -> Any:
     return audit_module(module, spec, conventions="infer", **QUICK)
 
 
+
+def _passes_noted(module: Any, spec: Any, noted: str) -> None:
+    """Nothing the reference lacks, a note containing ``noted``, and every check passing, the reference's among them."""
+    assert not hf_limits(module)
+    assert any(noted in n for n in hf_notes(module))
+    report = _audit(module, spec)
+    assert report.passed, report.table()
+    assert report.status("reference") == "PASS"
+
 def test_dbrx_builds_with_its_released_clip_and_passes() -> None:
     module: Any = randomize_parameters(hf_build(_class("dbrx", "DbrxAttention")), 0)
     assert module.clip_qkv == 8.0  # its config's default None makes forward raise
@@ -76,11 +85,7 @@ def test_cohere_compass_gets_default_rotary_parameters_per_layer_type() -> None:
     spec = hf_spec(module)
     assert spec.rotary is not None
     assert spec.rotary.style == "half"
-    assert not hf_limits(module)
-    assert any("rope_parameters = {}" in n for n in hf_notes(module))
-    report = _audit(module, spec)
-    assert report.passed, report.table()
-    assert report.status("reference") == "PASS"
+    _passes_noted(module, spec, "rope_parameters = {}")
 
 
 def test_qwen4_exp_builds_with_a_qsa_indexer_and_is_set_aside_with_its_reasons() -> None:
@@ -102,11 +107,7 @@ def test_efficientloftr_is_built_with_its_tied_heads_and_audited_without_its_wid
     assert module.config.num_key_value_heads == module.config.num_attention_heads == 4
     spec = hf_spec(module)
     assert spec.rotary is None
-    assert not hf_limits(module)
-    assert any("across the whole model width" in n for n in hf_notes(module))
-    report = _audit(module, spec)
-    assert report.passed, report.table()
-    assert report.status("reference") == "PASS"
+    _passes_noted(module, spec, "across the whole model width")
 
 
 def test_a_single_head_block_of_1x1_convolutions_is_audited_as_one_head() -> None:
@@ -115,11 +116,7 @@ def test_a_single_head_block_of_1x1_convolutions_is_audited_as_one_head() -> Non
     module: Any = randomize_parameters(hf_build(_class("wavtokenizer", "WavTokenizerVocosAttention")), 0)
     spec = hf_spec(module)
     assert spec.num_heads == "1"
-    assert not hf_limits(module)
-    assert any("pre-norm inside the class" in n for n in hf_notes(module))
-    report = _audit(module, spec)
-    assert report.passed, report.table()
-    assert report.status("reference") == "PASS"
+    _passes_noted(module, spec, "pre-norm inside the class")
 
 
 def test_a_single_head_block_that_weighs_its_keys_fails() -> None:
