@@ -207,10 +207,7 @@ def _build(cls: type, config: Any, overrides: dict[str, Any] | None, cross: bool
         # as many query heads as key/value heads (num_attention_heads = num_key_value_heads * num_experts_per_tok)
         config.num_local_experts, config.num_experts_per_tok = 1, 1
         config.num_attention_heads = config.num_key_value_heads
-    # eager, unless the class looks its attention function up with no eager fallback (Qwen2.5-Omni's DiTAttention:
-    # ALL_ATTENTION_FUNCTIONS[...], where eager is not registered): then SDPA, the transformers default
-    direct = "ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]" in _source(getattr(cls, "forward", None))
-    config._attn_implementation = "sdpa" if direct else "eager"
+    config._attn_implementation = _attention_implementation(cls)
     args, kwargs = constructor_arguments(cls, config, _attention_layer(config), cross)
     from transformers import PretrainedConfig
 
@@ -338,6 +335,16 @@ def _tiny_partial_rotary(config: Any) -> None:
     while int(head * float(factor)) % 2:
         head += 2
     config.head_dim, config.hidden_size = head, TINY["num_attention_heads"] * head
+
+
+def _attention_implementation(cls: type) -> str:
+    """Eager, unless the class looks its attention function up with no eager fallback (Qwen2.5-Omni's DiTAttention:
+    ``ALL_ATTENTION_FUNCTIONS[...]``, where eager is not registered): then SDPA, the transformers default. A forward
+    that falls back to its ``eager_attention_forward`` (transformers 5.0's GPT-2: the lookup under ``!= "eager"``)
+    is eager."""
+    source = _source(getattr(cls, "forward", None))
+    direct = "ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]" in source
+    return "sdpa" if direct and "eager_attention_forward" not in source else "eager"
 
 
 def _missing_layer_rope(cls: type, config: Any) -> None:

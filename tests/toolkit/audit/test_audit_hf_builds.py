@@ -227,3 +227,20 @@ def test_jetmoe_that_drops_its_output_bias_fails(monkeypatch: pytest.MonkeyPatch
     report = _audit(module, spec)
     assert not report.passed
     assert "FAIL" in (report.status("conventions"), report.status("reference"))
+
+
+def test_eager_unless_the_class_has_no_eager_fallback() -> None:
+    """SDPA only for a forward that looks its attention function up with no eager fallback (Qwen2.5-Omni's
+    DiTAttention); a lookup beside ``eager_attention_forward`` (transformers 5.0's GPT-2, under ``!= "eager"``) is
+    eager, as are the classes that call ``get_interface``."""
+    from typed_transformer.audit._hf import _attention_implementation
+
+    class Fallback(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> str:  # the source is what is read
+            return "eager_attention_forward; ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]"
+
+    assert _attention_implementation(Fallback) == "eager"
+    assert _attention_implementation(_class("qwen2_5_omni", "DiTAttention")) == "sdpa"
+    assert _attention_implementation(_class("llama", "LlamaAttention")) == "eager"
+    gpt2: Any = hf_build(_class("gpt2", "GPT2Attention"))
+    assert gpt2.config._attn_implementation == "eager"
