@@ -1667,6 +1667,7 @@ def hf_notes(module: nn.Module) -> list[str]:
     """True behaviours of the class, as its model calls it, that pass the audit but a user should know."""
     notes = []
     signature = inspect.signature(type(module).forward).parameters
+    core = _core_of(module)
     if "position_embeddings" in signature and _rotary_class(module) is None and _positions_optional(type(module)):
         notes.append("forward takes optional position_embeddings and its module has no rotary class (DETR-style "
                      "embeddings added to the inputs): audited with none passed, so what they add is not tested")
@@ -1705,13 +1706,13 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append(f"its model limits each query to a window of {window} keys (config.sliding_window, by its mask "
                      f"and its sliding-window cache); the layer has no window of its own and is audited under a plain "
                      f"causal mask with a full cache, so that window is not tested")
-    local = _local_blocks(_core_of(module))
+    local = _local_blocks(core)
     if local is not None:
         notes.append(f"LongT5's local attention built with local_radius {local - 1} (blocks of {local}; its config's "
                      f"default 127 would fit the audit's short sequences in one block), given its mask in its model's "
                      f"block form (each query block's row of its 3-block frame, the keys beyond the radius masked by "
                      f"the model's _mask_local_attention_mask); other radii are not tested")
-    sliding = _sliding_chunks(_core_of(module))
+    sliding = _sliding_chunks(core)
     if sliding is not None:
         notes.append(f"Longformer's sliding-chunk attention built with attention_window {2 * sliding} (each query sees "
                      f"the keys within {sliding}; its config's default 512 would cover the audit's sequences), called "
@@ -1721,16 +1722,15 @@ def hf_notes(module: nn.Module) -> list[str]:
                      f"(b, 1, t, s) masks it cannot take, are not tested); no global tokens (is_global_attn=False), so "
                      f"the global attention and its query_global, key_global, value_global are not tested; other "
                      f"windows are not tested")
-    chunked = _chunked_local(_core_of(module))
+    chunked = _chunked_local(core)
     if chunked is not None:
-        core = _core_of(module)
         notes.append(f"Reformer's local attention: audited on sequences of one chunk ({chunked} tokens) at most, where "
                      f"it is plain attention, so its chunks ({core.num_chunks_before} before, {core.num_chunks_after} "
                      f"after each query chunk) and its model's padding to a multiple of the chunk are not tested; its "
                      f"mask is a key padding mask (b, s) only, so it is audited without masks (their padding is not "
                      f"tested)" + ("" if core.is_decoder else "; built as an encoder (is_decoder=False), so its causal "
                                    "mask is not tested"))
-    if _same_shape(type(module)) or _same_shape(type(_core_of(module))):
+    if _same_shape(type(module)) or _same_shape(type(core)):
         residual = ", and as layer_input, its block's residual," if "layer_input" in signature else ""
         notes.append(f"a (query_tensor, key_tensor, value_tensor) class that views its keys and values with the "
                      f"queries' shape: audited as self-attention, the input passed as all three{residual} as its model "
@@ -1797,23 +1797,23 @@ def hf_notes(module: nn.Module) -> list[str]:
                      "projections over separate query, key and value inputs")
     notes += [f"normalises its input with {name} before its projections (a pre-norm inside the class): audited with "
               f"it bypassed, as a block's Add & Norm is, so the norm is not tested"
-              for name in _input_norms(_core_of(module)) + _block_input_norms(module)]
+              for name in _input_norms(core) + _block_input_norms(module)]
     shipped = _shipped_spec(module, False)
     if shipped is None or shipped.alibi is None:  # (MPT's shipped spec passes its position_bias: the ALiBi it models)
         notes += [f"forward adds {name} to its logits, a bias its model computes outside the class: audited with "
-                  f"zeros passed, so what it adds is not tested" for name in _added_biases(_core_of(module))]
+                  f"zeros passed, so what it adds is not tested" for name in _added_biases(core)]
+    pair_arg, layout_arg = _pair_arg(core), _layout_arg(core)
     notes += [f"forward requires {name} and takes None for it (LUKE's model passes None without entities, I-BERT's "
               f"without quant_mode): audited with None, so what the class computes with a value is not tested"
-              for name in _nullable(type(module)) if name not in (_pair_arg(_core_of(module)),
-                                                                  _layout_arg(_core_of(module)))]
-    if _layout_arg(_core_of(module)) is not None:
+              for name in _nullable(type(module)) if name not in (pair_arg, layout_arg)]
+    if layout_arg is not None:
         notes.append(f"LiLT's layout stream: its logits ql . kl / sqrt(d // r) (layout_query and layout_key of its "
-                     f"model's {_layout_arg(_core_of(module))}) added to the text logits are audited over the audit's "
+                     f"model's {layout_arg}) added to the text logits are audited over the audit's "
                      f"own seeded layout inputs, the same for every sequence; the stream's own output (its context "
                      f"over layout_value, the class's second output, and its block's layout_output) is not tested")
-    if _pair_arg(_core_of(module)) is not None:
+    if pair_arg is not None:
         notes.append(f"forward adds q_i . R[i, j] to its logits before scaling them, R its model's "
-                     f"{_pair_arg(_core_of(module))} (t, t, b, d): audited with the audit's own seeded table, the same "
+                     f"{pair_arg} (t, t, b, d): audited with the audit's own seeded table, the same "
                      f"for every sequence of the batch, so its model's box embeddings are not tested")
     ratios = ("sr_ratio", "sequence_reduction_ratio", "sequences_reduction_ratio", "spatial_reduction_ratio")
     if any(getattr(m, name, None) == 1 for m in module.modules() for name in ratios):
@@ -1863,7 +1863,6 @@ def hf_notes(module: nn.Module) -> list[str]:
         notes.append("forward takes only a key padding mask (b, s), reshaped into its blocks, and no mask of the "
                      "audit's (b, 1, t, s) form: audited without masks, so its padding is not tested (the padding "
                      "of the last block it adds itself is)")
-    core = _core_of(module)
     layout = None
     with contextlib.suppress(AuditUsageError):
         layout = find_layout(module, _norm_paths(module))
