@@ -2221,26 +2221,18 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # model passes attention_mask=None through them (HunYuan-VL's, HY-V4-VL's vision attention), which eager needs
     mask_free = packed and mask_arg not in _source(cls.forward) and any(
         p.kind is p.VAR_KEYWORD for p in signature.values())
-    # a key padding mask of its own shape only, (b, 1, s), any other refused (FastSpeech2-Conformer's): no mask
-    # of the audit's (b, 1, t, s) form reaches it, so it is audited without masks (named in hf_notes)
-    if _padding_only(cls, mask_arg):
-        takes_mask = False
-    if _head_padding_only(cls, mask_arg):  # ProphetNet's (b, h, 1, s) only: the same, named in hf_notes
-        takes_mask = False
-    # Longformer's sliding chunks: a key padding mask (b, s) only, of its own values (< 0 padding, > 0 global), and
-    # lengths a multiple of its window (its model pads): audited without masks, the padding the forward's own
-    sliding = _sliding_chunks(core)
-    if sliding is not None:
-        takes_mask = False
-    # Reformer's local attention: a key padding mask (b, s) only, and chunks past one chunk's length: audited
-    # without masks on sequences of one chunk at most (max_length), where it is plain attention
-    chunked = _chunked_local(core)
-    if chunked is not None:
-        takes_mask = False
-    # a key padding mask (b, s) of ones and zeros only (Evolla's compressor: mask[:, None, None, :]), which no mask of
-    # the audit's (b, 1, t, s) form reaches: audited without masks, ones passed (named in hf_notes)
-    key_mask = _key_mask_only(cls, mask_arg)
-    if key_mask:
+    # masks taken only in a key-padding form of the class's own, which no mask of the audit's (b, 1, t, s) form
+    # reaches: audited without masks, each form named in hf_notes. FastSpeech2-Conformer's (b, 1, s) and ProphetNet's
+    # (b, h, 1, s), any other refused; Longformer's sliding chunks' (b, s) of its own values (< 0 padding, > 0
+    # global), its lengths a multiple of its window (its model pads); Reformer's local attention's (b, s), audited on
+    # sequences of one chunk at most (max_length), where it is plain attention; Evolla's compressor's (b, s) of ones
+    # and zeros (mask[:, None, None, :]: ones passed) and WavLM's (attention_mask.ne(1)); Granite Speech 5's (b, s),
+    # reshaped into its blocks
+    sliding, chunked, key_mask = _sliding_chunks(core), _chunked_local(core), _key_mask_only(cls, mask_arg)
+    distances_arg = _distances_arg(cls) if _shaw_blocks(core) else None
+    if (_padding_only(cls, mask_arg) or _head_padding_only(cls, mask_arg) or sliding is not None
+            or chunked is not None or key_mask or _padding_ones(cls, mask_arg)
+            or (distances_arg is not None and mask_arg in signature)):
         takes_mask = False
     memory_mask = "encoder_attention_mask" if memory_arg and "encoder_attention_mask" in signature else mask_arg
     if content_zeros and memory_arg is not None and memory_mask in signature:
@@ -2256,13 +2248,6 @@ def _generic_spec(module: nn.Module, cross: bool | None) -> ModuleSpec:
     # a required output_attentions (SqueezeBERT's): False, as its model passes it by default
     flags = [n for n in ("output_attentions",) if n in signature and signature[n].default is inspect.Parameter.empty]
     rotary_arg = _rotary_arg(cls)
-    distances_arg = _distances_arg(cls) if _shaw_blocks(core) else None
-    if distances_arg is not None and mask_arg in signature:
-        # Granite Speech 5: a key padding mask (b, s) only, reshaped into its blocks: no mask of the audit's
-        # (b, 1, t, s) form reaches it, so it is audited without masks (named in hf_notes)
-        takes_mask = False
-    if _padding_ones(cls, mask_arg):
-        takes_mask = False
     unknown = [n for n, p in signature.items() if n not in ("self", params[0] if params else "", mask_arg, rotary_arg,
                                                             distances_arg)
                and n not in _PROVIDED and n not in nullable and n not in flags and n not in added
