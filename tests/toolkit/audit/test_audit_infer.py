@@ -285,7 +285,7 @@ def test_fully_masked_rows_that_differ_by_dtype_or_between_calls() -> None:
 def test_docs_audit_opens_with_infer_and_its_block_is_current() -> None:
     """docs/audit.md starts with an audit with inferred conventions: its first example uses conventions="infer",
     no table (a conventions table) comes before it, and the block is what benchmarks/audit_infer_docs.py writes
-    today (timings aside: its --check exits 1 on a stale block)."""
+    today (timings and ratios aside, which vary by CPU: its --check exits 1 on a stale block)."""
     import subprocess
     import sys
     from pathlib import Path
