@@ -607,7 +607,9 @@ def _x_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep
                is_causal: bool) -> Tensor:
     if keep is not None and keep.shape[1] > 1:  # x-transformers reads (b, h, t, s) masks in its (r g) order
         keep = rearrange(keep, "b (g r) t s -> b (r g) t s", g=m.kv_heads)
-    out = m(x, attn_mask=keep, causal=is_causal)
+    # causal=None keeps the module's own flag (forward's causal=False would switch off a causal=True module's mask,
+    # which its spec declares always_causal, as its model calls it)
+    out = m(x, attn_mask=keep, causal=True if is_causal else None)
     result: Tensor = out[0] if isinstance(out, tuple) else out
     return result
 

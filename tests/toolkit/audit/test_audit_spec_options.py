@@ -38,6 +38,37 @@ def test_a_flipped_value_gate_fails_reference() -> None:
     assert audit_module(gated, "x_transformers", checks=["reference"], **QUICK).status("reference") == "FAIL"
 
 
+def test_a_causal_module_passes_but_on_the_rows_its_mask_and_causal_mask_empty_together() -> None:
+    """``Attention(causal=True)``: always causal, called with its own flag (a call with causal=False switched its mask
+    off: every check failed, a false alarm). Every mask now meets its causal mask, so the rows the two empty together
+    (KNOWN's finding) fail the mask checks; declared ``fully_masked="any"``, every check passes."""
+    import dataclasses
+
+    from typed_transformer.audit import library_spec
+
+    causal = _attention(causal=True)
+    report = audit_module(causal, "x_transformers", **QUICK)
+    assert report.status("reference") == "PASS"
+    assert report.status("causality") == "PASS"
+    assert {r.name for r in report.results if r.status == "FAIL"} <= {"masking", "padding", "fully_masked",
+                                                                       "mask_and_causal"}
+    spec = library_spec(causal, "x_transformers")
+    spec = dataclasses.replace(spec, conventions=dataclasses.replace(spec.conventions, fully_masked="any"))
+    assert audit_module(causal, spec, **QUICK).passed
+
+
+def test_a_causal_module_that_forgets_its_mask_fails_reference() -> None:
+    """``causal=True`` is read as always causal (every reference causal, the module called with its own flag: a
+    call with causal=False would switch the mask off, which was a false alarm on every check); the same weights
+    built without ``causal`` audited as the causal module's fail."""
+    from typed_transformer.audit import library_spec
+
+    spec = library_spec(_attention(causal=True), "x_transformers")
+    assert spec.conventions.always_causal
+    report = audit_module(_attention(), spec, checks=["reference"], **QUICK)
+    assert report.status("reference") == "FAIL"
+
+
 @pytest.mark.parametrize(("options", "named"), [
     ({"sparse_topk": 2}, "sparse_topk=2"), ({"pre_talking_heads": True}, "pre_talking_heads"),
     ({"num_mem_kv": 2}, "num_mem_kv"), ({"softclamp_logits": True}, "softclamp_logits=True"),
