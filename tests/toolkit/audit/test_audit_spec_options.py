@@ -2,12 +2,13 @@
 x-transformers' ``Attention`` with ``qk_norm`` and ``gate_value_heads`` audited by the shipped spec (false alarms
 before), and options it does not model refused."""
 
+import dataclasses
 from typing import Any
 
 import pytest
 import torch
 
-from typed_transformer.audit import AuditUsageError, audit_module
+from typed_transformer.audit import AuditUsageError, audit_module, library_spec
 from typed_transformer.strategies import randomize_parameters
 
 x_transformers = pytest.importorskip("x_transformers", reason="x-transformers is not installed (extra audit-test)")
@@ -42,10 +43,6 @@ def test_a_causal_module_passes_but_on_the_rows_its_mask_and_causal_mask_empty_t
     """``Attention(causal=True)``: always causal, called with its own flag (a call with causal=False switched its mask
     off: every check failed, a false alarm). Every mask now meets its causal mask, so the rows the two empty together
     (KNOWN's finding) fail the mask checks; declared ``fully_masked="any"``, every check passes."""
-    import dataclasses
-
-    from typed_transformer.audit import library_spec
-
     causal = _attention(causal=True)
     report = audit_module(causal, "x_transformers", **QUICK)
     assert report.status("reference") == "PASS"
@@ -61,8 +58,6 @@ def test_a_causal_module_that_forgets_its_mask_fails_reference() -> None:
     """``causal=True`` is read as always causal (every reference causal, the module called with its own flag: a
     call with causal=False would switch the mask off, which was a false alarm on every check); the same weights
     built without ``causal`` audited as the causal module's fail."""
-    from typed_transformer.audit import library_spec
-
     spec = library_spec(_attention(causal=True), "x_transformers")
     assert spec.conventions.always_causal
     report = audit_module(_attention(), spec, checks=["reference"], **QUICK)
