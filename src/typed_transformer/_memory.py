@@ -17,6 +17,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
+
+def out_of_memory(err: BaseException) -> bool:
+    """A failed allocation, as torch and Python report it on CPU (``RuntimeError``) or CUDA: the one test the
+    checkpoint loader and the command line share."""
+    if isinstance(err, MemoryError | torch.OutOfMemoryError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text)
+
+
 #: Bytes per float32 parameter while training with AdamW: the weight, its gradient and the two moments.
 TRAINING_BYTES_PER_PARAMETER = 4 * 4
 

@@ -42,6 +42,7 @@ from jaxtyping import Float, Shaped, UInt8
 from torch import Tensor, nn
 
 from ._files import NotARegularFile, is_current, open_lock, release_lock, require_regular_file
+from ._memory import out_of_memory
 from ._paths import temporary_path
 from .config import TrainConfig
 from .data import CharTokenizer, DataError
@@ -669,14 +670,6 @@ def saved_iteration(path: Path) -> int | None:
     return int(iteration) if iteration.isdigit() else None
 
 
-def _out_of_memory(err: BaseException) -> bool:
-    """A failed allocation, as torch and Python report it on CPU (``RuntimeError``) or CUDA."""
-    if isinstance(err, MemoryError | torch.OutOfMemoryError):
-        return True
-    text = str(err)
-    return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text)
-
-
 def _model_from(tensors: dict[str, Shaped[Tensor, "..."]], config: GPTConfig, path: Path) -> GPT:
     """A :class:`GPT` of ``config`` holding the ``model.`` tensors (see :func:`checked_model`)."""
     weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
@@ -742,7 +735,7 @@ def checked_model(build: Callable[[], nn.Module], weights: dict[str, Shaped[Tens
         model = build().to(dtype)
         model.load_state_dict(weights, strict=False)
     except (RuntimeError, MemoryError) as err:
-        if not _out_of_memory(err):
+        if not out_of_memory(err):
             raise
         size = sum(v.numel() * v.element_size() for v in weights.values())
         count = sum(p.numel() for p in reference.parameters())

@@ -730,15 +730,6 @@ def _attention(args: argparse.Namespace) -> int:
     return 0
 
 
-def _out_of_memory(err: BaseException) -> bool:
-    import torch
-
-    if isinstance(err, MemoryError | torch.OutOfMemoryError):
-        return True
-    text = str(err)
-    return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "not enough memory" in text)
-
-
 def _run_training_command(args: argparse.Namespace) -> int:
     """``train``, ``generate`` or ``attention``, with every expected failure turned into one line and its exit
     code."""
@@ -760,6 +751,7 @@ def _run_training_command(args: argparse.Namespace) -> int:
     except OSError as err:
         return _fail(f"cannot write: {describe_os_error(err)} (the last checkpoint, if any, is intact)")
     except (RuntimeError, MemoryError) as err:
+        from ._memory import out_of_memory
         from .training import PeerFailed, TrainingDiverged
 
         if isinstance(err, PeerFailed):  # one line for the run: rank 0's, or a survivor's when rank 0 is gone
@@ -769,7 +761,7 @@ def _run_training_command(args: argparse.Namespace) -> int:
         if isinstance(err, TrainingDiverged):
             print(f"typed-transformer: error: {err}", file=sys.stderr)
             return 1
-        if _out_of_memory(err):
+        if out_of_memory(err):
             return _fail("out of memory: lower --batch-size, --block-size or --eval-iters")
         if "probability tensor contains" in str(err):  # torch.multinomial on NaN or infinite probabilities
             return _fail("the model's output is not finite (its weights are finite but exploded: the run that "
