@@ -11,6 +11,7 @@ on a quiet machine.
 
 import argparse
 import contextlib
+import difflib
 import io
 import platform
 import re
@@ -53,8 +54,12 @@ assert declared.passed'''
 
 def without_ratios(report: str) -> str:
     """A printed report without its checks' ratios to the reference error, which vary by CPU (float16's on an
-    AVX-512 machine are not an AVX2 machine's; float64's last digits neither): what a ``--check`` compares."""
-    return re.sub(r"^(\w+ +b?float\d+ +[A-Z]+ +)\S+", r"\1", report, flags=re.MULTILINE)
+    AVX-512 machine are not an AVX2 machine's; float64's last digits neither), nor the column padding that follows
+    from their widths: what a ``--check`` compares."""
+    no_ratios = re.sub(r"^(\w+ +b?float\d+ +[A-Z]+ +)\S+", r"\1", report, flags=re.MULTILINE)
+    # the table pads each column to its widest cell, so a ratio of another width moves the columns after it:
+    # cells are compared, not their padding
+    return re.sub(r"-{2,}", "--", re.sub(r"(?<=\S) {2,}", "  ", no_ratios))
 
 
 def _timings(repeats: int) -> str:
@@ -113,8 +118,12 @@ def main() -> int:
             s = without_ratios(re.sub(r"\d+\.?\d* s\)", "s)", s))  # the inference's time too
             return re.sub(r"Inference is a few dozen calls.*?\n", "", s)
 
-        same = strip(pattern.search(text).group(0)) == strip(fresh)  # type: ignore[union-attr]
+        page, here = strip(pattern.search(text).group(0)), strip(fresh)  # type: ignore[union-attr]
+        same = page == here
         print("docs/audit.md: the audit-infer block is " + ("up to date" if same else "out of date"))
+        if not same:  # what differs, so that a failure on another machine says why
+            sys.stdout.writelines(difflib.unified_diff(page.splitlines(True), here.splitlines(True),
+                                                       "docs/audit.md", "this run", n=0))
         return 0 if same else 1
     PAGE.write_text(pattern.sub(lambda _: fresh, text), encoding="utf-8")
     print(f"wrote the audit-infer block of {PAGE.relative_to(ROOT)}")

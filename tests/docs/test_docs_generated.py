@@ -127,7 +127,8 @@ def test_every_generated_block_has_a_script_that_regenerate_docs_runs() -> None:
 def test_the_report_checks_leave_out_the_ratios_and_nothing_else() -> None:
     """``audit_infer_docs.py --check`` and ``audit_docs_tables.py --check`` compare reports through
     ``without_ratios``: a check's ratio to the reference error differs between CPUs (float16's on this AVX-512 EPYC
-    are not the page's machine's), its status, its dtype and every other line do not."""
+    are not the page's machine's) and so does the padding its width gives the table; its status, its dtype and every
+    other line do not."""
     from benchmarks.audit_infer_docs import without_ratios
 
     page = "causality           float16   PASS    0.469\ngradients             float64  PASS    0.000916\n"
@@ -136,9 +137,18 @@ def test_the_report_checks_leave_out_the_ratios_and_nothing_else() -> None:
     for changed in ("causality           float16   FAIL    0.469", "causality           float32   PASS    0.469",
                     "masking             float16   PASS    0.469"):
         assert without_ratios(changed) != without_ratios(page.splitlines()[0])
-    for line in ("inferred conventions (25 probes, 0.22 s):", "  scale = None: logit scale 0.7071 at d=2",
-                 "conventions         -         PASS    -         inferred from 25 probes"):
+    for line in ("inferred conventions (25 probes, 0.22 s):", "  scale = None: logit scale 0.7071 at d=2"):
         assert without_ratios(line) == line
+    # a ratio column one character narrower (0.000778 here, 0.00078 there) pads every row and the rule differently
+    wide = ("check        dtype    status  ratio     detail\n-----------  -------  ------  --------  ------\n"
+            "conventions  -        PASS    -         inferred from 25 probes\n"
+            "large_logits float64  PASS    0.000778\n")
+    narrow = ("check        dtype    status  ratio    detail\n-----------  -------  ------  -------  ------\n"
+              "conventions  -        PASS    -        inferred from 25 probes\n"
+              "large_logits float64  PASS    0.00078\n")
+    assert without_ratios(wide) == without_ratios(narrow)
+    assert without_ratios(wide) != without_ratios(narrow.replace("25 probes", "26 probes"))
+    assert without_ratios(wide) != without_ratios(narrow.replace("-        PASS", "-        FAIL"))
 
 
 def _pasted_block(name: str) -> str:
