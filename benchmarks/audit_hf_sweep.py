@@ -112,7 +112,7 @@ def _models() -> list[str]:
 
 
 def _classes(model: str) -> tuple[list[type], str | None]:
-    from typed_transformer.audit._hf import hf_attention_classes
+    from typed_transformer.audit.hf.build import hf_attention_classes
 
     try:
         return hf_attention_classes(model), None
@@ -164,8 +164,11 @@ def audit_class(item: tuple[str, str], max_examples: int = 5, budget: str = "def
     import torch
 
     from typed_transformer.audit import audit_module
-    from typed_transformer.audit._hf import hf_build, hf_causes, hf_limits, hf_notes, hf_spec
-    from typed_transformer.audit._modules import spec_weights
+    from typed_transformer.audit.hf.build import hf_build
+    from typed_transformer.audit.hf.known import hf_causes
+    from typed_transformer.audit.hf.notes import hf_limits, hf_notes
+    from typed_transformer.audit.hf.recognise import hf_spec
+    from typed_transformer.audit.modules.weights import spec_weights
     from typed_transformer.strategies import randomize_parameters
 
     torch.set_num_threads(1)

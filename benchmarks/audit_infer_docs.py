@@ -67,7 +67,7 @@ def _timings(repeats: int) -> str:
 
     from typed_transformer import scaled_dot_product_attention
     from typed_transformer.audit import SPECS, ModuleAdapter, infer_conventions
-    from typed_transformer.audit._infer import infer_adapter
+    from typed_transformer.audit.core.inference import infer_adapter
 
     def best(fn: object) -> float:
         times = []

@@ -310,7 +310,7 @@ def main() -> int:
         return 0
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    from typed_transformer.audit._libraries import library_version
+    from typed_transformer.audit.specs.libraries import library_version
 
     version = library_version(args.library) or "?"
 

@@ -5,7 +5,7 @@
 #   torch.compiled FlexAttention that cannot take gradients on CPU (docs/audit.md, the libraries section, says why).
 # * timm and open_clip go into .venv without their dependencies: both require torchvision, whose registry build is
 #   a CUDA wheel that would replace the CPU torch; the sweep imports them through a torchvision shim (see
-#   typed_transformer.audit._libraries.import_without_torchvision). They add no package .venv already has.
+#   typed_transformer.audit.specs.shared.import_without_torchvision). They add no package .venv already has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=$(command -v python3.11 || command -v python3)

@@ -831,7 +831,7 @@ def _module_setup(args: argparse.Namespace, config: dict[str, Any]) -> str:
 
 
 def _library_names() -> tuple[str, ...]:
-    from .audit._libraries import LIBRARY_SPECS
+    from .audit.specs.libraries import LIBRARY_SPECS
 
     return tuple(LIBRARY_SPECS)
 
@@ -918,7 +918,7 @@ def _audit_a_module(args: argparse.Namespace, candidate: Any, target: str, optio
         else:
             spec = _audit_spec(args)
             module = spec.build(candidate, config) if spec.build is not None else candidate(**config)
-            from .audit._libraries import LIBRARY_SPECS, library_spec
+            from .audit.specs.libraries import LIBRARY_SPECS, library_spec
 
             if args.spec in LIBRARY_SPECS:  # a library's spec is read from the module it built
                 spec = library_spec(module, args.spec)

@@ -28,9 +28,18 @@ END = "<!-- end of import graph -->"
 WINGS: dict[str, list[str]] = {
     "core": ["_deprecation", "_activations", "shapecheck", "validation", "masks", "attention", "positions",
              "multihead", "layers", "interop", "seq2seq", "gpt", "hf", "tutorial"],
-    "toolkit": ["strategies", "audit", "audit._core", "audit._checks", "audit._causes", "audit._infer",
-                "audit._functions", "audit._modules", "audit._hf", "audit._hf_layouts", "audit.specs",
-                "audit._libraries"],
+    "toolkit": ["strategies", "audit",
+                "audit.core", "audit.core.conventions", "audit.core.reference", "audit.core.examples",
+                "audit.core.report", "audit.core.running", "audit.core.checks", "audit.core.causes",
+                "audit.core.inference", "audit.core.functions",
+                "audit.modules", "audit.modules.positions", "audit.modules.variants", "audit.modules.masking",
+                "audit.modules.spec", "audit.modules.weights", "audit.modules.repro", "audit.modules.adapter",
+                "audit.modules.audit",
+                "audit.specs", "audit.specs.shared", "audit.specs.pytorch", "audit.specs.typed_transformer",
+                "audit.specs.hf", "audit.specs.torchtune", "audit.specs.x_transformers", "audit.specs.timm",
+                "audit.specs.open_clip", "audit.specs.diffusers", "audit.specs.litgpt", "audit.specs.libraries",
+                "audit.hf", "audit.hf.layout", "audit.hf.facts", "audit.hf.build", "audit.hf.known",
+                "audit.hf.recognise", "audit.hf.notes"],
     "app": ["_signals", "_paths", "_files", "_install", "_options", "_memory", "threads", "plot", "data",
             "seq2seq_data", "config", "muon", "checkpoint", "generation", "training", "seq2seq_training", "cli",
             "__init__",
@@ -40,7 +49,8 @@ RANK = {module: rank for rank, wing in enumerate(WINGS) for module in WINGS[wing
 
 
 def _name(path: Path) -> str:
-    """``audit/_core.py`` -> ``audit._core``, ``audit/__init__.py`` -> ``audit``, ``__init__.py`` -> ``__init__``."""
+    """``audit/core/report.py`` -> ``audit.core.report``, ``audit/__init__.py`` -> ``audit``, ``__init__.py`` ->
+    ``__init__``."""
     parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
     if parts[-1] == "__init__" and len(parts) > 1:
         parts.pop()
@@ -129,6 +139,36 @@ def test_the_import_graph_has_no_cycle() -> None:
     assert cycle is None, " -> ".join(cycle or [])
 
 
+#: The audit's folders, lowest first: a module imports (at load time or inside a function) only from its own
+#: folder or one before it; specs and hf are one level (the Hugging Face reading builds on the hand-written specs).
+AUDIT_FOLDERS = {"core": 0, "modules": 1, "specs": 2, "hf": 2}
+
+
+def _folder(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "audit" else None  # audit.core.report -> core
+
+
+def _upward_in_audit(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{m} -> {d}" for m in sorted(graph) if _folder(m) for d in sorted(graph[m])
+            if _folder(d) and AUDIT_FOLDERS[_folder(d) or ""] > AUDIT_FOLDERS[_folder(m) or ""]]
+
+
+def test_the_audit_folders_import_down() -> None:
+    assert set(filter(None, map(_folder, FILES))) == set(AUDIT_FOLDERS), "give a new audit folder a level"
+    assert _upward_in_audit(GRAPH) == []
+
+
+def test_the_folder_check_sees_an_upward_import() -> None:
+    assert _folder("audit.core.report") == "core"
+    assert _folder("audit.core") is None and _folder("strategies") is None  # noqa: PT018
+    graph = {"audit.core.report": {"audit.modules.spec", "audit.core.conventions", "strategies"},
+             "audit.modules.spec": {"audit.core.report", "audit.hf.facts"},
+             "audit.hf.facts": {"audit.specs.hf", "audit.modules.spec"}, "audit.specs.hf": set()}
+    assert _upward_in_audit(graph) == ["audit.core.report -> audit.modules.spec",
+                                       "audit.modules.spec -> audit.hf.facts"]
+
+
 def test_the_cycle_finder_finds_one() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
@@ -136,9 +176,10 @@ def test_the_cycle_finder_finds_one() -> None:
 
 def test_the_graph_sees_relative_absolute_and_late_imports() -> None:
     assert "interop" in GRAPH["__init__"]  # from . import hf, interop
-    assert {"audit._core", "audit._infer", "strategies"} <= GRAPH["audit._functions"] | GRAPH["audit._core"]
-    assert "audit._modules" in GRAPH["audit.specs"]
-    assert "multihead" in GRAPH["audit.specs"]  # from ..multihead import KVCache, inside a function
+    assert {"audit.core.running", "audit.core.inference"} <= GRAPH["audit.core.functions"]
+    assert "strategies" in GRAPH["audit.core.checks"]  # from ...strategies import attention_shapes, ...
+    assert "audit.modules.spec" in GRAPH["audit.specs"]  # from ..modules.spec import SHIPPED_SPECS, ModuleSpec
+    assert "multihead" in GRAPH["audit.specs.typed_transformer"]  # from ...multihead import KVCache, in a function
     assert "hf" not in GRAPH["gpt"]  # GPT.from_hf_gpt2 is attached by hf
 
 

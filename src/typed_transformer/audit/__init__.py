@@ -50,27 +50,10 @@ from typing import Any, Literal
 
 from torch import nn
 
-from ._checks import draw_example
-from ._core import (
-    BUDGETS,
-    CHECKS_VERSION,
-    DEFAULT_CALL_TIME_LIMIT,
-    REGISTRY,
-    Adapter,
-    AuditReport,
-    AuditUsageError,
-    Budget,
-    CandidateStopped,
-    Cause,
-    CheckResult,
-    Conventions,
-    Difference,
-    Example,
-    call_time_limit,
-    reference_attention,
-    rotate,
-)
-from ._functions import (
+from .core.checks import draw_example
+from .core.conventions import CHECKS_VERSION, AuditUsageError, Conventions
+from .core.examples import Example
+from .core.functions import (
     AuditCase,
     FunctionAdapter,
     audit_attention,
@@ -78,22 +61,22 @@ from ._functions import (
     parametrize_audit,
     takes_enable_gqa,
 )
-from ._hf import hf_build, hf_causes, hf_limits, hf_notes, hf_spec
-from ._infer import INFERRED, Evidence, Finding, Inference
-from ._libraries import import_without_torchvision, library_spec
-from ._modules import (
-    ALiBi,
-    ModuleAdapter,
-    ModuleSpec,
-    Rotary,
-    Weights,
-    additive_mask,
-    alibi_bias,
-    audit_module,
-    infer_conventions,
-    with_causal,
-)
+from .core.inference import INFERRED, Evidence, Finding, Inference
+from .core.reference import reference_attention, rotate
+from .core.report import Adapter, AuditReport, Cause, CheckResult, Difference
+from .core.running import BUDGETS, DEFAULT_CALL_TIME_LIMIT, REGISTRY, Budget, CandidateStopped, call_time_limit
+from .hf.build import hf_build
+from .hf.known import hf_causes
+from .hf.notes import hf_limits, hf_notes
+from .hf.recognise import hf_spec
+from .modules.adapter import ModuleAdapter
+from .modules.audit import audit_module, infer_conventions
+from .modules.masking import additive_mask, with_causal
+from .modules.positions import ALiBi, Rotary, alibi_bias
+from .modules.spec import ModuleSpec, Weights
 from .specs import SPECS
+from .specs.libraries import library_spec
+from .specs.shared import import_without_torchvision
 
 #: Every check, in report order.
 CHECKS: tuple[str, ...] = tuple(REGISTRY)

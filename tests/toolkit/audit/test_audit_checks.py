@@ -11,7 +11,7 @@ from torch import Tensor
 from tests.support import audit_candidates as cands
 from typed_transformer import scaled_dot_product_attention
 from typed_transformer.audit import Conventions, Example, audit_attention
-from typed_transformer.audit._core import bound, error
+from typed_transformer.audit.core.examples import bound, error
 
 OURS = Conventions()  # ours, without grouped-query attention (the naive candidates have none)
 

@@ -19,7 +19,7 @@ from tests.support.audit_candidates import no_max_subtraction
 from tests.support.limits import HANG_SECONDS
 from typed_transformer import from_torch, scaled_dot_product_attention
 from typed_transformer.audit import BUDGETS, Budget, Conventions, audit_attention, audit_module
-from typed_transformer.audit._core import resolve_budget
+from typed_transformer.audit.core.running import resolve_budget
 from typed_transformer.cli import main
 from typed_transformer.strategies import randomize_parameters
 

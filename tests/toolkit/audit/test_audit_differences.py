@@ -15,7 +15,7 @@ import torch
 from tests.support import kernels
 from tests.support.limits import HANG_SECONDS
 from typed_transformer.audit import AuditReport, audit_attention
-from typed_transformer.audit._causes import input_size
+from typed_transformer.audit.core.causes import input_size
 from typed_transformer.cli import UNDECLARED_DIFFERENCES, main
 
 ROOT = Path(__file__).resolve().parents[3]

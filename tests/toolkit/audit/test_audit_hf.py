@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from typed_transformer.audit import AuditUsageError, Example, ModuleAdapter, audit_module
-from typed_transformer.audit._hf import hf_attention_classes, hf_build, hf_limits, hf_notes, hf_spec
+from typed_transformer.audit.hf.build import hf_attention_classes, hf_build
+from typed_transformer.audit.hf.notes import hf_limits, hf_notes
+from typed_transformer.audit.hf.recognise import hf_spec
 from typed_transformer.strategies import randomize_parameters
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")

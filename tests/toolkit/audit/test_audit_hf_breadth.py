@@ -11,8 +11,11 @@ import torch
 from torch import Tensor
 
 from typed_transformer.audit import audit_module
-from typed_transformer.audit._hf import hf_build, hf_causes, hf_limits, hf_notes, hf_spec
-from typed_transformer.audit._modules import spec_weights
+from typed_transformer.audit.hf.build import hf_build
+from typed_transformer.audit.hf.known import hf_causes
+from typed_transformer.audit.hf.notes import hf_limits, hf_notes
+from typed_transformer.audit.hf.recognise import hf_spec
+from typed_transformer.audit.modules.weights import spec_weights
 from typed_transformer.strategies import randomize_parameters
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
@@ -118,7 +121,7 @@ def test_parameters_of_the_class_the_spec_does_not_read_are_named() -> None:
 
 @pytest.mark.parametrize(("length", "n"), [(7, 3), (7, 7), (7, 13), (1, 5), (31, 9)])
 def test_resize_table_is_torch_s_linear_interpolation(length: int, n: int) -> None:
-    from typed_transformer.audit._modules import resize_table
+    from typed_transformer.audit.modules.positions import resize_table
 
     table = torch.randn(length, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
     expected = torch.nn.functional.interpolate(table.T[None], size=n, mode="linear")[0].T
@@ -128,7 +131,7 @@ def test_resize_table_is_torch_s_linear_interpolation(length: int, n: int) -> No
 def test_decomposed_bias_is_sam_s_on_a_two_dimensional_grid() -> None:
     """Against SAM's own ``get_decomposed_rel_pos`` on a 3 x 5 grid whose tables are resized (27 entries: built for
     14 x 14)."""
-    from typed_transformer.audit._modules import decomposed_bias
+    from typed_transformer.audit.modules.positions import decomposed_bias
 
     module: Any = randomize_parameters(hf_build(_class("sam", "SamVisionAttention")), 0).double()
     b, h, d = 2, 4, int(module.rel_pos_h.shape[1])
@@ -169,7 +172,7 @@ def test_decomposed_relative_positions_read_the_wrong_way_fail() -> None:
 
 
 def test_a_tower_takes_its_own_rotary_and_another_s_only_when_there_is_no_other() -> None:
-    from typed_transformer.audit._hf import _rotary_class
+    from typed_transformer.audit.hf.facts import _rotary_class
 
     audio = hf_build(_class("dots3_note", "Dots3NoteAudioAttention"), {"num_key_value_heads": 4})
     assert getattr(_rotary_class(audio), "__name__", "") == "Dots3NoteAudioRotaryEmbedding"
@@ -272,7 +275,7 @@ def test_window_bias_is_swin_s_own_table_lookup() -> None:
     """Against Swin's ``SwinRelativePositionBias`` (its own index buffer) on a 3 x 3 window."""
     from transformers.models.swin.modeling_swin import SwinRelativePositionBias
 
-    from typed_transformer.audit._modules import window_bias
+    from typed_transformer.audit.modules.positions import window_bias
 
     bias: Any = randomize_parameters(SwinRelativePositionBias(4, (3, 3)), 0).double()
     with torch.no_grad():
@@ -326,7 +329,7 @@ def test_deberta_s_disentangled_attention_passes(model: str, name: str) -> None:
 def test_log_bucket_is_deberta_v2_s() -> None:
     from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
 
-    from typed_transformer.audit._modules import log_bucket
+    from typed_transformer.audit.modules.positions import log_bucket
 
     distance = torch.arange(-300, 301)
     for buckets, largest in ((8, 256), (256, 512), (32, 64)):
@@ -342,7 +345,7 @@ def test_log_bucket_is_deberta_v2_s() -> None:
     ("wav2vec2_bert", "Wav2Vec2BertSelfAttention", 70, 1e-8),
 ])
 def test_position_terms_match_the_module_on_a_long_sequence(model: str, name: str, t: int, atol: float) -> None:
-    from typed_transformer.audit._modules import ModuleAdapter
+    from typed_transformer.audit.modules.adapter import ModuleAdapter
 
     module = randomize_parameters(hf_build(_class(model, name)), 0).double()
     adapter = ModuleAdapter(module, hf_spec(module))
@@ -449,7 +452,7 @@ def test_a_timesfm_that_drops_its_learned_query_scale_fails() -> None:
 def test_log_coordinates_are_swin_v2_s() -> None:
     from transformers.models.swinv2.modeling_swinv2 import Swinv2SelfAttention
 
-    from typed_transformer.audit._modules import log_coordinates
+    from typed_transformer.audit.modules.positions import log_coordinates
 
     module: Any = hf_build(Swinv2SelfAttention)
     for window, pretrained in (((3, 3), (0, 0)), ((2, 4), (0, 0)), ((3, 3), (6, 6))):
@@ -598,7 +601,7 @@ def test_layouts_found_for_classes_that_did_not_build(model: str, name: str, h: 
 def test_a_window_only_the_model_applies_is_a_note_and_decoding_keeps_every_key() -> None:
     """Nemotron ASR's model limits each query to 71 keys (its mask and its sliding-window cache); the layer has no
     window: decoding 100 tokens with a full cache matches the full causal pass and the reference."""
-    from typed_transformer.audit._modules import ModuleAdapter
+    from typed_transformer.audit.modules.adapter import ModuleAdapter
 
     module = randomize_parameters(hf_build(_class("nemotron_asr_streaming",
                                                   "NemotronAsrStreamingEncoderAttention")), 0).double()
@@ -717,7 +720,7 @@ def test_the_module_adapter_s_methods_are_shape_checked() -> None:
     the sum would fail deep inside with a broadcasting error)."""
     from jaxtyping import TypeCheckError
 
-    from typed_transformer.audit._modules import ModuleAdapter
+    from typed_transformer.audit.modules.adapter import ModuleAdapter
 
     module = randomize_parameters(hf_build(_class("sam", "SamVisionAttention")), 0)
     adapter = ModuleAdapter(module, hf_spec(module))

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from typed_transformer.audit import audit_module
-from typed_transformer.audit._hf import hf_build, hf_limits, hf_notes, hf_spec
+from typed_transformer.audit.hf.build import hf_build
+from typed_transformer.audit.hf.notes import hf_limits, hf_notes
+from typed_transformer.audit.hf.recognise import hf_spec
 from typed_transformer.strategies import randomize_parameters
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
@@ -181,7 +183,8 @@ def test_gemma4_vision_turning_its_blocks_by_the_wrong_axes_fails(monkeypatch: p
 def test_the_blocked_rotary_matches_gemma4_s_own_helper() -> None:
     """The reference's blocked turn of (b, h, t, d) heads equals ``apply_multidimensional_rope`` on the tables
     Gemma 4's vision rotary class makes from the same (height, width) positions."""
-    from typed_transformer.audit._modules import ModuleAdapter, mrope_positions
+    from typed_transformer.audit.modules.adapter import ModuleAdapter
+    from typed_transformer.audit.modules.positions import mrope_positions
 
     modeling = importlib.import_module("transformers.models.gemma4.modeling_gemma4")
     module: Any = hf_build(_class("gemma4", "Gemma4VisionAttention"))
@@ -233,7 +236,7 @@ def test_eager_unless_the_class_has_no_eager_fallback() -> None:
     """SDPA only for a forward that looks its attention function up with no eager fallback (Qwen2.5-Omni's
     DiTAttention); a lookup beside ``eager_attention_forward`` (transformers 5.0's GPT-2, under ``!= "eager"``) is
     eager, as are the classes that call ``get_interface``."""
-    from typed_transformer.audit._hf import _attention_implementation
+    from typed_transformer.audit.hf.build import _attention_implementation
 
     class Fallback(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> str:  # the source is what is read

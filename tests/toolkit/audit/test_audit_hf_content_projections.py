@@ -17,9 +17,11 @@ from einops import rearrange
 from torch import Tensor
 
 from typed_transformer.audit import audit_module
-from typed_transformer.audit._hf import hf_build, hf_limits, hf_notes, hf_spec
-from typed_transformer.audit._hf_layouts import content_zero_args
-from typed_transformer.audit._modules import spec_weights
+from typed_transformer.audit.hf.build import hf_build
+from typed_transformer.audit.hf.layout import content_zero_args
+from typed_transformer.audit.hf.notes import hf_limits, hf_notes
+from typed_transformer.audit.hf.recognise import hf_spec
+from typed_transformer.audit.modules.weights import spec_weights
 from typed_transformer.strategies import randomize_parameters
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")

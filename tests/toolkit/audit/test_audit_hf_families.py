@@ -11,7 +11,9 @@ import torch
 from torch import nn
 
 from typed_transformer.audit import AuditUsageError, audit_module
-from typed_transformer.audit._hf import hf_build, hf_limits, hf_spec
+from typed_transformer.audit.hf.build import hf_build
+from typed_transformer.audit.hf.notes import hf_limits
+from typed_transformer.audit.hf.recognise import hf_spec
 from typed_transformer.strategies import randomize_parameters
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
@@ -144,7 +146,7 @@ def test_a_base_config_annotation_falls_back_to_the_model_s_config() -> None:
     from transformers import PretrainedConfig
     from transformers.models.distilbert.modeling_distilbert import DistilBertSelfAttention
 
-    from typed_transformer.audit._hf import hf_config_class
+    from typed_transformer.audit.hf.build import hf_config_class
 
     class Annotated(DistilBertSelfAttention):
         def __init__(self, config: PretrainedConfig) -> None:
@@ -181,7 +183,7 @@ def test_gpt_neo_s_unscaled_logits_are_read_and_its_fully_masked_rows_named() ->
     a true behaviour with a named cause."""
     from transformers.models.gpt_neo.modeling_gpt_neo import GPTNeoAttention
 
-    from typed_transformer.audit._hf import hf_causes
+    from typed_transformer.audit.hf.known import hf_causes
 
     module = randomize_parameters(hf_build(GPTNeoAttention), 0)
     spec = hf_spec(module)
@@ -210,7 +212,7 @@ def test_a_forward_that_takes_no_mask_is_audited_without_masks() -> None:
 
 def test_codegen_s_groups_are_read_from_its_forward_where_no_attribute_holds_them() -> None:
     """CodeGen on transformers 5.0 sets ``mp_num = 4`` in forward, not as an attribute."""
-    from typed_transformer.audit._hf_layouts import _mp_num
+    from typed_transformer.audit.hf.layout import _mp_num
 
     class Literal(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

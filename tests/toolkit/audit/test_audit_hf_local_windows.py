@@ -11,8 +11,12 @@ import pytest
 import torch
 
 from typed_transformer.audit import audit_module
-from typed_transformer.audit._hf import _local_frames, hf_build, hf_causes, hf_limits, hf_notes, hf_spec
-from typed_transformer.audit._modules import local_mask
+from typed_transformer.audit.hf.build import hf_build
+from typed_transformer.audit.hf.facts import _local_frames
+from typed_transformer.audit.hf.known import hf_causes
+from typed_transformer.audit.hf.notes import hf_limits, hf_notes
+from typed_transformer.audit.hf.recognise import hf_spec
+from typed_transformer.audit.modules.masking import local_mask
 from typed_transformer.strategies import randomize_parameters
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")

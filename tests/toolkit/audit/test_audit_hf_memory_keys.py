@@ -11,8 +11,10 @@ import torch
 from torch import Tensor
 
 from typed_transformer.audit import audit_module
-from typed_transformer.audit._hf import hf_build, hf_limits, hf_notes, hf_spec
-from typed_transformer.audit._modules import ModuleAdapter
+from typed_transformer.audit.hf.build import hf_build
+from typed_transformer.audit.hf.notes import hf_limits, hf_notes
+from typed_transformer.audit.hf.recognise import hf_spec
+from typed_transformer.audit.modules.adapter import ModuleAdapter
 from typed_transformer.strategies import randomize_parameters
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")

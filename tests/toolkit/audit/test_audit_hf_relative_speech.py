@@ -12,7 +12,9 @@ import torch
 from einops import einsum
 
 from typed_transformer.audit import audit_module
-from typed_transformer.audit._hf import hf_build, hf_limits, hf_spec
+from typed_transformer.audit.hf.build import hf_build
+from typed_transformer.audit.hf.notes import hf_limits
+from typed_transformer.audit.hf.recognise import hf_spec
 from typed_transformer.strategies import randomize_parameters
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
@@ -103,7 +105,7 @@ def test_granite_speech_distances_are_its_encoder_s() -> None:
     ``compute_attention_dists``."""
     from types import SimpleNamespace
 
-    from typed_transformer.audit._hf import _block_distances
+    from typed_transformer.audit.hf.facts import _block_distances
 
     module = hf_build(_class("granite_speech5", "GraniteSpeech5EncoderAttention"))
     encoder = _class("granite_speech5", "GraniteSpeech5Encoder")
@@ -115,7 +117,7 @@ def test_granite_speech_distances_are_its_encoder_s() -> None:
 
 
 def test_block_mask_is_one_block_per_size_tokens() -> None:
-    from typed_transformer.audit._modules import block_mask
+    from typed_transformer.audit.modules.masking import block_mask
 
     expected = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 1]])
     assert torch.equal(block_mask(5, 5, 2), expected.bool())
@@ -150,7 +152,7 @@ def test_granite_speech_with_wrong_blocks_or_reversed_distances_fails() -> None:
 def test_t5_buckets_are_wavlm_s_and_t5_s() -> None:
     """The reference's bidirectional buckets against WavLM's own ``_relative_positions_bucket`` and T5's
     ``_relative_position_bucket`` (exact, log-spaced and capped distances)."""
-    from typed_transformer.audit._modules import t5_buckets
+    from typed_transformer.audit.modules.positions import t5_buckets
 
     distance = torch.arange(-1000, 1001)[None, :]
     wavlm: Any = hf_build(_class("wavlm", "WavLMAttention"))

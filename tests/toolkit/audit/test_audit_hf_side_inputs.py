@@ -14,16 +14,11 @@ import torch
 from torch import nn
 
 from typed_transformer.audit import audit_module
-from typed_transformer.audit._hf import (
-    _XL_LENGTH,
-    _layout_bias,
-    _layout_inputs,
-    hf_build,
-    hf_limits,
-    hf_notes,
-    hf_spec,
-)
-from typed_transformer.audit._modules import spec_weights
+from typed_transformer.audit.hf.build import hf_build
+from typed_transformer.audit.hf.facts import _XL_LENGTH, _layout_bias, _layout_inputs
+from typed_transformer.audit.hf.notes import hf_limits, hf_notes
+from typed_transformer.audit.hf.recognise import hf_spec
+from typed_transformer.audit.modules.weights import spec_weights
 from typed_transformer.strategies import randomize_parameters
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")

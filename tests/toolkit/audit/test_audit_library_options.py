@@ -18,7 +18,7 @@ from torch import nn
 
 from tests.toolkit.audit.test_audit_libraries import _import
 from typed_transformer.audit import AuditUsageError, audit_module
-from typed_transformer.audit._libraries import LIBRARY_OPTIONS
+from typed_transformer.audit.specs.libraries import LIBRARY_OPTIONS
 from typed_transformer.strategies import randomize_parameters
 
 # budget "quick": these tests are about the options, not the sizes (the deep lengths: the rotary cache test)

@@ -9,7 +9,9 @@ import torch
 from torch import nn
 
 from typed_transformer.audit import audit_module
-from typed_transformer.audit._hf import hf_build, hf_limits, hf_spec
+from typed_transformer.audit.hf.build import hf_build
+from typed_transformer.audit.hf.notes import hf_limits
+from typed_transformer.audit.hf.recognise import hf_spec
 from typed_transformer.strategies import randomize_parameters
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
@@ -100,7 +102,7 @@ def test_output_gates_are_computed(model: str, name: str, proj: str, in_query: b
 
 
 def spec_weights_of(module: nn.Module) -> Any:
-    from typed_transformer.audit._modules import spec_weights
+    from typed_transformer.audit.modules.weights import spec_weights
 
     return spec_weights(module, hf_spec(module))
 

@@ -12,7 +12,9 @@ import torch
 from torch import nn
 
 from typed_transformer.audit import audit_module
-from typed_transformer.audit._hf import hf_build, hf_limits, hf_spec
+from typed_transformer.audit.hf.build import hf_build
+from typed_transformer.audit.hf.notes import hf_limits
+from typed_transformer.audit.hf.recognise import hf_spec
 from typed_transformer.positions import alibi_slopes
 from typed_transformer.strategies import randomize_parameters
 
@@ -232,7 +234,8 @@ MROPE_HEADS = {"head_dim": 6, "hidden_size": 24}
 def test_mrope_is_computed_with_3d_positions(model: str, name: str) -> None:
     import importlib
 
-    from typed_transformer.audit._modules import ModuleAdapter, mrope_positions
+    from typed_transformer.audit.modules.adapter import ModuleAdapter
+    from typed_transformer.audit.modules.positions import mrope_positions
 
     module = _built(getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name),
                     MROPE_HEADS)
@@ -280,7 +283,7 @@ AXIAL_HEADS = {"head_dim": 8, "hidden_size": 32}
 def test_axial_rotary_is_computed_with_2d_positions() -> None:
     from transformers.models.pixtral.modeling_pixtral import PixtralAttention
 
-    from typed_transformer.audit._modules import ModuleAdapter
+    from typed_transformer.audit.modules.adapter import ModuleAdapter
 
     module = _built(PixtralAttention, AXIAL_HEADS)
     spec = hf_spec(module)

@@ -13,33 +13,19 @@ from einops import einsum, rearrange
 from jaxtyping import Bool, Float, Float64
 from torch import Tensor
 
-from ..shapecheck import shape_checked, typechecked
-from . import _checks  # noqa: F401  (registers the checks)
-from ._causes import group
-from ._core import (
+from ...shapecheck import shape_checked, typechecked
+from .causes import group
+from .conventions import (
     DEFAULT_CONVENTIONS,
     DTYPE_NAMES,
-    REGISTRY,
-    Adapter,
-    AuditReport,
     AuditUsageError,
-    Budget,
     CandidateOutput,
-    CandidateRaised,
-    CheckFailure,
-    CheckResult,
     Conventions,
-    Example,
     FunctionInputs,
     KeepMask,
-    candidate_code,
-    environment,
-    import_line,
-    reference_attention,
-    resolve_budget,
-    run_check,
 )
-from ._infer import (
+from .examples import Example, import_line
+from .inference import (
     INFERRED,
     Inference,
     check_known,
@@ -49,6 +35,9 @@ from ._infer import (
     with_inference,
     with_known,
 )
+from .reference import reference_attention
+from .report import Adapter, AuditReport, CheckResult, environment
+from .running import REGISTRY, Budget, CandidateRaised, CheckFailure, candidate_code, resolve_budget, run_check
 
 Candidate = Callable[..., Any]
 #: ``q``, ``k``, ``v`` as the candidate takes them: its layout (``b h t d`` or ``b t h d``), head order and dtype.
@@ -139,7 +128,7 @@ def takes_enable_gqa(candidate: Candidate) -> bool:
 @shape_checked
 @dataclass
 class FunctionAdapter:
-    """The :class:`~typed_transformer.audit._core.Adapter` of a functional candidate in its conventions."""
+    """The :class:`~typed_transformer.audit.core.report.Adapter` of a functional candidate in its conventions."""
 
     candidate: Candidate
     conventions: Conventions
@@ -499,7 +488,7 @@ def infer_function_conventions(candidate: Callable[..., Any], *, seed: int = 0, 
                                **options: Any) -> Inference:
     """:func:`~typed_transformer.audit.infer_conventions` for a functional candidate: ``options`` are constraints
     on what is drawn (``self_attention``, ``head_sizes``, ...) and fields the user knows (any field inference
-    decides: checked against the behaviour, see :func:`~typed_transformer.audit._infer.with_known`)."""
+    decides: checked against the behaviour, see :func:`~typed_transformer.audit.core.inference.with_known`)."""
     fields = {f.name for f in dataclasses.fields(Conventions)}
     strange = sorted(set(options) - fields)
     if strange:

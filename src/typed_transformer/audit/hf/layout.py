@@ -21,7 +21,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from ._core import AuditUsageError
+from ..core.conventions import AuditUsageError
 
 _Q = ("q_proj", "query", "q", "q_lin", "to_q", "query_proj", "linear_q", "project_q", "Wq")
 _K = ("k_proj", "key", "k", "k_lin", "to_k", "key_proj", "linear_k", "project_k", "Wk")
@@ -407,7 +407,7 @@ def content_layout(module: nn.Module) -> Layout | None:
     plain = (q, k, v, out, heads, owner + scale)
 
     def read(m: Any) -> Any:
-        from ._modules import Weights, resolve
+        from ..modules.spec import Weights, resolve
 
         def linear(name: str) -> tuple[Tensor, Tensor | None]:
             layer = m.get_submodule(name)
@@ -453,7 +453,7 @@ def projected_layout(module: nn.Module) -> Layout | None:
     out = own[0]
 
     def read(m: Any) -> Any:
-        from ._modules import Weights
+        from ..modules.spec import Weights
 
         h, d = int(getattr(m, heads)), int(getattr(m, head_dim))
         dv = d if value_dim is None else int(getattr(m, value_dim))
@@ -480,7 +480,7 @@ def kv_layout(module: nn.Module) -> Layout | None:
         return None
 
     def read(m: Any) -> Any:
-        from ._modules import Weights
+        from ..modules.spec import Weights
 
         h = int(getattr(m, heads))
         wk, wv = m.to_kv.weight.detach().double().chunk(2, dim=0)
@@ -529,7 +529,7 @@ def _codegen_weights(prefix: str, fused: str, out: str | None, groups: int) -> C
     ``h d / groups``."""
 
     def read(m: Any) -> Any:
-        from ._modules import Weights, resolve
+        from ..modules.spec import Weights, resolve
 
         core = resolve(m, prefix.rstrip("."), "hf") if prefix else m
         w = getattr(core, fused).weight.detach().double()
@@ -548,7 +548,7 @@ def _kv_weights(q: str, kv: str, out: str | None, heads: str, scale: float | str
     dim=-1)``), each ``(h d)`` wide."""
 
     def read(m: Any) -> Any:
-        from ._modules import Weights, resolve
+        from ..modules.spec import Weights, resolve
 
         def linear(path: str) -> tuple[Tensor, Tensor | None]:
             layer = resolve(m, path, "hf")
@@ -569,8 +569,8 @@ def _kv_weights(q: str, kv: str, out: str | None, heads: str, scale: float | str
 def relative_bias(core: str) -> Callable[[Any, int, int], Tensor]:
     """T5's relative position bias of the core at ``core`` (``""``: the module), written out from its embedding
     table by the shipped T5 spec."""
-    from ._modules import resolve
-    from .specs import _t5_bias
+    from ..modules.spec import resolve
+    from ..specs.hf import _t5_bias
 
     def bias(m: Any, t: int, s: int) -> Tensor:
         owner = resolve(m, core.rstrip("."), "hf") if core else m

@@ -22,19 +22,11 @@ from typing import Any
 
 import torch
 
-from ._checks import half_bound, half_rule
-from ._core import (
-    Adapter,
-    CandidateRaised,
-    Cause,
-    CheckFailure,
-    CheckResult,
-    Example,
-    Run,
-    bound,
-    effective_keep,
-    error,
-)
+from .checks import half_bound, half_rule
+from .examples import Example, bound, error
+from .reference import effective_keep
+from .report import Adapter, Cause, CheckResult
+from .running import CandidateRaised, CheckFailure, Run
 
 #: A row is explained by a simpler replay when its own error ratio is at most this many times the replay's.
 _EXPLAINS = 100.0

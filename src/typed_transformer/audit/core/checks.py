@@ -1,4 +1,4 @@
-"""The checks: each a small function over the :class:`~typed_transformer.audit._core.Adapter` protocol,
+"""The checks: each a small function over the :class:`~typed_transformer.audit.core.report.Adapter` protocol,
 registered in the order the report lists them. Sizes and masks are drawn with :mod:`typed_transformer.strategies`.
 """
 
@@ -11,21 +11,11 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from ..strategies import attention_shapes, keep_masks, key_padding_masks, seeds
-from ._core import (
-    DEFAULT_CONVENTIONS,
-    CheckFailure,
-    Example,
-    Inputs,
-    Run,
-    Skip,
-    bound,
-    candidate_code,
-    effective_keep,
-    error,
-    mask_to_list,
-    register,
-)
+from ...strategies import attention_shapes, keep_masks, key_padding_masks, seeds
+from .conventions import DEFAULT_CONVENTIONS, Inputs
+from .examples import Example, bound, error, mask_to_list
+from .reference import effective_keep
+from .running import CheckFailure, Run, Skip, candidate_code, register
 
 MaskKind = Literal["none", "keep", "padding", "fully_masked"]
 

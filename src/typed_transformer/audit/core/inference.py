@@ -18,19 +18,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ._core import (
-    PAPER,
-    Adapter,
-    AuditReport,
-    CandidateRaised,
-    CheckFailure,
-    CheckResult,
-    Conventions,
-    Difference,
-    Example,
-    error,
-    reference_attention,
-)
+from .conventions import Conventions
+from .examples import Example, error
+from .reference import reference_attention
+from .report import PAPER, Adapter, AuditReport, CheckResult, Difference
+from .running import CandidateRaised, CheckFailure
 
 #: probes run in float64; a candidate computing in float32 inside still matches within this relative error
 _RTOL = 1e-4

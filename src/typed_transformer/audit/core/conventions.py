@@ -1,0 +1,174 @@
+"""The conventions an attention implementation may choose where the paper is silent, and the type aliases every part
+of the audit shares."""
+
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+import torch
+from hypothesis import Phase
+from jaxtyping import Bool, Float, Shaped
+from torch import Tensor
+
+Status: TypeAlias = Literal["PASS", "FAIL", "SKIP"]
+#: A function candidate's inputs (float64): ``q (b, h, t, d)``, ``k (b, g, s, d)``, ``v (b, g, s, dv)``.
+FunctionInputs: TypeAlias = tuple[Float[Tensor, "b h t d"], Float[Tensor, "b g s d"], Float[Tensor, "b g s dv"]]
+#: A module candidate's inputs (float64): ``x (b, t, eq)``, ``key (b, s, ek)``, ``value (b, s, ev)``.
+ModuleInputs: TypeAlias = tuple[Float[Tensor, "b t eq"], Float[Tensor, "b s ek"], Float[Tensor, "b s ev"]]
+Inputs: TypeAlias = FunctionInputs | ModuleInputs
+#: A canonical keep-mask (True = may attend); ``b``, ``h`` and ``t`` may be 1 to broadcast.
+KeepMask: TypeAlias = Bool[Tensor, "#b #h #t s"]
+#: What a candidate returned: its shape and dtype are what the checks compare, so any tensor is accepted here.
+CandidateOutput: TypeAlias = Shaped[Tensor, "..."]
+#: The reference's output: a function's ``(b, h, t, dv)``, a module's ``(b, t, e)``.
+ReferenceOutput: TypeAlias = Float[Tensor, "b h t dv"] | Float[Tensor, "b t e"]
+#: The rows a check compares: a function's ``(#b, #h, #t, 1)``, a module's ``(b, t, 1)``.
+Rows: TypeAlias = Bool[Tensor, "#b #h #t 1"] | Bool[Tensor, "b t 1"]
+
+#: Version of the check lists: a passing audit keeps its meaning when checks are added.
+#: 2: audit_multihead gained causality and gradients. 3: modules through specs; large_logits, mask_and_causal,
+#: rope, incremental_decoding, fast_path; per-head masks in masking; masks in gradients; per-dtype rows.
+#: 4: a "conventions" row (inferred conventions' findings and undeclared differences FAIL it); large_logits sinks a
+#: row's only allowed logit; single queries in causality; padding drops query positions; declared length ranges hold
+#: in every check; gradients not compared through rows without keys where NaN is allowed; modules' reference models
+#: q/k norms, sliding windows, partial and scaled rotary, position biases, soft-capping, sinks, output gates, sub-norms.
+CHECKS_VERSION = "4"
+
+_PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
+DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+               torch.bfloat16: "bfloat16"}
+DTYPES_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
+
+
+class AuditUsageError(ValueError):
+    """The candidate cannot be audited as declared (wrong signature, a module that does not match its spec);
+    raised before any check runs. The CLI turns it into one line on stderr and exit status 2."""
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """What the candidate's arguments mean and what it supports (see the package docstring). Defaults are ours.
+
+    Declarations that narrow what the audit draws (each listed in the report under "not tested"):
+    ``self_attention`` (t = s; a module gets one input), ``equal_head_sizes`` (dv = d), ``even_head_size``,
+    ``head_sizes`` and ``lengths`` (inclusive ranges), ``mask_kind="additive"`` (masks passed as float
+    0/-inf), ``per_head_masks=False`` (only ``(b, 1, t, s)`` masks), ``mask_with_causal=False`` (never both
+    ``attn_mask`` and ``is_causal``). ``grouping`` is how query heads map onto key/value heads: ``"g r"``
+    (head ``i`` uses kv head ``i // r``, torch's) or ``"r g"`` (``i % g``). ``decode_sees_all``: with
+    ``is_causal`` a single query (t = 1) sees every key, whatever ``causal_alignment`` says. ``always_causal``:
+    the candidate applies its causal mask whatever it is told (nanoGPT's attention): it is audited on causal
+    examples only, every reference is causal. ``enable_gqa``: the candidate takes fewer key/value heads only when
+    told so with ``enable_gqa=True`` (torch's ``F.scaled_dot_product_attention``); the audit passes it on every
+    call with ``g < h`` (needs ``supports_gqa=True``; ``Conventions.torch_sdpa(gqa=True)`` sets both).
+    """
+
+    # Fields with "help" are the audit command's flags (the command line generates them from this metadata).
+    layout: Literal["bhtd", "bthd"] = field(default="bhtd", metadata={
+        "help": "axis order of the candidate's q, k, v: (batch, heads, time, dim) (default, SDPA's) or (batch, time, "
+                "heads, dim)"})
+    mask_polarity: Literal["keep", "drop"] = field(default="keep", metadata={
+        "help": "keep: True = may attend (SDPA); drop: True = masked out (nn.MultiheadAttention)"})
+    causal_alignment: Literal["top-left", "bottom-right"] = field(default="bottom-right", metadata={
+        "help": "what is_causal means when t != s (SDPA: top-left)"})
+    scale: float | None = field(default=None, metadata={"help": "logit scale (default 1/sqrt(d))", "positive": True})
+    fully_masked: Literal["zero", "nan", "uniform", "any"] = field(default="zero", metadata={
+        "help": "declared output of query rows without keys (default zero, as in the API; a module: its spec's)"})
+    supports_mask: bool = field(default=True, metadata={
+        "help": "the candidate takes no attn_mask", "flag": "no_mask", "store": False})
+    supports_causal: bool = field(default=True, metadata={
+        "help": "the candidate takes no is_causal", "flag": "no_causal", "store": False})
+    supports_gqa: bool = field(default=False, metadata={
+        "help": "the candidate takes fewer key/value heads (enable_gqa=True is passed with them when it takes that "
+                "keyword, as torch's scaled_dot_product_attention does)", "flag": "gqa", "store": True})
+    supports_autograd: bool = field(default=True, metadata={
+        "help": "skip the gradient check", "flag": "no_autograd", "store": False})
+    self_attention: bool = field(default=False, metadata={"help": "the candidate needs t = s", "store": True})
+    equal_head_sizes: bool = field(default=False, metadata={"help": "the candidate needs dv = d", "store": True})
+    even_head_size: bool = field(default=False, metadata={
+        "help": "the candidate needs an even head size", "store": True})
+    head_sizes: tuple[int, int] = (1, 8)
+    lengths: tuple[int, int] = (1, 6)
+    grouping: Literal["g r", "r g"] = field(default="g r", metadata={
+        "help": "query head i uses kv head i // r ('g r', torch's) or i %% g ('r g')"})
+    mask_kind: Literal["bool", "additive"] = field(default="bool", metadata={
+        "help": "additive: the candidate takes float 0/-inf masks only"})
+    per_head_masks: bool = True
+    mask_with_causal: bool = field(default=True, metadata={
+        "help": "the candidate refuses attn_mask and is_causal together", "flag": "no_mask_with_causal",
+        "store": False})
+    decode_sees_all: bool = field(default=False, metadata={
+        "help": "with is_causal a single query sees every key (Hugging Face's sdpa rule)", "store": True})
+    always_causal: bool = False
+    enable_gqa: bool = False
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("layout", ("bhtd", "bthd")), ("mask_polarity", ("keep", "drop")),
+                              ("causal_alignment", ("top-left", "bottom-right")),
+                              ("fully_masked", ("zero", "nan", "uniform", "any")), ("grouping", ("g r", "r g")),
+                              ("mask_kind", ("bool", "additive"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"Conventions: {name} must be one of {', '.join(allowed)}; "
+                                 f"got {getattr(self, name)!r}")
+        for name in ("head_sizes", "lengths"):
+            low, high = getattr(self, name)
+            if not 1 <= low <= high:
+                raise ValueError(f"Conventions: {name} must be (low, high) with 1 <= low <= high; got {(low, high)}")
+        if self.enable_gqa and not self.supports_gqa:
+            raise ValueError("Conventions: enable_gqa=True passes enable_gqa=True to calls with fewer key/value heads "
+                             "than query heads; declare supports_gqa=True too (or Conventions.torch_sdpa(gqa=True))")
+        if self.even_head_size and self.head_sizes[1] < 2:
+            raise ValueError("Conventions: even_head_size needs head_sizes up to at least 2")
+
+    @classmethod
+    def typed_transformer(cls) -> "Conventions":
+        """:func:`typed_transformer.scaled_dot_product_attention`'s conventions."""
+        return cls(supports_gqa=True)
+
+    @classmethod
+    def torch_sdpa(cls, *, gqa: bool = False) -> "Conventions":
+        """``torch.nn.functional.scaled_dot_product_attention``: top-left causal, refuses ``attn_mask`` with
+        ``is_causal=True``, and fully masked rows give NaN or 0 depending on the kernel (not checked). ``gqa``:
+        audit grouped-query attention too, passing ``enable_gqa=True`` when ``g < h``."""
+        return cls(causal_alignment="top-left", fully_masked="any", mask_with_causal=False, supports_gqa=gqa,
+                   enable_gqa=gqa)
+
+    def untested(self) -> list[str]:
+        """What the audit does not draw because of a declaration (listed in the report)."""
+        notes = []
+        if self.self_attention:
+            notes.append("t != s and separate key/value inputs (self_attention=True)")
+        if self.equal_head_sizes:
+            notes.append("dv != d (equal_head_sizes=True)")
+        if self.even_head_size:
+            notes.append("odd head sizes (even_head_size=True)")
+        if self.head_sizes != (1, 8):
+            notes.append(f"head sizes outside {self.head_sizes[0]}..{self.head_sizes[1]} (head_sizes)")
+        if self.lengths != (1, 6):
+            notes.append(f"lengths outside {self.lengths[0]}..{self.lengths[1]} (lengths)")
+        if not self.supports_gqa:
+            notes.append("grouped-query attention, g < h (supports_gqa=False)")
+        if self.mask_kind == "additive":
+            notes.append("boolean masks (mask_kind='additive': masks passed as 0/-inf floats)")
+        if not self.supports_mask:
+            notes.append("attention masks (supports_mask=False)")
+        elif not self.per_head_masks:
+            notes.append("per-head (b, h, t, s) masks (per_head_masks=False)")
+        if not self.supports_causal:
+            notes.append("is_causal (supports_causal=False)")
+        elif not self.mask_with_causal:
+            notes.append("attn_mask and is_causal together (mask_with_causal=False)")
+        if self.always_causal:
+            notes.append("non-causal attention (always_causal=True: the candidate applies its causal mask whatever "
+                         "it is told, so every example is audited as causal)")
+        if self.decode_sees_all:
+            notes.append("causal alignment of a single query (decode_sees_all=True)")
+        if self.fully_masked == "any":
+            notes.append("fully masked query rows (fully_masked='any')")
+        if self.fully_masked in ("nan", "any", "uniform") and self.supports_autograd:
+            notes.append(f"gradients through fully masked rows (fully_masked={self.fully_masked!r}: such a row has "
+                         f"no gradient to compare)")
+        if not self.supports_autograd:
+            notes.append("gradients (supports_autograd=False)")
+        return notes
+
+#: The default conventions (ours).
+DEFAULT_CONVENTIONS = Conventions()

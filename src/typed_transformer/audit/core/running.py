@@ -1,0 +1,379 @@
+"""Running a check: the registry of checks, the budget of sizes each draws from, the call of the candidate under a
+time limit, and the shrinking of a failure to its smallest example."""
+
+import dataclasses
+import math
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, Literal, TypeAlias
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+from torch import Tensor
+
+from .conventions import _PHASES, DTYPE_NAMES
+from .examples import Example
+from .report import Adapter, CheckResult
+
+# ----------------------------------------------------------------------------------------------------
+# Check machinery
+# ----------------------------------------------------------------------------------------------------
+
+
+class CheckFailure(AssertionError):
+    """A check found the candidate wrong on ``example``."""
+
+    def __init__(self, message: str, example: Example | None = None, ratio: float | None = None) -> None:
+        super().__init__(message)
+        self.example = example
+        self.ratio = ratio
+
+
+class Skip(Exception):
+    """The check does not apply to this candidate (the message says why)."""
+
+
+class CandidateRaised(Exception):
+    """The candidate's own code raised (the exception is the ``__cause__``), or modified one of its inputs in
+    place: a failure of the check. Any other exception inside a check is a bug of the audit and propagates."""
+
+
+class CandidateStopped(BaseException):
+    """A call of the candidate ended the interpreter (``sys.exit``) or did not return within the time limit
+    (:func:`call_time_limit`): the audit stops there, its report unfinished, and this names the call (the check,
+    the dtype and the example, when the call was a check's; an inference probe's has none). A ``BaseException``,
+    as the ``SystemExit`` it reports: nothing that catches ``Exception`` (the candidate, Hypothesis) swallows it,
+    and Hypothesis does not rerun a hung call to shrink it."""
+
+    def __init__(self, what: str, check: str | None = None, dtype: str | None = None,
+                 example: "Example | None" = None) -> None:
+        super().__init__(what)
+        self.what, self.check, self.dtype, self.example = what, check, dtype, example
+
+    def line(self) -> str:
+        """One line: which call, and what it did."""
+        where = (" probing its conventions (--infer)" if self.check is None
+                 else f" in check {self.check} [{self.dtype or '-'}]")
+        shapes = "" if self.example is None else (f" (b={self.example.b} h={self.example.h} g={self.example.g} "
+                                                  f"t={self.example.t} s={self.example.s} d={self.example.d} "
+                                                  f"dv={self.example.dv}, seed {self.example.seed})")
+        return f"FAIL: a call of the candidate{where}{shapes} {self.what}; the audit stopped there"
+
+    def __str__(self) -> str:
+        return self.line()
+
+
+#: The default time limit of one call of the candidate, in seconds: the audit's inputs are small (a correct
+#: candidate answers in milliseconds), so this is only ever reached by a call that hangs.
+DEFAULT_CALL_TIME_LIMIT = 60.0
+_CALL_TIME_LIMIT: ContextVar[float | None] = ContextVar("call_time_limit", default=DEFAULT_CALL_TIME_LIMIT)
+
+
+@contextmanager
+def call_time_limit(seconds: float | None) -> Iterator[None]:
+    """Audits run inside give each call of the candidate ``seconds`` (``None``: no limit; default
+    :data:`DEFAULT_CALL_TIME_LIMIT`); a call past it stops the audit with :class:`CandidateStopped`. The limit is
+    a ``SIGALRM`` timer that raises in the candidate's Python code, so it holds in the main thread of a POSIX
+    process only (elsewhere calls run unlimited), and a single C call that never returns (a torch kernel) is
+    out of its reach: run the audit in a child process with a timeout for that."""
+    if seconds is not None and not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"call_time_limit: seconds must be positive and finite or None, got {seconds!r}")
+    token = _CALL_TIME_LIMIT.set(seconds)
+    try:
+        yield
+    finally:
+        _CALL_TIME_LIMIT.reset(token)
+
+
+class _TimedOut(BaseException):
+    """Raised in the candidate's code by the call's timer (a BaseException: ``except Exception`` lets it by)."""
+
+
+class _Alarm:
+    """The call's timer: SIGALRM after ``seconds``, then every second until the call is over (a candidate that
+    swallows one gets the next); the previous handler and timer are restored after. Hand-written: no library
+    interrupts a call in the running thread."""
+
+    def __init__(self, seconds: float | None) -> None:
+        usable = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+        self.seconds = seconds if usable else None
+        self.armed = self.fired = False
+
+    def _ring(self, signum: int, frame: FrameType | None) -> None:
+        self.fired = True
+        if self.armed:
+            raise _TimedOut
+
+    def __enter__(self) -> None:
+        if self.seconds is None:
+            return
+        self.started = time.monotonic()
+        self.previous = signal.signal(signal.SIGALRM, self._ring)
+        self.previous_timer = signal.setitimer(signal.ITIMER_REAL, self.seconds, 1.0)
+        self.armed = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.seconds is None:
+            return
+        self.armed = False
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        finally:
+            signal.signal(signal.SIGALRM, self.previous)
+            left, interval = self.previous_timer
+            if left > 0:  # an enclosing timer keeps running (nested calls)
+                signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - self.started), 1e-3), interval)
+
+
+def _modified(before: Tensor, after: Tensor) -> bool:
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return True
+    return not torch.equal(torch.nan_to_num(before), torch.nan_to_num(after.detach())) or not torch.equal(
+        before.isnan(), after.detach().isnan())
+
+
+@contextmanager
+def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
+    """Run the candidate's code: its exceptions become :class:`CandidateRaised`, and so does a change it made
+    to one of the named ``inputs`` (compared with copies after the call); ``sys.exit`` or a call past the time
+    limit (:func:`call_time_limit`) raises :class:`CandidateStopped`. ``KeyboardInterrupt`` (Ctrl-C, and the
+    command line's SIGTERM) passes through."""
+    copies = {name: x.detach().clone() for name, x in inputs.items() if isinstance(x, Tensor)}
+    limit = _CALL_TIME_LIMIT.get()
+    alarm = _Alarm(limit)
+    try:
+        with alarm:
+            yield
+    except (CheckFailure, Skip, CandidateRaised, CandidateStopped, KeyboardInterrupt):
+        raise
+    except _TimedOut:
+        pass  # the flag says it below
+    except SystemExit as exit_:
+        raise CandidateStopped(f"called sys.exit({exit_.code!r})") from None
+    except BaseException as err:
+        raise CandidateRaised(f"{type(err).__name__}: {err}") from err
+    if alarm.fired:
+        raise CandidateStopped(f"did not return within the time limit of {limit:g} s per call")
+    for name, before in copies.items():
+        after = inputs[name]
+        if isinstance(after, Tensor) and _modified(before, after):
+            raise CandidateRaised(f"the candidate modified its input {name} in place during the call (the "
+                                  f"counterexample's): inputs must be left as given")
+
+
+#: Which deep examples a search draws (see :class:`Budget`).
+Deep: TypeAlias = Literal["lengths", "sizes"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How deep the audit looks. Beside ``max_examples`` small examples per check and dtype (sizes 1..6, which
+    shrink well), ``deep_examples`` more are drawn at the sizes kernels get wrong: key and query lengths on both
+    sides of the tiles kernels use (``lengths``), the head sizes kernels specialise with small lengths
+    (``head_sizes``), batches and head counts above 4 with small lengths (``batches``, ``heads``), each with the
+    check's masks and causal setting. Each list is ordered small to large and drawn with ``sampled_from``, which
+    shrinks towards its first element: a bug first seen at 129 keys is reported at the smallest listed length that
+    still fails (17 for a kernel whose 16-key blocks forget to rescale). The lengths run as their own search of
+    ``deep_examples`` examples, head sizes and batches as one more of half as many; when a deep example fails,
+    each listed size below the failing one is searched alone (as many examples), smallest first, and the first
+    that fails is reported: a failure Hypothesis could not shrink past its seed is still reported at the smallest
+    failing size.
+    ``half_precision``: a function is audited in float16 and bfloat16 too when it accepts them and ``dtypes`` is
+    not given. ``quick`` (the audit before budgets: its sizes, float32 and float64) has no deep examples and no
+    half precision by default."""
+
+    name: str = "default"
+    lengths: tuple[int, ...] = (15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129)
+    head_sizes: tuple[int, ...] = (64, 65, 80, 96, 127, 128, 256)
+    batches: tuple[int, ...] = (5, 8, 9)
+    heads: tuple[int, ...] = (5, 6, 8)
+    deep_examples: int = 6
+    half_precision: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("lengths", "head_sizes", "batches", "heads"):
+            values = getattr(self, name)
+            if any(not isinstance(v, int) or v < 1 for v in values) or list(values) != sorted(set(values)):
+                raise ValueError(f"Budget: {name} must be positive integers in increasing order; got {values}")
+        if self.deep_examples < 0:
+            raise ValueError(f"Budget: deep_examples must be >= 0; got {self.deep_examples}")
+
+
+#: The budgets by name: ``quick`` draws only the small examples, ``default`` reaches the tiles too.
+BUDGETS = {"quick": Budget("quick", (), (), (), (), 0, half_precision=False), "default": Budget()}
+
+
+def resolve_budget(budget: "Budget | str") -> Budget:
+    """A :class:`Budget` or the name of one in :data:`BUDGETS`."""
+    if isinstance(budget, Budget):
+        return budget
+    if budget not in BUDGETS:
+        raise ValueError(f"unknown budget {budget!r}; choose {', '.join(BUDGETS)} or pass a Budget")
+    return BUDGETS[budget]
+
+
+@dataclass
+class Run:
+    """State shared by the examples of one check: worst passing ratio, examples run before the first failure,
+    the example being run, the budget and whether its deep examples (tile-crossing sizes) are being drawn."""
+
+    adapter: Adapter
+    dtype: torch.dtype
+    tolerance: float
+    worst: float = 0.0
+    examples: int = 0
+    failing: bool = False
+    current: Example | None = None
+    budget: Budget = field(default_factory=Budget)
+    #: None: the small examples; "lengths": the budget's lengths; "sizes": its head sizes, batches and heads
+    deep: "Deep | None" = None
+
+    def note(self, ratio: float) -> None:
+        if math.isfinite(ratio):
+            self.worst = max(self.worst, ratio)
+
+
+CheckBody: TypeAlias = Callable[[Run, st.DataObject], None]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A registered check: its body, and whether it applies to functions, modules or both."""
+
+    name: str
+    body: CheckBody
+    kinds: tuple[str, ...] = ("function", "module")
+    doc: str = ""
+    #: whether the budget's deep examples apply (False: the check draws its own sizes)
+    deep: bool = True
+
+
+REGISTRY: dict[str, Check] = {}
+
+
+def register(name: str, *, kinds: tuple[str, ...] = ("function", "module"), deep: bool = True
+             ) -> Callable[[CheckBody], CheckBody]:
+    """Register a check body under ``name`` (the order of registration is the order of the report)."""
+
+    def wrap(body: CheckBody) -> CheckBody:
+        REGISTRY[name] = Check(name, body, kinds, (body.__doc__ or "").strip(), deep)
+        return body
+
+    return wrap
+
+
+def run_check(check: Check, adapter: Adapter, dtype: torch.dtype, *, max_examples: int, seed: int,
+              tolerance: float, budget: Budget | None = None) -> CheckResult:
+    """Run ``check`` on ``adapter`` for inputs in ``dtype`` as Hypothesis tests (shrinking on): the small
+    examples, then (when they pass) the budget's deep examples; the row counts both."""
+    budget = BUDGETS["quick"] if budget is None else budget
+    result = _run_phase(check, Run(adapter, dtype, tolerance, budget=budget), max_examples, seed)
+    if not check.deep or not budget.deep_examples:
+        return result
+    # the lengths (where tiled kernels fail) in their own search, then head sizes and batches in half as many
+    phases: list[tuple[Deep, int]] = [("lengths", budget.deep_examples), ("sizes", -(-budget.deep_examples // 2))]
+    for deep, examples in phases:
+        if result.status != "PASS":
+            break
+        more = _run_phase(check, Run(adapter, dtype, tolerance, budget=budget, deep=deep), examples, seed)
+        more.examples += result.examples
+        if more.status == "PASS":
+            more.ratio = max(result.ratio or 0.0, more.ratio or 0.0)
+        else:
+            more = _smallest(check, Run(adapter, dtype, tolerance, budget=budget, deep=deep), more, examples, seed)
+        result = more
+    return result
+
+
+def _smallest(check: Check, run: Run, failed: CheckResult, examples: int, seed: int) -> CheckResult:
+    """``failed`` (a deep example's failure), or the failure of a search at the smallest listed size below its
+    size on the same axis that fails: one search per size, smallest first. Hypothesis lowers a listed size only
+    while the rest of the example (its seed, shrunk to 0 first) still fails, which can leave it at 127 keys
+    when 65 fail too."""
+    if failed.counterexample is None:
+        return failed
+    for below in _below(run.budget, run.deep, failed.counterexample):
+        retry = _run_phase(check, dataclasses.replace(run, budget=below), examples, seed)
+        failed.examples += retry.examples
+        if retry.status == "FAIL":
+            retry.examples = failed.examples
+            return retry
+    return failed
+
+
+def _below(budget: Budget, deep: "Deep | None", example: dict[str, Any]) -> list[Budget]:
+    """One budget per listed size below ``example``'s on the failing axis (the key length for lengths; the batch,
+    else the head size, for sizes), smallest first, each drawing that size alone on that axis."""
+    if deep == "lengths":
+        return [dataclasses.replace(budget, lengths=(n,)) for n in budget.lengths if n < example["s"]]
+    if example["b"] in budget.batches:
+        return [dataclasses.replace(budget, head_sizes=(), batches=(n,)) for n in budget.batches if n < example["b"]]
+    if example.get("d") in budget.head_sizes:
+        return [dataclasses.replace(budget, head_sizes=(n,), batches=()) for n in budget.head_sizes
+                if n < example["d"]]
+    return []
+
+
+def _fields(example: Example) -> dict[str, Any]:
+    """The counterexample as the report prints it: ``ramp`` only where the keys grow (a deep length)."""
+    fields = dataclasses.asdict(example)
+    if not example.ramp:
+        del fields["ramp"]
+    return fields
+
+
+def _run_phase(check: Check, run: Run, max_examples: int, seed: int) -> CheckResult:
+    """One Hypothesis test of ``check`` (``run.deep``: at the budget's deep sizes)."""
+    adapter, dtype_name = run.adapter, DTYPE_NAMES[run.dtype]
+
+    @settings(max_examples=max_examples, deadline=None, database=None, derandomize=False, phases=_PHASES,
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False, print_blob=False)
+    @hypothesis_seed(seed)
+    @given(st.data())
+    def test(data: st.DataObject) -> None:
+        if not run.failing:
+            run.examples += 1
+        run.current = None
+        try:
+            check.body(run, data)
+        except CheckFailure as failure:
+            run.failing = True
+            if failure.example is None:
+                failure.example = run.current
+            raise
+        except Skip:
+            raise
+        except CandidateRaised as raised:  # the candidate raised: that is a failure of this check
+            run.failing = True
+            err = raised.__cause__
+            if err is None:  # the wrapper's own finding about the call (an input modified in place)
+                raise CheckFailure(str(raised), run.current) from raised
+            first_line = str(err).splitlines()[0] if str(err) else ""
+            raise CheckFailure(f"candidate raised {type(err).__name__}: {first_line}", run.current) from err
+
+    try:
+        test()
+    except CandidateStopped as stopped:  # the call that ended or hung: named, then the audit stops
+        if stopped.check is None:
+            stopped.check, stopped.dtype, stopped.example = check.name, dtype_name, run.current
+        raise
+    except Skip as skip:
+        return CheckResult(check.name, "SKIP", dtype_name, message=str(skip))
+    except CheckFailure as failure:
+        example = failure.example
+        cause = failure.__cause__
+        trace = None if cause is None else "".join(traceback.format_exception(cause)).rstrip()
+        return CheckResult(check.name, "FAIL", dtype_name, ratio=failure.ratio, message=str(failure),
+                           counterexample=None if example is None else _fields(example),
+                           repro=None if example is None else adapter.repro(example, check.name),
+                           examples=run.examples, traceback=trace)
+    return CheckResult(check.name, "PASS", dtype_name, ratio=run.worst, examples=run.examples)
