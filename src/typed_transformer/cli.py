@@ -392,7 +392,7 @@ def _distributed(args: argparse.Namespace) -> bool:
 
 def _train(args: argparse.Namespace) -> int:
     from .checkpoint import CHECKPOINT_NAME, run_directory
-    from .training import PeerFailed
+    from .step_loop import PeerFailed
 
     _require_train_extra("train")
     distributed = _distributed(args)
@@ -752,7 +752,7 @@ def _run_training_command(args: argparse.Namespace) -> int:
         return _fail(f"cannot write: {describe_os_error(err)} (the last checkpoint, if any, is intact)")
     except (RuntimeError, MemoryError) as err:
         from ._memory import out_of_memory
-        from .training import PeerFailed, TrainingDiverged
+        from .step_loop import PeerFailed, TrainingDiverged
 
         if isinstance(err, PeerFailed):  # one line for the run: rank 0's, or a survivor's when rank 0 is gone
             if err.report:

@@ -56,7 +56,7 @@ from .seq2seq_data import (
     split_pairs,
 )
 from .shapecheck import shape_checked, shape_checks
-from .training import StepLoop, TrainingDiverged
+from .step_loop import StepLoop, TrainingDiverged
 from .validation import check_positive_int
 
 __all__ = ["Seq2SeqCheckpoint", "Seq2SeqConfig", "Seq2SeqResult", "Seq2SeqTrainer", "evaluate_pairs", "load_seq2seq",
@@ -412,7 +412,7 @@ def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = Fals
 
 @dataclass(frozen=True)
 class _LoopSettings:
-    """What the step loop reads (:class:`~typed_transformer.training.LoopSettings`): a seq2seq step is one batch
+    """What the step loop reads (:class:`~typed_transformer.step_loop.LoopSettings`): a seq2seq step is one batch
     in float32, unclipped, saved after each evaluation."""
 
     max_iters: int
@@ -429,7 +429,7 @@ class _LoopSettings:
 
 @shape_checked
 class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
-    """The encoder-decoder's training: :class:`~typed_transformer.training.StepLoop`'s step path with teacher
+    """The encoder-decoder's training: :class:`~typed_transformer.step_loop.StepLoop`'s step path with teacher
     forcing (cross-entropy over the target tokens, padding ignored), Adam with the paper's betas, the warmup +
     cosine :func:`learning_rate`, batches and dropout drawn from ``(seed, iteration)``, and an evaluation
     (greedy decoding of the held-out pairs) and a checkpoint every ``eval_interval`` steps. One process."""

@@ -419,7 +419,7 @@ def test_a_bad_config_file_is_one_line(toml: str, message: str, tmp_path: Path,
 
 @pytest.mark.parametrize("threads", ["1", "auto"])
 def test_threads_fixed_or_timed_on_the_steps(threads: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import typed_transformer.training as training
+    import typed_transformer.step_loop as step_loop
     from typed_transformer.threads import RunThreads, ThreadChoice, fix_threads
 
     requested: list[int | str | None] = []
@@ -434,8 +434,8 @@ def test_threads_fixed_or_timed_on_the_steps(threads: str, tmp_path: Path, monke
         requested.append(value)
         return ThreadChoice(None, "auto") if value == "auto" else fix_threads(value)  # auto, whatever the suite set
 
-    monkeypatch.setattr(training, "fix_threads", spy)
-    monkeypatch.setattr(training, "RunThreads", Schedule)
+    monkeypatch.setattr(step_loop, "fix_threads", spy)
+    monkeypatch.setattr(step_loop, "RunThreads", Schedule)
     before = torch.get_num_threads()
     try:
         assert run(["train-seq2seq", *TINY, "--max-iters", "6", "--threads", threads,
@@ -463,7 +463,7 @@ def test_training_goes_through_the_step_loop_and_equals_a_plain_loop(tmp_path: P
     those of a plain teacher-forcing loop written here: Adam(0.9, 0.98), the warmup + cosine rate, batches and
     dropout from (seed, iteration)."""
     from typed_transformer import seq2seq_training
-    from typed_transformer.training import StepLoop
+    from typed_transformer.step_loop import StepLoop
 
     config = Seq2SeqConfig(max_len=4, d_model=16, nhead=2, layers=1, dim_feedforward=32, batch_size=8, max_iters=12,
                            eval_pairs=10, eval_interval=5, dropout=0.1)
