@@ -189,7 +189,7 @@ def prepare_seq2seq(lab: Lab) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from typed_transformer.checkpoint import _digest
+    from typed_transformer.run_files import content_digest
 
     work = lab.work
     for name, text in CANDIDATES.items():
@@ -210,7 +210,7 @@ def prepare_seq2seq(lab: Lab) -> None:
         tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
         metadata = dict(handle.metadata())
     tensors["junk.x"] = torch.zeros(2)
-    metadata["sha256"] = _digest(tensors, metadata)
+    metadata["sha256"] = content_digest(tensors, metadata)
     save_file(tensors, str(work / "junk.safetensors"), metadata=metadata)
 
 
@@ -227,7 +227,7 @@ def write_corrupt_checkpoints(work: Path) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from typed_transformer.checkpoint import _digest
+    from typed_transformer.run_files import content_digest
 
     source = work / "run" / "checkpoint.safetensors"
 
@@ -237,7 +237,7 @@ def write_corrupt_checkpoints(work: Path) -> None:
             metadata = dict(handle.metadata())
         change(tensors, metadata)
         if sign:
-            metadata["sha256"] = _digest(tensors, metadata)
+            metadata["sha256"] = content_digest(tensors, metadata)
         save_file(tensors, str(work / target), metadata=metadata)
 
     def meta(key: str, value: object) -> Change:

@@ -391,7 +391,7 @@ def _distributed(args: argparse.Namespace) -> bool:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .checkpoint import CHECKPOINT_NAME, run_directory
+    from .run_files import CHECKPOINT_NAME, run_directory
     from .step_loop import PeerFailed
 
     _require_train_extra("train")
@@ -439,10 +439,11 @@ def _train_locked(args: argparse.Namespace) -> int:
     import hashlib
     import os
 
-    from .checkpoint import CHECKPOINT_NAME, load_checkpoint
+    from .checkpoint import load_checkpoint
     from .config import DEFAULT_PRESET, TrainConfig
     from .data import default_corpus, load_text
     from .gpt import GPTConfig
+    from .run_files import CHECKPOINT_NAME
     from .training import DTYPES, measure_peak_flops, remeasure_peak, train
 
     _cuda_or_fail(args.device)
@@ -487,8 +488,8 @@ def _resumed(args: argparse.Namespace, resume: "Checkpoint", overrides: dict[str
              err: Any) -> tuple["GPT", "TrainConfig", "TextData", str]:
     """``train --resume``: the checkpoint's model, its settings with this command's overrides and the data, after
     checking that the flags, the seed and the text are the saved run's. Returns (model, config, data, preset)."""
-    from .checkpoint import CHECKPOINT_NAME
     from .data import CharTokenizer, TextData
+    from .run_files import CHECKPOINT_NAME
     from .training import TrainConfig, learning_rate
 
     model = resume.model
@@ -733,8 +734,9 @@ def _attention(args: argparse.Namespace) -> int:
 def _run_training_command(args: argparse.Namespace) -> int:
     """``train``, ``generate`` or ``attention``, with every expected failure turned into one line and its exit
     code."""
-    from .checkpoint import CheckpointError, RunDirectoryError, describe_os_error
+    from .checkpoint import CheckpointError
     from .data import DataError
+    from .run_files import RunDirectoryError, describe_os_error
 
     try:
         if args.command in ("train-seq2seq", "translate"):

@@ -26,20 +26,17 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
-from .checkpoint import (
+from .checkpoint import CheckpointError, check_optimizer_state, check_tensor_names, checked_model
+from .data import DataError
+from .muon import MuonAdamW, muon_groups
+from .run_files import (
     CHECKPOINT_NAME,
-    CheckpointError,
-    _digest,
-    check_optimizer_state,
-    check_tensor_names,
-    checked_model,
+    content_digest,
     require_free_space,
     run_directory,
     write_atomically,
     write_text_atomically,
 )
-from .data import DataError
-from .muon import MuonAdamW, muon_groups
 from .seq2seq import Seq2SeqTransformer
 from .seq2seq_data import (
     BOS,
@@ -271,7 +268,7 @@ def save_seq2seq(path: Path, model: Seq2SeqTransformer, vocab: PairVocab, config
         metadata["data_sha256"] = data_sha256
     if thread_state is not None:
         metadata["thread_state"] = json.dumps(thread_state)
-    metadata["sha256"] = _digest(tensors, metadata)
+    metadata["sha256"] = content_digest(tensors, metadata)
     write_atomically(path, tensors, metadata)
     return path
 
@@ -299,7 +296,7 @@ def load_seq2seq(path: str | Path) -> Seq2SeqCheckpoint:
     if metadata.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a typed-transformer seq2seq checkpoint (format "
                               f"{metadata.get('format')!r})")
-    if _digest(tensors, metadata) != metadata.get("sha256"):
+    if content_digest(tensors, metadata) != metadata.get("sha256"):
         raise CheckpointError(f"{path}: corrupt checkpoint (integrity check failed: the tensors or metadata were "
                               "modified or damaged after it was written)")
     try:

@@ -21,8 +21,8 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from ._signals import Terminated, note_taken
-from .checkpoint import CHECKPOINT_NAME
 from .config import DTYPES
+from .run_files import CHECKPOINT_NAME
 from .shapecheck import shape_checked
 from .threads import RunThreads, fix_threads
 
@@ -301,7 +301,8 @@ class StepLoop(Generic[R]):
         """The one-line error of a run whose other process stopped: where, why, and the last checkpoint on disk
         (rank 0 wrote it atomically, so a process killed during a save leaves the one before)."""
         from ._files import is_held
-        from .checkpoint import LOCK_NAME, saved_iteration
+        from .checkpoint import saved_iteration
+        from .run_files import LOCK_NAME
 
         path = self.out / CHECKPOINT_NAME
         iteration = self.saved[0] if self.main and self.saved is not None else saved_iteration(path)

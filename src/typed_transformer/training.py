@@ -47,13 +47,14 @@ from jaxtyping import Int
 from torch import Tensor, nn
 
 from ._deprecation import warn_deprecated
-from .checkpoint import CHECKPOINT_NAME, Checkpoint, RunDirectoryError, run_directory, save_checkpoint
+from .checkpoint import Checkpoint, save_checkpoint
 from .config import DTYPES, PRESET_TRAINING, TrainConfig
 from .data import TextData, get_batch
 from .generation import sample_text
 from .gpt import GPT
 from .muon import MuonAdamW, muon_groups
 from .plot import plot_history
+from .run_files import CHECKPOINT_NAME, RunDirectoryError, run_directory
 from .shapecheck import shape_checked, typechecked
 from .step_loop import PeerFailed, StepLoop, TrainingDiverged, rank_and_world
 from .threads import at_each_count, resolve_threads
@@ -231,7 +232,7 @@ def train(
 
     Raises:
         RunDirectoryError: ``out_dir`` is unusable (a file, not writable, locked by another run, too little free
-            space for two checkpoints: :func:`~typed_transformer.checkpoint.require_free_space`), or it holds a
+            space for two checkpoints: :func:`~typed_transformer.run_files.require_free_space`), or it holds a
             checkpoint and neither ``resume`` nor ``overwrite`` was given.
         TrainingDiverged: the loss, the gradient norm or the weights became non-finite; the last checkpoint
             (finite) is kept and nothing was saved after it.
@@ -253,7 +254,7 @@ def train(
                                     "replace it with --overwrite")
         if rank == 0:  # a full disk found now, not at the first save
             from ._memory import require_training_memory
-            from .checkpoint import require_free_space
+            from .run_files import require_free_space
 
             count = sum(p.numel() for p in model.parameters())
             require_training_memory(count, allocated=count, advice="train a smaller model, or on a larger machine")

@@ -16,9 +16,10 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from typed_transformer.checkpoint import CHECKPOINT_NAME, CheckpointError, _digest, load_checkpoint, save_checkpoint
+from typed_transformer.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint
 from typed_transformer.data import TextData
 from typed_transformer.gpt import GPT, GPTConfig
+from typed_transformer.run_files import content_digest
 from typed_transformer.training import TrainConfig, TrainResult, learning_rate, train
 
 TEXT = "the quick brown fox jumps over the lazy dog.\n" * 12
@@ -227,7 +228,7 @@ def test_a_checkpoint_missing_a_weight(tmp_path: Path, data: TextData) -> None:
         metadata = handle.metadata()
     tensors = load_file(str(path))
     del tensors["model.blocks.1.mlp.linear1.weight"]
-    save_file(tensors, str(path), metadata={**metadata, "sha256": _digest(tensors, metadata)})
+    save_file(tensors, str(path), metadata={**metadata, "sha256": content_digest(tensors, metadata)})
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(path)
     assert str(info.value).startswith(f"{path}: weights do not fit the model (missing ['blocks.1.mlp.linear1.weight']")

@@ -32,8 +32,8 @@ WINGS: dict[str, list[str]] = {
                 "audit._functions", "audit._modules", "audit._hf", "audit._hf_layouts", "audit.specs",
                 "audit._libraries"],
     "app": ["_signals", "_paths", "_files", "_install", "_options", "_memory", "threads", "plot", "data",
-            "seq2seq_data", "config", "muon", "checkpoint", "generation", "step_loop", "training", "seq2seq_training",
-            "cli", "__init__", "__main__"],
+            "seq2seq_data", "config", "muon", "run_files", "checkpoint", "generation", "step_loop", "training",
+            "seq2seq_training", "cli", "__init__", "__main__"],
 }
 RANK = {module: rank for rank, wing in enumerate(WINGS) for module in WINGS[wing]}
 
