@@ -15,7 +15,8 @@ decay length is the new ``max_iters``, so from the resume point on the rate is `
 schedule, which is higher than the shorter run's (a finished run resumes at the longer schedule's rate at
 that iteration, well above ``lr_min``). The steps already taken followed the shorter schedule, so the weights
 differ from an uninterrupted run of the new length. Fix ``lr_decay_iters`` from the start to make a run
-resumable to any length on one schedule.
+resumable to any length on one schedule. What ``train --resume`` accepts of the flags, the preset, the seed and
+the text is :func:`resumed_run`'s.
 
 Safety (docs/reliability.md): the output directory is locked for the run (:func:`run_directory`); a fresh run
 refuses to replace an existing checkpoint unless ``overwrite=True``; a non-finite loss, gradient norm or weight
@@ -49,9 +50,9 @@ from torch import Tensor, nn
 from ._deprecation import warn_deprecated
 from .checkpoint import Checkpoint, save_checkpoint
 from .config import DTYPES, PRESET_TRAINING, TrainConfig
-from .data import TextData, get_batch
+from .data import CharTokenizer, TextData, get_batch
 from .generation import sample_text
-from .gpt import GPT
+from .gpt import GPT, GPTConfig
 from .muon import MuonAdamW, muon_groups
 from .plot import plot_history
 from .run_files import CHECKPOINT_NAME, RunDirectoryError, run_directory
@@ -67,12 +68,14 @@ __all__ = [
     "TrainResult",
     "Trainer",
     "TrainingDiverged",
+    "check_run_sizes",
     "evaluate",
     "flops_per_token",
     "learning_rate",
     "measure_matmul_flops",
     "measure_peak_flops",
     "remeasure_peak",
+    "resumed_run",
     "train",
 ]
 
@@ -200,6 +203,88 @@ def remeasure_peak(result: TrainResult, start: float, measure: Callable[[], floa
     return dataclasses.replace(result, mfu=result.mfu * start / max(start, end), peaks=(start, end))
 
 
+
+
+#: The most tokens of one step (batch size x block size; the baby run has 768, the seed run 3,072).
+MAX_TOKENS_PER_STEP = 2**18
+#: The most evaluation tokens (eval iters x batch size x block size), held in memory for the whole run.
+MAX_EVAL_TOKENS = 2**24
+
+
+def check_run_sizes(batch_size: int, block_size: int, eval_iters: int) -> None:
+    """Refuse combinations of in-range sizes that cannot fit (each flag alone is bounded by the parser)."""
+    step = batch_size * block_size
+    if step > MAX_TOKENS_PER_STEP:
+        raise ValueError(f"--batch-size {batch_size} x block size {block_size} = {step:,} tokens per step, more than "
+                         f"{MAX_TOKENS_PER_STEP:,}; lower --batch-size or --block-size")
+    if eval_iters * step > MAX_EVAL_TOKENS:
+        raise ValueError(f"--eval-iters {eval_iters} x {step:,} tokens per batch = {eval_iters * step:,} evaluation "
+                         f"tokens held in memory, more than {MAX_EVAL_TOKENS:,}; lower --eval-iters or --batch-size")
+
+
+
+def resumed_run(resume: Checkpoint, overrides: dict[str, Any], train_overrides: dict[str, Any], *,
+                requested_preset: str | None, text: str, text_sha256: str, source: str, out: Path,
+                err: TextIO) -> tuple[GPT, TrainConfig, TextData, str]:
+    """``train --resume``'s policy: the checkpoint's model, its settings with the command's overrides (the model's
+    ``overrides`` and the run's ``train_overrides``, by field name) and the data, after checking that the flags,
+    the seed and the text are the saved run's; ``out`` is the run directory, ``err`` where the notes go. Returns
+    (model, config, data, preset).
+
+    Raises:
+        ValueError: a flag, the preset, the seed or the text differs from the saved run's, the sizes do not fit
+            (:func:`check_run_sizes`), or the checkpoint is already at ``max_iters``.
+    """
+    model = resume.model
+    preset = _resumed_preset(requested_preset, resume, overrides)
+    for key, value in overrides.items():
+        if getattr(model.config, key) != value:
+            raise ValueError(f"--{key.replace('_', '-')} {value} differs from the checkpoint's "
+                             f"{getattr(model.config, key)}; a resumed run keeps its model")
+    saved_seed = resume.train_config.get("seed", TrainConfig.seed)
+    if train_overrides.get("seed", saved_seed) != saved_seed:
+        raise ValueError(f"--seed {train_overrides['seed']} differs from the checkpoint's {saved_seed}; a "
+                         "resumed run continues the saved random state")
+    config = TrainConfig.overridden(resume.train_config, **train_overrides)
+    tokenizer = resume.tokenizer
+    saved_hash, saved_chars = resume.info.get("text_sha256"), resume.info.get("text_chars")
+    if saved_hash not in (None, text_sha256) or saved_chars not in (None, len(text)):
+        what = "length" if saved_chars not in (None, len(text)) else "sha256"
+        raise ValueError(f"{source} is not the text the checkpoint was trained on (its {what} differs from "
+                         f"that of {resume.info.get('source', 'the saved text')})")
+    if CharTokenizer.from_text(text) != tokenizer:
+        raise ValueError(f"{source}: its vocabulary ({len(set(text))} characters) differs from the "
+                         f"checkpoint's ({tokenizer.vocab_size})")
+    check_run_sizes(config.batch_size, model.config.block_size, config.eval_iters)
+    data = TextData.from_text(text, model.config.block_size, tokenizer=tokenizer, source=source)
+    if resume.iteration >= config.max_iters:
+        raise ValueError(f"the checkpoint is already at iteration {resume.iteration}; "
+                         "pass a larger --max-iters")
+    print(f"resuming {out / CHECKPOINT_NAME} at iteration {resume.iteration}", file=err)
+    old = TrainConfig.overridden(resume.train_config)
+    if config.lr_decay_iters is None and old.max_iters != config.max_iters:
+        it = resume.iteration
+        print(f"note: the learning rate now decays over {config.max_iters} iterations instead of "
+              f"{old.max_iters}: {learning_rate(config, it):.3g} at iteration {it} (the shorter schedule "
+              f"had {learning_rate(old, it):.3g}); see docs/reliability.md", file=err)
+    return model, config, data, preset
+
+
+def _resumed_preset(requested: str | None, resume: Checkpoint, overrides: dict[str, Any]) -> str:
+    """The preset a resumed run reports; refuses a ``--preset`` whose sizes are not the checkpoint's model's."""
+    model, saved_preset = resume.model, resume.info.get("preset")
+    if requested is not None:
+        # The preset's architecture with this command's size flags (--n-layer, --n-head, --n-embd); block
+        # size, dropout and positions are flags of their own, checked by the caller.
+        sizes = {key: overrides[key] for key in ("n_layer", "n_head", "n_embd") if key in overrides}
+        expected = GPTConfig.preset(requested, model.config.vocab_size, **sizes)
+        same = all(getattr(expected, key) == getattr(model.config, key) for key in ("n_layer", "n_head", "n_embd"))
+        if (saved_preset is not None and saved_preset != requested) or not same:
+            raise ValueError(f"--preset {requested} differs from the checkpoint's model "
+                             f"({saved_preset or 'custom'}: n_layer={model.config.n_layer}, "
+                             f"n_head={model.config.n_head}, n_embd={model.config.n_embd}); "
+                             "a resumed run keeps its model")
+    return str(saved_preset or "checkpoint's")
 
 
 def train(
