@@ -55,8 +55,8 @@ DIVERGING = """
 import sys
 import typed_transformer.training as training
 from typed_transformer.cli import main
-real = training.learning_rate
-training.learning_rate = lambda config, iteration: 1e30 if iteration >= 10 else real(config, iteration)
+real = training.gpt_learning_rate
+training.gpt_learning_rate = lambda config, iteration: 1e30 if iteration >= 10 else real(config, iteration)
 sys.exit(main(sys.argv[1:]))
 """
 #: A command stuck in one torch kernel of hours that never looks for signals (as attention over a 200,000-character

@@ -343,8 +343,9 @@ def _muon_groups(model: Seq2SeqTransformer, config: Seq2SeqConfig) -> list[dict[
                        lr_scale=config.muon_lr / config.learning_rate)
 
 
-def learning_rate(config: Seq2SeqConfig, iteration: int) -> float:
-    """Linear warmup over ``warmup_iters``, then a cosine decay to a tenth of the peak at ``max_iters``."""
+def seq2seq_learning_rate(config: Seq2SeqConfig, iteration: int) -> float:
+    """The encoder-decoder's learning rate at ``iteration``: a linear warmup to ``learning_rate`` over
+    ``warmup_iters``, then a cosine decay to a tenth of the peak at ``max_iters``, held there after."""
     if iteration < config.warmup_iters:
         return config.learning_rate * (iteration + 1) / config.warmup_iters
     progress = (iteration - config.warmup_iters) / max(1, config.max_iters - config.warmup_iters)
@@ -428,7 +429,7 @@ class _LoopSettings:
 class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
     """The encoder-decoder's training: :class:`~typed_transformer.step_loop.StepLoop`'s step path with teacher
     forcing (cross-entropy over the target tokens, padding ignored), Adam with the paper's betas, the warmup +
-    cosine :func:`learning_rate`, batches and dropout drawn from ``(seed, iteration)``, and an evaluation
+    cosine :func:`seq2seq_learning_rate`, batches and dropout drawn from ``(seed, iteration)``, and an evaluation
     (greedy decoding of the held-out pairs) and a checkpoint every ``eval_interval`` steps. One process."""
 
     desc = "train-seq2seq"
@@ -459,7 +460,7 @@ class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
         return loss_of
 
     def learning_rate(self, iteration: int) -> float:
-        return learning_rate(self.settings, iteration)
+        return seq2seq_learning_rate(self.settings, iteration)
 
     def next_batch(self) -> tuple[Int[Tensor, "b s"], Int[Tensor, "b t"]]:
         """A batch of pairs: sources ``(b, s)``, targets ``bos ... eos`` ``(b, t)``, padded."""

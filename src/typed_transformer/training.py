@@ -71,7 +71,7 @@ __all__ = [
     "check_run_sizes",
     "evaluate",
     "flops_per_token",
-    "learning_rate",
+    "gpt_learning_rate",
     "measure_matmul_flops",
     "measure_peak_flops",
     "remeasure_peak",
@@ -96,8 +96,9 @@ def measure_peak_flops(device: str, dtype: torch.dtype, threads: int | str | Non
     return rates[best], best
 
 
-def learning_rate(config: TrainConfig, iteration: int) -> float:
-    """The learning rate at ``iteration`` (see the module docstring)."""
+def gpt_learning_rate(config: TrainConfig, iteration: int) -> float:
+    """The GPT's learning rate at ``iteration``, nanoGPT's ``get_lr`` (see the module docstring): warmup to
+    ``learning_rate``, cosine decay to ``min_lr`` at ``lr_decay_iters`` (default ``max_iters``), ``min_lr`` after."""
     decay = config.lr_decay_iters or config.max_iters
     if iteration < config.warmup_iters:
         return config.learning_rate * (iteration + 1) / (config.warmup_iters + 1)
@@ -265,8 +266,8 @@ def resumed_run(resume: Checkpoint, overrides: dict[str, Any], train_overrides: 
     if config.lr_decay_iters is None and old.max_iters != config.max_iters:
         it = resume.iteration
         print(f"note: the learning rate now decays over {config.max_iters} iterations instead of "
-              f"{old.max_iters}: {learning_rate(config, it):.3g} at iteration {it} (the shorter schedule "
-              f"had {learning_rate(old, it):.3g}); see docs/reliability.md", file=err)
+              f"{old.max_iters}: {gpt_learning_rate(config, it):.3g} at iteration {it} (the shorter schedule "
+              f"had {gpt_learning_rate(old, it):.3g}); see docs/reliability.md", file=err)
     return model, config, data, preset
 
 
@@ -438,7 +439,7 @@ class Trainer(StepLoop[TrainResult]):
                                   self.config.threads)[0]
 
     def learning_rate(self, iteration: int) -> float:
-        return learning_rate(self.config, iteration)
+        return gpt_learning_rate(self.config, iteration)
 
     def _eval_batches(self) -> dict[str, list[tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]]]:
         """Fixed evaluation batches: the same windows at every evaluation and after a resume (rank 0 evaluates)."""
@@ -535,7 +536,12 @@ class Trainer(StepLoop[TrainResult]):
 
 
 def __getattr__(name: str) -> Any:
-    """Old import paths: ``compile_for_generation`` moved to :mod:`~typed_transformer.generation`."""
+    """Old import paths: ``compile_for_generation`` moved to :mod:`~typed_transformer.generation`;
+    ``learning_rate`` is :func:`gpt_learning_rate`."""
+    if name == "learning_rate":
+        warn_deprecated("typed_transformer.training.learning_rate is deprecated, use "
+                        "typed_transformer.training.gpt_learning_rate")
+        return gpt_learning_rate
     if name == "compile_for_generation":
         from . import generation
 

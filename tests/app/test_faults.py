@@ -197,7 +197,7 @@ def test_a_diverging_run_keeps_the_last_finite_checkpoint(text: Path, tmp_path: 
     out = tmp_path / "run"
     assert main(argv(text, out, "--max-iters", "4")) == 0
     before = (out / CHECKPOINT_NAME).read_bytes()
-    monkeypatch.setattr("typed_transformer.training.learning_rate", lambda config, iteration: 1e30)
+    monkeypatch.setattr("typed_transformer.training.gpt_learning_rate", lambda config, iteration: 1e30)
     capsys.readouterr()
     assert main(argv(text, out, "--max-iters", "30", "--resume")) == 1
     err = capsys.readouterr().err
