@@ -378,7 +378,8 @@ def _checked_call(model: GPT, net: nn.Module) -> Callable[[Tensor, Tensor], Tens
 @shape_checked
 class Trainer(StepLoop[TrainResult]):
     """The GPT's training loop (:func:`train` holds the run directory's lock around it): build it with
-    ``train``'s arguments inside that lock, then :meth:`run` it once. The step path is :class:`StepLoop`'s.
+    ``train``'s arguments inside that lock, then :meth:`run` it once. The step path is
+    :class:`~typed_transformer.step_loop.StepLoop`'s.
 
     Extension points (override in a subclass, or pass ``on_step`` to :func:`train`):
 
