@@ -550,9 +550,9 @@ def test_one_precision_path_without_none_branches() -> None:
     disabled one for float32): no ``scaler is not None`` or ``autocast is not None`` branch in the app's loops."""
     import re
 
-    from typed_transformer import generation, seq2seq_training, training
+    from typed_transformer import generation, seq2seq_training, step_loop, training
 
-    for module in (training, seq2seq_training, generation):
+    for module in (step_loop, training, seq2seq_training, generation):
         source = Path(str(module.__file__)).read_text(encoding="utf-8")
         assert not re.search(r"\b(scaler|autocast) is (not )?None", source), module.__name__
-    assert "GradScaler(self.device_type, enabled=" in Path(str(training.__file__)).read_text(encoding="utf-8")
+    assert "GradScaler(self.device_type, enabled=" in Path(str(step_loop.__file__)).read_text(encoding="utf-8")
