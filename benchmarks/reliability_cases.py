@@ -55,8 +55,8 @@ DIVERGING = """
 import sys
 import typed_transformer.training as training
 from typed_transformer.cli import main
-real = training.learning_rate
-training.learning_rate = lambda config, iteration: 1e30 if iteration >= 10 else real(config, iteration)
+real = training.gpt_learning_rate
+training.gpt_learning_rate = lambda config, iteration: 1e30 if iteration >= 10 else real(config, iteration)
 sys.exit(main(sys.argv[1:]))
 """
 #: A command stuck in one torch kernel of hours that never looks for signals (as attention over a 200,000-character
@@ -189,7 +189,7 @@ def prepare_seq2seq(lab: Lab) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from typed_transformer.checkpoint import _digest
+    from typed_transformer.run_files import content_digest
 
     work = lab.work
     for name, text in CANDIDATES.items():
@@ -210,7 +210,7 @@ def prepare_seq2seq(lab: Lab) -> None:
         tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
         metadata = dict(handle.metadata())
     tensors["junk.x"] = torch.zeros(2)
-    metadata["sha256"] = _digest(tensors, metadata)
+    metadata["sha256"] = content_digest(tensors, metadata)
     save_file(tensors, str(work / "junk.safetensors"), metadata=metadata)
 
 
@@ -227,7 +227,7 @@ def write_corrupt_checkpoints(work: Path) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from typed_transformer.checkpoint import _digest
+    from typed_transformer.run_files import content_digest
 
     source = work / "run" / "checkpoint.safetensors"
 
@@ -237,7 +237,7 @@ def write_corrupt_checkpoints(work: Path) -> None:
             metadata = dict(handle.metadata())
         change(tensors, metadata)
         if sign:
-            metadata["sha256"] = _digest(tensors, metadata)
+            metadata["sha256"] = content_digest(tensors, metadata)
         save_file(tensors, str(work / target), metadata=metadata)
 
     def meta(key: str, value: object) -> Change:

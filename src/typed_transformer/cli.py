@@ -45,7 +45,6 @@ from ._options import (
 from ._signals import TERMINATING, Watchdog, exit_code, raise_interrupt, raise_terminated, signal_name
 
 if TYPE_CHECKING:  # the commands import these when they run: the parser stays light
-    from .checkpoint import Checkpoint
     from .config import TrainConfig
     from .data import TextData
     from .gpt import GPT
@@ -53,14 +52,12 @@ if TYPE_CHECKING:  # the commands import these when they run: the parser stays l
 
 __all__ = ["main"]
 
-#: Ranges of the flags that are not a config field's (those are in their dataclasses' metadata), and of the
-#: combinations of flags (docs/reliability.md).
+#: Ranges of the flags that are not a config field's (those are in their dataclasses' metadata; the combinations
+#: of a training run's flags are :func:`typed_transformer.training.check_run_sizes`'s, docs/reliability.md).
 MAX_TOKENS = 1_000_000
 MIN_TEMPERATURE = 0.01  # below this, logits / temperature overflow float32 and sampling is greedy anyway
 MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**32 - 1
-MAX_TOKENS_PER_STEP = 2**18  # batch size x block size (the baby run has 768, the seed run 3,072)
-MAX_EVAL_TOKENS = 2**24  # eval iters x batch size x block size, held in memory for the whole run
 
 
 class _Parser(argparse.ArgumentParser):
@@ -391,8 +388,8 @@ def _distributed(args: argparse.Namespace) -> bool:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .checkpoint import CHECKPOINT_NAME, run_directory
-    from .training import PeerFailed
+    from .run_files import CHECKPOINT_NAME, run_directory
+    from .step_loop import PeerFailed
 
     _require_train_extra("train")
     distributed = _distributed(args)
@@ -439,11 +436,12 @@ def _train_locked(args: argparse.Namespace) -> int:
     import hashlib
     import os
 
-    from .checkpoint import CHECKPOINT_NAME, load_checkpoint
+    from .checkpoint import load_checkpoint
     from .config import DEFAULT_PRESET, TrainConfig
     from .data import default_corpus, load_text
     from .gpt import GPTConfig
-    from .training import DTYPES, measure_peak_flops, remeasure_peak, train
+    from .run_files import CHECKPOINT_NAME
+    from .training import DTYPES, measure_peak_flops, remeasure_peak, resumed_run, train
 
     _cuda_or_fail(args.device)
     if args.data is None:
@@ -459,8 +457,9 @@ def _train_locked(args: argparse.Namespace) -> int:
     err = sys.stderr if main else open(os.devnull, "w")  # noqa: SIM115 (closed with the process)
     resume = load_checkpoint(args.out / CHECKPOINT_NAME) if args.resume else None
     if resume is not None:
-        model, config, data, preset = _resumed(args, resume, overrides, train_overrides, text, text_sha256, source,
-                                              err)
+        model, config, data, preset = resumed_run(resume, overrides, train_overrides, requested_preset=args.preset,
+                                                  text=text, text_sha256=text_sha256, source=source,
+                                                  out=args.out, err=err)
     else:
         model, config, data, preset = _fresh(args.preset or DEFAULT_PRESET, overrides, train_overrides, text, source)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -482,69 +481,6 @@ def _train_locked(args: argparse.Namespace) -> int:
     return _report_training(args, result, config, world) if main else 0
 
 
-def _resumed(args: argparse.Namespace, resume: "Checkpoint", overrides: dict[str, Any],
-             train_overrides: dict[str, Any], text: str, text_sha256: str, source: str,
-             err: Any) -> tuple["GPT", "TrainConfig", "TextData", str]:
-    """``train --resume``: the checkpoint's model, its settings with this command's overrides and the data, after
-    checking that the flags, the seed and the text are the saved run's. Returns (model, config, data, preset)."""
-    from .checkpoint import CHECKPOINT_NAME
-    from .data import CharTokenizer, TextData
-    from .training import TrainConfig, learning_rate
-
-    model = resume.model
-    preset = _resumed_preset(args.preset, resume, overrides)
-    for key, value in overrides.items():
-        if getattr(model.config, key) != value:
-            raise ValueError(f"--{key.replace('_', '-')} {value} differs from the checkpoint's "
-                             f"{getattr(model.config, key)}; a resumed run keeps its model")
-    saved_seed = resume.train_config.get("seed", TrainConfig.seed)
-    if train_overrides.get("seed", saved_seed) != saved_seed:
-        raise ValueError(f"--seed {train_overrides['seed']} differs from the checkpoint's {saved_seed}; a "
-                         "resumed run continues the saved random state")
-    config = TrainConfig.overridden(resume.train_config, **train_overrides)
-    tokenizer = resume.tokenizer
-    saved_hash, saved_chars = resume.info.get("text_sha256"), resume.info.get("text_chars")
-    if saved_hash not in (None, text_sha256) or saved_chars not in (None, len(text)):
-        what = "length" if saved_chars not in (None, len(text)) else "sha256"
-        raise ValueError(f"{source} is not the text the checkpoint was trained on (its {what} differs from "
-                         f"that of {resume.info.get('source', 'the saved text')})")
-    if CharTokenizer.from_text(text) != tokenizer:
-        raise ValueError(f"{source}: its vocabulary ({len(set(text))} characters) differs from the "
-                         f"checkpoint's ({tokenizer.vocab_size})")
-    _check_sizes(config.batch_size, model.config.block_size, config.eval_iters)
-    data = TextData.from_text(text, model.config.block_size, tokenizer=tokenizer, source=source)
-    if resume.iteration >= config.max_iters:
-        raise ValueError(f"the checkpoint is already at iteration {resume.iteration}; "
-                         "pass a larger --max-iters")
-    print(f"resuming {args.out / CHECKPOINT_NAME} at iteration {resume.iteration}", file=err)
-    old = TrainConfig.overridden(resume.train_config)
-    if config.lr_decay_iters is None and old.max_iters != config.max_iters:
-        it = resume.iteration
-        print(f"note: the learning rate now decays over {config.max_iters} iterations instead of "
-              f"{old.max_iters}: {learning_rate(config, it):.3g} at iteration {it} (the shorter schedule "
-              f"had {learning_rate(old, it):.3g}); see docs/reliability.md", file=err)
-    return model, config, data, preset
-
-
-def _resumed_preset(requested: str | None, resume: "Checkpoint", overrides: dict[str, Any]) -> str:
-    """The preset a resumed run reports; refuses a ``--preset`` whose sizes are not the checkpoint's model's."""
-    from .gpt import GPTConfig
-
-    model, saved_preset = resume.model, resume.info.get("preset")
-    if requested is not None:
-        # The preset's architecture with this command's size flags (--n-layer, --n-head, --n-embd); block
-        # size, dropout and positions are flags of their own, checked by the caller.
-        sizes = {key: overrides[key] for key in ("n_layer", "n_head", "n_embd") if key in overrides}
-        expected = GPTConfig.preset(requested, model.config.vocab_size, **sizes)
-        same = all(getattr(expected, key) == getattr(model.config, key) for key in ("n_layer", "n_head", "n_embd"))
-        if (saved_preset is not None and saved_preset != requested) or not same:
-            raise ValueError(f"--preset {requested} differs from the checkpoint's model "
-                             f"({saved_preset or 'custom'}: n_layer={model.config.n_layer}, "
-                             f"n_head={model.config.n_head}, n_embd={model.config.n_embd}); "
-                             "a resumed run keeps its model")
-    return str(saved_preset or "checkpoint's")
-
-
 def _fresh(preset: str, overrides: dict[str, Any], train_overrides: dict[str, Any], text: str,
            source: str) -> tuple["GPT", "TrainConfig", "TextData", str]:
     """A new run: the preset's settings with the flags, the data, and the model drawn from the seed."""
@@ -553,11 +489,11 @@ def _fresh(preset: str, overrides: dict[str, Any], train_overrides: dict[str, An
     from ._memory import parameter_count, require_training_memory
     from .data import TextData
     from .gpt import GPT, GPTConfig
-    from .training import TrainConfig
+    from .training import TrainConfig, check_run_sizes
 
     config = TrainConfig.for_preset(preset, **train_overrides)
     model_config = GPTConfig.preset(preset, 1, **overrides)  # the sizes are checked before reading the text
-    _check_sizes(config.batch_size, model_config.block_size, config.eval_iters)
+    check_run_sizes(config.batch_size, model_config.block_size, config.eval_iters)
     data = TextData.from_text(text, model_config.block_size, source=source)
     full = GPTConfig.preset(preset, data.tokenizer.vocab_size, **overrides)
     require_training_memory(parameter_count(lambda: GPT(full)), advice="lower --n-layer or --n-embd")
@@ -636,17 +572,6 @@ def _report_training(args: argparse.Namespace, result: "TrainResult", config: "T
         print("sample:")
         print(result.sample)
     return 0
-
-
-def _check_sizes(batch_size: int, block_size: int, eval_iters: int) -> None:
-    """Refuse combinations of in-range sizes that cannot fit (each flag alone is bounded by the parser)."""
-    step = batch_size * block_size
-    if step > MAX_TOKENS_PER_STEP:
-        raise ValueError(f"--batch-size {batch_size} x block size {block_size} = {step:,} tokens per step, more than "
-                         f"{MAX_TOKENS_PER_STEP:,}; lower --batch-size or --block-size")
-    if eval_iters * step > MAX_EVAL_TOKENS:
-        raise ValueError(f"--eval-iters {eval_iters} x {step:,} tokens per batch = {eval_iters * step:,} evaluation "
-                         f"tokens held in memory, more than {MAX_EVAL_TOKENS:,}; lower --eval-iters or --batch-size")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -733,8 +658,9 @@ def _attention(args: argparse.Namespace) -> int:
 def _run_training_command(args: argparse.Namespace) -> int:
     """``train``, ``generate`` or ``attention``, with every expected failure turned into one line and its exit
     code."""
-    from .checkpoint import CheckpointError, RunDirectoryError, describe_os_error
+    from .checkpoint import CheckpointError
     from .data import DataError
+    from .run_files import RunDirectoryError, describe_os_error
 
     try:
         if args.command in ("train-seq2seq", "translate"):
@@ -752,7 +678,7 @@ def _run_training_command(args: argparse.Namespace) -> int:
         return _fail(f"cannot write: {describe_os_error(err)} (the last checkpoint, if any, is intact)")
     except (RuntimeError, MemoryError) as err:
         from ._memory import out_of_memory
-        from .training import PeerFailed, TrainingDiverged
+        from .step_loop import PeerFailed, TrainingDiverged
 
         if isinstance(err, PeerFailed):  # one line for the run: rank 0's, or a survivor's when rank 0 is gone
             if err.report:

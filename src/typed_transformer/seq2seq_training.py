@@ -26,20 +26,17 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
-from .checkpoint import (
+from .checkpoint import CheckpointError, check_optimizer_state, check_tensor_names, checked_model
+from .data import DataError
+from .muon import MuonAdamW, muon_groups
+from .run_files import (
     CHECKPOINT_NAME,
-    CheckpointError,
-    _digest,
-    check_optimizer_state,
-    check_tensor_names,
-    checked_model,
+    content_digest,
     require_free_space,
     run_directory,
     write_atomically,
     write_text_atomically,
 )
-from .data import DataError
-from .muon import MuonAdamW, muon_groups
 from .seq2seq import Seq2SeqTransformer
 from .seq2seq_data import (
     BOS,
@@ -56,7 +53,7 @@ from .seq2seq_data import (
     split_pairs,
 )
 from .shapecheck import shape_checked, shape_checks
-from .training import StepLoop, TrainingDiverged
+from .step_loop import StepLoop, TrainingDiverged
 from .validation import check_positive_int
 
 __all__ = ["Seq2SeqCheckpoint", "Seq2SeqConfig", "Seq2SeqResult", "Seq2SeqTrainer", "evaluate_pairs", "load_seq2seq",
@@ -271,7 +268,7 @@ def save_seq2seq(path: Path, model: Seq2SeqTransformer, vocab: PairVocab, config
         metadata["data_sha256"] = data_sha256
     if thread_state is not None:
         metadata["thread_state"] = json.dumps(thread_state)
-    metadata["sha256"] = _digest(tensors, metadata)
+    metadata["sha256"] = content_digest(tensors, metadata)
     write_atomically(path, tensors, metadata)
     return path
 
@@ -299,7 +296,7 @@ def load_seq2seq(path: str | Path) -> Seq2SeqCheckpoint:
     if metadata.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a typed-transformer seq2seq checkpoint (format "
                               f"{metadata.get('format')!r})")
-    if _digest(tensors, metadata) != metadata.get("sha256"):
+    if content_digest(tensors, metadata) != metadata.get("sha256"):
         raise CheckpointError(f"{path}: corrupt checkpoint (integrity check failed: the tensors or metadata were "
                               "modified or damaged after it was written)")
     try:
@@ -346,8 +343,9 @@ def _muon_groups(model: Seq2SeqTransformer, config: Seq2SeqConfig) -> list[dict[
                        lr_scale=config.muon_lr / config.learning_rate)
 
 
-def learning_rate(config: Seq2SeqConfig, iteration: int) -> float:
-    """Linear warmup over ``warmup_iters``, then a cosine decay to a tenth of the peak at ``max_iters``."""
+def seq2seq_learning_rate(config: Seq2SeqConfig, iteration: int) -> float:
+    """The encoder-decoder's learning rate at ``iteration``: a linear warmup to ``learning_rate`` over
+    ``warmup_iters``, then a cosine decay to a tenth of the peak at ``max_iters``, held there after."""
     if iteration < config.warmup_iters:
         return config.learning_rate * (iteration + 1) / config.warmup_iters
     progress = (iteration - config.warmup_iters) / max(1, config.max_iters - config.warmup_iters)
@@ -412,7 +410,7 @@ def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = Fals
 
 @dataclass(frozen=True)
 class _LoopSettings:
-    """What the step loop reads (:class:`~typed_transformer.training.LoopSettings`): a seq2seq step is one batch
+    """What the step loop reads (:class:`~typed_transformer.step_loop.LoopSettings`): a seq2seq step is one batch
     in float32, unclipped, saved after each evaluation."""
 
     max_iters: int
@@ -429,9 +427,9 @@ class _LoopSettings:
 
 @shape_checked
 class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
-    """The encoder-decoder's training: :class:`~typed_transformer.training.StepLoop`'s step path with teacher
+    """The encoder-decoder's training: :class:`~typed_transformer.step_loop.StepLoop`'s step path with teacher
     forcing (cross-entropy over the target tokens, padding ignored), Adam with the paper's betas, the warmup +
-    cosine :func:`learning_rate`, batches and dropout drawn from ``(seed, iteration)``, and an evaluation
+    cosine :func:`seq2seq_learning_rate`, batches and dropout drawn from ``(seed, iteration)``, and an evaluation
     (greedy decoding of the held-out pairs) and a checkpoint every ``eval_interval`` steps. One process."""
 
     desc = "train-seq2seq"
@@ -462,7 +460,7 @@ class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
         return loss_of
 
     def learning_rate(self, iteration: int) -> float:
-        return learning_rate(self.settings, iteration)
+        return seq2seq_learning_rate(self.settings, iteration)
 
     def next_batch(self) -> tuple[Int[Tensor, "b s"], Int[Tensor, "b t"]]:
         """A batch of pairs: sources ``(b, s)``, targets ``bos ... eos`` ``(b, t)``, padded."""

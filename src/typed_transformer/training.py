@@ -15,7 +15,8 @@ decay length is the new ``max_iters``, so from the resume point on the rate is `
 schedule, which is higher than the shorter run's (a finished run resumes at the longer schedule's rate at
 that iteration, well above ``lr_min``). The steps already taken followed the shorter schedule, so the weights
 differ from an uninterrupted run of the new length. Fix ``lr_decay_iters`` from the start to make a run
-resumable to any length on one schedule.
+resumable to any length on one schedule. What ``train --resume`` accepts of the flags, the preset, the seed and
+the text is :func:`resumed_run`'s.
 
 Safety (docs/reliability.md): the output directory is locked for the run (:func:`run_directory`); a fresh run
 refuses to replace an existing checkpoint unless ``overwrite=True``; a non-finite loss, gradient norm or weight
@@ -36,48 +37,45 @@ checkpoint and the plot. ``dtype`` runs the forward passes under ``torch.autocas
 import contextlib
 import dataclasses
 import math
-import signal
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import FrameType
-from typing import Any, Generic, Protocol, TextIO, TypeVar
+from typing import Any, TextIO
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor, nn
 
 from ._deprecation import warn_deprecated
-from ._signals import Terminated, note_taken
-from .checkpoint import CHECKPOINT_NAME, Checkpoint, RunDirectoryError, run_directory, save_checkpoint
+from .checkpoint import Checkpoint, save_checkpoint
 from .config import DTYPES, PRESET_TRAINING, TrainConfig
-from .data import TextData, get_batch
+from .data import CharTokenizer, TextData, get_batch
 from .generation import sample_text
-from .gpt import GPT
+from .gpt import GPT, GPTConfig
 from .muon import MuonAdamW, muon_groups
 from .plot import plot_history
+from .run_files import CHECKPOINT_NAME, RunDirectoryError, run_directory
 from .shapecheck import shape_checked, typechecked
-from .threads import RunThreads, at_each_count, fix_threads, resolve_threads
+from .step_loop import PeerFailed, StepLoop, TrainingDiverged, rank_and_world
+from .threads import at_each_count, resolve_threads
 
 __all__ = [
     "DTYPES",
     "PRESET_TRAINING",
-    "LoopSettings",
     "PeerFailed",
-    "StepLoop",
     "TrainConfig",
     "TrainResult",
     "Trainer",
     "TrainingDiverged",
+    "check_run_sizes",
     "evaluate",
     "flops_per_token",
-    "learning_rate",
+    "gpt_learning_rate",
     "measure_matmul_flops",
     "measure_peak_flops",
     "remeasure_peak",
+    "resumed_run",
     "train",
 ]
 
@@ -98,8 +96,9 @@ def measure_peak_flops(device: str, dtype: torch.dtype, threads: int | str | Non
     return rates[best], best
 
 
-def learning_rate(config: TrainConfig, iteration: int) -> float:
-    """The learning rate at ``iteration`` (see the module docstring)."""
+def gpt_learning_rate(config: TrainConfig, iteration: int) -> float:
+    """The GPT's learning rate at ``iteration``, nanoGPT's ``get_lr`` (see the module docstring): warmup to
+    ``learning_rate``, cosine decay to ``min_lr`` at ``lr_decay_iters`` (default ``max_iters``), ``min_lr`` after."""
     decay = config.lr_decay_iters or config.max_iters
     if iteration < config.warmup_iters:
         return config.learning_rate * (iteration + 1) / (config.warmup_iters + 1)
@@ -205,92 +204,88 @@ def remeasure_peak(result: TrainResult, start: float, measure: Callable[[], floa
     return dataclasses.replace(result, mfu=result.mfu * start / max(start, end), peaks=(start, end))
 
 
-R = TypeVar("R")
-T = TypeVar("T")
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss, the gradient norm or a weight became NaN or infinite; nothing non-finite was saved.
+#: The most tokens of one step (batch size x block size; the baby run has 768, the seed run 3,072).
+MAX_TOKENS_PER_STEP = 2**18
+#: The most evaluation tokens (eval iters x batch size x block size), held in memory for the whole run.
+MAX_EVAL_TOKENS = 2**24
 
-    ``iteration`` is where it happened, ``checkpoint`` the last (finite) checkpoint kept, or None.
+
+def check_run_sizes(batch_size: int, block_size: int, eval_iters: int) -> None:
+    """Refuse combinations of in-range sizes that cannot fit (each flag alone is bounded by the parser)."""
+    step = batch_size * block_size
+    if step > MAX_TOKENS_PER_STEP:
+        raise ValueError(f"--batch-size {batch_size} x block size {block_size} = {step:,} tokens per step, more than "
+                         f"{MAX_TOKENS_PER_STEP:,}; lower --batch-size or --block-size")
+    if eval_iters * step > MAX_EVAL_TOKENS:
+        raise ValueError(f"--eval-iters {eval_iters} x {step:,} tokens per batch = {eval_iters * step:,} evaluation "
+                         f"tokens held in memory, more than {MAX_EVAL_TOKENS:,}; lower --eval-iters or --batch-size")
+
+
+
+def resumed_run(resume: Checkpoint, overrides: dict[str, Any], train_overrides: dict[str, Any], *,
+                requested_preset: str | None, text: str, text_sha256: str, source: str, out: Path,
+                err: TextIO) -> tuple[GPT, TrainConfig, TextData, str]:
+    """``train --resume``'s policy: the checkpoint's model, its settings with the command's overrides (the model's
+    ``overrides`` and the run's ``train_overrides``, by field name) and the data, after checking that the flags,
+    the seed and the text are the saved run's; ``out`` is the run directory, ``err`` where the notes go. Returns
+    (model, config, data, preset).
+
+    Raises:
+        ValueError: a flag, the preset, the seed or the text differs from the saved run's, the sizes do not fit
+            (:func:`check_run_sizes`), or the checkpoint is already at ``max_iters``.
     """
-
-    def __init__(self, message: str, iteration: int, checkpoint: Path | None) -> None:
-        super().__init__(message)
-        self.iteration = iteration
-        self.checkpoint = checkpoint
-
-
-class PeerFailed(RuntimeError):
-    """Another process of a multi-process run (``torchrun``) stopped, so a collective operation failed.
-
-    ``checkpoint`` is the last checkpoint on disk (None: none yet) and ``iteration`` its iteration; ``report``
-    says whether this process is the one to say so (rank 0, or another rank when rank 0 is the process that
-    stopped), so that the run prints one line, not one per process.
-    """
-
-    def __init__(self, message: str, checkpoint: Path | None, iteration: int | None, report: bool) -> None:
-        super().__init__(message)
-        self.checkpoint, self.iteration, self.report = checkpoint, iteration, report
-
-
-def _is_peer_failure(err: BaseException) -> bool:
-    """Whether ``err`` is a collective operation failing because another process went away (gloo reports
-    it as a plain RuntimeError naming its own source file; NCCL and the store as ``torch.distributed``'s
-    errors)."""
-    import torch.distributed as dist
-
-    if isinstance(err, dist.DistError):
-        return True
-    text = str(err)
-    return isinstance(err, RuntimeError) and ("gloo/" in text or "Connection reset by peer" in text
-                                              or "Connection closed by peer" in text)
-
-
-def _cause(err: BaseException) -> str:
-    """The first sentence of a collective's error, without gloo's ``[file.cc:line]`` prefix."""
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    if first.startswith("[") and "] " in first:
-        first = first.split("] ", 1)[1]
-    return first.split(". ", 1)[0].rstrip(".")
+    model = resume.model
+    preset = _resumed_preset(requested_preset, resume, overrides)
+    for key, value in overrides.items():
+        if getattr(model.config, key) != value:
+            raise ValueError(f"--{key.replace('_', '-')} {value} differs from the checkpoint's "
+                             f"{getattr(model.config, key)}; a resumed run keeps its model")
+    saved_seed = resume.train_config.get("seed", TrainConfig.seed)
+    if train_overrides.get("seed", saved_seed) != saved_seed:
+        raise ValueError(f"--seed {train_overrides['seed']} differs from the checkpoint's {saved_seed}; a "
+                         "resumed run continues the saved random state")
+    config = TrainConfig.overridden(resume.train_config, **train_overrides)
+    tokenizer = resume.tokenizer
+    saved_hash, saved_chars = resume.info.get("text_sha256"), resume.info.get("text_chars")
+    if saved_hash not in (None, text_sha256) or saved_chars not in (None, len(text)):
+        what = "length" if saved_chars not in (None, len(text)) else "sha256"
+        raise ValueError(f"{source} is not the text the checkpoint was trained on (its {what} differs from "
+                         f"that of {resume.info.get('source', 'the saved text')})")
+    if CharTokenizer.from_text(text) != tokenizer:
+        raise ValueError(f"{source}: its vocabulary ({len(set(text))} characters) differs from the "
+                         f"checkpoint's ({tokenizer.vocab_size})")
+    check_run_sizes(config.batch_size, model.config.block_size, config.eval_iters)
+    data = TextData.from_text(text, model.config.block_size, tokenizer=tokenizer, source=source)
+    if resume.iteration >= config.max_iters:
+        raise ValueError(f"the checkpoint is already at iteration {resume.iteration}; "
+                         "pass a larger --max-iters")
+    print(f"resuming {out / CHECKPOINT_NAME} at iteration {resume.iteration}", file=err)
+    old = TrainConfig.overridden(resume.train_config)
+    if config.lr_decay_iters is None and old.max_iters != config.max_iters:
+        it = resume.iteration
+        print(f"note: the learning rate now decays over {config.max_iters} iterations instead of "
+              f"{old.max_iters}: {gpt_learning_rate(config, it):.3g} at iteration {it} (the shorter schedule "
+              f"had {gpt_learning_rate(old, it):.3g}); see docs/reliability.md", file=err)
+    return model, config, data, preset
 
 
-class _Interrupt:
-    """Turn the first Ctrl-C or SIGTERM into a flag checked between steps (a second one stops at once:
-    KeyboardInterrupt, or :class:`Terminated` for SIGTERM)."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP (a closed terminal) as SIGTERM
-
-    def __init__(self) -> None:
-        self.requested: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "_Interrupt":
-        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
-            for signum in self.SIGNALS:
-                if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
-                    continue  # started under nohup: a hang-up is meant not to stop the run
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        note_taken()  # the watchdog's sign that the main thread is not stuck in one long C call
-        if self.requested is not None:
-            raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
-        self.requested = signum
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-
-
-def _world() -> tuple[int, int]:
-    """(rank, world size) of the initialised default ``torch.distributed`` group, else (0, 1)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+def _resumed_preset(requested: str | None, resume: Checkpoint, overrides: dict[str, Any]) -> str:
+    """The preset a resumed run reports; refuses a ``--preset`` whose sizes are not the checkpoint's model's."""
+    model, saved_preset = resume.model, resume.info.get("preset")
+    if requested is not None:
+        # The preset's architecture with this command's size flags (--n-layer, --n-head, --n-embd); block
+        # size, dropout and positions are flags of their own, checked by the caller.
+        sizes = {key: overrides[key] for key in ("n_layer", "n_head", "n_embd") if key in overrides}
+        expected = GPTConfig.preset(requested, model.config.vocab_size, **sizes)
+        same = all(getattr(expected, key) == getattr(model.config, key) for key in ("n_layer", "n_head", "n_embd"))
+        if (saved_preset is not None and saved_preset != requested) or not same:
+            raise ValueError(f"--preset {requested} differs from the checkpoint's model "
+                             f"({saved_preset or 'custom'}: n_layer={model.config.n_layer}, "
+                             f"n_head={model.config.n_head}, n_embd={model.config.n_embd}); "
+                             "a resumed run keeps its model")
+    return str(saved_preset or "checkpoint's")
 
 
 def train(
@@ -323,7 +318,7 @@ def train(
 
     Raises:
         RunDirectoryError: ``out_dir`` is unusable (a file, not writable, locked by another run, too little free
-            space for two checkpoints: :func:`~typed_transformer.checkpoint.require_free_space`), or it holds a
+            space for two checkpoints: :func:`~typed_transformer.run_files.require_free_space`), or it holds a
             checkpoint and neither ``resume`` nor ``overwrite`` was given.
         TrainingDiverged: the loss, the gradient norm or the weights became non-finite; the last checkpoint
             (finite) is kept and nothing was saved after it.
@@ -332,7 +327,7 @@ def train(
         OSError: a checkpoint or the plot could not be written (the previous checkpoint is intact).
     """
     out = Path(out_dir)
-    rank, world = _world()
+    rank, world = rank_and_world()
     if config.batch_size % (world * config.grad_accum) != 0:
         raise ValueError(f"batch_size={config.batch_size} is not divisible by {world} processes x grad_accum="
                          f"{config.grad_accum}: the global batch is split into equal micro-batches")
@@ -345,7 +340,7 @@ def train(
                                     "replace it with --overwrite")
         if rank == 0:  # a full disk found now, not at the first save
             from ._memory import require_training_memory
-            from .checkpoint import require_free_space
+            from .run_files import require_free_space
 
             count = sum(p.numel() for p in model.parameters())
             require_training_memory(count, allocated=count, advice="train a smaller model, or on a larger machine")
@@ -378,358 +373,13 @@ def _checked_call(model: GPT, net: nn.Module) -> Callable[[Tensor, Tensor], Tens
     return typechecked(loss_of) if net is not model else loss_of
 
 
-class LoopSettings(Protocol):
-    """What :class:`StepLoop` reads of a run's settings (:class:`TrainConfig` has every one)."""
-
-    @property
-    def max_iters(self) -> int: ...
-    @property
-    def batch_size(self) -> int: ...
-    @property
-    def grad_accum(self) -> int: ...
-    @property
-    def grad_clip(self) -> float: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def compile(self) -> bool: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def eval_interval(self) -> int: ...
-    @property
-    def checkpoint_interval(self) -> int: ...
-    @property
-    def threads(self) -> int | str: ...
-
-
-@shape_checked
-class StepLoop(Generic[R]):
-    """The training loop of every model the package trains, with one step path for every setting: the global
-    batch (:meth:`next_batch`) is split into ``grad_accum`` micro-batches, each forward pass runs under
-    :meth:`autocast` (disabled for float32), each loss goes backward through ``GradScaler(enabled=dtype ==
-    "float16")`` (a pass-through otherwise), ``DistributedDataParallel`` all-reduces on the last micro-batch only,
-    gradients are clipped to ``grad_clip`` (0: not clipped) and a non-finite loss stops the run before the
-    update. Ctrl-C and SIGTERM stop between two steps; the thread count is fixed or timed on the steps
-    (``threads``).
-
-    A model's trainer gives its parts: :meth:`make_optimizer`, :meth:`make_loss` (the loss of one micro-batch,
-    ``self.loss_of``), :meth:`learning_rate`, :meth:`next_batch`, :meth:`evaluation`, :meth:`save`,
-    :meth:`_restore` and :meth:`_result`; :meth:`before_step` says when to evaluate and save (by default: save
-    every ``checkpoint_interval`` steps, then evaluate every ``eval_interval``). :class:`Trainer` is the GPT's;
-    the encoder-decoder's is in :mod:`~typed_transformer.seq2seq_training`.
-    """
-
-    #: The progress bar's label.
-    desc = "train"
-    #: Whether :meth:`save` keeps ``run_threads.state()`` (then a change of count writes a checkpoint).
-    keeps_thread_state = False
-    __shape_checked__: tuple[str, ...] = ("next_batch", "micro_loss")
-
-    def __init__(self, model: nn.Module, config: LoopSettings, out: Path, *, resume: Any = None,
-                 device: str = "cpu", progress: bool = True, log: TextIO | None = None,
-                 on_step: Callable[[int], None] | None = None, peak_flops: float | None = None,
-                 compile_backend: str = "inductor") -> None:
-        self.model, self.config, self.out, self.device = model, config, out, device
-        self.log = log if log is not None else sys.stderr
-        self.on_step, self.progress = on_step, progress
-        self.rank, self.world = _world()
-        self.main = self.rank == 0
-        model.to(device).train()
-        self.device_type = torch.device(device).type
-        self.amp_dtype = DTYPES[config.dtype]
-        self.prepare()
-        self.optimizer = self.make_optimizer()
-        self.scaler = torch.amp.GradScaler(self.device_type, enabled=config.dtype == "float16")
-        self.batch_generator = torch.Generator().manual_seed(config.seed)
-        torch.manual_seed(config.seed + self.rank)  # dropout (each rank its own masks)
-        self.history: list[dict[str, float]] = []
-        self.start = 0
-        self.saved: tuple[int, Path] | None = None  # (iteration, path) of the last checkpoint written
-        self.thread_state: dict[str, Any] | None = None  # the resumed run's RunThreads.state(), if it kept one
-        if resume is not None:
-            self._restore(resume)
-        self.iteration = self.start
-        self.net, self.ddp = self._wrap(compile_backend)
-        self.loss_of = self.make_loss()
-        self.peak_flops = self.peak(peak_flops)
-        self.losses: list[float] = []  # every step's loss in this run
-        self.step_seconds = 0.0  # time in the steps after the first
-        self.bar: Any = None
-        # The thread count: fixed now, or timed on trial steps that are not kept (threads.RunThreads), the
-        # resumed run's schedule continued where the checkpoint left it.
-        self.threads = fix_threads(config.threads)
-        self.run_threads = None if self.threads.count is not None else RunThreads(
-            self.trial_step, state=self.thread_state, log=self.say if self.main else None)
-        self.last_step_seconds = 0.0
-
-    # -- the model's parts -----------------------------------------------------------------------------------
-
-    def prepare(self) -> None:
-        """Set up what the optimizer and the steps need (called first in ``__init__``)."""
-
-    def make_optimizer(self) -> torch.optim.Optimizer:
-        raise NotImplementedError
-
-    def make_loss(self) -> Callable[[Tensor, Tensor], Tensor]:
-        """The loss of one micro-batch ``(inputs, targets)``, through ``self.net``."""
-        raise NotImplementedError
-
-    def peak(self, peak_flops: float | None) -> float | None:
-        """The peak FLOP/s that MFU is reported against (None: no MFU)."""
-        return peak_flops
-
-    def learning_rate(self, iteration: int) -> float:
-        raise NotImplementedError
-
-    def next_batch(self) -> tuple[Int[Tensor, "b _"], Int[Tensor, "b _"]]:
-        """This process's rows of the step's global batch: inputs and targets, ``b`` rows each."""
-        raise NotImplementedError
-
-    def evaluation(self, iteration: int) -> None:
-        raise NotImplementedError
-
-    def save(self, iteration: int) -> Path:
-        raise NotImplementedError
-
-    def _restore(self, resume: Any) -> None:
-        raise NotImplementedError
-
-    def _result(self, path: Path, stop: int | None) -> R:
-        raise NotImplementedError
-
-    # -- the loop ----------------------------------------------------------------------------------------------
-
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """The forward passes' autocast context (disabled for float32)."""
-        return torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
-
-    def _wrap(self, compile_backend: str) -> tuple[nn.Module, Any]:
-        """The module the steps call (compiled with ``compile``, then in ``DistributedDataParallel`` across
-        processes) and the DDP wrapper (None in one process)."""
-        net: nn.Module = self.model
-        if self.config.compile:
-            net = torch.compile(net, backend=compile_backend)  # type: ignore[assignment]
-        if self.world == 1:
-            return net, None
-        from torch.nn.parallel import DistributedDataParallel
-
-        index = torch.device(self.device).index
-        ddp = DistributedDataParallel(net, device_ids=[index] if self.device_type == "cuda" and index is not None
-                                      else None, forward_sync_buffers=False)
-        return ddp, ddp
-
-    def run(self) -> R:
-        """Train to ``max_iters`` (or until Ctrl-C/SIGTERM), evaluate, save; every rank returns the result.
-
-        Raises:
-            PeerFailed: another process of a multi-process run stopped (killed, crashed): the collective
-                operation that waited for it failed.
-        """
-        self.bar = self._progress_bar()
-        stop: int | None = None
-        path = self.out / CHECKPOINT_NAME
-        try:
-            # the message is made inside _Interrupt: torchrun's SIGTERM to the survivors only marks a stop there
-            with _Interrupt() as interrupt, self._peers_watched():
-                stop = self._loop(interrupt)
-                if stop is None:
-                    self.evaluation(self.iteration)
-                if self.main:
-                    path = self.save(self.iteration)
-        finally:
-            if self.bar is not None:
-                self.bar.close()
-        if self.world > 1:  # every rank leaves together, after rank 0's last save (one tearing down early can abort)
-            import torch.distributed as dist
-
-            with self._peers_watched():
-                dist.barrier()
-        return self._result(path, stop)
-
-    @contextlib.contextmanager
-    def _peers_watched(self) -> Iterator[None]:
-        """A collective operation that fails because another process stopped raises :class:`PeerFailed`."""
-        try:
-            yield
-        except RuntimeError as err:
-            if self.world > 1 and not isinstance(err, TrainingDiverged) and _is_peer_failure(err):
-                raise self.peer_failed(err) from err
-            raise
-
-    def peer_failed(self, err: BaseException) -> PeerFailed:
-        """The one-line error of a run whose other process stopped: where, why, and the last checkpoint on disk
-        (rank 0 wrote it atomically, so a process killed during a save leaves the one before)."""
-        from ._files import is_held
-        from .checkpoint import LOCK_NAME, saved_iteration
-
-        path = self.out / CHECKPOINT_NAME
-        iteration = self.saved[0] if self.main and self.saved is not None else saved_iteration(path)
-        kept = (f"the last good checkpoint is {path} (iteration {iteration}): continue with --resume"
-                if iteration is not None else "no checkpoint was written yet")
-        message = (f"training stopped at iteration {self.iteration}: another of the run's {self.world} processes "
-                   f"stopped ({_cause(err)}); {kept}")
-        # Rank 0 reports; another rank only when rank 0 is gone (its lock on the run directory is released).
-        report = self.main or not is_held(self.out / LOCK_NAME)
-        return PeerFailed(message, path if iteration is not None else None, iteration, report)
-
-    def _progress_bar(self) -> Any:
-        if not (self.progress and self.main):
-            return None
-        from tqdm import tqdm
-
-        return tqdm(total=self.config.max_iters, initial=self.start, desc=self.desc, unit="it", file=self.log,
-                    dynamic_ncols=True)
-
-    def _loop(self, interrupt: "_Interrupt") -> int | None:
-        """Steps until ``max_iters``; returns the signal that stopped them early, else None."""
-        while self.iteration < self.config.max_iters:
-            iteration = self.iteration
-            self.retune_threads(iteration)
-            self.before_step(iteration)
-            loss, self.last_step_seconds = self.measure(lambda: self.step(interrupt))
-            if iteration > self.start:  # the first step (compilation, allocator warm-up) is not counted
-                self.step_seconds += self.last_step_seconds
-            self.losses.append(loss)
-            self.iteration += 1
-            self.after_step(self.iteration, loss)
-            if interrupt.requested is not None:
-                return interrupt.requested
-        return None
-
-    def measure(self, work: Callable[[], T]) -> tuple[T, float]:
-        """``work()`` and its seconds: the one clock of the steps and the thread trials (so that a test can give
-        them the timings of a changing load)."""
-        t0 = time.perf_counter()
-        result = work()
-        return result, time.perf_counter() - t0
-
-    def retune_threads(self, iteration: int) -> None:
-        """With ``threads="auto"``, when a re-check is due: time the counts on trial steps; a change of count
-        after the run's first step is written in a checkpoint at ``iteration`` (rank 0), so that a resumed run
-        and the one it resumes change counts at the same iteration."""
-        if self.run_threads is not None and self.run_threads.tune(iteration) and iteration > self.start \
-                and self.main and self.keeps_thread_state:
-            self.save(iteration)
-
-    def trial_step(self) -> float:
-        """Seconds of one micro-batch's forward and backward that is not kept, to time a thread count: the batch
-        generator's and the random-number states are restored after it and its gradients dropped, so the run's
-        next step is what it would have been without it."""
-        state = self.batch_generator.get_state()
-        devices = [torch.device(self.device).index or 0] if self.device_type == "cuda" else []
-        try:
-            with torch.random.fork_rng(devices=devices):
-                _, seconds = self.measure(self._trial_pass)
-        finally:
-            self.batch_generator.set_state(state)
-            self.optimizer.zero_grad(set_to_none=True)
-        return seconds
-
-    def _trial_pass(self) -> None:
-        x, y = self.next_batch()
-        micro = x.shape[0] // self.config.grad_accum
-        with contextlib.nullcontext() if self.ddp is None else self.ddp.no_sync():  # no all-reduce: not a step
-            with self.autocast():
-                loss = self.micro_loss(x[:micro], y[:micro])
-            self.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
-
-    def before_step(self, iteration: int) -> None:
-        """Before the step at ``iteration``: rank 0 saves every ``checkpoint_interval`` steps (not where the run
-        started), then evaluation every ``eval_interval`` (once per iteration, a resumed one included)."""
-        if iteration > self.start and iteration % self.config.checkpoint_interval == 0 and self.main:
-            self.save(iteration)
-        if iteration % self.config.eval_interval == 0 and not any(h["iter"] == iteration for h in self.history):
-            self.evaluation(iteration)
-
-    def step(self, interrupt: "_Interrupt") -> float:
-        """One optimizer step at ``self.iteration``; returns its loss (the global batch's mean, on every rank)."""
-        lr = self.learning_rate(self.iteration)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        x, y = self.next_batch()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self._backward(x, y, interrupt)
-        if not math.isfinite(loss):
-            raise self.diverged(self.iteration, f"the training loss is {loss}")
-        self.scaler.unscale_(self.optimizer)
-        if self.config.grad_clip > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
-            if not math.isfinite(norm) and not self.scaler.is_enabled():  # the scaler skips such steps itself
-                raise self.diverged(self.iteration, f"the gradient norm is {norm}")
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        return loss
-
-    def micro_loss(self, x: Int[Tensor, "b _"], y: Int[Tensor, "b _"]) -> Float[Tensor, ""]:
-        """The loss of one micro-batch (called under :meth:`autocast`)."""
-        return self.loss_of(x.to(self.device), y.to(self.device))
-
-    def _backward(self, x: Int[Tensor, "b _"], y: Int[Tensor, "b _"], interrupt: "_Interrupt") -> float:
-        """Gradients of the batch mean over ``grad_accum`` micro-batches; returns the loss (all-reduced)."""
-        accum = self.config.grad_accum
-        micro = x.shape[0] // accum
-        total = torch.zeros((), device=self.device)
-        for m in range(accum):
-            sync = self.ddp is None or m == accum - 1  # DDP all-reduces the gradients on the last micro-batch only
-            with contextlib.nullcontext() if sync else self.ddp.no_sync():
-                with self.autocast():
-                    loss = self.micro_loss(x[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro])
-                part = loss / accum if accum > 1 else loss
-                self.scaler.scale(part).backward()  # type: ignore[no-untyped-call]
-            total += part.detach().float()
-        if self.world > 1:
-            total = self._all_reduce(total, interrupt)
-        return float(total)
-
-    def _all_reduce(self, total: Float[Tensor, ""], interrupt: "_Interrupt") -> Float[Tensor, ""]:
-        """One small all-reduce: the loss (for every rank's divergence check and the log) and whether any rank
-        was asked to stop, so that all ranks stop at the same step."""
-        import torch.distributed as dist
-
-        asked = 0.0 if interrupt.requested is None else 1.0
-        stats = torch.stack([total, torch.tensor(asked, device=self.device)])
-        dist.all_reduce(stats)
-        if float(stats[1]) > 0 and interrupt.requested is None:
-            interrupt.requested = signal.SIGINT
-        return stats[0] / self.world
-
-    def after_step(self, iteration: int, loss: float) -> None:
-        """After each optimizer step (``iteration`` steps done): the thread tuner sees the step's time, then
-        ``on_step(iteration)``, then the progress bar (with :meth:`progress_postfix`)."""
-        if self.run_threads is not None:
-            self.run_threads.observe(self.last_step_seconds)
-        if self.on_step is not None:
-            self.on_step(iteration)
-        if self.bar is not None:  # every step counts (the first too), so the bar ends at max_iters/max_iters
-            postfix = self.progress_postfix(iteration, loss)
-            if postfix:
-                self.bar.set_postfix(**postfix, refresh=False)
-            self.bar.update(1)
-
-    def progress_postfix(self, iteration: int, loss: float) -> dict[str, str]:
-        """What the progress bar shows after the step that made ``iteration``."""
-        return {"loss": f"{loss:.4f}"}
-
-    def say(self, message: str) -> None:
-        """Print a line to the log (above the progress bar when there is one)."""
-        if self.bar is not None:
-            self.bar.write(message)
-        else:
-            print(message, file=self.log, flush=True)
-
-    def diverged(self, iteration: int, what: str) -> "TrainingDiverged":
-        saved = self.saved
-        kept = (f"kept the checkpoint of iteration {saved[0]} ({saved[1]})" if saved is not None
-                else "no checkpoint was written")
-        return TrainingDiverged(f"training diverged at iteration {iteration}: {what}; {kept}; lower the learning "
-                                "rate (--lr)", iteration, saved[1] if saved is not None else None)
 
 
 @shape_checked
 class Trainer(StepLoop[TrainResult]):
     """The GPT's training loop (:func:`train` holds the run directory's lock around it): build it with
-    ``train``'s arguments inside that lock, then :meth:`run` it once. The step path is :class:`StepLoop`'s.
+    ``train``'s arguments inside that lock, then :meth:`run` it once. The step path is
+    :class:`~typed_transformer.step_loop.StepLoop`'s.
 
     Extension points (override in a subclass, or pass ``on_step`` to :func:`train`):
 
@@ -790,7 +440,7 @@ class Trainer(StepLoop[TrainResult]):
                                   self.config.threads)[0]
 
     def learning_rate(self, iteration: int) -> float:
-        return learning_rate(self.config, iteration)
+        return gpt_learning_rate(self.config, iteration)
 
     def _eval_batches(self) -> dict[str, list[tuple[Int[Tensor, "b t"], Int[Tensor, "b t"]]]]:
         """Fixed evaluation batches: the same windows at every evaluation and after a resume (rank 0 evaluates)."""
@@ -887,7 +537,12 @@ class Trainer(StepLoop[TrainResult]):
 
 
 def __getattr__(name: str) -> Any:
-    """Old import paths: ``compile_for_generation`` moved to :mod:`~typed_transformer.generation`."""
+    """Old import paths: ``compile_for_generation`` moved to :mod:`~typed_transformer.generation`;
+    ``learning_rate`` is :func:`gpt_learning_rate`."""
+    if name == "learning_rate":
+        warn_deprecated("typed_transformer.training.learning_rate is deprecated, use "
+                        "typed_transformer.training.gpt_learning_rate")
+        return gpt_learning_rate
     if name == "compile_for_generation":
         from . import generation
 

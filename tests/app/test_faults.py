@@ -197,7 +197,7 @@ def test_a_diverging_run_keeps_the_last_finite_checkpoint(text: Path, tmp_path: 
     out = tmp_path / "run"
     assert main(argv(text, out, "--max-iters", "4")) == 0
     before = (out / CHECKPOINT_NAME).read_bytes()
-    monkeypatch.setattr("typed_transformer.training.learning_rate", lambda config, iteration: 1e30)
+    monkeypatch.setattr("typed_transformer.training.gpt_learning_rate", lambda config, iteration: 1e30)
     capsys.readouterr()
     assert main(argv(text, out, "--max-iters", "30", "--resume")) == 1
     err = capsys.readouterr().err
@@ -331,7 +331,7 @@ def test_too_little_free_space_is_refused_before_the_first_step(text: Path, tmp_
 
 def test_the_space_check_asks_for_two_checkpoints_and_the_plot_less_what_is_there(
         text: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from typed_transformer.checkpoint import PLOT_ROOM, RunDirectoryError, checkpoint_bytes, require_free_space
+    from typed_transformer.run_files import PLOT_ROOM, RunDirectoryError, checkpoint_bytes, require_free_space
 
     out = tmp_path / "run"
     assert main(argv(text, out, "--max-iters", "2")) == 0
@@ -369,7 +369,7 @@ def test_the_space_check_on_real_small_file_systems(text: Path, tmp_path: Path,
     """A file system just too small for two checkpoints is refused before the first step; one just large enough
     runs to the end, saving at every step (so two checkpoints do coexist): the estimate is neither too low nor
     far too high."""
-    from typed_transformer.checkpoint import PLOT_ROOM, checkpoint_bytes
+    from typed_transformer.run_files import PLOT_ROOM, checkpoint_bytes
 
     out = tmp_path / "probe"
     assert main(argv(text, out, "--max-iters", "2")) == 0

@@ -223,9 +223,9 @@ def test_a_muon_checkpoint_with_a_bad_momentum_buffer_is_refused(tmp_path: Path)
         metadata = handle.metadata()
     tensors = load_file(str(path))
     tensors[f"optim.{index}.momentum_buffer"] = tensors[f"optim.{index}.momentum_buffer"].double()
-    from typed_transformer.checkpoint import _digest
+    from typed_transformer.run_files import content_digest
 
-    metadata["sha256"] = _digest(tensors, metadata)
+    metadata["sha256"] = content_digest(tensors, metadata)
     save_file(tensors, str(path), metadata=metadata)
     with pytest.raises(CheckpointError, match=f"optimizer tensor {index}.momentum_buffer must be torch.float32"):
         load_checkpoint(tmp_path / "run")

@@ -9,15 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import one_line, run, train_run
-from typed_transformer.checkpoint import (
-    CHECKPOINT_NAME,
-    LOCK_NAME,
-    CheckpointError,
-    RunDirectoryError,
-    load_checkpoint,
-    run_directory,
-)
+from typed_transformer.checkpoint import CheckpointError, load_checkpoint
 from typed_transformer.data import DataError, load_text
+from typed_transformer.run_files import CHECKPOINT_NAME, LOCK_NAME, RunDirectoryError, run_directory
 
 TINY = ["--block-size", "8", "--eval-interval", "5", "--eval-iters", "2", "--batch-size", "4", "--sample-tokens", "5",
         "--no-progress"]

@@ -381,7 +381,7 @@ def test_a_torchrun_process_killed_leaves_one_line_naming_the_last_checkpoint(ki
 
 
 def test_a_peer_failure_is_told_from_other_errors_and_cut_to_its_cause() -> None:
-    from typed_transformer.training import _cause, _is_peer_failure
+    from typed_transformer.step_loop import _cause, _is_peer_failure
 
     gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
                         "[127.0.0.1]:62662: Connection reset by peer. This is typically caused by a remote worker "

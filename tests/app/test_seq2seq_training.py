@@ -3,6 +3,7 @@ one-line errors) and ``translate``."""
 
 import io
 import json
+import math
 import os
 import signal
 from pathlib import Path
@@ -14,7 +15,14 @@ import torch
 from tests.support.cli import one_line, run
 from typed_transformer.data import DataError
 from typed_transformer.seq2seq_data import BOS, EOS, PAD, PairVocab, encode_pairs, make_pairs, read_pairs, split_pairs
-from typed_transformer.seq2seq_training import Seq2SeqConfig, evaluate_pairs, load_seq2seq, train_seq2seq, translate
+from typed_transformer.seq2seq_training import (
+    Seq2SeqConfig,
+    evaluate_pairs,
+    load_seq2seq,
+    seq2seq_learning_rate,
+    train_seq2seq,
+    translate,
+)
 
 TINY = ["--d-model", "16", "--nhead", "2", "--layers", "1", "--dim-feedforward", "32", "--batch-size", "16",
         "--eval-pairs", "20", "--max-len", "4", "--no-progress"]
@@ -419,7 +427,7 @@ def test_a_bad_config_file_is_one_line(toml: str, message: str, tmp_path: Path,
 
 @pytest.mark.parametrize("threads", ["1", "auto"])
 def test_threads_fixed_or_timed_on_the_steps(threads: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import typed_transformer.training as training
+    import typed_transformer.step_loop as step_loop
     from typed_transformer.threads import RunThreads, ThreadChoice, fix_threads
 
     requested: list[int | str | None] = []
@@ -434,8 +442,8 @@ def test_threads_fixed_or_timed_on_the_steps(threads: str, tmp_path: Path, monke
         requested.append(value)
         return ThreadChoice(None, "auto") if value == "auto" else fix_threads(value)  # auto, whatever the suite set
 
-    monkeypatch.setattr(training, "fix_threads", spy)
-    monkeypatch.setattr(training, "RunThreads", Schedule)
+    monkeypatch.setattr(step_loop, "fix_threads", spy)
+    monkeypatch.setattr(step_loop, "RunThreads", Schedule)
     before = torch.get_num_threads()
     try:
         assert run(["train-seq2seq", *TINY, "--max-iters", "6", "--threads", threads,
@@ -463,7 +471,7 @@ def test_training_goes_through_the_step_loop_and_equals_a_plain_loop(tmp_path: P
     those of a plain teacher-forcing loop written here: Adam(0.9, 0.98), the warmup + cosine rate, batches and
     dropout from (seed, iteration)."""
     from typed_transformer import seq2seq_training
-    from typed_transformer.training import StepLoop
+    from typed_transformer.step_loop import StepLoop
 
     config = Seq2SeqConfig(max_len=4, d_model=16, nhead=2, layers=1, dim_feedforward=32, batch_size=8, max_iters=12,
                            eval_pairs=10, eval_interval=5, dropout=0.1)
@@ -485,7 +493,7 @@ def test_training_goes_through_the_step_loop_and_equals_a_plain_loop(tmp_path: P
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.98), eps=1e-9)
     for iteration in range(config.max_iters):
         for group in optimizer.param_groups:
-            group["lr"] = seq2seq_training.learning_rate(config, iteration)
+            group["lr"] = seq2seq_training.seq2seq_learning_rate(config, iteration)
         torch.manual_seed(config.seed * 1_000_003 + iteration)
         src, tgt = encode_pairs(vocab, make_pairs("reverse", config.batch_size, min_len=1, max_len=4, vocab=10,
                                                   seed=config.seed * 1_000_003 + iteration))
@@ -529,3 +537,39 @@ def test_resume_refuses_an_edited_data_file_with_the_same_characters(tmp_path: P
     data.write_text(data.read_text(encoding="utf-8").replace("ab\tab", "ab\tba").replace("\n", "\r\n"),
                     encoding="utf-8")  # the same pairs, other line endings: resumes
     assert run(["train-seq2seq", *flags, "--max-iters", "2", "--resume"]) == 0
+
+
+def _seq2seq_rate(peak: float, warmup: int, total: int, it: int) -> float:
+    """The encoder-decoder's schedule, written out here: warmup ``peak (it + 1) / warmup``, then cosine from the
+    peak to a tenth of it at ``total``, a tenth after."""
+    if it < warmup:
+        return peak * (it + 1) / warmup
+    progress = min(1.0, (it - warmup) / (total - warmup))
+    return peak / 10 + (peak - peak / 10) * (1 + math.cos(math.pi * progress)) / 2
+
+
+#: seq2seq_learning_rate's values of Seq2SeqConfig(max_iters=100, warmup_iters=10, learning_rate=2e-3), to the
+#: bit: warm-up, the first step after it, the middle, the end, past it.
+SEQ2SEQ_RATES = {0: 0.0002, 5: 0.0012000000000000001, 9: 0.002, 10: 0.002, 55: 0.0011, 100: 0.0002, 150: 0.0002}
+
+
+def test_the_seq2seq_schedule_is_its_formula_at_each_phase() -> None:
+    config = Seq2SeqConfig(max_iters=100, warmup_iters=10, learning_rate=2e-3)
+    for it, pinned in SEQ2SEQ_RATES.items():
+        assert seq2seq_learning_rate(config, it) == pinned, it
+        assert math.isclose(seq2seq_learning_rate(config, it), _seq2seq_rate(2e-3, 10, 100, it), rel_tol=1e-12), it
+    assert seq2seq_learning_rate(config, 9) == 2e-3  # warm-up reaches the peak: (it + 1) / warmup
+
+
+def test_the_two_schedules_differ_in_the_warm_up_alone() -> None:
+    """At the same peak, warm-up and length, with the GPT's floor at a tenth of the peak (the seq2seq's): the
+    warm-ups differ (``/ (warmup + 1)`` against ``/ warmup``), the cosines and the floors agree."""
+    from typed_transformer.training import TrainConfig, gpt_learning_rate
+
+    gpt = TrainConfig(max_iters=100, warmup_iters=10, learning_rate=2e-3, min_lr=2e-4)
+    seq2seq = Seq2SeqConfig(max_iters=100, warmup_iters=10, learning_rate=2e-3)
+    for it in range(10):
+        assert gpt_learning_rate(gpt, it) < seq2seq_learning_rate(seq2seq, it), it
+        assert gpt_learning_rate(gpt, it) * 11 == pytest.approx(seq2seq_learning_rate(seq2seq, it) * 10, rel=1e-12)
+    for it in (10, 30, 55, 99, 100, 101, 150):
+        assert math.isclose(gpt_learning_rate(gpt, it), seq2seq_learning_rate(seq2seq, it), rel_tol=1e-12), it

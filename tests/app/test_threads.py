@@ -14,8 +14,9 @@ from typed_transformer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from typed_transformer.data import TextData
 from typed_transformer.gpt import GPT, GPTConfig
 from typed_transformer.seq2seq_training import Seq2SeqConfig, load_seq2seq, train_seq2seq
+from typed_transformer.step_loop import StepLoop
 from typed_transformer.threads import ThreadChoice, ThreadTuner, candidate_counts, resolve_threads, tune_threads
-from typed_transformer.training import StepLoop, TrainConfig, train
+from typed_transformer.training import TrainConfig, train
 
 
 class FakeMachine:

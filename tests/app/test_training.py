@@ -16,10 +16,11 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from typed_transformer.checkpoint import CHECKPOINT_NAME, CheckpointError, _digest, load_checkpoint, save_checkpoint
+from typed_transformer.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, save_checkpoint
 from typed_transformer.data import TextData
 from typed_transformer.gpt import GPT, GPTConfig
-from typed_transformer.training import TrainConfig, TrainResult, learning_rate, train
+from typed_transformer.run_files import content_digest
+from typed_transformer.training import TrainConfig, TrainResult, gpt_learning_rate, train
 
 TEXT = "the quick brown fox jumps over the lazy dog.\n" * 12
 
@@ -227,7 +228,7 @@ def test_a_checkpoint_missing_a_weight(tmp_path: Path, data: TextData) -> None:
         metadata = handle.metadata()
     tensors = load_file(str(path))
     del tensors["model.blocks.1.mlp.linear1.weight"]
-    save_file(tensors, str(path), metadata={**metadata, "sha256": _digest(tensors, metadata)})
+    save_file(tensors, str(path), metadata={**metadata, "sha256": content_digest(tensors, metadata)})
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(path)
     assert str(info.value).startswith(f"{path}: weights do not fit the model (missing ['blocks.1.mlp.linear1.weight']")
@@ -257,28 +258,63 @@ def test_missing_checkpoint(tmp_path: Path) -> None:
 
 def test_learning_rate_schedule() -> None:
     config = TrainConfig(max_iters=110, warmup_iters=10, learning_rate=1e-3, min_lr=1e-4)
-    assert learning_rate(config, 0) == pytest.approx(1e-3 / 11)
-    assert learning_rate(config, 4) == pytest.approx(1e-3 * 5 / 11)
-    assert learning_rate(config, 9) == pytest.approx(1e-3 * 10 / 11)
-    assert learning_rate(config, 10) == pytest.approx(1e-3)
-    assert learning_rate(config, 60) == pytest.approx((1e-3 + 1e-4) / 2)  # cosine midpoint
+    assert gpt_learning_rate(config, 0) == pytest.approx(1e-3 / 11)
+    assert gpt_learning_rate(config, 4) == pytest.approx(1e-3 * 5 / 11)
+    assert gpt_learning_rate(config, 9) == pytest.approx(1e-3 * 10 / 11)
+    assert gpt_learning_rate(config, 10) == pytest.approx(1e-3)
+    assert gpt_learning_rate(config, 60) == pytest.approx((1e-3 + 1e-4) / 2)  # cosine midpoint
     quarter = 1e-4 + (1e-3 - 1e-4) * (1 + math.cos(math.pi / 4)) / 2
-    assert learning_rate(config, 35) == pytest.approx(quarter)
-    assert learning_rate(config, 110) == pytest.approx(1e-4)
-    assert learning_rate(config, 111) == 1e-4
-    assert learning_rate(config, 10_000) == 1e-4
-    after_warmup = [learning_rate(config, it) for it in range(10, 120)]
+    assert gpt_learning_rate(config, 35) == pytest.approx(quarter)
+    assert gpt_learning_rate(config, 110) == pytest.approx(1e-4)
+    assert gpt_learning_rate(config, 111) == 1e-4
+    assert gpt_learning_rate(config, 10_000) == 1e-4
+    after_warmup = [gpt_learning_rate(config, it) for it in range(10, 120)]
     assert all(a >= b for a, b in itertools.pairwise(after_warmup))
-    during_warmup = [learning_rate(config, it) for it in range(11)]
+    during_warmup = [gpt_learning_rate(config, it) for it in range(11)]
     assert all(a < b for a, b in itertools.pairwise(during_warmup))
+
+
+def _nanogpt_rate(peak: float, low: float, warmup: int, decay: int, it: int) -> float:
+    """nanoGPT's ``get_lr``, written out here: warmup ``peak (it + 1) / (warmup + 1)``, cosine to ``low`` at
+    ``decay``, ``low`` after."""
+    if it < warmup:
+        return peak * (it + 1) / (warmup + 1)
+    if it > decay:
+        return low
+    return low + (peak - low) * (1 + math.cos(math.pi * (it - warmup) / (decay - warmup))) / 2
+
+
+#: gpt_learning_rate's values of TrainConfig(max_iters=100, warmup_iters=10, learning_rate=1e-3, min_lr=1e-4,
+#: lr_decay_iters=80), to the bit: warm-up, the first step after it, the middle, the end of the decay, past it.
+GPT_RATES = {0: 9.090909090909092e-05, 5: 0.0005454545454545455, 9: 0.0009090909090909091, 10: 0.001,
+             45: 0.00055, 80: 0.0001, 81: 0.0001, 99: 0.0001}
+
+
+def test_the_gpt_schedule_is_nanogpts_formula_at_each_phase() -> None:
+    config = TrainConfig(max_iters=100, warmup_iters=10, learning_rate=1e-3, min_lr=1e-4, lr_decay_iters=80)
+    for it, pinned in GPT_RATES.items():
+        assert gpt_learning_rate(config, it) == pinned, it
+        assert math.isclose(gpt_learning_rate(config, it), _nanogpt_rate(1e-3, 1e-4, 10, 80, it), rel_tol=1e-12), it
+    assert gpt_learning_rate(config, 9) < 1e-3  # warm-up ends below the peak: (it + 1) / (warmup + 1)
+    plain = TrainConfig(max_iters=100, warmup_iters=10, learning_rate=1e-3, min_lr=1e-4)  # decays over max_iters
+    for it in (0, 9, 10, 55, 100, 101, 500):
+        assert math.isclose(gpt_learning_rate(plain, it), _nanogpt_rate(1e-3, 1e-4, 10, 100, it), rel_tol=1e-12), it
+
+
+def test_the_old_name_of_the_gpt_schedule_warns_and_gives_the_same_function() -> None:
+    import typed_transformer.training as training
+
+    with pytest.warns(DeprecationWarning, match="typed_transformer.training.gpt_learning_rate"):
+        old = training.learning_rate
+    assert old is gpt_learning_rate
 
 
 def test_learning_rate_with_an_explicit_decay_length() -> None:
     config = TrainConfig(max_iters=100, warmup_iters=0, learning_rate=2e-3, min_lr=0.0, lr_decay_iters=40)
-    assert learning_rate(config, 0) == pytest.approx(2e-3)
-    assert learning_rate(config, 20) == pytest.approx(1e-3)
-    assert learning_rate(config, 41) == 0.0
-    assert learning_rate(config, 99) == 0.0
+    assert gpt_learning_rate(config, 0) == pytest.approx(2e-3)
+    assert gpt_learning_rate(config, 20) == pytest.approx(1e-3)
+    assert gpt_learning_rate(config, 41) == 0.0
+    assert gpt_learning_rate(config, 99) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -494,7 +530,7 @@ def test_training_steps_equal_a_plain_torch_loop(data: TextData, tmp_path: Path)
     losses = []
     for iteration in range(config.max_iters):
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(config, iteration)
+            group["lr"] = gpt_learning_rate(config, iteration)
         x, y = get_batch(data.train, config.batch_size, 8, generator)
         _, loss = model(x, y)
         assert loss is not None
@@ -514,9 +550,9 @@ def test_one_precision_path_without_none_branches() -> None:
     disabled one for float32): no ``scaler is not None`` or ``autocast is not None`` branch in the app's loops."""
     import re
 
-    from typed_transformer import generation, seq2seq_training, training
+    from typed_transformer import generation, seq2seq_training, step_loop, training
 
-    for module in (training, seq2seq_training, generation):
+    for module in (step_loop, training, seq2seq_training, generation):
         source = Path(str(module.__file__)).read_text(encoding="utf-8")
         assert not re.search(r"\b(scaler|autocast) is (not )?None", source), module.__name__
-    assert "GradScaler(self.device_type, enabled=" in Path(str(training.__file__)).read_text(encoding="utf-8")
+    assert "GradScaler(self.device_type, enabled=" in Path(str(step_loop.__file__)).read_text(encoding="utf-8")

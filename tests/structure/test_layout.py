@@ -41,9 +41,8 @@ WINGS: dict[str, list[str]] = {
                 "audit.hf", "audit.hf.layout", "audit.hf.facts", "audit.hf.build", "audit.hf.known",
                 "audit.hf.recognise", "audit.hf.notes"],
     "app": ["_signals", "_paths", "_files", "_install", "_options", "_memory", "threads", "plot", "data",
-            "seq2seq_data", "config", "muon", "checkpoint", "generation", "training", "seq2seq_training", "cli",
-            "__init__",
-            "__main__"],
+            "seq2seq_data", "config", "muon", "run_files", "checkpoint", "generation", "step_loop", "training",
+            "seq2seq_training", "cli", "__init__", "__main__"],
 }
 RANK = {module: rank for rank, wing in enumerate(WINGS) for module in WINGS[wing]}
 

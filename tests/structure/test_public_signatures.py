@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Every public module: the core, the testing toolkit and the app.
 MODULES = ["validation", "attention", "masks", "positions", "multihead", "layers", "interop", "seq2seq", "gpt", "hf",
            "tutorial", "shapecheck", "strategies", "audit", "audit.specs", "data", "seq2seq_data", "plot", "threads",
-           "config", "muon", "checkpoint", "generation", "training", "seq2seq_training", "cli"]
+           "config", "muon", "run_files", "checkpoint", "generation", "step_loop", "training", "seq2seq_training",
+           "cli"]
 
 
 def _bare(annotation: object) -> bool:
@@ -173,7 +174,7 @@ def _every_signature(module_name: str) -> Iterator[tuple[str, Callable[..., obje
             yield name, obj
 
 
-@pytest.mark.parametrize("module", ["training", "checkpoint"])
+@pytest.mark.parametrize("module", ["step_loop", "training", "run_files", "checkpoint"])
 def test_no_bare_tensor_in_the_training_and_checkpoint_internals(module: str) -> None:
     """The internals a reader of the step path and the checkpoint format reads: shapes there too."""
     found = [f"{label}: {parameter}" for label, function in _every_signature(module)

@@ -8,8 +8,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from typed_transformer.checkpoint import _digest
 from typed_transformer.cli import main
+from typed_transformer.run_files import content_digest
 
 #: The training text of the command-line tests: 648 characters, 26 distinct.
 TEXT = "first citizen:\nbefore we proceed any further, hear me speak.\n\nall:\nspeak, speak.\n" * 8
@@ -55,6 +55,6 @@ def rewrite(source: Path, target: Path, change: Callable[[dict[str, Tensor], dic
     tensors, metadata = read(source)
     change(tensors, metadata)
     if sign:
-        metadata["sha256"] = _digest(tensors, metadata)
+        metadata["sha256"] = content_digest(tensors, metadata)
     save_file(tensors, str(target), metadata=metadata)
     return target
