@@ -61,6 +61,20 @@ def _disentangled(module: Any, spec: ModuleSpec, dz: Disentangled, h: int
     return kr, qr, dz.form, buckets, int(resolve(module, dz.max_position, spec.name))
 
 
+def _check_fits(module: nn.Module, spec: ModuleSpec) -> None:
+    """Refuses a module of another class than the spec's, or with an option the spec does not model."""
+    if spec.module_type and not any(spec.module_type == f"{c.__module__}.{c.__qualname__}"
+                                    for c in type(module).__mro__):
+        raise AuditUsageError(f"{type(module).__module__}.{type(module).__qualname__} does not match spec "
+                              f"{spec.name!r}: expected a {spec.module_type} (a class of the same shape: reuse "
+                              f"the spec as dataclasses.replace(SPECS[{spec.name!r}], module_type=''))")
+    unmodelled = [] if spec.unmodelled is None else spec.unmodelled(module)
+    if unmodelled:
+        raise AuditUsageError(f"spec {spec.name!r} does not model {type(module).__qualname__}'s option"
+                              f"{'s' if len(unmodelled) > 1 else ''} {', '.join(unmodelled)}: the audit would "
+                              f"compare it with attention it does not compute (write a spec that models it)")
+
+
 @shape_checked
 class ModuleAdapter:
     """The :class:`~typed_transformer.audit.core.report.Adapter` of a module: the checks call a deep copy of it (one
@@ -72,16 +86,7 @@ class ModuleAdapter:
 
     def __init__(self, module: nn.Module, spec: ModuleSpec, *, conventions: Conventions | None = None,
                  name: str | None = None) -> None:
-        if spec.module_type and not any(spec.module_type == f"{c.__module__}.{c.__qualname__}"
-                                        for c in type(module).__mro__):
-            raise AuditUsageError(f"{type(module).__module__}.{type(module).__qualname__} does not match spec "
-                                  f"{spec.name!r}: expected a {spec.module_type} (a class of the same shape: reuse "
-                                  f"the spec as dataclasses.replace(SPECS[{spec.name!r}], module_type=''))")
-        unmodelled = [] if spec.unmodelled is None else spec.unmodelled(module)
-        if unmodelled:
-            raise AuditUsageError(f"spec {spec.name!r} does not model {type(module).__qualname__}'s option"
-                                  f"{'s' if len(unmodelled) > 1 else ''} {', '.join(unmodelled)}: the audit would "
-                                  f"compare it with attention it does not compute (write a spec that models it)")
+        _check_fits(module, spec)
         self.spec = spec
         self.original = copy.deepcopy(module).eval()
         self.weights = spec_weights(self.original, spec)
@@ -103,6 +108,27 @@ class ModuleAdapter:
         self.fixed: dict[str, int] | None = {
             "h": w.h, "g": w.g, "d": w.d, "dv": w.dv, "eq": w.wq.shape[1], "ek": w.wk.shape[1],
             "ev": w.wv.shape[1], "tied": int(tied), "fast_path": int(spec.fast_path is not None)}
+        self._read_rotary(module)
+        self._read_windows()
+        self._read_logits(module)
+        self._read_relative_positions()
+        positional = [what for what, present in (("rotary positions", self.rotary is not None),
+                                                  ("a position bias", spec.position_bias is not None
+                                                   or spec.alibi is not None or spec.decomposed is not None
+                                                   or spec.disentangled is not None
+                                                   or spec.relative_keys is not None),
+                                                  ("a sliding window", self.window is not None),
+                                                  ("blocks of keys", self.blocks is not None),
+                                                  ("a local window", self.radius is not None)) if present]
+        self.positional: str | None = ", ".join(positional) or None
+        self._copies: dict[torch.dtype, nn.Module] = {}
+        self._setup: str | None = None
+        self._given = module
+
+
+    def _read_rotary(self, module: nn.Module) -> None:
+        """The spec's rotary positions, read from the module: base, style, rotated dimensions, frequencies, M-RoPE."""
+        spec, w = self.spec, self.weights
         self.rotary: tuple[float, Literal["half", "interleaved"]] | None = None
         self.rotary_dims = w.d
         #: variants the diagnosis of a failure tries (:mod:`typed_transformer.audit.core.causes`): the last
@@ -150,6 +176,10 @@ class ModuleAdapter:
                                       f"{sizes} do not sum to the {self.rotary_dims // 2} rotated frequencies")
             self.mrope_axes = torch.cat([torch.full((n,), i % 3 if axes is None else axes[i])
                                          for i, n in enumerate(sizes)])
+
+    def _read_windows(self) -> None:
+        """The spec's sliding window, blocks of keys and local window, read from the module."""
+        spec = self.spec
         window = spec.window
         if isinstance(window, str):
             window = resolve(self.original, window, spec.name)  # None: this module has no window
@@ -169,6 +199,11 @@ class ModuleAdapter:
         self.radius: int | None = None if radius is None else int(radius)
         if self.radius is not None and self.radius < 0:
             raise AuditUsageError(f"spec {spec.name!r}: a local window's radius is at least 0, got {self.radius}")
+
+    def _read_logits(self, module: nn.Module) -> None:
+        """What the spec computes between the projections and the softmax: norms, soft-cap, clipping, sub-norm,
+        ALiBi and differential attention."""
+        spec, w = self.spec, self.weights
         self.norms: dict[str, Callable[[Tensor], Tensor]] = {}
         for which, path in (("q", spec.q_norm), ("k", spec.k_norm), ("v", spec.v_norm)):
             norm = None if path is None else _norm(self.original, path, spec)
@@ -198,6 +233,11 @@ class ModuleAdapter:
         if self.differential is not None and (w.h % 2 or w.g % 2):
             raise AuditUsageError(f"{type(module).__name__} does not match spec {spec.name!r}: differential "
                                   f"attention pairs heads, and {w.h} query heads on {w.g} key/value heads do not pair")
+
+    def _read_relative_positions(self) -> None:
+        """The spec's relative positions, read from the module in float64: decomposed, disentangled, relative keys
+        and values."""
+        spec, w = self.spec, self.weights
         #: decomposed relative positions' tables ``(rel_h, rel_w)`` in float64 (None: none)
         self.decomposed: tuple[Tensor, Tensor] | None = None
         if spec.decomposed is not None:
@@ -222,18 +262,6 @@ class ModuleAdapter:
             if self.relative_values.ndim != 2 or self.relative_values.shape[1] != w.dv:
                 raise AuditUsageError(f"spec {spec.name!r}: relative_keys.values gave shape "
                                       f"{tuple(self.relative_values.shape)}, expected (n, {w.dv})")
-        positional = [what for what, present in (("rotary positions", self.rotary is not None),
-                                                  ("a position bias", spec.position_bias is not None
-                                                   or spec.alibi is not None or spec.decomposed is not None
-                                                   or spec.disentangled is not None
-                                                   or spec.relative_keys is not None),
-                                                  ("a sliding window", self.window is not None),
-                                                  ("blocks of keys", self.blocks is not None),
-                                                  ("a local window", self.radius is not None)) if present]
-        self.positional: str | None = ", ".join(positional) or None
-        self._copies: dict[torch.dtype, nn.Module] = {}
-        self._setup: str | None = None
-        self._given = module
 
     @property
     def setup(self) -> str:
