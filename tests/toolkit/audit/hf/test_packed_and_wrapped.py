@@ -680,7 +680,7 @@ def test_recurrences_and_channel_attention_are_listed_as_not_dot_product() -> No
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
     from benchmarks.audit_hf_sweep import not_dot_product
 
     for name in ("RwkvSelfAttention", "MobileViTV2LinearSelfAttention", "Florence2VisionChannelAttention",
