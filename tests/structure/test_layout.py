@@ -39,6 +39,8 @@ WINGS: dict[str, list[str]] = {
                 "audit.specs.hf", "audit.specs.torchtune", "audit.specs.x_transformers", "audit.specs.timm",
                 "audit.specs.open_clip", "audit.specs.diffusers", "audit.specs.litgpt", "audit.specs.libraries",
                 "audit.hf", "audit.hf.layout", "audit.hf.facts", "audit.hf.build", "audit.hf.known",
+                "audit.hf.generic", "audit.hf.traits.base", "audit.hf.traits.positions",
+                "audit.hf.traits.masks", "audit.hf.traits.inputs", "audit.hf.traits.blocks", "audit.hf.traits",
                 "audit.hf.recognise", "audit.hf.notes"],
     "app": ["_signals", "_paths", "_files", "_install", "_options", "_memory", "threads", "plot", "data",
             "seq2seq_data", "config", "muon", "run_files", "checkpoint", "generation", "step_loop", "training",
