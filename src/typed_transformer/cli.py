@@ -273,8 +273,10 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def _audit_budget_flags(audit: argparse.ArgumentParser) -> None:
     """``audit``'s budget: how deep the examples go beside the small ones (typed_transformer.audit.Budget)."""
-    audit.add_argument("--budget", choices=("quick", "default"), default="default",
-                       help="quick: the small examples only (sizes 1..6); default: also the deep ones below")
+    audit.add_argument("--budget", choices=("quick", "ci", "default"), default="default",
+                       help="quick: the small examples only (sizes 1..6), float32 and float64; ci: every check and "
+                            "dtype with a few deep sizes (for a suite run on every change); default: also the deep "
+                            "ones below")
     audit.add_argument("--lengths", type=_sizes, default=None, metavar="N,N,...",
                        help="key and query lengths of the deep examples (default 15,16,17,31,32,33,63,64,65,127,"
                             "128,129: both sides of the tiles kernels use; a failure shrinks to the smallest)")
@@ -301,7 +303,7 @@ def _audit_budget(args: argparse.Namespace) -> Any:
             flag = "--" + next(iter(changes)).replace("_", "-").replace("batches", "batch")
             return f"{flag} sets the deep examples, which --budget quick leaves out"
         return BUDGETS["quick"]
-    return dataclasses.replace(BUDGETS["default"], **changes)
+    return dataclasses.replace(BUDGETS[args.budget], **changes)
 
 
 def _seq2seq_parsers(commands: Any, seq2seq_defaults: dict[str, Any] | None) -> None:
@@ -801,8 +803,9 @@ def _expectations(pairs: list[str]) -> dict[str, Any] | str:
     for pair in pairs:
         name, equals, text = pair.partition("=")
         name = name.strip().replace("-", "_")
-        if not equals or name not in INFERRED:
-            return f"--expect: give NAME=VALUE with NAME among {', '.join(INFERRED)}; got {pair!r}"
+        names = (*INFERRED, "half_precision")  # the fields inference decides, and the half-precision standard
+        if not equals or name not in names:
+            return f"--expect: give NAME=VALUE with NAME among {', '.join(names)}; got {pair!r}"
         value: Any = text.strip()
         if name == "scale":
             try:

@@ -1,7 +1,7 @@
 """The conventions an attention implementation may choose where the paper is silent, and the type aliases every part
 of the audit shares."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal, TypeAlias
 
 import torch
@@ -59,6 +59,9 @@ class Conventions:
     examples only, every reference is causal. ``enable_gqa``: the candidate takes fewer key/value heads only when
     told so with ``enable_gqa=True`` (torch's ``F.scaled_dot_product_attention``); the audit passes it on every
     call with ``g < h`` (needs ``supports_gqa=True``; ``Conventions.torch_sdpa(gqa=True)`` sets both).
+    ``half_precision``: the standard a function's float16 and bfloat16 outputs are held to: ``"float32"`` (a kernel
+    that accumulates in float32 on the same rounded inputs) or ``"plain"`` (the error of plain PyTorch math run in
+    that dtype, softmax included, when that is larger: a textbook attention written in the input dtype meets it).
     """
 
     # Fields with "help" are the audit command's flags (the command line generates them from this metadata).
@@ -99,12 +102,24 @@ class Conventions:
         "help": "with is_causal a single query sees every key (Hugging Face's sdpa rule)", "store": True})
     always_causal: bool = False
     enable_gqa: bool = False
+    half_precision: Literal["float32", "plain"] = field(default="float32", metadata={
+        "help": "the standard a float16 or bfloat16 output is held to: float32 (default: a kernel that accumulates "
+                "in float32, as torch's SDPA, FlashAttention and Hugging Face's eager attention do) or plain (no "
+                "worse than plain PyTorch math run in that dtype: FlashAttention's own tests' standard)"})
+
+    def __repr__(self) -> str:
+        """The dataclass's repr (an expression that rebuilds the conventions, as repros print it), with
+        ``half_precision`` shown only when it is not the default: the repros on the pages predate the field and read
+        the same."""
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                 if f.name != "half_precision" or self.half_precision != "float32"]
+        return f"Conventions({', '.join(shown)})"
 
     def __post_init__(self) -> None:
         for name, allowed in (("layout", ("bhtd", "bthd")), ("mask_polarity", ("keep", "drop")),
                               ("causal_alignment", ("top-left", "bottom-right")),
                               ("fully_masked", ("zero", "nan", "uniform", "any")), ("grouping", ("g r", "r g")),
-                              ("mask_kind", ("bool", "additive"))):
+                              ("mask_kind", ("bool", "additive")), ("half_precision", ("float32", "plain"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Conventions: {name} must be one of {', '.join(allowed)}; "
                                  f"got {getattr(self, name)!r}")
