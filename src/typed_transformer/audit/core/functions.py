@@ -37,7 +37,16 @@ from .inference import (
 )
 from .reference import reference_attention
 from .report import Adapter, AuditReport, CheckResult, environment
-from .running import REGISTRY, Budget, CandidateRaised, CheckFailure, candidate_code, resolve_budget, run_check
+from .running import (
+    REGISTRY,
+    Budget,
+    CandidateRaised,
+    CheckFailure,
+    audit_threads,
+    candidate_code,
+    resolve_budget,
+    run_check,
+)
 
 Candidate = Callable[..., Any]
 #: ``q``, ``k``, ``v`` as the candidate takes them: its layout (``b h t d`` or ``b t h d``), head order and dtype.
@@ -374,6 +383,7 @@ def audit_attention(
     name: str | None = None,
     known: Mapping[str, Any] | None = None,
     budget: Budget | str = "default",
+    threads: int | None = 1,
 ) -> AuditReport:
     """Run the attention checks on ``candidate`` (every registered check, or the subset ``checks``), each once
     per dtype.
@@ -403,6 +413,8 @@ def audit_attention(
         budget: ``"default"``: beside the small examples, :class:`Budget`'s deep ones (lengths across the tiles,
             head sizes up to 256, batches and heads above 4); ``"quick"``: the small examples only; or a
             :class:`Budget` of your own.
+        threads: torch's intra-op thread count while the audit runs (restored after; default 1, the fastest for
+            the audit's small tensors, on a busy machine most of all), or None to leave it as it is.
 
     Raises:
         AuditUsageError: the candidate's signature does not take the arguments the conventions imply
@@ -410,6 +422,14 @@ def audit_attention(
         ValueError: an unknown check name, a non-positive ``tolerance`` or ``max_examples``, ``known`` without
             ``conventions="infer"``, an unknown field or value in ``known``.
     """
+    with audit_threads(threads):
+        return _audit_attention(candidate, conventions, checks, dtypes, max_examples, seed, tolerance, name, known,
+                                budget)
+
+
+def _audit_attention(candidate: Candidate, conventions: Conventions | Literal["infer"], checks: Sequence[str] | None,
+                     dtypes: Sequence[torch.dtype] | None, max_examples: int, seed: int, tolerance: float,
+                     name: str | None, known: Mapping[str, Any] | None, budget: Budget | str) -> AuditReport:
     label = name or name_of(candidate)
     select(checks, "function")
     if known is not None and conventions != "infer":
@@ -443,44 +463,96 @@ def name_of(candidate: object) -> str:
 
 @dataclass(frozen=True)
 class AuditCase:
-    """One check of an audit, as a pytest parameter: ``case.run()`` passes, fails or skips the test."""
+    """One check of an audit, as a pytest parameter: ``case.run()`` passes, fails or skips the test. With
+    ``conventions="infer"`` the candidate's conventions are inferred once per candidate (and ``known``) for every
+    case of it, and the ``conventions`` case fails on what inference found."""
 
     candidate: Candidate
     check: str
-    conventions: Conventions
+    conventions: Conventions | Literal["infer"]
     options: tuple[tuple[str, Any], ...] = ()
+    known: tuple[tuple[str, Any], ...] = ()
+    threads: int | None = 1
 
     def run(self) -> list[CheckResult]:
         """Run the check (every dtype); fail the test with the counterexample and repro, or skip it."""
         import pytest
 
-        report = audit_attention(self.candidate, conventions=self.conventions, checks=[self.check],
-                                 **dict(self.options))
-        if all(r.status == "SKIP" for r in report.results):
+        options = dict(self.options)
+        with audit_threads(self.threads):
+            if self.conventions != "infer":
+                report = audit_attention(self.candidate, conventions=self.conventions, checks=[self.check],
+                                         threads=None, **options)
+            else:
+                inference = _inferred(self.candidate, self.known, options.get("seed", 0), options.get("name"))
+                if self.check == "conventions":
+                    report = with_inference(AuditReport(inference.candidate, asdict(inference.conventions), [],
+                                                        options.get("seed", 0), 0, [], 0.0, environment()),
+                                            inference)
+                    undeclared = [d.line() for d in report.differences if not d.declared]
+                    if undeclared:
+                        pytest.fail("conventions: undeclared differences from the paper's attention (declare each "
+                                    "with known= if it is meant):\n" + "\n".join(undeclared), pytrace=False)
+                else:
+                    label = options.pop("name", None) or name_of(self.candidate)
+                    adapter = FunctionAdapter(self.candidate, inference.conventions, label)
+                    report = run_audit(adapter, checks=[self.check], dtypes=options.get("dtypes"),
+                                       max_examples=options.get("max_examples", 20), seed=options.get("seed", 0),
+                                       tolerance=options.get("tolerance", 2.0),
+                                       conventions=asdict(inference.conventions),
+                                       budget=options.get("budget", "default"))
+        if report.results and all(r.status == "SKIP" for r in report.results):
             pytest.skip(report.results[0].message)
         for result in report.results:
             if result.status == "FAIL":
-                pytest.fail(f"{self.check} [{result.dtype}]: {result.message}\n{result.traceback or ''}\n"
+                where = f" [{result.dtype}]" if result.dtype else ""
+                pytest.fail(f"{self.check}{where}: {result.message}\n{result.traceback or ''}\n"
                             f"{result.repro or ''}", pytrace=False)
         return report.results
 
 
-def parametrize_audit(candidate: Candidate, *, conventions: Conventions = DEFAULT_CONVENTIONS,
-                      checks: Sequence[str] | None = None, **options: Any) -> Any:
+_INFERRED: dict[tuple[int, tuple[tuple[str, Any], ...], int, str | None], tuple[Candidate, Inference]] = {}
+
+
+def _inferred(candidate: Candidate, known: tuple[tuple[str, Any], ...], seed: int, name: str | None) -> Inference:
+    """The conventions inferred for ``candidate`` with ``known``, once per pytest session (every case of a
+    candidate shares them; the candidate is held beside its result, so its id is not reused while cached)."""
+    key = (id(candidate), known, seed, name)
+    if key not in _INFERRED:
+        _INFERRED[key] = (candidate, infer_function_conventions(candidate, seed=seed, name=name, **dict(known)))
+    return _INFERRED[key][1]
+
+
+def parametrize_audit(candidate: Candidate, *, conventions: Conventions | Literal["infer"] = DEFAULT_CONVENTIONS,
+                      checks: Sequence[str] | None = None, known: Mapping[str, Any] | None = None,
+                      threads: int | None = 1, **options: Any) -> Any:
     """``pytest.mark.parametrize`` over the audit's checks: one test item per check, with the check's name
     as its id::
 
-        @parametrize_audit(my_attention, conventions=Conventions(layout="bthd"))
+        @parametrize_audit(my_attention, conventions="infer", budget="quick")
         def test_my_attention(audit_case):
             audit_case.run()
 
-    ``options`` go to :func:`audit_attention` (``dtypes``, ``max_examples``, ``seed``, ``tolerance``).
-    Needs pytest (installed by the ``audit`` extra).
+    ``conventions="infer"``: the conventions are inferred once for the candidate (not once per item), ``known``
+    fixes the fields you know (as in :func:`audit_attention`, ``half_precision`` among them), and a first item,
+    ``conventions``, fails on what inference found (a behaviour that matches no convention, a known field the
+    behaviour contradicts). ``threads``: torch's intra-op threads while each item runs (default 1; None leaves
+    torch's setting). ``options`` go to :func:`audit_attention` (``dtypes``, ``max_examples``, ``seed``,
+    ``tolerance``, ``budget``: ``"quick"`` is the choice for a suite run on every change, ``"default"`` adds the
+    deep sizes). Needs pytest (installed by the ``audit`` extra).
     """
     import pytest
 
-    cases = [AuditCase(candidate, check, conventions, tuple(sorted(options.items())))
-             for check in select(checks, "function")]
+    if known is not None and conventions != "infer":
+        raise ValueError("known= goes with conventions='infer' (declared conventions already say every field)")
+    if known:
+        check_known({k: v for k, v in known.items() if k in INFERRED})
+    names = select(checks, "function")
+    if conventions == "infer":
+        names = ["conventions", *names]
+    frozen = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in (known or {}).items()))
+    cases = [AuditCase(candidate, check, conventions, tuple(sorted(options.items())), frozen, threads)
+             for check in names]
     return pytest.mark.parametrize("audit_case", [pytest.param(case, id=case.check) for case in cases])
 
 

@@ -29,6 +29,23 @@ from .report import Adapter, CheckResult
 # ----------------------------------------------------------------------------------------------------
 
 
+@contextmanager
+def audit_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to ``threads`` while an audit runs, then restored (None: left as it is).
+    The audit's tensors are small: one thread is fastest for them, and on a busy machine torch's default of one
+    thread per core was measured 10-20x slower (docs/testing.md)."""
+    before = torch.get_num_threads()
+    if threads is not None and threads != before:
+        if threads < 1:
+            raise ValueError(f"threads must be a positive count or None, got {threads}")
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
 class CheckFailure(AssertionError):
     """A check found the candidate wrong on ``example``."""
 
@@ -208,8 +225,12 @@ class Budget:
             raise ValueError(f"Budget: deep_examples must be >= 0; got {self.deep_examples}")
 
 
-#: The budgets by name: ``quick`` draws only the small examples, ``default`` reaches the tiles too.
-BUDGETS = {"quick": Budget("quick", (), (), (), (), 0, half_precision=False), "default": Budget()}
+#: The budgets by name: ``quick`` draws only the small examples, ``default`` reaches the tiles too, and ``ci`` (for a
+#: suite run on every change: every check and dtype of ``default``) reaches one length on each side of the tiles of
+#: 16 and 64 keys, two specialised head sizes and one batch and head count above 8, two deep examples each.
+BUDGETS = {"quick": Budget("quick", (), (), (), (), 0, half_precision=False), "default": Budget(),
+           "ci": Budget("ci", lengths=(16, 17, 64, 65), head_sizes=(64, 128), batches=(9,), heads=(8,),
+                        deep_examples=2)}
 
 
 def resolve_budget(budget: "Budget | str") -> Budget:

@@ -21,7 +21,7 @@ from ..core.inference import (
     with_known,
 )
 from ..core.report import AuditReport
-from ..core.running import Budget
+from ..core.running import Budget, audit_threads
 from .adapter import ModuleAdapter, module_setup
 from .spec import LIBRARY_READERS, SHIPPED_SPECS, ModuleSpec, library_setup
 
@@ -93,11 +93,13 @@ def audit_module(
     setup: str | None = None,
     known: Mapping[str, Any] | None = None,
     budget: Budget | str = "default",
+    threads: int | None = 1,
 ) -> AuditReport:
     """Audit an attention module with its own weights against the reference (every check that applies to
     modules, once per dtype). The module (or the one a factory builds) is deep-copied first: the caller's
     module is left exactly as it was (parameters, dtype, train/eval mode, gradients). ``checks``, ``dtypes``,
-    ``max_examples``, ``seed``, ``tolerance``, ``name`` and ``budget`` are as in :func:`audit_attention`.
+    ``max_examples``, ``seed``, ``tolerance``, ``name``, ``budget`` and ``threads`` are as in
+    :func:`audit_attention`.
 
     Args:
         module: the module, or a zero-argument factory of one.
@@ -117,6 +119,16 @@ def audit_module(
         AuditUsageError: the module does not match the spec (the message names the missing attribute).
         KeyError: an unknown spec name.
     """
+    with audit_threads(threads):
+        return _audit_module(module, spec, conventions, fully_masked, checks, dtypes, max_examples, seed, tolerance,
+                             name, setup, known, budget)
+
+
+def _audit_module(module: nn.Module | Callable[[], nn.Module], spec: "ModuleSpec | str",
+                  conventions: Conventions | Literal["infer"] | None,
+                  fully_masked: Literal["zero", "nan", "uniform", "any"] | None, checks: Sequence[str] | None,
+                  dtypes: Sequence[torch.dtype], max_examples: int, seed: int, tolerance: float, name: str | None,
+                  setup: str | None, known: Mapping[str, Any] | None, budget: Budget | str) -> AuditReport:
     candidate = module if isinstance(module, nn.Module) else module()
     if isinstance(spec, str):
         if spec in LIBRARY_READERS:  # a library's zero-line spec, read from the module ("auto": from its class)

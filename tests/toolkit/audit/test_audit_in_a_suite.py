@@ -1,0 +1,157 @@
+"""The audit in a user's suite (issue 43): the two half-precision standards, parametrize_audit with inferred
+conventions (inferred once per candidate), the ci budget and the audit's own thread count."""
+
+import dataclasses
+from typing import Any, Literal
+
+import pytest
+import torch
+from torch import Tensor
+
+import typed_transformer.audit.core.functions as functions
+from tests.support import audit_candidates as cands
+from typed_transformer.audit import BUDGETS, AuditCase, Conventions, audit_attention, parametrize_audit
+from typed_transformer.cli import main
+
+
+def textbook(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+    """A correct attention written as the paper's formula, every step in the input dtype."""
+    w = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if is_causal:
+        t, s = q.shape[-2], k.shape[-2]
+        causal = torch.ones(t, s, dtype=torch.bool).tril(s - t)
+        attn_mask = causal if attn_mask is None else attn_mask & causal
+    if attn_mask is not None:
+        w = w.masked_fill(~attn_mask, float("-inf"))
+    return torch.softmax(w, dim=-1).nan_to_num(0.0) @ v
+
+
+def wrong_scale(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
+    """Bug: logits divided by d, not sqrt(d)."""
+    return textbook(q * q.shape[-1] ** -0.5, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def _half(candidate: Any, standard: Literal["float32", "plain"], dtype: torch.dtype = torch.bfloat16) -> Any:
+    return audit_attention(candidate, conventions=Conventions(half_precision=standard), checks=["large_logits"],
+                           dtypes=(dtype,), max_examples=10, budget="quick")
+
+
+def test_plain_math_in_bfloat16_fails_the_float32_standard_and_says_why() -> None:
+    report = _half(textbook, "float32")
+    (row,) = report.results
+    assert row.status == "FAIL", report.table()
+    assert "its logits, softmax or sums run in bfloat16" in row.message
+    assert "torch's SDPA and Hugging Face's eager attention upcast to float32 first" in row.message
+    assert "half_precision='plain'" in row.message
+
+
+def test_plain_math_in_bfloat16_passes_the_plain_standard() -> None:
+    report = _half(textbook, "plain")
+    assert report.passed, report.table()
+
+
+@pytest.mark.parametrize("standard", ["float32", "plain"])
+def test_a_real_half_precision_bug_fails_under_both_standards(standard: Literal["float32", "plain"]) -> None:
+    """No maximum subtracted: exp overflows in float16 past a logit of 11, under either standard, without the
+    plain-math sentence (its error is not plain float16 math's)."""
+    report = _half(cands.no_max_subtraction, standard, torch.float16)
+    (row,) = report.results
+    assert row.status == "FAIL", report.table()
+    assert "Plain PyTorch math" not in row.message
+
+
+def test_the_plain_standard_is_never_stricter_than_the_float32_one() -> None:
+    """A candidate that accumulates in float32 (torch's SDPA) passes both."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for standard in ("float32", "plain"):
+        conventions = dataclasses.replace(Conventions.torch_sdpa(), half_precision=standard)
+        report = audit_attention(sdpa, conventions=conventions,
+                                 checks=["reference", "large_logits"], dtypes=(torch.float16, torch.bfloat16),
+                                 max_examples=10, budget="quick")
+        assert report.passed, report.table()
+
+
+def test_an_unknown_half_precision_standard_is_refused() -> None:
+    with pytest.raises(ValueError, match="half_precision"):
+        Conventions(half_precision="bfloat16")  # type: ignore[arg-type]
+
+
+def _cases(candidate: Any, **settings: Any) -> list[AuditCase]:
+    mark = parametrize_audit(candidate, conventions="infer", **settings)
+    return [p.values[0] for p in mark.args[1]]
+
+
+def test_parametrize_audit_infers_once_per_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[object] = []
+    real = functions.infer_function_conventions
+
+    def counting(candidate: Any, **options: Any) -> Any:
+        calls.append(candidate)
+        return real(candidate, **options)
+
+    monkeypatch.setattr(functions, "infer_function_conventions", counting)
+    monkeypatch.setattr(functions, "_INFERRED", {})
+    cases = _cases(textbook, known={"half_precision": "plain"}, budget="quick", max_examples=3)
+    assert cases[0].check == "conventions"
+    for case in cases[:4]:
+        case.run()
+    assert calls == [textbook]
+
+
+def test_the_conventions_item_fails_with_the_cause_first() -> None:
+    case = _cases(wrong_scale, budget="quick")[0]
+    with pytest.raises(pytest.fail.Exception) as info:
+        case.run()
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("conventions: scale: logit scale")
+    assert "neither 1/sqrt(d) nor a constant" in first
+
+
+def test_an_ignored_mask_fails_the_conventions_item() -> None:
+    case = _cases(cands.mask_ignored, budget="quick")[0]
+    with pytest.raises(pytest.fail.Exception, match="supports_mask: attn_mask is accepted and ignored"):
+        case.run()
+
+
+def test_known_goes_with_inferred_conventions_only() -> None:
+    with pytest.raises(ValueError, match="known= goes with conventions='infer'"):
+        parametrize_audit(textbook, conventions=Conventions(), known={"half_precision": "plain"})
+
+
+def test_the_audit_runs_on_one_thread_and_restores_the_callers() -> None:
+    seen: list[int] = []
+
+    def recording(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+        seen.append(torch.get_num_threads())
+        return textbook(q, k, v, **kwargs)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        audit_attention(recording, checks=["reference"], dtypes=(torch.float64,), max_examples=2, budget="quick")
+        assert set(seen) == {1}
+        assert torch.get_num_threads() == 2
+        seen.clear()
+        audit_attention(recording, checks=["reference"], dtypes=(torch.float64,), max_examples=2, budget="quick",
+                        threads=None)
+        assert set(seen) == {2}
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_ci_budget_keeps_half_precision_and_some_deep_sizes() -> None:
+    ci, default = BUDGETS["ci"], BUDGETS["default"]
+    assert ci.half_precision
+    assert not BUDGETS["quick"].half_precision
+    assert 0 < ci.deep_examples < default.deep_examples
+    assert set(ci.lengths) < set(default.lengths)
+    assert set(ci.head_sizes) < set(default.head_sizes)
+
+
+def test_the_command_takes_the_ci_budget_and_the_half_precision_standard(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["audit", "tests.toolkit.audit.test_audit_in_a_suite:textbook", "--budget", "ci", "--checks",
+                 "large_logits", "--dtypes", "bfloat16", "--expect", "half_precision=plain", "--infer"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "large_logits" in out
+    assert "FAIL" not in out
