@@ -124,18 +124,21 @@ class TrainConfig:
     def for_preset(cls, preset: str, **overrides: Any) -> "TrainConfig":
         """The defaults with the preset's own settings (:data:`PRESET_TRAINING`, and
         :data:`PRESET_TRAINING_BY_OPTIMIZER` for the optimizer the run uses), then ``overrides`` (see
-        :meth:`overridden`). A preset's ``lr_decay_iters`` goes with its ``max_iters``: an overridden ``max_iters``
-        without ``lr_decay_iters`` scales it by the same factor (the baby preset's decay over the first two thirds
-        of any length), so that a shorter run still decays to its minimum."""
+        :meth:`overridden`). A preset's ``lr_decay_iters`` and ``warmup_iters`` go with its ``max_iters``: an
+        overridden ``max_iters`` scales each one not overridden by the same factor (at least 1: the baby preset's
+        decay over the first two thirds of any length, its warm-up over the first 2.5%), so that a shorter run
+        still warms up, then decays to its minimum."""
         if preset not in PRESET_TRAINING:
             raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESET_TRAINING)}")
         settings = PRESET_TRAINING[preset]
         optimizer = overrides.get("optimizer", settings.get("optimizer", cls.optimizer))
         settings = {**settings, **PRESET_TRAINING_BY_OPTIMIZER.get(preset, {}).get(optimizer, {})}
-        decay, length = settings.get("lr_decay_iters"), settings.get("max_iters", cls.max_iters)
-        if decay is not None and "max_iters" in overrides and "lr_decay_iters" not in overrides \
-                and isinstance(overrides["max_iters"], int):
-            settings = {**settings, "lr_decay_iters": max(1, round(decay * overrides["max_iters"] / length))}
+        length = settings.get("max_iters", cls.max_iters)
+        if isinstance(overrides.get("max_iters"), int):  # the schedule goes with the length
+            factor = overrides["max_iters"] / length
+            scaled = {name: max(1, round(settings[name] * factor)) for name in ("lr_decay_iters", "warmup_iters")
+                      if settings.get(name) is not None and name not in overrides}
+            settings = {**settings, **scaled}
         return cls.overridden(settings, **overrides)
 
     @classmethod

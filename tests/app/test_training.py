@@ -472,6 +472,12 @@ def test_presets_bring_their_own_training_settings() -> None:
     assert TrainConfig.for_preset("baby", max_iters=600).lr_decay_iters == 400
     assert TrainConfig.for_preset("baby", max_iters=5).lr_decay_iters == 3
     assert TrainConfig.for_preset("baby", max_iters=600, lr_decay_iters=500).lr_decay_iters == 500
+    # the warm-up too (issue 43: --max-iters 20 scaled the decay to 13 and kept 30 warm-up iterations)
+    short = TrainConfig.for_preset("baby", max_iters=20)
+    assert (short.warmup_iters, short.lr_decay_iters) == (1, 13)
+    assert TrainConfig.for_preset("baby", max_iters=600).warmup_iters == 15
+    assert TrainConfig.for_preset("baby", max_iters=600, warmup_iters=40).warmup_iters == 40
+    assert TrainConfig.for_preset("baby", optimizer="adamw", max_iters=100).warmup_iters == 5
     # the other optimizer: AdamW's own settings for the preset (nanoGPT's length), a flag still winning
     assert TrainConfig.for_preset("baby", optimizer="adamw") == TrainConfig(learning_rate=3e-3, min_lr=3e-4)
     assert TrainConfig.for_preset("baby", optimizer="adamw", max_iters=5).max_iters == 5
