@@ -17,6 +17,7 @@ may attend), zero output for fully masked rows, and shape checks naming the argu
 """
 
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, overload
 
 import torch
@@ -135,6 +136,22 @@ class KVCache:
 
 
 @shape_checked
+
+def warn_empty_padding_rows(key_padding_mask: Tensor) -> None:
+    """Warns when a batch row of ``key_padding_mask`` lets no key be attended (every entry False). With our
+    polarity (True = real token) that is a sequence of padding only; far more often it is torch's polarity (True =
+    padding) passed as it is, which turns every unpadded sequence into zeros. Not checked while compiling (it
+    reads the mask's values)."""
+    if torch.compiler.is_compiling() or key_padding_mask.numel() == 0:
+        return
+    empty = (~key_padding_mask.any(dim=-1)).nonzero().flatten().tolist()
+    if empty:
+        rows = ", ".join(map(str, empty[:8])) + (", ..." if len(empty) > 8 else "")
+        warnings.warn(f"key_padding_mask: batch row(s) {rows} let no key be attended (every entry False), so their "
+                      f"outputs are zeros. Ours is True = real token; a torch-style mask (True = padding) must be "
+                      f"converted with typed_transformer.key_padding_mask_from_torch", UserWarning, stacklevel=3)
+
+
 class MultiHeadAttention(nn.Module):
     """Batch-first multi-head attention.
 
@@ -378,8 +395,12 @@ class MultiHeadAttention(nn.Module):
                                ("attn_bias", attn_bias)):
                 if mask is not None and mask.shape[-1] != s:
                     why = f"self-attention with {offset} cached positions" if offset else "self-attention: s = t"
+                    flipped = (f"; query {tuple(query.shape)} looks sequence-first (its axis 1 is the mask's batch "
+                               f"size, its axis 0 the mask's length): ours is batch-first, (b, t, e); "
+                               f"rearrange(x, 't b e -> b t e') converts it"
+                               if not offset and mask.shape[0] == t and mask.shape[-1] == b != t else "")
                     raise_shape_error(MultiHeadAttention.forward, name,
-                                      f"axis s is {mask.shape[-1]}, expected {s} ({why}, bound by query)",
+                                      f"axis s is {mask.shape[-1]}, expected {s} ({why}, bound by query){flipped}",
                                       axis="s", actual=mask.shape[-1], expected=s, bound_by="query")
 
         q, k, v = self._project(query, key, value)
@@ -398,6 +419,8 @@ class MultiHeadAttention(nn.Module):
             k = F.pad(k, (0, 0, 0, 1))
             v = F.pad(v, (0, 0, 0, 1))
 
+        if key_padding_mask is not None:
+            warn_empty_padding_rows(key_padding_mask)
         mask = self._combined_mask(attn_mask, key_padding_mask, t, s, is_causal and self.extra_keys > 0)
         core_causal = is_causal and self.extra_keys == 0
         if attn_bias is not None and self.extra_keys:

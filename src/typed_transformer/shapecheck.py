@@ -359,12 +359,22 @@ def _check_array(hint: type[AbstractArray], value: torch.Tensor, memo: _Memo, ar
             if memo.sizes[payload] != size:
                 binder = memo.binders[payload]
                 return _Problem(
-                    f"axis {payload} is {size}, expected {memo.sizes[payload]} (bound by {binder})",
+                    f"axis {payload} is {size}, expected {memo.sizes[payload]} (bound by {binder})"
+                    f"{_sequence_first(payload, size, arguments.get(binder), binder)}",
                     axis=payload, actual=size, expected=memo.sizes[payload], bound_by=binder, score=2 + index)
         else:
             memo.sizes[payload] = size
             memo.binders[payload] = argname
     return None
+
+
+def _sequence_first(axis: str, size: int, binder: Any, name: str) -> str:
+    """A hint when the tensor that bound the batch axis looks sequence-first: its second axis is the batch size
+    another argument has (a ``(t, b, e)`` input beside a ``(b, s)`` mask), else ``""``."""
+    if axis != "b" or not isinstance(binder, torch.Tensor) or binder.ndim < 3 or binder.shape[1] != size:
+        return ""
+    return (f"; {name} {tuple(binder.shape)} looks sequence-first (its axis 1 is {size}): ours is batch-first, "
+            f"(b, t, e); rearrange(x, 't b e -> b t e') converts it")
 
 
 def _check_value(hint: Any, value: Any, memo: _Memo, argname: str,

@@ -397,3 +397,42 @@ def test_attn_bias_per_head_with_a_kv_cache_equals_the_full_pass() -> None:
         m(x[:, 3:], kv_cache=cache, attn_bias=bias[:, :, 3:, 3:])
     with pytest.raises(ShapeError, match="attn_bias"):
         m(x, attn_bias=torch.randn(1, 3, 5, 5, dtype=torch.float64))  # 3 heads, the module has 4
+
+
+# --- a key padding mask with torch's polarity (issue 43 item 4) ---------------------------------------------------
+
+
+def test_a_padding_row_with_no_key_is_named_with_the_fix() -> None:
+    """torch's polarity (True = padding) passed as ours: an unpadded sequence is all False, and every output of it
+    would be zeros. The warning names the rows and the conversion."""
+    import warnings
+
+    from typed_transformer import key_padding_mask_from_torch
+
+    mha = MultiHeadAttention(8, 2)
+    x = torch.randn(3, 4, 8)
+    torch_style = torch.tensor([[False] * 4, [False, False, True, True], [False] * 4])  # True = padding
+    with pytest.warns(UserWarning, match=r"batch row\(s\) 0, 2 let no key be attended.*key_padding_mask_from_torch"):
+        out, _ = mha(x, key_padding_mask=torch_style)
+    assert torch.equal(out[0], mha.out_proj.bias.expand(4, 8))  # zeros before the output projection
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mha(x, key_padding_mask=key_padding_mask_from_torch(torch_style))
+
+
+def test_a_sequence_first_input_is_named_as_such() -> None:
+    """A (t, b, e) input beside a (b, s) mask: the error says the input looks sequence-first, not only that the
+    mask's axis is wrong (issue 43 item 4); a batch-first input with a wrong mask gets no such hint."""
+    from jaxtyping import TypeCheckError
+
+    from typed_transformer import TransformerEncoderLayer
+
+    x, padding = torch.randn(10, 2, 8), torch.ones(2, 10, dtype=torch.bool)
+    with pytest.raises(TypeCheckError, match=r"query \(10, 2, 8\) looks sequence-first.*'t b e -> b t e'"):
+        MultiHeadAttention(8, 2)(x, key_padding_mask=padding)
+    with pytest.raises(TypeCheckError, match=r"axis b is 2, expected 10 \(bound by src\); src \(10, 2, 8\) looks "
+                                             r"sequence-first"):
+        TransformerEncoderLayer(8, 2, 16)(x, src_key_padding_mask=padding)
+    with pytest.raises(TypeCheckError) as info:
+        MultiHeadAttention(8, 2)(torch.randn(2, 10, 8), key_padding_mask=torch.ones(2, 9, dtype=torch.bool))
+    assert "sequence-first" not in str(info.value)
