@@ -135,8 +135,6 @@ class KVCache:
         self._length = 0
 
 
-@shape_checked
-
 def warn_empty_padding_rows(key_padding_mask: Tensor) -> None:
     """Warns when a batch row of ``key_padding_mask`` lets no key be attended (every entry False). With our
     polarity (True = real token) that is a sequence of padding only; far more often it is torch's polarity (True =
@@ -152,6 +150,7 @@ def warn_empty_padding_rows(key_padding_mask: Tensor) -> None:
                       f"converted with typed_transformer.key_padding_mask_from_torch", UserWarning, stacklevel=3)
 
 
+@shape_checked
 class MultiHeadAttention(nn.Module):
     """Batch-first multi-head attention.
 
