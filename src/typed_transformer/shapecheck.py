@@ -615,7 +615,11 @@ def typechecked(fn: F, *, same_dtype: tuple[str, ...] = ()) -> F:
     parameters: annotations cannot say either, and torch would otherwise fail deep inside (or, with the meta
     device, silently return a meta tensor).
 
-    Apply it by re-binding, not as a decorator (mutmut skips decorated functions)::
+    Use it as a decorator or by re-binding (the library re-binds its own functions, so that mutation testing, which
+    skips decorated functions, reaches them)::
+
+        @typechecked
+        def pool(x: Float[Tensor, "b t e"], keep: Bool[Tensor, "b t"]) -> Float[Tensor, "b e"]: ...
 
         def scaled_dot_product_attention(q: Float[Tensor, "b h t d"], ...) -> Float[Tensor, "b h t dv"]: ...
         scaled_dot_product_attention = typechecked(scaled_dot_product_attention)
