@@ -155,3 +155,48 @@ def test_the_command_takes_the_ci_budget_and_the_half_precision_standard(capsys:
     assert code == 0, out
     assert "large_logits" in out
     assert "FAIL" not in out
+
+
+# --- a PASS means what it says (issue 44, first items) ---------------------------------------------------------------
+
+
+def test_a_candidate_raising_the_audits_own_skip_fails() -> None:
+    from typed_transformer.audit.core.running import Skip
+
+    def skipper(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+        raise Skip("not today")
+
+    report = audit_attention(skipper, checks=["reference", "masking"], dtypes=(torch.float64,), budget="quick")
+    assert [r.status for r in report.results] == ["FAIL", "FAIL"], report.table()
+    assert report.results[0].message == "candidate raised Skip: not today"
+    assert not report.passed
+
+
+def test_a_report_in_which_every_check_skipped_is_not_a_pass() -> None:
+    report = audit_attention(textbook, conventions=Conventions(supports_mask=False), checks=["masking", "padding"],
+                             dtypes=(torch.float64,), budget="quick")
+    assert {r.status for r in report.results} == {"SKIP"}, report.table()
+    assert not report.passed
+    report = audit_attention(textbook, conventions=Conventions(supports_mask=False), checks=["masking", "reference"],
+                             dtypes=(torch.float64,), budget="quick")
+    assert report.passed, report.table()  # a skip beside a pass is allowed
+
+
+@pytest.mark.parametrize(("rude", "named"), [
+    (lambda: torch.set_grad_enabled(False), "gradients enabled: True -> False"),
+    (lambda: torch.set_default_dtype(torch.float64), "default dtype: torch.float32 -> torch.float64"),
+    (lambda: torch.use_deterministic_algorithms(True), "deterministic algorithms: False -> True"),
+])
+def test_a_candidate_that_changes_torchs_global_state_fails_and_leaves_the_caller_as_it_was(rude: Any,
+                                                                                           named: str) -> None:
+    def candidate(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+        out = textbook(q, k, v, **kwargs)
+        rude()
+        return out
+
+    before = (torch.is_grad_enabled(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
+    report = audit_attention(candidate, checks=["reference"], dtypes=(torch.float64,), budget="quick")
+    assert (torch.is_grad_enabled(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled()) == before
+    (row,) = report.results
+    assert row.status == "FAIL"
+    assert f"changed torch's global state and left it so: {named}" in row.message

@@ -214,10 +214,12 @@ class AuditReport:
 
     @property
     def passed(self) -> bool:
-        """No check failed (SKIPs are allowed) and every difference from the paper's attention that inference
-        found was declared (``known=``, ``--expect``, or a module's spec). :attr:`failed` names the failed checks,
-        :attr:`undeclared` the undeclared differences."""
-        return not self.failed and not self.undeclared
+        """No check failed, at least one passed (SKIPs are allowed beside it: a report in which every check
+        skipped tested nothing), and every difference from the paper's attention that inference found was declared
+        (``known=``, ``--expect``, or a module's spec). :attr:`failed` names the failed checks, :attr:`undeclared`
+        the undeclared differences."""
+        tested = any(r.status == "PASS" for r in self.results)
+        return tested and not self.failed and not self.undeclared
 
     @property
     def undeclared(self) -> list[str]:

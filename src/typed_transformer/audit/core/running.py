@@ -158,20 +158,52 @@ def _modified(before: Tensor, after: Tensor) -> bool:
         before.isnan(), after.detach().isnan())
 
 
+#: torch's global settings a candidate's call must leave as it found them: (name, getter, setter)
+_GLOBAL_STATE: tuple[tuple[str, Callable[[], Any], Callable[[Any], Any]], ...] = (
+    ("gradients enabled", torch.is_grad_enabled, torch.set_grad_enabled),
+    ("default dtype", torch.get_default_dtype, torch.set_default_dtype),
+    ("deterministic algorithms", torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms),
+    ("intra-op threads", torch.get_num_threads, torch.set_num_threads),
+)
+
+
+def _global_state() -> list[Any]:
+    return [get() for _, get, _ in _GLOBAL_STATE]
+
+
+def _restore(before: list[Any]) -> list[str]:
+    """Puts back each global setting that differs from ``before``; returns what had changed, as ``name: a -> b``."""
+    changed = []
+    for (name, get, put), was in zip(_GLOBAL_STATE, before, strict=True):
+        now = get()
+        if now != was:
+            changed.append(f"{name}: {was} -> {now}")
+            put(was)
+    return changed
+
+
 @contextmanager
 def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
     """Run the candidate's code: its exceptions become :class:`CandidateRaised`, and so does a change it made
-    to one of the named ``inputs`` (compared with copies after the call); ``sys.exit`` or a call past the time
+    to one of the named ``inputs`` (compared with copies after the call) or to torch's global settings (gradients,
+    default dtype, deterministic mode, thread count: each put back, then named); ``sys.exit`` or a call past the time
     limit (:func:`call_time_limit`) raises :class:`CandidateStopped`. ``KeyboardInterrupt`` (Ctrl-C, and the
     command line's SIGTERM) passes through."""
     copies = {name: x.detach().clone() for name, x in inputs.items() if isinstance(x, Tensor)}
     limit = _CALL_TIME_LIMIT.get()
     alarm = _Alarm(limit)
+    state = _global_state()
     try:
         with alarm:
-            yield
-    except (CheckFailure, Skip, CandidateRaised, CandidateStopped, KeyboardInterrupt):
+            try:
+                yield
+            finally:
+                changed = _restore(state)
+    except (CandidateStopped, KeyboardInterrupt):
         raise
+    except (CheckFailure, Skip, CandidateRaised) as err:  # the audit's own exceptions, raised by the candidate
+        raise CandidateRaised(f"{type(err).__name__}: {err} (the audit's own exception, raised by the candidate's "
+                              f"code: a candidate cannot skip or fail a check for the audit)") from err
     except _TimedOut:
         pass  # the flag says it below
     except SystemExit as exit_:
@@ -180,6 +212,9 @@ def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
         raise CandidateRaised(f"{type(err).__name__}: {err}") from err
     if alarm.fired:
         raise CandidateStopped(f"did not return within the time limit of {limit:g} s per call")
+    if changed:
+        raise CandidateRaised(f"the candidate changed torch's global state and left it so: {'; '.join(changed)} "
+                              f"(restored by the audit; a caller's later code would have run under it)")
     for name, before in copies.items():
         after = inputs[name]
         if isinstance(after, Tensor) and _modified(before, after):
