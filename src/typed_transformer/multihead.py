@@ -142,7 +142,8 @@ def warn_empty_padding_rows(key_padding_mask: Tensor) -> None:
     reads the mask's values)."""
     if torch.compiler.is_compiling() or key_padding_mask.numel() == 0:
         return
-    empty = (~key_padding_mask.any(dim=-1)).nonzero().flatten().tolist()
+    (empty_rows,) = torch.where(~key_padding_mask.any(dim=-1))
+    empty = empty_rows.tolist()
     if empty:
         rows = ", ".join(map(str, empty[:8])) + (", ..." if len(empty) > 8 else "")
         warnings.warn(f"key_padding_mask: batch row(s) {rows} let no key be attended (every entry False), so their "
