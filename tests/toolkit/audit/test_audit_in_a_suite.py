@@ -200,3 +200,48 @@ def test_a_candidate_that_changes_torchs_global_state_fails_and_leaves_the_calle
     (row,) = report.results
     assert row.status == "FAIL"
     assert f"changed torch's global state and left it so: {named}" in row.message
+
+
+class _Liar(Tensor):
+    """A tensor that answers every subtraction with zeros: a comparison run on it would see no error."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        if func in (torch.sub, Tensor.sub, Tensor.__sub__, Tensor.__rsub__) and isinstance(out, Tensor):
+            return out * 0
+        return out
+
+
+def test_a_tensor_subclass_cannot_lie_about_its_values() -> None:
+    def wrong(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+        return (torch.ones_like(q[..., :1]) * v.mean(-2, keepdim=True).expand(*q.shape[:-1], -1)).as_subclass(_Liar)
+
+    report = audit_attention(wrong, checks=["reference"], dtypes=(torch.float64,), budget="quick")
+    assert report.results[0].status == "FAIL", report.table()
+
+
+def test_a_candidate_wrong_only_under_no_grad_fails() -> None:
+    def lazy(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+        out = textbook(q, k, v, **kwargs)
+        return out if torch.is_grad_enabled() else out * 0.5
+
+    report = audit_attention(lazy, checks=["reference"], dtypes=(torch.float64,), budget="quick")
+    (row,) = report.results
+    assert row.status == "FAIL"
+    assert row.message.startswith("output under torch.no_grad(): max error")
+
+
+def test_the_candidate_gets_copies_of_the_audits_inputs() -> None:
+    """What a candidate does to its inputs, during the call or after it (a hook, a tensor it kept), cannot reach the
+    tensors the reference is computed from."""
+    from typed_transformer.audit.core.examples import Example
+    from typed_transformer.audit.core.functions import to_candidate
+
+    example = Example(b=1, h=2, g=2, t=3, s=4, d=4, dv=4, seed=0)
+    ins, keep = example.inputs(), torch.ones(1, 1, 3, 4, dtype=torch.bool)
+    (q, k, v), kwargs = to_candidate(ins, keep, False, torch.float64, Conventions())
+    for mine, theirs in zip(ins, (q, k, v), strict=True):
+        assert theirs.dtype == mine.dtype
+        assert theirs.data_ptr() != mine.data_ptr()
+    assert kwargs["attn_mask"].data_ptr() != keep.data_ptr()

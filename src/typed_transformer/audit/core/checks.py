@@ -281,8 +281,13 @@ def _need_causal(run: Run) -> None:
 
 @register("reference")
 def reference(run: Run, data: st.DataObject) -> None:
-    """Plain attention (no mask) against the float64 reference."""
-    compare(run, draw_example(run, data))
+    """Plain attention (no mask) against the float64 reference; a function is called under ``torch.no_grad()`` too,
+    as inference calls it (torch's own attention takes another kernel there)."""
+    example = draw_example(run, data)
+    compare(run, example)
+    if run.adapter.kind == "function":
+        with torch.no_grad():
+            compare(run, example, what="output under torch.no_grad()")
 
 
 @register("scale", kinds=("function",))

@@ -55,8 +55,10 @@ CandidateInputs = tuple[Float[Tensor, "b _ _ d"], Float[Tensor, "b _ _ d"], Floa
 
 def to_candidate(ins: FunctionInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype,
                  conventions: Conventions) -> tuple[CandidateInputs, dict[str, Any]]:
-    """Canonical inputs (``bhtd``, ``h = (g r)``, keep-mask) in the candidate's conventions and ``dtype``."""
-    q, k, v = (x.to(dtype) for x in ins)
+    """Canonical inputs (``bhtd``, ``h = (g r)``, keep-mask) in the candidate's conventions and ``dtype``: copies,
+    so that nothing the candidate does to them, during the call or after it, reaches the audit's own."""
+    q, k, v = (x.to(dtype, copy=True) for x in ins)
+    keep = None if keep is None else keep.clone()
     g = k.shape[1]
     grouped = q.shape[1] != g
     if conventions.grouping == "r g" and q.shape[1] != g:
@@ -158,6 +160,9 @@ class FunctionAdapter:
             out = self.candidate(*args, **kwargs)
         if not isinstance(out, Tensor):
             raise CheckFailure(f"returned {type(out).__name__}, expected a tensor")
+        if type(out) is not Tensor:  # a subclass: judged as the plain tensor it holds, its own methods never asked
+            with torch._C.DisableTorchFunctionSubclass():
+                out = out.as_subclass(Tensor)
         return from_candidate(out, ins[1].shape[1], self.conventions)
 
     def reference(self, ins: FunctionInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype
