@@ -207,7 +207,7 @@ class _Liar(Tensor):
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = super().__torch_function__(func, types, args, kwargs or {})
+        out = super().__torch_function__(func, types, args, kwargs or {})  # type: ignore[no-untyped-call]
         if func in (torch.sub, Tensor.sub, Tensor.__sub__, Tensor.__rsub__) and isinstance(out, Tensor):
             return out * 0
         return out
@@ -245,3 +245,46 @@ def test_the_candidate_gets_copies_of_the_audits_inputs() -> None:
         assert theirs.dtype == mine.dtype
         assert theirs.data_ptr() != mine.data_ptr()
     assert kwargs["attn_mask"].data_ptr() != keep.data_ptr()
+
+
+def test_a_candidate_that_replaces_math_sqrt_fails_and_it_is_put_back() -> None:
+    import math
+
+    real = math.sqrt
+
+    def sly(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+        math.sqrt = lambda x: 1.0  # the reference's scale would be 1: no scale, like the candidate's
+        return textbook(q * q.shape[-1] ** 0.5, k, v, **kwargs)
+
+    try:
+        report = audit_attention(sly, checks=["reference"], dtypes=(torch.float64,), budget="quick")
+    finally:
+        replaced, math.sqrt = math.sqrt is not real, real
+    assert not replaced
+    (row,) = report.results
+    assert row.status == "FAIL"
+    assert "the candidate replaced functions the reference computes with: math.sqrt" in row.message
+
+
+def test_an_audit_refuses_to_run_on_a_replaced_einsum(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typed_transformer.audit import AuditUsageError
+
+    real = torch.einsum
+    monkeypatch.setattr(torch, "einsum", lambda *args, **kwargs: real(*args, **kwargs) * 0)
+    with pytest.raises(AuditUsageError, match=r"replaced: torch\.einsum \(replaced by .*test_audit_in_a_suite"):
+        audit_attention(textbook, checks=["reference"], dtypes=(torch.float64,), budget="quick")
+    assert torch.einsum is real  # put back
+
+
+def test_a_function_replaced_before_the_audit_was_imported_is_found_by_where_its_code_lives(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import typed_transformer.attention as attention
+    from typed_transformer.audit import AuditUsageError
+    from typed_transformer.audit.core import trusted
+
+    monkeypatch.setattr(attention, "_reference", attention._reference)  # restored after the test, whatever happens
+    monkeypatch.setitem(trusted.ORIGINALS, "typed_transformer.attention._reference", lambda *args: None)
+    (found,) = trusted.untrusted()
+    assert found.startswith(f"typed_transformer.attention._reference (its code: {__file__}:")
+    with pytest.raises(AuditUsageError, match="the audit refuses to run"):
+        trusted.check_trusted()

@@ -47,6 +47,7 @@ from .running import (
     resolve_budget,
     run_check,
 )
+from .trusted import check_trusted
 
 Candidate = Callable[..., Any]
 #: ``q``, ``k``, ``v`` as the candidate takes them: its layout (``b h t d`` or ``b t h d``), head order and dtype.
@@ -427,6 +428,7 @@ def audit_attention(
         ValueError: an unknown check name, a non-positive ``tolerance`` or ``max_examples``, ``known`` without
             ``conventions="infer"``, an unknown field or value in ``known``.
     """
+    check_trusted()
     with audit_threads(threads):
         return _audit_attention(candidate, conventions, checks, dtypes, max_examples, seed, tolerance, name, known,
                                 budget)

@@ -23,6 +23,7 @@ from torch import Tensor
 from .conventions import _PHASES, DTYPE_NAMES
 from .examples import Example
 from .report import Adapter, CheckResult
+from .trusted import replaced
 
 # ----------------------------------------------------------------------------------------------------
 # Check machinery
@@ -212,6 +213,11 @@ def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
         raise CandidateRaised(f"{type(err).__name__}: {err}") from err
     if alarm.fired:
         raise CandidateStopped(f"did not return within the time limit of {limit:g} s per call")
+    swapped = replaced()
+    if swapped:
+        raise CandidateRaised(f"the candidate replaced functions the reference computes with: {'; '.join(swapped)} "
+                              f"(put back by the audit: the reference would have computed what the candidate "
+                              f"computes)")
     if changed:
         raise CandidateRaised(f"the candidate changed torch's global state and left it so: {'; '.join(changed)} "
                               f"(restored by the audit; a caller's later code would have run under it)")

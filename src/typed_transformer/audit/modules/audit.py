@@ -22,6 +22,7 @@ from ..core.inference import (
 )
 from ..core.report import AuditReport
 from ..core.running import Budget, audit_threads
+from ..core.trusted import check_trusted
 from .adapter import ModuleAdapter, module_setup
 from .spec import LIBRARY_READERS, SHIPPED_SPECS, ModuleSpec, library_setup
 
@@ -119,6 +120,7 @@ def audit_module(
         AuditUsageError: the module does not match the spec (the message names the missing attribute).
         KeyError: an unknown spec name.
     """
+    check_trusted()
     with audit_threads(threads):
         return _audit_module(module, spec, conventions, fully_masked, checks, dtypes, max_examples, seed, tolerance,
                              name, setup, known, budget)
