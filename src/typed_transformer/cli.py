@@ -22,6 +22,7 @@ SIGTERM. ``train`` saves on the first Ctrl-C or SIGTERM and stops at once on a s
 import argparse
 import contextlib
 import math
+import os
 import signal
 import sys
 import threading
@@ -922,6 +923,7 @@ def _audit(args: argparse.Namespace) -> int:
     options = _audit_options(args, MODULE_CHECKS if args.module is not None else FUNCTION_CHECKS)
     if isinstance(options, str):
         return _fail(options)
+    stdout = sys.stdout
     try:
         with call_time_limit(args.call_time_limit):
             report = _audit_candidate(args, candidate, target, declared, options)
@@ -930,6 +932,7 @@ def _audit(args: argparse.Namespace) -> int:
     except CandidateStopped as stopped:  # an exit or a hang: no report, one line, and the audit did not pass
         print(f"audit of {target}: {stopped.line()}")
         return 1
+    _restore_stdout(stdout)
     if isinstance(report, str):
         return _fail(report)
     print(report.table())
@@ -939,6 +942,20 @@ def _audit(args: argparse.Namespace) -> int:
         except OSError as err:
             return _fail(f"--json: cannot write {args.json}: {err.strerror}")
     return audit_exit_status(report)
+
+
+def _restore_stdout(before: Any) -> None:
+    """The candidate may have replaced or closed ``sys.stdout``: the report goes where it would have (the stream
+    the command started with, else a new one on file descriptor 1)."""
+    if sys.stdout is before and not getattr(before, "closed", True):
+        return
+    if before is not None and not before.closed:
+        sys.stdout = before
+        return
+    try:
+        sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
+    except OSError:  # descriptor 1 is closed too
+        sys.stdout = sys.stderr
 
 
 #: ``audit``'s exit status when every check passed but inference found undeclared differences from the paper's

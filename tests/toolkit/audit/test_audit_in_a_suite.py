@@ -2,6 +2,7 @@
 conventions (inferred once per candidate), the ci budget and the audit's own thread count."""
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
@@ -288,3 +289,54 @@ def test_a_function_replaced_before_the_audit_was_imported_is_found_by_where_its
     assert found.startswith(f"typed_transformer.attention._reference (its code: {__file__}:")
     with pytest.raises(AuditUsageError, match="the audit refuses to run"):
         trusted.check_trusted()
+
+
+def test_a_nondeterministic_candidate_is_a_finding_not_a_traceback() -> None:
+    calls = [0]
+
+    def once_wrong(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+        calls[0] += 1
+        out = textbook(q, k, v, **kwargs)
+        return out * 2 if calls[0] == 3 else out  # wrong once: its replay passes
+
+    report = audit_attention(once_wrong, checks=["reference"], dtypes=(torch.float64,), budget="quick")
+    (row,) = report.results
+    assert row.status == "FAIL", report.table()
+    assert row.message.startswith("nondeterministic: an example failed, then passed when Hypothesis replayed it")
+
+
+def test_a_candidate_with_one_static_output_buffer_passes() -> None:
+    """A correct candidate that writes every call of a shape into one buffer (a static output, as CUDA graphs have)
+    FAILed permutation with "queries permuted": the output a check held was overwritten by the next call."""
+    buffers: dict[tuple[int, ...], Tensor] = {}
+
+    def static(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+        out = textbook(q, k, v, **kwargs)
+        key = (*out.shape, out.dtype.itemsize, int(out.requires_grad))
+        if out.requires_grad:
+            return out
+        buffer = buffers.setdefault(key, torch.empty_like(out))
+        return buffer.copy_(out)
+
+    with torch.no_grad():
+        report = audit_attention(static, checks=["permutation", "batch_independence"], dtypes=(torch.float64,),
+                                 budget="quick")
+    assert report.passed, report.table()
+
+
+def test_a_candidate_that_closes_stdout_still_gets_its_report(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "closer.py").write_text(
+        "import sys\nimport torch\n\n\ndef attention(q, k, v, *, attn_mask=None, is_causal=False):\n"
+        "    sys.stdout.close()\n"
+        "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask) * 2\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-m", "typed_transformer", "audit", "closer:attention", "--budget", "quick",
+                           "--checks", "reference", "--dtypes", "float64"], capture_output=True, text=True, env=env,
+                          check=False, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "float64: 0 passed, 1 failed" in done.stdout

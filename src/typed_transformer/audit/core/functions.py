@@ -164,7 +164,9 @@ class FunctionAdapter:
         if type(out) is not Tensor:  # a subclass: judged as the plain tensor it holds, its own methods never asked
             with torch._C.DisableTorchFunctionSubclass():
                 out = out.as_subclass(Tensor)
-        return from_candidate(out, ins[1].shape[1], self.conventions)
+        # copied at once: a candidate that writes every call into one output buffer (as CUDA graphs do) would
+        # otherwise overwrite the output a check still holds
+        return from_candidate(out.clone(), ins[1].shape[1], self.conventions)
 
     def reference(self, ins: FunctionInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype
                   ) -> Float[Tensor, "b h t dv"]:

@@ -18,6 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
+from hypothesis.errors import Flaky
 from torch import Tensor
 
 from .conventions import _PHASES, DTYPE_NAMES
@@ -393,6 +394,16 @@ def _fields(example: Example) -> dict[str, Any]:
     return fields
 
 
+def _first_failure(error: BaseException) -> "CheckFailure | None":
+    """The first :class:`CheckFailure` inside ``error`` (an exception group of Hypothesis's), or None."""
+    if isinstance(error, CheckFailure):
+        return error
+    for inner in getattr(error, "exceptions", ()):
+        if (found := _first_failure(inner)) is not None:
+            return found
+    return None
+
+
 def _run_phase(check: Check, run: Run, max_examples: int, seed: int) -> CheckResult:
     """One Hypothesis test of ``check`` (``run.deep``: at the budget's deep sizes)."""
     adapter, dtype_name = run.adapter, DTYPE_NAMES[run.dtype]
@@ -423,7 +434,15 @@ def _run_phase(check: Check, run: Run, max_examples: int, seed: int) -> CheckRes
             raise CheckFailure(f"candidate raised {type(err).__name__}: {first_line}", run.current) from err
 
     try:
-        test()
+        try:
+            test()
+        except Flaky as flaky:  # a failure that did not come back when replayed: the candidate is nondeterministic
+            first = _first_failure(flaky)
+            if first is None:
+                raise
+            raise CheckFailure(f"nondeterministic: an example failed, then passed when Hypothesis replayed it "
+                               f"(the same inputs, another output); the first failure: {first}", first.example,
+                               first.ratio) from first
     except CandidateStopped as stopped:  # the call that ended or hung: named, then the audit stops
         if stopped.check is None:
             stopped.check, stopped.dtype, stopped.example = check.name, dtype_name, run.current
