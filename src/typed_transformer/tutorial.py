@@ -135,7 +135,23 @@ def load_tutorial_weights(path: str | Path) -> GPT:
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         raise ValueError(f"{path}: holds a {type(state).__name__}, not a state dict of tensors (save "
                          "model.state_dict())")
+    for name, value in state.items():
+        _check_saved_weight(path, str(name), value)
     return gpt_from_tutorial_state_dict(state)
+
+
+def _check_saved_weight(path: Path, name: str, value: Tensor) -> None:
+    """A weight as ``torch.save`` writes a trained model's: its own values (not a view that repeats a few of them:
+    a stride-0 ``expand`` of 32 values can claim 10^8 rows and be copied into that many), floating point and
+    finite, as the checkpoint loader requires."""
+    if value.untyped_storage().nbytes() < value.numel() * value.element_size():
+        raise ValueError(f"{path}: {name} {tuple(value.shape)} holds {value.untyped_storage().nbytes()} bytes for "
+                         f"{value.numel()} values (a view that repeats its values, not saved weights)")
+    if not value.is_floating_point():
+        raise ValueError(f"{path}: {name} is {str(value.dtype).removeprefix('torch.')}, expected floating-point "
+                         f"weights")
+    if not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{path}: {name} holds non-finite values (NaN or infinity)")
 
 
 # GPT.from_tutorial_state_dict, declared on the class, is this function (a static alias).

@@ -2,8 +2,10 @@
 ``typed_transformer.tutorial.load_tutorial_weights``): state dicts made by the tutorial's own module tree
 (``tests.support.tutorial_gpt``, written independently of this library), compared by their outputs."""
 
+import math
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -118,6 +120,26 @@ def test_files_that_are_not_a_state_dict_are_refused_in_one_line(tmp_path: Path)
     torch.save([torch.zeros(1)], listed)
     with pytest.raises(ValueError, match=r"list\.pt: holds a list, not a state dict of tensors"):
         load_tutorial_weights(listed)
+
+
+@pytest.mark.parametrize(("change", "refused"), [
+    # a 125 KB file whose token table claims 10^8 rows (a stride-0 view of 32 values): it grew to 20.9 GB
+    (lambda w: torch.zeros(1, w.shape[1]).expand(10**8, w.shape[1]),
+     r"token_embedding_table\.weight \(100000000, \d+\) holds \d+ bytes for \d+ values \(a view that repeats"),
+    (lambda w: w.to(torch.int64), r"token_embedding_table\.weight is int64, expected floating-point weights"),
+    (lambda w: w.masked_fill(torch.zeros_like(w, dtype=torch.bool).index_fill(0, torch.tensor([0]), True), math.nan),
+     r"token_embedding_table\.weight holds non-finite values"),
+])
+def test_weights_that_are_not_saved_weights_are_refused_in_one_line(tmp_path: Path, change: Any,
+                                                                    refused: str) -> None:
+    """The loader never trusts its file: what the checkpoint loader refuses, this one refuses too (issue 44)."""
+    state = _tutorial().state_dict()
+    state["token_embedding_table.weight"] = change(state["token_embedding_table.weight"])
+    path = tmp_path / "model.pt"
+    torch.save(state, path)
+    assert path.stat().st_size < 10**6
+    with pytest.raises(ValueError, match=refused):
+        load_tutorial_weights(path)
 
 
 def test_a_state_dict_of_another_model_is_named() -> None:
