@@ -172,10 +172,11 @@ def test_resume_accepts_the_same_preset_and_the_changeable_options(copy: tuple[P
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "model: baby preset" in err
-    # max_iters 10 -> 12 without lr_decay_iters: the schedule is stretched, and the command says so.
-    # (Both still in the 100-iteration warm-up: 1e-3 * 11 / 101 with the new --lr, 3e-3 * 11 / 101 before.)
-    assert ("note: the learning rate now decays over 12 iterations instead of 10: 0.000109 at iteration 10 (the "
-            "shorter schedule had 0.000327); see docs/reliability.md") in err
+    # max_iters 10 -> 12 without lr_decay_iters: the schedule is stretched, and the command says so. (AdamW's
+    # warm-up of 100 of 2000 iterations scales to 1 of 10 and 1 of 12: at iteration 10 the new schedule, with the
+    # new --lr, is at 1e-4 + 0.5 (1 + cos(pi 9/11)) 9e-4; the old one has reached its minimum, 3e-4.)
+    assert ("note: the learning rate now decays over 12 iterations instead of 10: 0.000171 at iteration 10 (the "
+            "shorter schedule had 0.0003); see docs/reliability.md") in err
     saved = load_checkpoint(out)
     assert saved.iteration == 12
     assert (saved.train_config["learning_rate"], saved.train_config["batch_size"]) == (1e-3, 3)
