@@ -46,7 +46,7 @@ def run_all() -> str:
                 raise SystemExit(f"typed-transformer {' '.join(argv)} exited {done.returncode}:\n{done.stdout}")
             lines.append(f"$ typed-transformer {' '.join(argv)}    # {seconds:.0f} s wall")
             lines.extend(done.stdout.rstrip("\n").splitlines())
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, torch's default thread count"
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, the command's default --threads auto"
     return "\n".join([f"```text\n# {machine}", *lines, "```"])
 
 

@@ -33,3 +33,14 @@ def test_the_lists_are_not_empty() -> None:
     assert "testing.md" in GUIDES
     assert "tutorial-mistakes.md" in GUIDES
     assert "audit-hf-sweep.md" in AUDIT_PAGES
+
+
+def test_a_block_of_tuned_threads_does_not_say_torchs_default() -> None:
+    """docs/training.md's seq2seq block (benchmarks/seq2seq_runs.py) prints the thread tuner's choice: its header
+    names the command's --threads auto, not torch's default count (issue 43)."""
+    page = (ROOT / "docs" / "training.md").read_text()
+    block = page[page.index("<!-- seq2seq-runs:begin -->"):page.index("<!-- seq2seq-runs:end -->")]
+    assert "threads: " in block
+    assert "median step time" in block
+    assert "torch's default thread count" not in block
+    assert "--threads auto" in block.splitlines()[2]
