@@ -109,6 +109,11 @@ def load_tutorial_weights(path: str | Path) -> GPT:
     """The tutorial's weights saved with ``torch.save(model.state_dict(), path)``, read with
     ``torch.load(..., weights_only=True)`` (no code in the file is run), as a :class:`GPT`.
 
+    The model computes the final script's attention, each head's logits scaled by ``head_size**-0.5``: weights of
+    the lecture's early variant, which scales by ``C**-0.5`` (the embedding width), load as well and give other
+    logits (the files do not say which scale trained them). ``model(idx, all_positions=True)`` gives the logits at
+    every position, as the tutorial's ``model(idx)`` does; ``model(idx)`` the last position's.
+
     Raises:
         ValueError: a file that does not exist or cannot be read, that is not a torch file, that holds a pickled
             model or other objects rather than a state dict (save ``model.state_dict()``), or whose weights are

@@ -153,3 +153,14 @@ def test_a_state_dict_of_another_model_is_named() -> None:
     del state["blocks.1.ln2.bias"]
     with pytest.raises(ValueError, match=r"no 'blocks\.1\.ln2\.bias'"):
         gpt_from_tutorial_state_dict(state)
+
+
+def test_the_loader_says_which_scale_it_assumes_and_how_to_get_every_position() -> None:
+    """Weights of the lecture's early C**-0.5 variant load silently (the file cannot say): the loader's docstring
+    and docs/training.md name the scale assumed, and the call that gives the tutorial's logits at every position."""
+    doc = load_tutorial_weights.__doc__ or ""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
+    for text in (doc, page):
+        assert "head_size**-0.5" in text
+        assert "C**-0.5" in text
+        assert "all_positions=True" in text
