@@ -63,16 +63,24 @@ def make_pairs(task: str, count: int, *, min_len: int, max_len: int, vocab: int 
     return [_task_pair(task, rng, min_len, max_len, vocab) for _ in range(count)]
 
 
+#: first lines that name the columns rather than hold a pair (refused: they would be trained on)
+HEADERS = {("source", "target"), ("src", "tgt"), ("input", "output"), ("src", "trg")}
+
+
 def read_pairs(path: str | Path) -> list[Pair]:
     """The ``source<TAB>target`` lines of a UTF-8 file (blank lines skipped). A line ends at ``\n`` (or
     ``\r\n``) only: every other character (form feed, U+0085, U+2028, ...) is data, as in any TSV reader. A side
-    longer than :data:`MAX_PAIR_LENGTH` characters is refused (it would make one step attend over all of them)."""
-    pairs = []
+    longer than :data:`MAX_PAIR_LENGTH` characters is refused (it would make one step attend over all of them), and so
+    is a first line that names the columns (:data:`HEADERS`: ``source<TAB>target``, ...)."""
+    pairs: list[Pair] = []
     for number, raw in enumerate(load_text(path).split("\n"), 1):
         line = raw.removesuffix("\r")
         if not line.strip(" \t"):
             continue
         fields = line.split("\t")
+        if not pairs and tuple(f.strip().lower() for f in fields) in HEADERS:
+            raise DataError(f"{path}: line {number} is a header ({line!r}), which would be trained on as a pair; "
+                            f"remove it (the file is source<TAB>target lines only)")
         if len(fields) != 2:
             raise DataError(f"{path}: line {number} has {len(fields) - 1} tabs; each line is source<TAB>target")
         if not fields[0] or not fields[1]:

@@ -183,6 +183,19 @@ def _data(config: Seq2SeqConfig) -> tuple[PairVocab, list[Pair], list[Pair], str
     return PairVocab("".join(sorted(alphabet))), [], held, None
 
 
+#: the settings of the synthetic tasks alone: a run on --data has none of them
+_TASK_FIELDS = ("task", "vocab", "min_len", "max_len", "eval_pairs")
+
+
+def describe_config(config: Seq2SeqConfig) -> str:
+    """The config as a run prints it: a run on ``--data`` without the synthetic task's settings, which it does not
+    use (its vocabulary and lengths are the file's)."""
+    if config.data is None:
+        return repr(config)
+    shown = ", ".join(f"{f.name}={getattr(config, f.name)!r}" for f in fields(config) if f.name not in _TASK_FIELDS)
+    return f"Seq2SeqConfig({shown})"
+
+
 def _pairs_sha256(pairs: list[Pair]) -> str:
     """The hash of the pairs a run trains on (the file's lines as read: blank lines and line endings aside)."""
     return hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode("utf-8")).hexdigest()
@@ -394,7 +407,7 @@ def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = Fals
         evaluations = (len(previous.history) if previous is not None else 0) + config.max_iters // config.eval_interval
         require_free_space(out, model, evaluations=evaluations + 2)  # a full disk found now, not at the first save
         write_text_atomically(out / "config.json", json.dumps(asdict(config), indent=2) + "\n")
-        print(f"config: {config} (saved in {out / 'config.json'})", file=stream, flush=True)
+        print(f"config: {describe_config(config)} (saved in {out / 'config.json'})", file=stream, flush=True)
         print(f"seq2seq: {sum(p.numel() for p in model.parameters()):,} parameters, vocabulary {vocab.size} "
               f"({vocab.chars!r} + pad, bos, eos), {len(held)} held-out pairs"
               + (f", resuming at iteration {previous.iteration}" if previous is not None and previous.iteration

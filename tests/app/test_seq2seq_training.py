@@ -573,3 +573,26 @@ def test_the_two_schedules_differ_in_the_warm_up_alone() -> None:
         assert gpt_learning_rate(gpt, it) * 11 == pytest.approx(seq2seq_learning_rate(seq2seq, it) * 10, rel=1e-12)
     for it in (10, 30, 55, 99, 100, 101, 150):
         assert math.isclose(gpt_learning_rate(gpt, it), seq2seq_learning_rate(seq2seq, it), rel_tol=1e-12), it
+
+
+# --- what a newcomer hit with --data (issue 43 item 4) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("header", ["source\ttarget", "Source\tTarget", "src\ttgt", "input\toutput"])
+def test_a_header_line_is_refused_not_trained_on(tmp_path: Path, header: str) -> None:
+    path = tmp_path / "pairs.tsv"
+    path.write_text(f"{header}\nabc\tcba\nxy\tyx\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"line 1 is a header \(.*\), which would be trained on as a pair"):
+        read_pairs(path)
+    path.write_text("abc\tcba\nsource\ttarget\nxy\tyx\n", encoding="utf-8")  # not first: data, as any line
+    assert ("source", "target") in read_pairs(path)
+
+
+def test_a_run_on_data_does_not_print_the_synthetic_tasks_settings() -> None:
+    from typed_transformer.seq2seq_training import describe_config
+
+    on_data = describe_config(Seq2SeqConfig(task=None, data="pairs.tsv"))
+    assert on_data.startswith("Seq2SeqConfig(data='pairs.tsv', held_out=")
+    for name in ("task=", "vocab=", "min_len=", "max_len=", "eval_pairs="):
+        assert name not in on_data
+    assert describe_config(Seq2SeqConfig()) == repr(Seq2SeqConfig())  # a task's run prints them all
