@@ -44,3 +44,10 @@ def test_a_block_of_tuned_threads_does_not_say_torchs_default() -> None:
     assert "median step time" in block
     assert "torch's default thread count" not in block
     assert "--threads auto" in block.splitlines()[2]
+
+
+def test_the_founding_tutorials_are_named_by_their_titles() -> None:
+    page = (ROOT / "docs" / "tutorial-mistakes.md").read_text()
+    for number in ("000", "001", "002", "003", "004"):
+        row = next((line for line in page.splitlines() if line.startswith(f"| {number} | *")), None)
+        assert row is not None, f"tutorial {number} has no title row"
