@@ -2,6 +2,7 @@
 conventions (inferred once per candidate), the ci budget and the audit's own thread count."""
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -340,3 +341,37 @@ def test_a_candidate_that_closes_stdout_still_gets_its_report(tmp_path: Path) ->
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     assert "float64: 0 passed, 1 failed" in done.stdout
+
+
+def _printed_repro(repro: str | None, capsys: pytest.CaptureFixture[str]) -> tuple[float, float]:
+    assert repro is not None
+    exec(compile(repro, "<repro>", "exec"), {})
+    printed = re.search(r"max error ([\d.e+-]+) allowed ([\d.e+-]+)", capsys.readouterr().out)
+    assert printed is not None
+    return float(printed[1]), float(printed[2])
+
+
+def test_a_half_precision_repro_prints_what_the_check_compared(capsys: pytest.CaptureFixture[str]) -> None:
+    """The repro of a half-precision FAIL recomputes the same error and the same bound (before, it printed an error
+    against the unrounded inputs' reference and no bound)."""
+    (row,) = _half(textbook, "float32").results
+    assert row.status == "FAIL"
+    said = re.search(r"max error ([\d.e+-]+) > allowed ([\d.e+-]+)", row.message)
+    assert said is not None
+    err, allowed = _printed_repro(row.repro, capsys)
+    assert err == pytest.approx(float(said[1]), rel=2e-3)
+    assert allowed == pytest.approx(float(said[2]), rel=2e-3)
+
+
+def test_a_plain_standard_repro_bounds_by_plain_math(capsys: pytest.CaptureFixture[str]) -> None:
+    """Under half_precision="plain" the repro's bound is the plain math's: the textbook attention's own error is
+    within it (its row passes; the repro of its example says so too)."""
+    from typed_transformer.audit.core.examples import Example
+    from typed_transformer.audit.core.functions import function_repro
+
+    example = Example(b=1, h=1, g=1, t=3, s=5, d=4, dv=4, seed=3, dtype="bfloat16", amplitude=30.0)
+    line = "from tests.toolkit.audit.test_audit_in_a_suite import textbook as candidate"
+    repro = function_repro(example, Conventions(half_precision="plain"), line, "large_logits")
+    assert "plain = reference_attention(" in repro
+    err, allowed = _printed_repro(repro, capsys)
+    assert err <= allowed

@@ -283,6 +283,9 @@ def function_repro(example: Example, conventions: Conventions, import_candidate:
         lines.append(f"{name} = randn({shape}, seed={example.seed + offset}){scaled}  # {axes[name]}, float64")
     lines.append("keep = None" if example.keep is None else
                  f"keep = torch.tensor({example.keep!r})  # True = may attend")
+    if check != "gradients" and example.dtype in ("float16", "bfloat16"):
+        lines += _half_lines(example, conventions, reference, check)
+        return _without_unused_einops(lines)
     if check != "gradients":
         lines += [reference, *_candidate_lines(example, conventions, "(q, k, v)"),
                   f"print('max error', float((out.double() - ref).abs().max()))  # check {check}"]
@@ -298,6 +301,25 @@ def function_repro(example: Example, conventions: Conventions, import_candidate:
               "print('gradient errors', errors)",
               f"print('max error', max(errors.values()))  # check {check}"]
     return _without_unused_einops(lines)
+
+
+def _half_lines(example: Example, conventions: Conventions, reference: str, check: str) -> list[str]:
+    """A half-precision repro's lines: what the check compared (the reference on the inputs rounded to the dtype,
+    and the bound of ``checks.half_bound`` at the default tolerance of 2), so that the repro prints both numbers."""
+    dtype = f"torch.{example.dtype}"
+    good = reference.replace("ref = ", "good = ").replace("(q, k, v,", "(q.float(), k.float(), v.float(),")
+    lines = [f"q, k, v = (x.to({dtype}).double() for x in (q, k, v))  # rounded to {example.dtype}, as the "
+             f"candidate gets them", reference, f"{good}.to({dtype})  # a kernel that accumulates in float32",
+             f"base = max(float((good.double() - ref).abs().max()), torch.finfo({dtype}).eps * max(1.0, "
+             f"float(ref.abs().max())))"]
+    if conventions.half_precision == "plain":
+        said = f"conventions=Conventions(**{dataclasses.asdict(conventions)!r})"
+        lines += ["from typed_transformer.audit import Conventions, reference_attention",
+                  f"plain = reference_attention(*(x.to({dtype}) for x in (q, k, v)), keep, "
+                  f"is_causal={example.is_causal}, {said}, softmax_dtype={dtype})  # plain math in {example.dtype}",
+                  "base = max(base, float((plain.double() - ref).abs().max()))"]
+    return [*lines, *_candidate_lines(example, conventions, "(q, k, v)"),
+            f"print('max error', float((out.double() - ref).abs().max()), 'allowed', 2 * base)  # check {check}"]
 
 
 def _without_unused_einops(lines: list[str]) -> str:
