@@ -12,6 +12,7 @@ from torch import Tensor
 
 import typed_transformer.audit.core.functions as functions
 from tests.support import audit_candidates as cands
+from tests.support.limits import HANG_SECONDS
 from typed_transformer.audit import BUDGETS, AuditCase, Conventions, audit_attention, parametrize_audit
 from typed_transformer.cli import main
 
@@ -337,7 +338,7 @@ def test_a_candidate_that_closes_stdout_still_gets_its_report(tmp_path: Path) ->
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     done = subprocess.run([sys.executable, "-m", "typed_transformer", "audit", "closer:attention", "--budget", "quick",
                            "--checks", "reference", "--dtypes", "float64"], capture_output=True, text=True, env=env,
-                          check=False, timeout=300)
+                          check=False, timeout=HANG_SECONDS)
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     assert "float64: 0 passed, 1 failed" in done.stdout
