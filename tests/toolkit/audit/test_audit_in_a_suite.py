@@ -190,8 +190,8 @@ def test_a_report_in_which_every_check_skipped_is_not_a_pass() -> None:
     (lambda: torch.set_default_dtype(torch.float64), "default dtype: torch.float32 -> torch.float64"),
     (lambda: torch.use_deterministic_algorithms(True), "deterministic algorithms: False -> True"),
 ])
-def test_a_candidate_that_changes_torchs_global_state_fails_and_leaves_the_caller_as_it_was(rude: Any,
-                                                                                           named: str) -> None:
+def test_a_correct_but_rude_candidate_passes_with_its_change_named_and_the_caller_as_it_was(rude: Any,
+                                                                                             named: str) -> None:
     def candidate(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
         out = textbook(q, k, v, **kwargs)
         rude()
@@ -200,9 +200,11 @@ def test_a_candidate_that_changes_torchs_global_state_fails_and_leaves_the_calle
     before = (torch.is_grad_enabled(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
     report = audit_attention(candidate, checks=["reference"], dtypes=(torch.float64,), budget="quick")
     assert (torch.is_grad_enabled(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled()) == before
-    (row,) = report.results
-    assert row.status == "FAIL"
-    assert f"changed torch's global state and left it so: {named}" in row.message
+    assert report.passed, report.table()
+    assert report.state_changes == [named]
+    assert "the candidate changed torch's global settings (the audit put each back" in report.table()
+    assert f"  - {named}" in report.table()
+    assert report.to_dict()["state_changes"] == [named]
 
 
 class _Liar(Tensor):

@@ -44,6 +44,7 @@ from .running import (
     CheckFailure,
     audit_threads,
     candidate_code,
+    collect_state_changes,
     resolve_budget,
     run_check,
 )
@@ -344,6 +345,15 @@ def run_audit(adapter: Adapter, *, checks: Sequence[str] | None, dtypes: Sequenc
               budget: Budget | str = "default") -> AuditReport:
     """Run the selected checks on ``adapter``, one report row per check and dtype (``dtypes=None``: float32,
     float64 and each half-precision dtype the candidate accepts, see :func:`default_dtypes`)."""
+    with collect_state_changes() as changes:  # the audit's (and its inference's, when it collects them)
+        report = _run_audit(adapter, checks, dtypes, max_examples, seed, tolerance, conventions, budget)
+    report.state_changes = list(changes)
+    return report
+
+
+def _run_audit(adapter: Adapter, checks: Sequence[str] | None, dtypes: Sequence[torch.dtype] | None,
+               max_examples: int, seed: int, tolerance: float, conventions: dict[str, Any],
+               budget: Budget | str) -> AuditReport:
     selected = select(checks, adapter.kind)
     plan = resolve_budget(budget)
     if tolerance <= 0 or max_examples <= 0:
@@ -453,7 +463,7 @@ def audit_attention(
             ``conventions="infer"``, an unknown field or value in ``known``.
     """
     check_trusted()
-    with audit_threads(threads):
+    with audit_threads(threads), collect_state_changes():
         return _audit_attention(candidate, conventions, checks, dtypes, max_examples, seed, tolerance, name, known,
                                 budget)
 
@@ -510,7 +520,7 @@ class AuditCase:
         import pytest
 
         options = dict(self.options)
-        with audit_threads(self.threads):
+        with audit_threads(self.threads), collect_state_changes():
             if self.conventions != "infer":
                 report = audit_attention(self.candidate, conventions=self.conventions, checks=[self.check],
                                          threads=None, **options)

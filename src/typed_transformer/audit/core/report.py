@@ -211,6 +211,8 @@ class AuditReport:
     causes: list[Cause] = field(default_factory=list)
     #: inferred conventions that differ from the paper's attention (``conventions="infer"`` only), printed first
     differences: list[Difference] = field(default_factory=list)
+    #: torch's global settings the candidate's calls changed (each put back after its call), ``name: a -> b``
+    state_changes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -263,6 +265,9 @@ class AuditReport:
                 lines.append("  ".join("-" * w for w in widths) + "  ------")
         if self.contradictions:
             lines += ["", *self.contradictions]
+        if self.state_changes:
+            lines += ["", "the candidate changed torch's global settings (the audit put each back after the call; a "
+                          "caller's later code would have run under it):", *(f"  - {c}" for c in self.state_changes)]
         grouped = {id(r) for cause in self.causes for r in cause.rows}
         for r in self.results:  # failures outside every cause (the inferred conventions' findings)
             if r.status == "FAIL" and id(r) not in grouped:
@@ -287,6 +292,7 @@ class AuditReport:
                 "conventions": self.conventions, "seed": self.seed, "max_examples": self.max_examples,
                 "dtypes": self.dtypes, "tolerance": self.tolerance, "environment": self.environment,
                 "untested": self.untested, "inferred": self.inferred, "contradictions": self.contradictions,
+                "state_changes": self.state_changes,
                 "results": [dataclasses.asdict(r) for r in self.results],
                 "causes": [cause.to_dict() for cause in self.causes]}
 

@@ -21,7 +21,7 @@ from ..core.inference import (
     with_known,
 )
 from ..core.report import AuditReport
-from ..core.running import Budget, audit_threads
+from ..core.running import Budget, audit_threads, collect_state_changes
 from ..core.trusted import check_trusted
 from .adapter import ModuleAdapter, module_setup
 from .spec import LIBRARY_READERS, SHIPPED_SPECS, ModuleSpec, library_setup
@@ -121,7 +121,7 @@ def audit_module(
         KeyError: an unknown spec name.
     """
     check_trusted()
-    with audit_threads(threads):
+    with audit_threads(threads), collect_state_changes():
         return _audit_module(module, spec, conventions, fully_masked, checks, dtypes, max_examples, seed, tolerance,
                              name, setup, known, budget)
 
