@@ -378,3 +378,19 @@ def test_a_plain_standard_repro_bounds_by_plain_math(capsys: pytest.CaptureFixtu
     assert "plain = reference_attention(" in repro
     err, allowed = _printed_repro(repro, capsys)
     assert err <= allowed
+
+
+@pytest.mark.parametrize("standard", ["float32", "plain"])
+def test_logits_that_overflow_into_zeros_fail_under_both_standards(standard: Literal["float32", "plain"]) -> None:
+    """Plain float16 math overflows past a logit of 65504 too, and its NaN rows become zeros as the kernel's do: the
+    plain standard does not take that as its allowance. (Under the float32 standard the failure shrinks to logits of
+    1000, where the kernel's float16 logits lose their digits as plain math's do: the sentence says so.)"""
+    from tests.support.kernels import fp16_overflow
+
+    report = audit_attention(fp16_overflow, conventions=Conventions(half_precision=standard),
+                             checks=["large_logits"], dtypes=(torch.float16,), max_examples=10, budget="quick")
+    (row,) = report.results
+    assert row.status == "FAIL", report.table()
+    if standard == "plain":
+        assert "Plain PyTorch math" not in row.message
+        assert row.message.startswith("logits scaled to 100000")
