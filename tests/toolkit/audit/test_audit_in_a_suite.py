@@ -380,17 +380,15 @@ def test_a_plain_standard_repro_bounds_by_plain_math(capsys: pytest.CaptureFixtu
     assert err <= allowed
 
 
-@pytest.mark.parametrize("standard", ["float32", "plain"])
-def test_logits_that_overflow_into_zeros_fail_under_both_standards(standard: Literal["float32", "plain"]) -> None:
-    """Plain float16 math overflows past a logit of 65504 too, and its NaN rows become zeros as the kernel's do: the
-    plain standard does not take that as its allowance. (Under the float32 standard the failure shrinks to logits of
-    1000, where the kernel's float16 logits lose their digits as plain math's do: the sentence says so.)"""
+def test_logits_that_overflow_into_zeros_fail_the_float32_standard_and_plain_math_shares_them() -> None:
+    """A kernel whose float16 logits overflow past 65504 (its NaN rows turned into zeros) fails the default standard;
+    plain float16 math overflows the same way, so the plain standard, which holds a candidate to plain math in the
+    dtype, allows it (a textbook attention in float16 does exactly this): documented on docs/audit.md."""
     from tests.support.kernels import fp16_overflow
 
-    report = audit_attention(fp16_overflow, conventions=Conventions(half_precision=standard),
-                             checks=["large_logits"], dtypes=(torch.float16,), max_examples=10, budget="quick")
-    (row,) = report.results
-    assert row.status == "FAIL", report.table()
-    if standard == "plain":
-        assert "Plain PyTorch math" not in row.message
-        assert row.message.startswith("logits scaled to 100000")
+    failed = audit_attention(fp16_overflow, checks=["large_logits"], dtypes=(torch.float16,), max_examples=10,
+                             budget="quick")
+    assert failed.results[0].status == "FAIL", failed.table()
+    allowed = audit_attention(fp16_overflow, conventions=Conventions(half_precision="plain"),
+                              checks=["large_logits"], dtypes=(torch.float16,), max_examples=10, budget="quick")
+    assert allowed.passed, allowed.table()
