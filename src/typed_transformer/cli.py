@@ -274,17 +274,21 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def _audit_budget_flags(audit: argparse.ArgumentParser) -> None:
     """``audit``'s budget: how deep the examples go beside the small ones (typed_transformer.audit.Budget)."""
-    audit.add_argument("--budget", choices=("quick", "ci", "default"), default="default",
+    audit.add_argument("--budget", choices=("quick", "ci", "default", "thorough"), default="default",
                        help="quick: the small examples only (sizes 1..6), float32 and float64; ci: every check and "
                             "dtype with a few deep sizes (for a suite run on every change); default: also the deep "
-                            "ones below")
+                            "ones below; thorough: also key lengths 512,1024,2048,4096 and 32 and 64 heads (about 3x "
+                            "the default's time)")
     audit.add_argument("--lengths", type=_sizes, default=None, metavar="N,N,...",
                        help="key and query lengths of the deep examples (default 15,16,17,31,32,33,63,64,65,127,"
                             "128,129: both sides of the tiles kernels use; a failure shrinks to the smallest)")
     audit.add_argument("--head-sizes", type=_sizes, default=None, metavar="D,D,...",
                        help="head sizes of the deep examples (default 64,65,80,96,127,128,256)")
     audit.add_argument("--batch", type=_sizes, default=None, metavar="B,B,...",
-                       help="batch sizes of the deep examples (default 5,8,9; query heads 5,6,8 beside them)")
+                       help="batch sizes of the deep examples (default 5,8,9,12,16)")
+    audit.add_argument("--heads", type=_sizes, default=None, metavar="H,H,...",
+                       help="query head counts drawn beside the deep batches (default 5,6,8,12,16; key/value heads "
+                            "a divisor when grouped-query attention is supported)")
     audit.add_argument("--deep-examples", type=_non_negative_int, default=None, metavar="N",
                        help="deep examples per check and dtype (default 6; 0: the small ones only)")
 
@@ -295,7 +299,7 @@ def _audit_budget(args: argparse.Namespace) -> Any:
 
     from .audit import BUDGETS
 
-    changes = {field: getattr(args, field) for field in ("lengths", "head_sizes", "deep_examples")
+    changes = {field: getattr(args, field) for field in ("lengths", "head_sizes", "heads", "deep_examples")
                if getattr(args, field) is not None}
     if args.batch is not None:
         changes["batches"] = args.batch

@@ -27,12 +27,12 @@ def _keep(q: Tensor, k: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Te
 
 
 def _online_softmax(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, *, block: int, rescale: bool,
-                    half_sums: bool = False) -> Tensor:
+                    half_sums: bool = False, half_from: int = 0, sums_dtype: torch.dtype | None = None) -> Tensor:
     """FlashAttention's loop: for each block of ``block`` keys, update the running maximum ``m``, the running sum
     ``l`` and the accumulator (float32 for half inputs); ``rescale=False`` forgets to multiply the accumulator and
     the sum by ``exp(m_old - m_new)`` when the maximum grows; ``half_sums=True`` keeps the running sum and the
     accumulator of P @ V in the input dtype (rounded after every block), as a kernel that declares them in half
-    precision."""
+    precision (from key ``half_from`` on; ``sums_dtype``: rounded to that dtype instead)."""
     dtype = q.dtype
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     r = q.shape[1] // k.shape[1]
@@ -54,8 +54,8 @@ def _online_softmax(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, *, blo
             acc, total = acc * alpha, total * alpha
         acc = acc + p @ v[:, :, start:start + block]
         total = total + p.sum(dim=-1, keepdim=True)
-        if half_sums:
-            acc, total = acc.to(dtype).to(work), total.to(dtype).to(work)
+        if half_sums and start >= half_from:
+            acc, total = acc.to(sums_dtype or dtype).to(work), total.to(sums_dtype or dtype).to(work)
         m = m_new
     return torch.where(total > 0, acc / total.clamp_min(torch.finfo(work).tiny), torch.zeros_like(acc))
 
@@ -223,3 +223,44 @@ def half_value_gradient(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | 
     """A right forward whose backward gives half of dv (the bug): only a gradients check sees it."""
     v = _ScaledBackward.apply(v)  # type: ignore[no-untyped-call]
     return _attention(q, k, v, None, attn_mask, is_causal, 1 / math.sqrt(q.shape[-1]))
+
+
+def _paper(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+    """The paper's attention of one call, grouped heads repeated (``i // (h/g)``)."""
+    r = q.shape[1] // k.shape[1]
+    return _attention(q, k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1), None, attn_mask, is_causal,
+                      1 / math.sqrt(q.shape[-1]))
+
+
+def heads_past_8(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                 is_causal: bool = False) -> Tensor:
+    """Bug: a launch grid of 8 programs per batch element over the query heads, head ``i`` reading the keys and
+    values at ``i % 8`` (right for up to 8 query heads)."""
+    r = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
+    source = torch.arange(q.shape[1]) % 8
+    return _paper(q, k[:, source], v[:, source], attn_mask, is_causal)
+
+
+def batch_past_8(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                 is_causal: bool = False) -> Tensor:
+    """Bug: batch element ``i`` reads the keys and values of ``i % 8`` (a grid of 8 programs over the batch: right
+    for up to 8 batch elements)."""
+    source = torch.arange(q.shape[0]) % 8
+    return _paper(q, k[source], v[source], attn_mask, is_causal)
+
+
+def half_sums_past_512(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                       is_causal: bool = False) -> Tensor:
+    """Bug: blocks of 16 keys with an online softmax whose running sum and accumulator are rounded to bfloat16
+    after every block past the first 512 keys, for half-precision inputs (a kernel that spills its sums to
+    bfloat16 on long rows; right up to 512 keys, and in float32 and float64)."""
+    keep = _keep(q, k, attn_mask, is_causal)
+    if q.dtype not in (torch.float16, torch.bfloat16) or k.shape[-2] <= 512:
+        return _online_softmax(q, k, v, keep, block=16, rescale=True).to(q.dtype)
+    spilled = _online_softmax(q.bfloat16(), k.bfloat16(), v.bfloat16(), keep, block=16, rescale=True,
+                              half_sums=True, half_from=512) if q.dtype == torch.bfloat16 else None
+    if spilled is None:  # float16 inputs, sums spilled to bfloat16: the same loop with the rounding done here
+        spilled = _online_softmax(q, k, v, keep, block=16, rescale=True, half_sums=True, half_from=512,
+                                  sums_dtype=torch.bfloat16)
+    return spilled.to(q.dtype)

@@ -248,3 +248,91 @@ def test_bad_size_lists_exit_2(flag: str, capsys: pytest.CaptureFixture[str]) ->
         main(["audit", "tests.support.kernels:tiled_attention", flag, "0,17"])
     assert exit_.value.code == 2
     assert "expected comma-separated positive integers, got '0,17'" in capsys.readouterr().err
+
+
+# --- past 8 heads and batches, the widest example, thorough (issue 42) ----------------------------------------------
+
+OLD_SIZES = {"batches": (5, 8, 9), "heads": (5, 6, 8)}  # the default's lists before issue 42
+
+
+def test_a_kernel_wrong_past_8_heads_is_caught_by_default_at_12_heads_and_was_not_before() -> None:
+    example = failing(kernels.heads_past_8, "reference", dtypes=F32)
+    assert example["h"] == 12  # shrunk to the smallest failing listed count
+    assert example["t"] <= 6
+    old = audit_attention(kernels.heads_past_8, conventions="infer", seed=0, checks=["reference"], dtypes=F32,
+                          budget=Budget(**OLD_SIZES))  # type: ignore[arg-type]
+    assert old.passed, old.table()
+
+
+def test_a_kernel_wrong_past_batch_8_is_caught_by_default_at_batch_9() -> None:
+    example = failing(kernels.batch_past_8, "reference", dtypes=F32)
+    assert example["b"] == 9
+    assert example["h"] == 5  # the head count searched down too, the batch held
+
+
+def test_the_widest_and_longest_examples_are_drawn_at_each_lists_largest() -> None:
+    """A kernel that refuses one size at the top of each list: only the widest (or longest) example reaches it."""
+    seen: set[tuple[int, int, int]] = set()
+
+    def recording(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                  is_causal: bool = False) -> Tensor:
+        seen.add((q.shape[0], q.shape[1], k.shape[-2]))
+        return kernels.paper_kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+    budget = Budget(lengths=(20, 40), head_sizes=(), batches=(7, 11), heads=(3, 13), deep_examples=1)
+    report = audit_attention(recording, seed=0, checks=["reference"], dtypes=F32, budget=budget)
+    assert report.passed, report.table()
+    assert any(b == 11 and h == 13 for b, h, _ in seen), sorted(seen)
+    assert any(s == 40 for _, _, s in seen), sorted(seen)
+
+
+def test_the_thorough_budget_adds_long_rows_and_many_heads() -> None:
+    thorough = BUDGETS["thorough"]
+    assert thorough.lengths[-4:] == (512, 1024, 2048, 4096)
+    assert thorough.heads[-2:] == (32, 64)
+    assert set(BUDGETS["default"].lengths) < set(thorough.lengths)
+    assert BUDGETS["default"].heads == (5, 6, 8, 12, 16)
+    assert BUDGETS["default"].batches == (5, 8, 9, 12, 16)
+
+
+def test_past_512_keys_an_example_has_one_batch_element_and_at_most_two_heads() -> None:
+    seen: list[tuple[int, int, int]] = []
+
+    def recording(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                  is_causal: bool = False) -> Tensor:
+        seen.append((q.shape[0], q.shape[1], k.shape[-2]))
+        return kernels.paper_kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+    report = audit_attention(recording, seed=0, checks=["reference"], dtypes=F32, max_examples=2,
+                             budget=Budget(lengths=(600,), head_sizes=(), batches=(), deep_examples=2))
+    assert report.passed, report.table()
+    long = [(b, h) for b, h, s in seen if s == 600]
+    assert long and all(b == 1 and h <= 2 for b, h in long), long
+
+
+def test_the_command_line_heads_flag_and_the_thorough_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["audit", "tests.support.kernels:heads_past_8", "--infer", "--checks", "reference", "--dtypes", "float32"]
+    assert main([*argv, "--heads", "5,6,8", "--batch", "5,8,9"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--heads", "9"]) == 1
+    assert '"h": 9' in capsys.readouterr().out
+    assert main(["audit", "tests.support.kernels:half_sums_past_512", "--infer", "--budget", "thorough", "--checks",
+                 "reference", "--dtypes", "float16", "--deep-examples", "2"]) == 1
+    assert '"s": 1024' in capsys.readouterr().out  # shrunk to the smallest failing length past 512
+
+
+def test_a_half_precision_running_sum_spilled_past_512_keys_fails_thorough_and_passes_the_default() -> None:
+    kernel = kernels.half_sums_past_512
+    default = audit_attention(kernel, conventions="infer", seed=0, checks=["reference"])
+    assert default.passed, default.table()  # the default's lengths stop at 129
+    thorough = audit_attention(kernel, conventions="infer", seed=0, checks=["reference"], budget="thorough")
+    rows = {r.dtype: r for r in thorough.results}
+    assert rows["float32"].status == rows["float64"].status == "PASS"
+    float16 = rows["float16"]
+    assert float16.status == "FAIL"
+    assert float16.counterexample is not None
+    assert float16.counterexample["s"] == 1024
+    assert float16.counterexample["shift"] == 1.0
+    assert float16.ratio is not None
+    assert float16.ratio > 3 * 2  # the tolerance is 2: more than 3x over the line
+    assert rows["bfloat16"].status == "FAIL"  # bfloat16 sums of bfloat16 inputs: 2.4, just over (docs/audit.md)

@@ -15,7 +15,7 @@ from ...strategies import attention_shapes, keep_masks, key_padding_masks, seeds
 from .conventions import DEFAULT_CONVENTIONS, Inputs
 from .examples import Example, bound, error, mask_to_list
 from .reference import effective_keep, reference_attention
-from .running import CheckFailure, Run, Skip, candidate_code, register
+from .running import LONG, CheckFailure, Run, Skip, candidate_code, register
 
 MaskKind = Literal["none", "keep", "padding", "fully_masked"]
 
@@ -69,8 +69,14 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
     shape = dataclasses.replace(shape, **deep)
     if a.fixed is None:
         sizes = {"h": shape.h, "g": shape.g, "d": shape.d, "dv": shape.dv}
-    # long rows: 3 batch elements, so that a bug that shows on a few rows in ten still shows when shrunk
+    # long rows: 3 batch elements, so that a bug that shows on a few rows in ten still shows when shrunk; past LONG
+    # keys, one batch element and at most two query heads (the float64 reference's logits grow as t * s)
     b = max(shape.b, min_batch, 3 if "s" in deep else 1)
+    if deep.get("s", 0) > LONG:
+        b = max(1, min_batch)
+        if a.fixed is None and shape.h > 2:
+            shape = dataclasses.replace(shape, g=min(shape.g, 2), r=1 if shape.g >= 2 else min(shape.r, 2))
+            sizes = {"h": shape.h, "g": shape.g, "d": shape.d, "dv": shape.dv}
     t = 1 if single_query and not same and low <= 1 else shape.t
     shape = dataclasses.replace(shape, t=t)
     keep: Tensor | None = None
@@ -85,9 +91,10 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
         keep = data.draw(key_padding_masks(b, shape.s, styles=styles), label="padding")[:, None, None, :]
     seed = data.draw(seeds(), label="seed")
     ramp = 2.0 if "s" in deep else 0.0  # long rows: keys grow along the sequence (see Example)
+    shift = 1.0 if deep.get("s", 0) > LONG else 0.0  # past LONG keys: outputs near 1 (see Example)
     example = Example(b=b, t=shape.t, s=shape.s, **sizes, seed=seed, dtype=_name(run.dtype),
                       keep=mask_to_list(keep), is_causal=is_causal, amplitude=amplitude, widths=widths, tied=tied,
-                      ramp=ramp)
+                      ramp=ramp, shift=shift)
     run.current = example
     return example
 
@@ -112,8 +119,14 @@ def deep_sizes(run: Run, data: st.DataObject, *, same: bool, min_len: int, max_l
         d_low, d_high = conv.head_sizes if conv.head_sizes != DEFAULT_CONVENTIONS.head_sizes else (1, math.inf)
         head_sizes = [d for d in budget.head_sizes if max(d_low, min_head_dim or 1) <= d <= d_high
                       and not (conv.even_head_size and d % 2)]
-    if run.deep == "lengths":
+    widest = run.deep in ("widest", "longest")  # one example at each list's largest: the lists reversed
+    if widest:
+        lengths, head_sizes = lengths[::-1], head_sizes[::-1]
+    batches, heads = (budget.batches[::-1], budget.heads[::-1]) if widest else (budget.batches, budget.heads)
+    if run.deep in ("lengths", "longest"):
         focuses = ["lengths"] if lengths else []
+    elif run.deep == "widest":
+        focuses = ["batch"] if batches else []
     else:
         focuses = [name for name, values in (("head_sizes", head_sizes), ("batch", budget.batches)) if values]
     if not focuses:
@@ -121,16 +134,17 @@ def deep_sizes(run: Run, data: st.DataObject, *, same: bool, min_len: int, max_l
     focus = focuses[0] if len(focuses) == 1 else data.draw(st.sampled_from(focuses), label="deep")
     if focus == "lengths":
         s = data.draw(st.sampled_from(lengths), label="deep_s")
-        t = s if same else data.draw(st.sampled_from(lengths), label="deep_t")  # many query rows too
+        # many query rows too (the longest example: as many as keys)
+        t = s if same or run.deep == "longest" else data.draw(st.sampled_from(lengths), label="deep_t")
         return {"t": t, "s": s}
     if focus == "head_sizes":
         d = data.draw(st.sampled_from(head_sizes), label="deep_d")
         dv = d if conv.equal_head_sizes else data.draw(st.sampled_from([d, *head_sizes]), label="deep_dv")
         return {"d": d, "dv": dv}
-    b = data.draw(st.sampled_from(budget.batches), label="deep_b")
-    if a.fixed is not None or not budget.heads:
+    b = data.draw(st.sampled_from(batches), label="deep_b")
+    if a.fixed is not None or not heads:
         return {"b": b}
-    h = data.draw(st.sampled_from(budget.heads), label="deep_h")
+    h = data.draw(st.sampled_from(heads), label="deep_h")
     groups = [g for g in range(h, 0, -1) if h % g == 0] if conv.supports_gqa else [h]
     g = data.draw(st.sampled_from(groups), label="deep_g")
     return {"b": b, "g": g, "r": h // g}

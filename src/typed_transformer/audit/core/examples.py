@@ -84,7 +84,10 @@ class Example:
     keep-mask ``(b, 1 or h, t, s)`` as nested lists; ``amplitude`` multiplies queries and keys (modules: the
     inputs), to reach large logits. ``ramp`` scales key position ``j`` (a tied module: input position ``j``) by
     ``1 + ramp * j / (s - 1)``: the largest logit of a row then tends to come late, so that a running maximum
-    grows from one block of keys to the next (what a tiled kernel that forgets to rescale gets wrong).
+    grows from one block of keys to the next (what a tiled kernel that forgets to rescale gets wrong). ``shift`` is
+    added to the values (the long rows past 512 keys): the output is then near ``shift`` rather than an average of
+    thousands of centred values near zero, so that a relative error in a running sum shows at the output's own
+    resolution.
     """
 
     b: int
@@ -102,6 +105,7 @@ class Example:
     widths: tuple[int, int, int] | None = None
     tied: bool = False
     ramp: float = 0.0
+    shift: float = 0.0
 
     __shape_checked__ = ("mask", "inputs")
 
@@ -122,10 +126,10 @@ class Example:
             if self.tied:
                 return (x * ramp,) * 3 if self.ramp else (x, x, x)
             key = randn((self.b, self.s, ek), self.seed + 1) * self.amplitude * ramp
-            return x, key, randn((self.b, self.s, ev), self.seed + 2)
+            return x, key, randn((self.b, self.s, ev), self.seed + 2) + self.shift
         q = randn((self.b, self.h, self.t, self.d), self.seed) * self.amplitude
         k = randn((self.b, self.g, self.s, self.d), self.seed + 1) * self.amplitude * ramp
-        v = randn((self.b, self.g, self.s, self.dv), self.seed + 2)
+        v = randn((self.b, self.g, self.s, self.dv), self.seed + 2) + self.shift
         return q, k, v
 
 

@@ -451,7 +451,8 @@ def audit_attention(
             (``self_attention``, ``head_sizes``, ``lengths``, ``equal_head_sizes``, ``even_head_size``,
             ``supports_autograd``) may be given here too.
         budget: ``"default"``: beside the small examples, :class:`Budget`'s deep ones (lengths across the tiles,
-            head sizes up to 256, batches and heads above 4); ``"quick"``: the small examples only; or a
+            head sizes up to 256, batches and head counts 5 to 16); ``"quick"``: the small examples only; ``"ci"``:
+            a few deep sizes for a suite; ``"thorough"``: also 512 to 4096 keys and 32 and 64 heads; or a
             :class:`Budget` of your own.
         threads: torch's intra-op thread count while the audit runs (restored after; default 1, the fastest for
             the audit's small tensors, on a busy machine most of all), or None to leave it as it is.

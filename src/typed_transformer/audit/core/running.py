@@ -215,12 +215,14 @@ def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
     limit = _CALL_TIME_LIMIT.get()
     alarm = _Alarm(limit)
     state = _global_state()
+    swapped: list[str] = []
     try:
         with alarm:
             try:
                 yield
             finally:
                 changed = _restore(state)
+                swapped = replaced()  # put back even when the candidate raised after replacing them
     except (CandidateStopped, KeyboardInterrupt):
         raise
     except (CheckFailure, Skip, CandidateRaised) as err:  # the audit's own exceptions, raised by the candidate
@@ -234,7 +236,6 @@ def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
         raise CandidateRaised(f"{type(err).__name__}: {err}") from err
     if alarm.fired:
         raise CandidateStopped(f"did not return within the time limit of {limit:g} s per call")
-    swapped = replaced()
     if swapped:
         raise CandidateRaised(f"the candidate replaced functions the reference computes with: {'; '.join(swapped)} "
                               f"(put back by the audit: the reference would have computed what the candidate "
@@ -249,7 +250,11 @@ def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
 
 
 #: Which deep examples a search draws (see :class:`Budget`).
-Deep: TypeAlias = Literal["lengths", "sizes"]
+Deep: TypeAlias = Literal["lengths", "sizes", "widest", "longest"]
+
+#: Past this many keys an example has one batch element and at most two query heads: the float64 reference of
+#: 4096 x 4096 logits is 128 MiB a head.
+LONG = 512
 
 
 @dataclass(frozen=True)
@@ -257,8 +262,11 @@ class Budget:
     """How deep the audit looks. Beside ``max_examples`` small examples per check and dtype (sizes 1..6, which
     shrink well), ``deep_examples`` more are drawn at the sizes kernels get wrong: key and query lengths on both
     sides of the tiles kernels use (``lengths``), the head sizes kernels specialise with small lengths
-    (``head_sizes``), batches and head counts above 4 with small lengths (``batches``, ``heads``), each with the
-    check's masks and causal setting. Each list is ordered small to large and drawn with ``sampled_from``, which
+    (``head_sizes``), batches and head counts above 4 with small lengths (``batches``, ``heads``: past 8 too, where
+    kernels launch one program per batch and head and index them), each with the check's masks and causal setting;
+    then one example at the widest batch and head count listed, and one at the longest length (``t = s``), so that
+    the largest listed sizes are always reached. Past :data:`LONG` keys an example has one batch element and at
+    most two query heads. Each list is ordered small to large and drawn with ``sampled_from``, which
     shrinks towards its first element: a bug first seen at 129 keys is reported at the smallest listed length that
     still fails (17 for a kernel whose 16-key blocks forget to rescale). The lengths run as their own search of
     ``deep_examples`` examples, head sizes and batches as one more of half as many; when a deep example fails,
@@ -272,8 +280,8 @@ class Budget:
     name: str = "default"
     lengths: tuple[int, ...] = (15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129)
     head_sizes: tuple[int, ...] = (64, 65, 80, 96, 127, 128, 256)
-    batches: tuple[int, ...] = (5, 8, 9)
-    heads: tuple[int, ...] = (5, 6, 8)
+    batches: tuple[int, ...] = (5, 8, 9, 12, 16)
+    heads: tuple[int, ...] = (5, 6, 8, 12, 16)
     deep_examples: int = 6
     half_precision: bool = True
 
@@ -286,12 +294,15 @@ class Budget:
             raise ValueError(f"Budget: deep_examples must be >= 0; got {self.deep_examples}")
 
 
-#: The budgets by name: ``quick`` draws only the small examples, ``default`` reaches the tiles too, and ``ci`` (for a
+#: The budgets by name: ``quick`` draws only the small examples, ``default`` reaches the tiles too, ``ci`` (for a
 #: suite run on every change: every check and dtype of ``default``) reaches one length on each side of the tiles of
-#: 16 and 64 keys, two specialised head sizes and one batch and head count above 8, two deep examples each.
+#: 16 and 64 keys, two specialised head sizes, one batch and two head counts above 8, two deep examples each;
+#: ``thorough`` adds key lengths 512 to 4096 (where a half-precision running sum drifts) and 32 and 64 heads.
 BUDGETS = {"quick": Budget("quick", (), (), (), (), 0, half_precision=False), "default": Budget(),
-           "ci": Budget("ci", lengths=(16, 17, 64, 65), head_sizes=(64, 128), batches=(9,), heads=(8,),
-                        deep_examples=2)}
+           "ci": Budget("ci", lengths=(16, 17, 64, 65), head_sizes=(64, 128), batches=(9,), heads=(8, 12),
+                        deep_examples=2),
+           "thorough": Budget("thorough", lengths=(*Budget().lengths, 512, 1024, 2048, 4096),
+                              heads=(*Budget().heads, 32, 64))}
 
 
 def resolve_budget(budget: "Budget | str") -> Budget:
@@ -316,7 +327,8 @@ class Run:
     failing: bool = False
     current: Example | None = None
     budget: Budget = field(default_factory=Budget)
-    #: None: the small examples; "lengths": the budget's lengths; "sizes": its head sizes, batches and heads
+    #: None: the small examples; "lengths": the budget's lengths; "sizes": its head sizes, batches and heads;
+    #: "widest": its largest batch and head count; "longest": its longest length
     deep: "Deep | None" = None
 
     def note(self, ratio: float) -> None:
@@ -361,8 +373,11 @@ def run_check(check: Check, adapter: Adapter, dtype: torch.dtype, *, max_example
     result = _run_phase(check, Run(adapter, dtype, tolerance, budget=budget), max_examples, seed)
     if not check.deep or not budget.deep_examples:
         return result
-    # the lengths (where tiled kernels fail) in their own search, then head sizes and batches in half as many
-    phases: list[tuple[Deep, int]] = [("lengths", budget.deep_examples), ("sizes", -(-budget.deep_examples // 2))]
+    # the lengths (where tiled kernels fail) in their own search, then head sizes and batches in half as many, then
+    # one example at the widest batch and head count and one at the longest length (each list's largest)
+    deep_examples = budget.deep_examples
+    phases: list[tuple[Deep, int]] = [("lengths", deep_examples), ("sizes", -(-deep_examples // 2)),
+                                      ("widest", 1), ("longest", 1)]
     for deep, examples in phases:
         if result.status != "PASS":
             break
@@ -371,37 +386,47 @@ def run_check(check: Check, adapter: Adapter, dtype: torch.dtype, *, max_example
         if more.status == "PASS":
             more.ratio = max(result.ratio or 0.0, more.ratio or 0.0)
         else:
-            more = _smallest(check, Run(adapter, dtype, tolerance, budget=budget, deep=deep), more, examples, seed)
+            more = _smallest(check, Run(adapter, dtype, tolerance, budget=budget, deep=deep), more, deep_examples,
+                             seed)
         result = more
     return result
 
 
 def _smallest(check: Check, run: Run, failed: CheckResult, examples: int, seed: int) -> CheckResult:
     """``failed`` (a deep example's failure), or the failure of a search at the smallest listed size below its
-    size on the same axis that fails: one search per size, smallest first. Hypothesis lowers a listed size only
-    while the rest of the example (its seed, shrunk to 0 first) still fails, which can leave it at 127 keys
-    when 65 fail too."""
-    if failed.counterexample is None:
-        return failed
-    for below in _below(run.budget, run.deep, failed.counterexample):
-        retry = _run_phase(check, dataclasses.replace(run, budget=below), examples, seed)
-        failed.examples += retry.examples
-        if retry.status == "FAIL":
-            retry.examples = failed.examples
-            return retry
-    return failed
+    size that fails, axis by axis (the key length; or the batch, then the head count with the batch held; or the
+    head size): one search per size, smallest first. Hypothesis lowers a listed size only while the rest of the
+    example (its seed, shrunk to 0 first) still fails, which can leave it at 127 keys when 65 fail too, and the
+    widest and longest examples are drawn at the largest sizes."""
+    found = failed
+    deep: Deep = "lengths" if run.deep in ("lengths", "longest") else "sizes"
+    for axis in ("s",) if deep == "lengths" else ("b", "h", "d"):
+        if found.counterexample is None:
+            break
+        for below in _below(run.budget, axis, found.counterexample):
+            retry = _run_phase(check, dataclasses.replace(run, budget=below, deep=deep), examples, seed)
+            failed.examples += retry.examples
+            if retry.status == "FAIL":
+                found = retry
+                break
+    found.examples = failed.examples
+    return found
 
 
-def _below(budget: Budget, deep: "Deep | None", example: dict[str, Any]) -> list[Budget]:
-    """One budget per listed size below ``example``'s on the failing axis (the key length for lengths; the batch,
-    else the head size, for sizes), smallest first, each drawing that size alone on that axis."""
-    if deep == "lengths":
+def _below(budget: Budget, axis: str, example: dict[str, Any]) -> list[Budget]:
+    """One budget per listed size below ``example``'s on ``axis`` (``s``: the key length; ``b``: the batch, the head
+    count held; ``h``: the head count, the batch held; ``d``: the head size), smallest first, each drawing that size
+    alone on that axis. Empty where the example's size is not a listed one (the axis was not the deep one)."""
+    b, h, d = example["b"], example["h"], example.get("d")
+    if axis == "s":
         return [dataclasses.replace(budget, lengths=(n,)) for n in budget.lengths if n < example["s"]]
-    if example["b"] in budget.batches:
-        return [dataclasses.replace(budget, head_sizes=(), batches=(n,)) for n in budget.batches if n < example["b"]]
-    if example.get("d") in budget.head_sizes:
-        return [dataclasses.replace(budget, head_sizes=(n,), batches=()) for n in budget.head_sizes
-                if n < example["d"]]
+    if axis == "b" and b in budget.batches:
+        held = (h,) if h in budget.heads else budget.heads
+        return [dataclasses.replace(budget, head_sizes=(), batches=(n,), heads=held) for n in budget.batches if n < b]
+    if axis == "h" and b in budget.batches and h in budget.heads:
+        return [dataclasses.replace(budget, head_sizes=(), batches=(b,), heads=(n,)) for n in budget.heads if n < h]
+    if axis == "d" and d in budget.head_sizes and b not in budget.batches:
+        return [dataclasses.replace(budget, head_sizes=(n,), batches=()) for n in budget.head_sizes if n < d]
     return []
 
 
@@ -410,6 +435,8 @@ def _fields(example: Example) -> dict[str, Any]:
     fields = dataclasses.asdict(example)
     if not example.ramp:
         del fields["ramp"]
+    if not example.shift:
+        del fields["shift"]
     return fields
 
 
