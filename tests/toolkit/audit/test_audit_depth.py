@@ -307,7 +307,8 @@ def test_past_512_keys_an_example_has_one_batch_element_and_at_most_two_heads() 
                              budget=Budget(lengths=(600,), head_sizes=(), batches=(), deep_examples=2))
     assert report.passed, report.table()
     long = [(b, h) for b, h, s in seen if s == 600]
-    assert long and all(b == 1 and h <= 2 for b, h in long), long
+    assert long
+    assert all(b == 1 and h <= 2 for b, h in long), long
 
 
 def test_the_command_line_heads_flag_and_the_thorough_budget(capsys: pytest.CaptureFixture[str]) -> None:
