@@ -14,6 +14,7 @@ from tests.support import audit_candidates as cands
 from tests.support.limits import HANG_SECONDS
 from typed_transformer import scaled_dot_product_attention
 from typed_transformer.audit import Conventions, audit_attention, candidate_call, infer_conventions
+from typed_transformer.cli import main
 
 OURS = dict(layout="bhtd", mask_polarity="keep", mask_kind="bool", causal_alignment="bottom-right", scale=None,
             fully_masked="zero", supports_mask=True, supports_causal=True, supports_gqa=True, grouping="g r",
@@ -29,7 +30,7 @@ OURS = dict(layout="bhtd", mask_polarity="keep", mask_kind="bool", causal_alignm
     (cands.additive_only, {"mask_kind": "additive", "mask_polarity": "keep"}, {}),
     (cands.unit_scale_attention, {"scale": 1.0}, {"scale": 1.0, "causal_alignment": "top-left"}),
     (cands.plain_attention, {"supports_mask": False, "supports_causal": False, "always_causal": False}, {}),
-    (cands.interleaved_groups, {"supports_gqa": True, "grouping": "r g"}, {}),
+    (cands.interleaved_groups, {"supports_gqa": True, "grouping": "r g"}, {"grouping": "r g"}),
     (cands.decode_sees_all, {"causal_alignment": "top-left", "decode_sees_all": True},
      {"causal_alignment": "top-left", "decode_sees_all": True}),
     (cands.always_causal, {"always_causal": True, "supports_causal": False, "causal_alignment": "top-left"},
@@ -40,7 +41,7 @@ OURS = dict(layout="bhtd", mask_polarity="keep", mask_kind="bool", causal_alignm
     (cands.sdpa_gqa_right, {"supports_gqa": True, "enable_gqa": True, "grouping": "g r"},
      {"causal_alignment": "top-left"}),
     (cands.sdpa_gqa_tiled, {"supports_gqa": True, "enable_gqa": True, "grouping": "r g"},
-     {"causal_alignment": "top-left"}),
+     {"causal_alignment": "top-left", "grouping": "r g"}),
 ], ids=lambda x: getattr(x, "__name__", "") if callable(x) else "")
 def test_inference_on_correct_candidates(candidate: Callable[..., Tensor], expected: dict[str, Any],
                                          differences: dict[str, Any]) -> None:
@@ -299,3 +300,24 @@ def test_docs_audit_opens_with_infer_and_its_block_is_current() -> None:
     check = subprocess.run([sys.executable, str(root / "benchmarks" / "audit_infer_docs.py"), "--check"],
                            capture_output=True, text=True, timeout=HANG_SECONDS)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_grouping_other_than_torchs_is_an_undeclared_difference_declarable_by_api_and_cli(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Query head i on key/value head i % g (``h = (r g)``) where torch's enable_gqa and HF's repeat_kv use
+    i // (h/g): correct attention, but not the one a port of those computes (issue 42)."""
+    report = audit_attention(cands.interleaved_groups, conventions="infer", max_examples=4, budget="quick",
+                             dtypes=(torch.float64,))
+    assert report.failed == []
+    assert report.undeclared == ["grouping"]
+    assert not report.passed
+    line = next(d.line() for d in report.differences if d.field == "grouping")
+    assert "i // (h/g), as torch's enable_gqa and Hugging Face's repeat_kv" in line
+    assert "--expect grouping='r g'" in line  # quoted for the shell
+    assert audit_attention(cands.interleaved_groups, conventions="infer", known={"grouping": "r g"}, max_examples=4,
+                           budget="quick", dtypes=(torch.float64,)).passed
+    argv = ["audit", "tests.support.audit_candidates:interleaved_groups", "--infer", "--budget", "quick", "--dtypes",
+            "float64", "--max-examples", "4"]
+    assert main(argv) == 3
+    assert "grouping = 'r g'" in capsys.readouterr().out
+    assert main([*argv, "--expect", "grouping=r g"]) == 0

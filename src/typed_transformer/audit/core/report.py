@@ -88,11 +88,16 @@ PAPER: dict[str, tuple[Any, str]] = {
     "fully_masked": ("zero", "a query row without any allowed key gives zeros"),
     "decode_sees_all": (False, "one query sees the keys the causal alignment gives it"),
     "always_causal": (False, "causal only when told is_causal=True"),
+    "grouping": ("g r", "query head i uses key/value head i // (h/g), as torch's enable_gqa and Hugging Face's "
+                        "repeat_kv"),
 }
 
 
 def expect_value(value: Any) -> str:
-    """How ``--expect NAME=VALUE`` spells ``value`` (``1``, ``top-left``, ``true``)."""
+    """How ``--expect NAME=VALUE`` spells ``value`` (``1``, ``top-left``, ``true``; ``'r g'`` quoted for the
+    shell)."""
+    if isinstance(value, str) and " " in value:
+        return f"'{value}'"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
