@@ -264,3 +264,40 @@ def half_sums_past_512(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | N
         spilled = _online_softmax(q, k, v, keep, block=16, rescale=True, half_sums=True, half_from=512,
                                   sums_dtype=torch.bfloat16)
     return spilled.to(q.dtype)
+
+
+def _half_inputs(q: Tensor) -> None:
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"only float16 and bfloat16 are supported, got {q.dtype}")  # flash-attn's own refusal
+
+
+def half_only(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+              is_causal: bool = False) -> Tensor:
+    """Correct, in float16 and bfloat16 only (as flash-attn's and most Triton kernels): it raises in float32 and
+    float64; blocks of 16 keys, online softmax, float32 accumulation."""
+    _half_inputs(q)
+    return tiled_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def half_only_causal_off_by_one(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                                is_causal: bool = False) -> Tensor:
+    """Bug: the half-only kernel whose causal mask lets query ``i`` see key ``i + s - t + 1`` too (an off-by-one
+    in the diagonal)."""
+    _half_inputs(q)
+    keep = attn_mask
+    if is_causal:
+        t, s = q.shape[-2], k.shape[-2]
+        causal = torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t + 1)
+        keep = causal if keep is None else keep & causal
+    return _online_softmax(q, k, v, keep, block=16, rescale=True).to(q.dtype)
+
+
+def sdpa_flash(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None, is_causal: bool = False,
+               enable_gqa: bool = False) -> Tensor:
+    """torch's ``F.scaled_dot_product_attention`` under ``sdpa_kernel(SDPBackend.FLASH_ATTENTION)``: on the CPU it
+    needs dv = d ("No available kernel" otherwise) and aligns its causal mask top-left."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                                enable_gqa=enable_gqa)

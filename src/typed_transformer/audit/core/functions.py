@@ -388,27 +388,37 @@ def _run_audit(adapter: Adapter, checks: Sequence[str] | None, dtypes: Sequence[
 
 
 def default_dtypes(adapter: Adapter, budget: Budget) -> tuple[list[torch.dtype], list[str]]:
-    """float32 and float64, then float16 and bfloat16 where the candidate accepts them and the budget's
-    ``half_precision`` says so: a function is probed once per half dtype (one call on a 2-query, 3-key example;
-    it must return a tensor without raising). Modules are audited in float32 and float64 only: their reference
-    runs on weights rounded to the dtype, which the half-precision rule (inputs rounded, computed in float32)
-    does not model. Returns the dtypes and a "not tested" note per dtype left out."""
-    dtypes, refused = [torch.float32, torch.float64], []
-    if not budget.half_precision:
-        return dtypes, [f"float16 and bfloat16 (budget={budget.name!r}; dtypes= audits them)"]
+    """The dtypes a function accepts of float32, float64, float16 and bfloat16 (half precision where the budget's
+    ``half_precision`` says so, or where the function refuses both float32 and float64: a half-only kernel is
+    audited in its own dtypes): each is probed once (one call on a 2-query, 3-key example with dv = d; it must
+    return a tensor without raising). Modules are audited in float32 and float64 only: their reference runs on
+    weights rounded to the dtype, which the half-precision rule (inputs rounded, computed in float32) does not
+    model. Returns the dtypes and a "not tested" note per dtype left out."""
     if adapter.kind != "function":
-        return dtypes, ["float16 and bfloat16 (a module is audited in float32 and float64 unless dtypes= says)"]
+        if not budget.half_precision:
+            return [torch.float32, torch.float64], [
+                f"float16 and bfloat16 (budget={budget.name!r}; dtypes= audits them)"]
+        return [torch.float32, torch.float64], [
+            "float16 and bfloat16 (a module is audited in float32 and float64 unless dtypes= says)"]
     probe = Example(b=1, h=1, g=1, t=2, s=3, d=4, dv=4, seed=0)
-    for dtype in (torch.float16, torch.bfloat16):
+    accepted: list[torch.dtype] = []
+    refused: dict[torch.dtype, str] = {}
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         try:
             out = adapter.call(probe.inputs(), None, False, dtype)
         except (CandidateRaised, CheckFailure) as err:
             reason = str(err.__cause__ or err).splitlines()[0] if str(err.__cause__ or err) else type(err).__name__
-            refused.append(f"{DTYPE_NAMES[dtype]} (the candidate refused it: {reason})")
+            refused[dtype] = f"{DTYPE_NAMES[dtype]} (the candidate refused it: {reason})"
             continue
         if isinstance(out, Tensor):
-            dtypes.append(dtype)
-    return dtypes, refused
+            accepted.append(dtype)
+    full = [dt for dt in accepted if dt in (torch.float32, torch.float64)]
+    if not budget.half_precision and full:
+        return full, [refused[dt] for dt in (torch.float32, torch.float64) if dt in refused] + [
+            f"float16 and bfloat16 (budget={budget.name!r}; dtypes= audits them)"]
+    if not accepted:  # every dtype refused: audited in float32 and float64, where each check names the refusal
+        return [torch.float32, torch.float64], []
+    return accepted, list(refused.values())
 
 
 def audit_attention(

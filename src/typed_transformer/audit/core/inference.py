@@ -1,5 +1,7 @@
 """Infer a candidate's conventions from its behaviour: a handful of small, deterministic probes (sizes <= 8, in
-float64), each compared with the reference under every documented convention.
+float64; in the first of float32, float16 and bfloat16 a candidate accepts when it refuses float64, and with
+dv = d when it refuses dv != d, each refusal listed), each compared with the reference under every documented
+convention.
 
 A behaviour becomes a convention only when it matches one documented convention exactly on every probe; anything
 else (an argument accepted and ignored, a mask that masks under no polarity, a scale that depends on the head
@@ -13,7 +15,7 @@ import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,8 +26,13 @@ from .reference import reference_attention
 from .report import PAPER, Adapter, AuditReport, CheckResult, Difference
 from .running import CandidateRaised, CheckFailure
 
-#: probes run in float64; a candidate computing in float32 inside still matches within this relative error
-_RTOL = 1e-4
+#: the relative error within which a probe's output matches the reference, by the probes' dtype: float64 probes
+#: of a candidate computing in float32 inside still match; half-precision probes round inputs and output
+_RTOL = {"float64": 1e-4, "float32": 1e-4, "float16": 1e-2, "bfloat16": 6e-2}
+#: the relative error of a logit scale estimated from one probe, by dtype
+_SCALE_RTOL = {"float64": 1e-3, "float32": 1e-3, "float16": 2e-2, "bfloat16": 6e-2}
+#: the probes' dtypes, in the order tried: the first the candidate accepts is used
+_PROBE_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -105,9 +112,9 @@ class _Prober:
         self.probes = 0
         #: whether the candidate may take ``enable_gqa`` (False: its signature has no such keyword)
         self.gqa_keyword = True
-        #: the probes' dtype: float64, or float32 for a module that raises in float64 (its float64 rows of the
-        #: checks report that)
-        self.dtype: Literal["float64", "float32"] = "float64"
+        #: the probes' dtype: float64, or the first of float32, float16 and bfloat16 a function accepts when it
+        #: refuses float64 (float32 for a module that raises in float64: its float64 rows of the checks report that)
+        self.dtype: str = "float64"
         #: the length of the square (t = s) probes: 3, or the one length a module takes (Swin's window of 2 x 2
         #: tokens: its declared ``lengths`` are (4, 4), the length of the mask probes of one input too)
         low, high = adapter.conventions.lengths
@@ -119,6 +126,8 @@ class _Prober:
                 b: int = 1, keep: Tensor | None = None, is_causal: bool = False, offset: int = 0) -> Example:
         fixed = self.adapter.fixed
         if fixed is None:
+            if self.conv.equal_head_sizes:  # the candidate refuses dv != d (see _accepted)
+                dv = d
             return Example(b=b, h=h, g=h if g is None else g, t=t, s=s, d=d, dv=d if dv is None else dv,
                            seed=self.seed * 1000 + offset, dtype=self.dtype,
                            keep=None if keep is None else keep.tolist(), is_causal=is_causal)
@@ -158,13 +167,22 @@ class _Prober:
         finally:
             self.adapter.conventions = self.conv
 
-    @staticmethod
-    def matches(out: Tensor | Exception, ref: Tensor) -> bool:
+    def matches(self, out: Tensor | Exception, ref: Tensor) -> bool:
         if not isinstance(out, Tensor) or tuple(out.shape) != tuple(ref.shape):
             return False
         finite = ref[torch.isfinite(ref)]
         size = float(finite.abs().max()) if finite.numel() else 1.0
-        return error(out, ref) <= _RTOL * max(size, 1.0)
+        return error(out, ref) <= _RTOL[self.dtype] * max(size, 1.0)
+
+    def close(self, a: float, b: float) -> bool:
+        """Two logit scales estimated in the probes' dtype agree."""
+        return _close(a, b, _SCALE_RTOL[self.dtype])
+
+    def inputs(self, example: Example) -> tuple[Tensor, Tensor, Tensor]:
+        """``example``'s inputs as the candidate receives them: rounded to the probes' dtype (in float64)."""
+        q, k, v = example.inputs()
+        dtype = example.torch_dtype
+        return q.to(dtype).double(), k.to(dtype).double(), v.to(dtype).double()
 
     def repro(self, conv: Conventions, example: Example, what: str) -> str:
         self.adapter.conventions = conv
@@ -221,40 +239,100 @@ def _signature(p: _Prober, candidate: Any) -> None:
                  + (" (**kwargs)" if has and arg not in params else ""))
 
 
+def _weights(v: Tensor, out: Tensor) -> Tensor:
+    """The attention weights ``w`` (``s``) with ``out = w @ v`` (``v``: ``s x dv``, ``s <= dv``): solved when ``v``
+    is square, least squares otherwise."""
+    if v.shape[0] == v.shape[1]:
+        solved: Tensor = torch.linalg.solve(v.T, out)
+        return solved
+    solution: Tensor = torch.linalg.lstsq(v.T, out[:, None]).solution
+    return solution[:, 0]
+
+
 def _estimate_scale(p: _Prober, d: int, h: int, s: int = 2) -> tuple[float | None, Example, Tensor | Exception]:
     """The logit scale from the last query against ``s`` keys (``t = s``: the last query sees every key under any
-    causal rule; ``dv = s``: its ``s`` attention weights ``w`` are recovered exactly from ``out = w @ v``), fitted
-    as ``log w_j = scale * (q . k_j) + c``; None when the output is no softmax-weighted mean of the values."""
+    causal rule; ``dv = s``, or ``dv = d >= s`` for a candidate that needs dv = d: its ``s`` attention weights
+    ``w`` are recovered from ``out = w @ v``), fitted as ``log w_j = scale * (q . k_j) + c`` on the inputs as the
+    candidate receives them (rounded to the probes' dtype); None when the output is no softmax-weighted mean of
+    the values."""
+    dv = d if p.conv.equal_head_sizes or p.dtype in ("float16", "bfloat16") else s
+    rtol = _SCALE_RTOL[p.dtype]
     for offset in range(40):  # logits about 1 apart (amplitude d^-1/4), well-conditioned values
-        example = dataclasses.replace(p.example(t=s, s=s, h=h, d=d, dv=s, offset=offset), amplitude=d ** -0.25)
-        q, k, v = example.inputs()
+        example = dataclasses.replace(p.example(t=s, s=s, h=h, d=d, dv=dv, offset=offset), amplitude=d ** -0.25)
+        q, k, v = p.inputs(example)
         logits = k[0, 0] @ q[0, 0, -1]
         gaps = (logits[:, None] - logits[None, :]).abs() + 10 * torch.eye(s, dtype=torch.float64)
         if float(gaps.min()) > 0.2 and float(logits.max() - logits.min()) < 4 and float(
                 torch.linalg.cond(v[0, 0])) < 50:
             break
     out = p.call(p.conv, example)
-    if not isinstance(out, Tensor) or out.shape != (1, h, s, s) or not bool(torch.isfinite(out).all()):
+    if not isinstance(out, Tensor) or out.shape != (1, h, s, dv) or not bool(torch.isfinite(out).all()):
         return None, example, out
-    q, k, v = example.inputs()
+    q, k, v = p.inputs(example)
     logits = k[0, 0] @ q[0, 0, -1]
-    weights = torch.linalg.solve(v[0, 0].T, out[0, 0, -1].double())
-    if not bool((weights > 1e-9).all()) or abs(float(weights.sum()) - 1.0) > 1e-3:
+    weights = _weights(v[0, 0], out[0, 0, -1].double())
+    if not bool((weights > 1e-9).all()) or abs(float(weights.sum()) - 1.0) > rtol:
         return None, example, out
     logw, centred = weights.log(), logits - logits.mean()
     slope = float((centred * (logw - logw.mean())).sum() / (centred * centred).sum())
     fit = slope * centred + logw.mean()
-    if float((logw - fit).abs().max()) > 1e-3 * max(1.0, abs(slope) * float(centred.abs().max())):
+    if float((logw - fit).abs().max()) > rtol * max(1.0, abs(slope) * float(centred.abs().max())):
         return None, example, out  # weighted, but no softmax of one scale times the logits
     return slope, example, out
 
 
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-3 * max(abs(a), abs(b))
+def _close(a: float, b: float, rtol: float = 1e-3) -> bool:
+    return abs(a - b) <= rtol * max(abs(a), abs(b))
 
 
-#: the probes' (head size, key length): two head sizes at one length, two lengths at one head size
+def _snapped(value: float, rtol: float) -> float:
+    """A constant scale estimated in half precision, snapped to the nearest ``n``, ``1/n`` or ``1/sqrt(n)``
+    (``n`` = 1..1024) within ``rtol``; else rounded to four digits."""
+    nice = [m for n in range(1, 1025) for m in (float(n), 1.0 / n, 1.0 / math.sqrt(n))]
+    best = min(nice, key=lambda m: abs(m - value))
+    return best if _close(best, value, rtol) else float(f"{value:.4g}")
+
+
+#: the probes' (head size, key length): two head sizes at one length, two lengths at one head size; with dv = d
+#: (a candidate that needs it) at lengths up to d; in half precision at head sizes that half kernels take
+#: (multiples of 8), where the weights of 4 keys are recovered from 16 or 32 rounded values
 _SCALE_PROBES = ((2, 4), (8, 4), (2, 7))
+_SCALE_PROBES_DV_D = ((4, 4), (8, 4), (4, 3))
+_SCALE_PROBES_HALF = ((16, 4), (32, 4), (16, 3))
+
+
+def _accepted(p: _Prober) -> bool:
+    """The probes' dtype and ``equal_head_sizes``: the plainest call (h=1, t=3, s=4, d=4, dv=3, in either layout) in
+    float64, else float32, float16 and bfloat16, each with dv = d when dv = 3 is refused. The first dtype that
+    gives a tensor of the call's shape decides both; each refusal is named in the evidence. False (a finding) when
+    every dtype is refused."""
+    refusals: list[str] = []
+    unequal = ""
+    for dtype in _PROBE_DTYPES:
+        p.dtype = dtype
+        for dv in (3, 4):
+            conv = dataclasses.replace(p.conv, equal_head_sizes=dv == 4)
+            example = dataclasses.replace(p.example(t=3, s=4, h=1, d=4, dv=dv), dtype=dtype)
+            outs = []
+            for layout in ("bhtd", "bthd"):
+                out = p.call(dataclasses.replace(conv, layout=layout), example)
+                outs.append(out)
+                if isinstance(out, Tensor) and tuple(out.shape) == (1, 1, 3, dv):
+                    break
+            else:
+                refusals.append(f"{dtype} with dv={dv} {_describe(outs[0])}")
+                unequal = _describe(outs[0])
+                continue
+            if dtype != "float64":
+                p.decide("probe_dtype", dtype, f"probed in {dtype}: {'; '.join(r for r in refusals if 'dv=3' in r)}")
+            if dv == 4:
+                p.decide("equal_head_sizes", True, f"h=1, t=3, s=4, d=4: dv=3 {unequal}; dv=4 answers (only "
+                         f"dv = d is drawn)", conv, example)
+            return True
+    p.dtype = "float64"
+    p.find("reference", f"the plainest call (h=1, t=3, s=4, d=4, dv=3 or 4) is refused in every dtype: "
+           f"{'; '.join(refusals)}")
+    return False
 
 
 def _scale(p: _Prober) -> bool:
@@ -264,23 +342,25 @@ def _scale(p: _Prober) -> bool:
     inferred."""
     estimates: dict[tuple[int, int], tuple[float, Example]] = {}
     failure: tuple[str, Example, Tensor | Exception] | None = None
+    probes = (_SCALE_PROBES_HALF if p.dtype in ("float16", "bfloat16")
+              else _SCALE_PROBES_DV_D if p.conv.equal_head_sizes else _SCALE_PROBES)
     for layout in ("bhtd", "bthd"):
         p.conv = dataclasses.replace(p.conv, layout=layout)
         estimates = {}
-        for d, s in _SCALE_PROBES:
+        for d, s in probes:
             value, example, out = _estimate_scale(p, d, 1, s)
             if value is None:
                 failure = failure or (layout, example, out)
                 break
             estimates[d, s] = (value, example)
-        if len(estimates) == len(_SCALE_PROBES):
+        if len(estimates) == len(probes):
             break
     else:
         assert failure is not None
         layout, example, out = failure
         p.conv = dataclasses.replace(p.conv, layout="bhtd")
-        if isinstance(out, Tensor) and out.shape == (1, 1, example.s, example.s) and bool(out.isfinite().all()):
-            weights = torch.linalg.solve(example.inputs()[2][0, 0].T, out[0, 0, -1].double())
+        if isinstance(out, Tensor) and out.shape == (1, 1, example.s, example.dv) and bool(out.isfinite().all()):
+            weights = _weights(p.inputs(example)[2][0, 0], out[0, 0, -1].double())
             p.find("reference", f"the last query against s={example.s} keys (d={example.d}, no mask, no is_causal) "
                    f"is no softmax-weighted mean of the values: its weights solve to ["
                    + ", ".join(f"{w:.3g}" for w in weights.tolist()) + "]: not a convention, a bug "
@@ -288,24 +368,27 @@ def _scale(p: _Prober) -> bool:
         else:
             p.find("scale", f"queries against {example.s} keys (h=1, {layout}) {_describe(out)}", p.conv, example)
         return False
-    (s2, _), (s8, e8), (s27, e27) = estimates[2, 4], estimates[8, 4], estimates[2, 7]
-    if _close(s2, 1 / math.sqrt(2)) and _close(s8, 1 / math.sqrt(8)) and _close(s27, 1 / math.sqrt(2)):
-        p.decide("scale", None, f"logit scale {s2:.4g} at d=2 and {s8:.4g} at d=8 (s=4), {s27:.4g} at s=7 (d=2): "
-                 f"1/sqrt(d)", p.conv, e8)
-    elif not _close(s2, s27):
+    (da, sa), (db, _), (_, sc) = probes
+    (s2, _), (s8, e8), (s27, e27) = estimates[da, sa], estimates[db, sa], estimates[da, sc]
+    close = p.close
+    if close(s2, 1 / math.sqrt(da)) and close(s8, 1 / math.sqrt(db)) and close(s27, 1 / math.sqrt(da)):
+        p.decide("scale", None, f"logit scale {s2:.4g} at d={da} and {s8:.4g} at d={db} (s={sa}), {s27:.4g} at "
+                 f"s={sc} (d={da}): 1/sqrt(d)", p.conv, e8)
+    elif not close(s2, s27):
         named = (": 1/sqrt(s), the key length where the paper has the head size d"
-                 if _close(s2, 1 / math.sqrt(4)) and _close(s27, 1 / math.sqrt(7)) else "")
-        also = "" if _close(s2, s8) else f"; and on the head size: {s2:.4g} at d=2, {s8:.4g} at d=8 (s=4)"
-        p.find("scale", f"the scale depends on the key length: logit scale {s2:.4g} at s=4 and {s27:.4g} at s=7 "
-               f"(d=2){named}{also}", p.conv, e27)
+                 if close(s2, 1 / math.sqrt(sa)) and close(s27, 1 / math.sqrt(sc)) else "")
+        also = "" if close(s2, s8) else f"; and on the head size: {s2:.4g} at d={da}, {s8:.4g} at d={db} (s={sa})"
+        p.find("scale", f"the scale depends on the key length: logit scale {s2:.4g} at s={sa} and {s27:.4g} at "
+               f"s={sc} (d={da}){named}{also}", p.conv, e27)
         p.conv = dataclasses.replace(p.conv, scale=None)
         return False  # every later probe has its own key length: they would only blame other fields
-    elif _close(s2, s8):
-        p.decide("scale", round(s8, 6), f"logit scale {s8:.6g} at d=2 and d=8, s=4 and s=7: a constant, not "
+    elif close(s2, s8):
+        value = round(s8, 6) if p.dtype in ("float64", "float32") else _snapped(s8, _SCALE_RTOL[p.dtype])
+        p.decide("scale", value, f"logit scale {s8:.6g} at d={da} and d={db}, s={sa} and s={sc}: a constant, not "
                  f"1/sqrt(d)", p.conv, e8)
     else:
-        p.find("scale", f"logit scale {s2:.4g} at d=2 and {s8:.4g} at d=8 (s=4): neither 1/sqrt(d) nor a constant",
-               p.conv, e8)
+        p.find("scale", f"logit scale {s2:.4g} at d={da} and {s8:.4g} at d={db} (s={sa}): neither 1/sqrt(d) nor a "
+               f"constant", p.conv, e8)
         p.conv = dataclasses.replace(p.conv, scale=None)
     return True
 
@@ -577,8 +660,11 @@ def _fully_masked(p: _Prober, masks: bool) -> None:
     if not examples:
         p.decide("fully_masked", conv.fully_masked, "no input this candidate takes leaves a query row without keys")
         return
+    if conv.equal_head_sizes:  # dv = d only
+        examples = examples[:1]
     # float64 and float32 too: a mask fill of finfo(float64).min becomes -inf in a float32 softmax (NaN rows)
-    examples += [dataclasses.replace(example, dtype="float32") for example in examples]
+    if p.dtype == "float64":
+        examples += [dataclasses.replace(example, dtype="float32") for example in examples]
     kinds = []
     for example in examples:
         out = p.call(conv, example)
@@ -606,8 +692,9 @@ def _fully_masked(p: _Prober, masks: bool) -> None:
                  dataclasses.replace(conv, fully_masked="any"), examples[kinds.index(kinds[-1])])
         return
     trial = dataclasses.replace(conv, fully_masked=kinds[0])  # type: ignore[arg-type]
-    p.decide("fully_masked", kinds[0], f"{how}: {_ROW_NAMES[kinds[0]]} (dv = d and dv != d, float64 and float32)",
-             trial, examples[0])
+    where = ", ".join(sorted({e.dtype for e in examples}, reverse=True))
+    sizes = "dv = d" if conv.equal_head_sizes else "dv = d and dv != d"
+    p.decide("fully_masked", kinds[0], f"{how}: {_ROW_NAMES[kinds[0]]} ({sizes}, {where})", trial, examples[0])
 
 
 _ROW_NAMES = {"zero": "zeros", "nan": "NaN", "uniform": "the mean of the values"}
@@ -666,7 +753,7 @@ def infer_adapter(adapter: Adapter, *, seed: int = 0, candidate: Any = None) -> 
                                      always_causal=False,
                                      decode_sees_all=False, mask_with_causal=True, per_head_masks=True)
         _signature(p, candidate)
-        go = _scale(p) and _layout(p)
+        go = _accepted(p) and _scale(p) and _layout(p)
         if go:
             _gqa(p)
     else:
@@ -743,6 +830,8 @@ def _narrowing(declared: Conventions, name: str, said: Any, seen: Any) -> bool:
     """A declaration that only narrows what is drawn (or is not used under the declaration) is no contradiction."""
     if name in ("supports_mask", "supports_causal", "supports_gqa", "per_head_masks", "mask_with_causal"):
         return said is False
+    if name == "equal_head_sizes":
+        return said is True
     narrowing = {"grouping": not declared.supports_gqa, "enable_gqa": not declared.supports_gqa,
                  "mask_kind": said == "additive",
                  "mask_polarity": declared.mask_kind == "additive" or not declared.supports_mask,
