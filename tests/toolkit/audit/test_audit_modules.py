@@ -219,6 +219,58 @@ def test_a_rope_failure_caused_by_the_scale_is_not_blamed_on_the_rotation(monkey
         "the reference when the logit scale is 1 (no 1/sqrt(d)) instead of 0.5"]
 
 
+def test_a_softmax_over_the_query_axis_is_named_as_such_before_the_rotation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before (issue 42): reported as "rope: the rotation itself ..." on a module whose rotation is right."""
+    module = _module("llama")
+    from transformers.models.llama import modeling_llama
+
+    def wrong_axis(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                   scaling: float, dropout: float = 0.0, **kwargs: Any) -> Any:
+        k = modeling_llama.repeat_kv(key, module.num_key_value_groups)
+        v = modeling_llama.repeat_kv(value, module.num_key_value_groups)
+        logits = query @ k.transpose(2, 3) * scaling
+        if attention_mask is not None:
+            logits = logits + attention_mask
+        weights = logits.softmax(dim=-2, dtype=torch.float32).to(query.dtype)  # planted: over the queries
+        return (weights @ v).transpose(1, 2).contiguous(), weights
+
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", wrong_axis)
+    report = audit_module(module, "llama", checks=["reference", "rope"], dtypes=[torch.float32], max_examples=5,
+                          budget="quick")
+    assert report.failed == ["reference", "rope"]
+    axis = "its softmax runs over the query axis (each key's column sums to 1) instead of the keys"
+    assert [cause.lines(1, 1)[0] for cause in report.causes] == [
+        f"root cause 1 of 1: the output differs from the reference with no mask and no causal flag; the module "
+        f"matches the reference when {axis}"]
+    assert report["rope"].message.endswith(f"; not the rotation: {axis}, which the rope check depends on "
+                                           f"(reference fails the same way)")
+
+
+def test_a_squared_scale_is_named_by_the_config_field_it_comes_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma 2's scale is query_pre_attn_scalar**-0.5, not 1/sqrt(d): a kernel that applies it twice is named so
+    (before, issue 42: "1/sqrt(d) twice")."""
+    pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
+    from tests.toolkit.audit.hf.test_traits import _built
+    from transformers.models.gemma2 import modeling_gemma2
+    from typed_transformer.audit.hf.recognise import hf_spec
+
+    eager = modeling_gemma2.eager_attention_forward
+
+    def squared(module: Any, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float = 0.0,
+                scaling: float | None = None, softcap: float | None = None, **kwargs: Any) -> Any:
+        assert scaling is not None
+        return eager(module, q, k, v, mask, dropout=dropout, scaling=scaling ** 2, softcap=softcap, **kwargs)
+
+    monkeypatch.setattr(modeling_gemma2, "eager_attention_forward", squared)
+    module = _built("gemma2.Gemma2Attention")
+    assert module.config.query_pre_attn_scalar == 256  # the scale 1/16; d = 4 (1/sqrt(d) = 0.5)
+    report = audit_module(module, hf_spec(module), checks=["reference"], dtypes=[torch.float32], max_examples=5,
+                          budget="quick")
+    assert report.causes[0].lines(1, 1)[0].endswith(
+        "the module matches the reference when the logit scale is 0.003906 (config.query_pre_attn_scalar**-0.5 = "
+        "256**-0.5 twice) instead of 0.0625 (config.query_pre_attn_scalar**-0.5 = 256**-0.5)")
+
+
 def test_llama_in_float64_is_one_root_cause_counted_per_dtype() -> None:
     """Correct in float32; in float64 its float32 rotary tables and float32 softmax fail every check that compares
     outputs: one block, and the closing line counts per dtype."""

@@ -6,9 +6,9 @@ same size names the check that explains the row (``reference``, ``masking`` or `
 explains itself. Rows whose candidate raised the same exception at the same place share one block. Each block
 prints one counterexample and its repro, and lists the checks and dtypes it explains.
 
-A module's block is then diagnosed: the reference is recomputed with one change at a time (the rotary pairs,
-which dimensions are rotated, float32 rotary tables, a float32 softmax, another logit scale, a bias left out, and
-float32 tables with a float32 softmax together), and the first change under which the module matches is named. A
+A module's block is then diagnosed: the reference is recomputed with one change at a time (another logit scale,
+a bias left out, the softmax over the query axis, the rotary pairs, which dimensions are rotated, float32 rotary
+tables, a float32 softmax, and float32 tables with a float32 softmax together), and the first change under which the module matches is named. A
 ``rope`` failure says so: the rotation itself is wrong, or something the rope check depends on (scale, biases,
 the softmax's precision) fails elsewhere too.
 """
@@ -176,15 +176,19 @@ def _variants(adapter: Any, dtype: torch.dtype) -> list[Variant]:
     depends on first (scale, biases, the softmax's precision), then the rotation itself, then both precisions."""
     variants: list[Variant] = []
     w = adapter.weights
-    for scale, what in ((1.0, "1 (no 1/sqrt(d))"), (w.scale ** 2, f"{w.scale ** 2:.4g} (1/sqrt(d) twice)")):
+    named = _scale_name(adapter)
+    own = f"{w.scale:.4g}" if named == "1/sqrt(d)" else f"{w.scale:.4g} ({named})"
+    for scale, what in ((1.0, "1 (no 1/sqrt(d))"), (w.scale ** 2, f"{w.scale ** 2:.4g} ({named} twice)")):
         if not math.isclose(scale, w.scale):
-            variants.append(("other", f"the logit scale is {what} instead of {w.scale:.4g}",
+            variants.append(("other", f"the logit scale is {what} instead of {own}",
                              functools.partial(_rescale, scale=scale)))
     for name in ("bq", "bk", "bv", "bo"):
         if getattr(w, name) is not None:
             variants.append(("other", f"the {name[1]} projection's bias is left out",
                              functools.partial(_without, name=name)))
     variants += _convention_variants(adapter)
+    variants.append(("other", "its softmax runs over the query axis (each key's column sums to 1) instead of the "
+                     "keys", lambda a: setattr(a, "softmax_over_queries", True)))
     if dtype == torch.float64:
         variants.append(("other", "its softmax runs in float32 (float32 precision in a float64 run)",
                          lambda a: setattr(a, "softmax_dtype", torch.float32)))
@@ -235,6 +239,24 @@ def _convention_variants(adapter: Any) -> list[Variant]:
                      lambda a: setattr(a, "conventions", dataclasses.replace(a.conventions,
                                                                              causal_alignment=flipped))))
     return variants
+
+
+def _scale_name(adapter: Any) -> str:
+    """Where the module's logit scale comes from: ``1/sqrt(d)``, the config field it is computed from (Gemma 2's
+    ``query_pre_attn_scalar**-0.5``, Granite's ``attention_multiplier``), the module's attribute the spec reads, or
+    the spec's number."""
+    w, spec = adapter.weights, adapter.spec
+    if math.isclose(w.scale, 1 / math.sqrt(w.d)):
+        return "1/sqrt(d)"
+    config = getattr(adapter.original, "config", None)
+    for field, value in (("query_pre_attn_scalar", lambda x: x ** -0.5), ("attention_multiplier", lambda x: x)):
+        given = getattr(config, field, None)
+        if isinstance(given, int | float) and given > 0 and math.isclose(float(value(given)), w.scale):
+            return f"config.{field}{'**-0.5' if field == 'query_pre_attn_scalar' else ''} = {given:g}" + (
+                "**-0.5" if field == "query_pre_attn_scalar" else "")
+    if isinstance(spec.scale, str):
+        return f"the module's {spec.scale}"
+    return "the spec's scale"
 
 
 def _without(adapter: Any, name: str) -> None:

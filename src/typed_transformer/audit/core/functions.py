@@ -280,7 +280,7 @@ def function_repro(example: Example, conventions: Conventions, import_candidate:
     ramp = "" if not example.ramp else (f" * (1 + {example.ramp!r} * torch.arange({example.s}, dtype=torch.float64)"
                                         f"[:, None] / {max(example.s - 1, 1)})")
     for offset, (name, shape) in enumerate(shapes.items()):
-        scaled = {"q": amplitude, "k": amplitude + ramp, "v": ""}[name]
+        scaled = {"q": amplitude, "k": amplitude + ramp, "v": f" + {example.shift!r}" if example.shift else ""}[name]
         lines.append(f"{name} = randn({shape}, seed={example.seed + offset}){scaled}  # {axes[name]}, float64")
     lines.append("keep = None" if example.keep is None else
                  f"keep = torch.tensor({example.keep!r})  # True = may attend")

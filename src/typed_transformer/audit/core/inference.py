@@ -692,7 +692,7 @@ def _fully_masked(p: _Prober, masks: bool) -> None:
                  dataclasses.replace(conv, fully_masked="any"), examples[kinds.index(kinds[-1])])
         return
     trial = dataclasses.replace(conv, fully_masked=kinds[0])  # type: ignore[arg-type]
-    where = ", ".join(sorted({e.dtype for e in examples}, reverse=True))
+    where = " and ".join(sorted({e.dtype for e in examples}, reverse=True))
     sizes = "dv = d" if conv.equal_head_sizes else "dv = d and dv != d"
     p.decide("fully_masked", kinds[0], f"{how}: {_ROW_NAMES[kinds[0]]} ({sizes}, {where})", trial, examples[0])
 

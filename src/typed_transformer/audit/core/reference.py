@@ -53,6 +53,7 @@ def reference_attention(
     softcap: float | None = None,
     sinks: Float[Tensor, " h"] | None = None,
     softmax_dtype: torch.dtype | None = None,
+    softmax_over_queries: bool = False,
 ) -> Float[Tensor, "b h t dv"]:
     """Our reference in the candidate's semantics (canonical ``bhtd`` layout with ``h = (g r)``, keep-mask
     ``keep``), computed in the dtype of ``q``. A query row without any allowed key gives what the conventions
@@ -61,7 +62,8 @@ def reference_attention(
     ``softcap``: Gemma 2's logit soft-capping, ``c * tanh(l / c)`` on the scaled logits before the bias and the
     mask; ``sinks``: gpt-oss's learned per-head logits, one more term in each row's softmax denominator that takes
     no value (``exp(l_j) / (exp(z_h) + sum_i exp(l_i))``); ``softmax_dtype``: the softmax alone in that dtype (a
-    variant the diagnosis of a failure tries). With any of the three the reference writes the softmax out."""
+    variant the diagnosis of a failure tries; ``softmax_over_queries`` another: each key's column normalised over the
+    queries, the wrong axis). With any of these the reference writes the softmax out."""
     t, s = q.shape[2], k.shape[2]
     keep = effective_keep(keep, is_causal, t, s, conventions)
     dead: Tensor | None = None
@@ -74,19 +76,20 @@ def reference_attention(
             keep = keep | dead
             if bias is not None:  # a fill of finfo.min swamps the bias: the row is uniform
                 bias = bias.masked_fill(dead_rows, 0.0)
-    if softcap is None and sinks is None and softmax_dtype is None:
+    if softcap is None and sinks is None and softmax_dtype is None and not softmax_over_queries:
         out = scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=conventions.scale,
                                            attn_bias=None if bias is None else bias.to(q.dtype))
         assert isinstance(out, Tensor)
     else:
-        out = _written_out(q, k, v, keep, conventions.scale, bias, softcap, sinks, softmax_dtype or q.dtype)
+        out = _written_out(q, k, v, keep, conventions.scale, bias, softcap, sinks, softmax_dtype or q.dtype,
+                           -2 if softmax_over_queries else -1)
     if dead is not None and conventions.fully_masked == "nan":
         out = out.masked_fill(dead.expand(out.shape[0], out.shape[1], t, 1), math.nan)
     return out
 
 
 def _written_out(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, scale: float | None, bias: Tensor | None,
-                 softcap: float | None, sinks: Tensor | None, softmax_dtype: torch.dtype) -> Tensor:
+                 softcap: float | None, sinks: Tensor | None, softmax_dtype: torch.dtype, axis: int = -1) -> Tensor:
     """The attention of :func:`reference_attention` with its softmax written out (the variants need it): logits
     ``s q.k``, soft-capped, plus the bias, masked to -inf, a sink column appended to each row's softmax and
     dropped after it; ``(b, h, t, dv)`` in ``q``'s dtype. A row whose keys are all masked gives zeros (or, with a
@@ -103,7 +106,7 @@ def _written_out(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, scale: fl
     if sinks is not None:
         column = sinks.to(logits.dtype)[None, :, None, None].expand(*logits.shape[:-1], 1)
         logits = torch.cat([logits, column], dim=-1)
-    weights = logits.softmax(dim=-1, dtype=softmax_dtype).nan_to_num(0.0).to(q.dtype)  # a row all -inf: zeros
+    weights = logits.softmax(dim=axis, dtype=softmax_dtype).nan_to_num(0.0).to(q.dtype)  # a row all -inf: zeros
     if sinks is not None:
         weights = weights[..., :-1]
     return einsum(weights, v, "b h t s, b h s dv -> b h t dv")

@@ -138,6 +138,7 @@ class ModuleAdapter:
         #: the inverse frequencies and cos/sin factor of a rope type other than the default (None: ``base``'s)
         self.rotary_frequencies: tuple[Tensor, float] | None = None
         self.softmax_dtype: torch.dtype | None = None
+        self.softmax_over_queries = False  # another variant: the softmax over the wrong axis
         #: the tokens before the rotated ones (the rotary's ``prefix``)
         self.rotary_prefix = 0
         if spec.rotary is not None and (spec.rotary.when is None
@@ -466,7 +467,7 @@ class ModuleAdapter:
         # softmax_dtype: a variant the diagnosis tries, the softmax in a lower precision as many libraries compute it
         out = reference_attention(q, k, v, keep, is_causal=is_causal, conventions=self.conventions, bias=bias,
                                   softcap=self.softcap, sinks=None if w.sinks is None else w.sinks.to(dtype),
-                                  softmax_dtype=self.softmax_dtype)
+                                  softmax_dtype=self.softmax_dtype, softmax_over_queries=self.softmax_over_queries)
         if self.relative_values is not None and self.spec.relative_keys is not None:  # o_i += sum_j p_ij V[row(i, j)]
             table = self.relative_values.to(dtype)[self.spec.relative_keys.rows(t, s)]
             out = out[..., :dv] + einsum(out[..., dv:dv + s], table, "b h t s, t s d -> b h t d")
@@ -541,7 +542,7 @@ class ModuleAdapter:
         ``spec`` (the CLI rebuilds its module with the same seeded weights), then the failing call and the
         reference."""
         fields = ", ".join(f"{key}={value!r}" for key, value in dataclasses.asdict(example).items()
-                           if key != "ramp" or value)  # ramp: only where the keys grow (a deep length)
+                           if key not in ("ramp", "shift") or value)  # only where the keys grow (a deep length)
         return (f"import torch\n"
                 f"from typed_transformer.audit import Conventions, Example, ModuleAdapter\n"
                 f"{self.setup}\n"
