@@ -250,8 +250,9 @@ def test_a_squared_scale_is_named_by_the_config_field_it_comes_from(monkeypatch:
     """Gemma 2's scale is query_pre_attn_scalar**-0.5, not 1/sqrt(d): a kernel that applies it twice is named so
     (before, issue 42: "1/sqrt(d) twice")."""
     pytest.importorskip("transformers", reason="transformers is not installed (extra audit-test)")
-    from tests.toolkit.audit.hf.test_traits import _built
     from transformers.models.gemma2 import modeling_gemma2
+
+    from tests.toolkit.audit.hf.test_traits import _built
     from typed_transformer.audit.hf.recognise import hf_spec
 
     eager = modeling_gemma2.eager_attention_forward

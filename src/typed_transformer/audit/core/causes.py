@@ -8,9 +8,9 @@ prints one counterexample and its repro, and lists the checks and dtypes it expl
 
 A module's block is then diagnosed: the reference is recomputed with one change at a time (another logit scale,
 a bias left out, the softmax over the query axis, the rotary pairs, which dimensions are rotated, float32 rotary
-tables, a float32 softmax, and float32 tables with a float32 softmax together), and the first change under which the module matches is named. A
-``rope`` failure says so: the rotation itself is wrong, or something the rope check depends on (scale, biases,
-the softmax's precision) fails elsewhere too.
+tables, a float32 softmax, and float32 tables with a float32 softmax together), and the first change under which
+the module matches is named. A ``rope`` failure says so: the rotation itself is wrong, or something the rope check
+depends on (scale, biases, the softmax's axis or precision) fails elsewhere too.
 """
 
 import copy
@@ -249,11 +249,11 @@ def _scale_name(adapter: Any) -> str:
     if math.isclose(w.scale, 1 / math.sqrt(w.d)):
         return "1/sqrt(d)"
     config = getattr(adapter.original, "config", None)
-    for field, value in (("query_pre_attn_scalar", lambda x: x ** -0.5), ("attention_multiplier", lambda x: x)):
+    for field, power in (("query_pre_attn_scalar", -0.5), ("attention_multiplier", 1.0)):
         given = getattr(config, field, None)
-        if isinstance(given, int | float) and given > 0 and math.isclose(float(value(given)), w.scale):
-            return f"config.{field}{'**-0.5' if field == 'query_pre_attn_scalar' else ''} = {given:g}" + (
-                "**-0.5" if field == "query_pre_attn_scalar" else "")
+        if isinstance(given, int | float) and given > 0 and math.isclose(float(given) ** power, w.scale):
+            exponent = "" if power == 1.0 else f"**{power:g}"
+            return f"config.{field}{exponent} = {given:g}{exponent}"
     if isinstance(spec.scale, str):
         return f"the module's {spec.scale}"
     return "the spec's scale"
