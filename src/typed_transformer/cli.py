@@ -210,6 +210,8 @@ def _attention_parser(commands: Any) -> None:
     maps.add_argument("--out", type=Path, default=Path("attention.png"), help="image to write (default attention.png)")
     maps.add_argument("--panel-size", type=_positive_float, default=2.5, help="inches per heatmap (default 2.5)")
     maps.add_argument("--dpi", type=_positive_int, default=100, help="default 100")
+    maps.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                      help="where to run the model (default cpu)")
 
 
 def _audit_parser(commands: Any, conventions: bool) -> None:
@@ -251,6 +253,9 @@ def _audit_parser(commands: Any, conventions: bool) -> None:
                        "bfloat16 where a function accepts them; a module: float32,float64)")
     audit.add_argument("--max-examples", type=_positive_int, default=20,
                        help="small examples per check and dtype (default 20)")
+    audit.add_argument("--device", default=None, metavar="DEVICE",
+                       help="where the candidate runs: cpu, cuda, cuda:1, ... (default: a module's own device, else "
+                            "cpu); the inputs are drawn as on the CPU and moved there, the reference runs on the CPU")
     _audit_budget_flags(audit)
     audit.add_argument("--seed", type=_non_negative_int, default=0,
                        help="seed of the drawn examples (and of --module's redrawn parameters; default 0)")
@@ -316,9 +321,11 @@ def _seq2seq_parsers(commands: Any, seq2seq_defaults: dict[str, Any] | None) -> 
     ``translate``."""
     s2s = commands.add_parser("train-seq2seq", help="train the encoder-decoder on a synthetic task or TSV pairs")
     add_flags(s2s, _command_flags("train-seq2seq"))
+    s2s.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to train (default cpu)")
     if seq2seq_defaults:
         s2s.set_defaults(**seq2seq_defaults)
     tr = commands.add_parser("translate", help="decode sources with a train-seq2seq checkpoint")
+    tr.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to decode (default cpu)")
     tr.add_argument("--checkpoint", type=Path, required=True, help="checkpoint file or its directory")
     tr.add_argument("--text", action="append", default=None,
                     help="a source to decode (repeat it for several; default: each line of stdin)")
@@ -640,16 +647,17 @@ def _attention(args: argparse.Namespace) -> int:
     from .plot import plot_attention
 
     _require_train_extra("attention")
+    _cuda_or_fail(args.device)
     checkpoint = load_checkpoint(args.checkpoint)
     text = args.text
     if not text:
         raise ValueError("--text is empty")
-    model = checkpoint.model.eval()
+    model = checkpoint.model.eval().to(args.device)
     if len(text) > model.config.block_size:
         raise ValueError(f"--text has {len(text)} characters, more than the model's block_size "
                          f"{model.config.block_size}")
-    ids = torch.tensor([checkpoint.tokenizer.encode(text)])
-    weights = model.attention_weights(ids)[:, 0]  # (layers, heads, t, t)
+    ids = torch.tensor([checkpoint.tokenizer.encode(text)], device=args.device)
+    weights = model.attention_weights(ids)[:, 0].cpu()  # (layers, heads, t, t)
     if not args.out.parent.is_dir():
         raise ValueError(f"--out: the directory {args.out.parent} does not exist")
     try:
@@ -674,6 +682,7 @@ def _run_training_command(args: argparse.Namespace) -> int:
             from . import seq2seq_training
 
             _require_train_extra(args.command)
+            _cuda_or_fail(args.device)
             return (seq2seq_training.train_command if args.command == "train-seq2seq"
                     else seq2seq_training.translate_command)(args)
         return {"train": _train, "generate": _generate, "attention": _attention}[args.command](args)
@@ -794,6 +803,13 @@ def _audit_options(args: argparse.Namespace, known: Any) -> dict[str, Any] | str
         return "--expect goes with --infer (declared conventions flags already say every field)"
     options = {"checks": checks, "max_examples": args.max_examples, "seed": args.seed, "budget": budget,
                "expect": expect}
+    if args.device is not None:
+        from .audit.core.functions import audit_device
+
+        try:
+            options["device"] = audit_device(args.device)
+        except ValueError as err:
+            return f"--device: {err}"
     if dtypes is not None:
         options["dtypes"] = [names[d] for d in dtypes]
     return options

@@ -227,16 +227,23 @@ def translate(model: Seq2SeqTransformer, vocab: PairVocab, sources: list[str], *
     twice the longest source plus 10)."""
     model.eval()
     out: list[str] = []
+    device = _device_of(model)
     for start in range(0, len(sources), batch_size):
         chunk = sources[start:start + batch_size]
         src, _ = encode_pairs(vocab, [(s, s) for s in chunk])
+        src = src.to(device)
         limit = max_new_tokens if max_new_tokens is not None else 2 * src.shape[1] + 10
         if beam == 1:
             ids = model.greedy_decode(src, bos_idx=BOS, eos_idx=EOS, max_new_tokens=limit)
         else:
             ids, _ = model.beam_search(src, bos_idx=BOS, eos_idx=EOS, max_new_tokens=limit, beam_size=beam)
-        out.extend(vocab.decode(row[1:]) for row in ids)
+        out.extend(vocab.decode(row[1:]) for row in ids.cpu())
     return out
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    """Where ``model``'s parameters are (the CPU for a model without any)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def evaluate_pairs(model: Seq2SeqTransformer, vocab: PairVocab, pairs: list[Pair]) -> dict[str, float]:
@@ -245,7 +252,8 @@ def evaluate_pairs(model: Seq2SeqTransformer, vocab: PairVocab, pairs: list[Pair
     was_training = model.training
     src, tgt = encode_pairs(vocab, pairs)
     model.eval()
-    ids = model.greedy_decode(src, bos_idx=BOS, eos_idx=EOS, max_new_tokens=tgt.shape[1] - 1)
+    ids = model.greedy_decode(src.to(_device_of(model)), bos_idx=BOS, eos_idx=EOS,
+                              max_new_tokens=tgt.shape[1] - 1).cpu()
     model.train(was_training)
     got = torch.full_like(tgt, PAD)
     got[:, :ids.shape[1]] = ids
@@ -382,11 +390,12 @@ def _resumed(config: Seq2SeqConfig, out: Path, data_sha256: str | None) -> Seq2S
 
 def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = False, log: TextIO | None = None,
                   progress: bool = False, on_step: Callable[[int], None] | None = None,
-                  threads: int | str | None = None) -> Seq2SeqResult:
+                  threads: int | str | None = None, device: str = "cpu") -> Seq2SeqResult:
     """Train per ``config`` into ``out`` (``out/checkpoint.safetensors``, ``out/config.json``), evaluating
     every ``eval_interval`` iterations and at the end; with ``resume``, go on from ``out``'s checkpoint.
     ``on_step(iteration)`` runs after each step; ``threads``: a count, or ``"auto"`` (timed on the steps,
-    :mod:`~typed_transformer.threads`); None leaves torch's count alone.
+    :mod:`~typed_transformer.threads`); None leaves torch's count alone; ``device``: where the model trains
+    (``"cpu"``, ``"cuda"``: the checkpoint is saved from the CPU either way).
 
     Raises:
         DataError, ValueError: unusable data or settings. CheckpointError: a bad checkpoint to resume.
@@ -416,7 +425,7 @@ def train_seq2seq(config: Seq2SeqConfig, out: str | Path, *, resume: bool = Fals
                              torch.get_num_threads() if threads is None else threads)
         trainer = Seq2SeqTrainer(model, loop, out, config=config, vocab=vocab, pairs=train, held=held,
                                  resume=previous, progress=progress, log=stream, on_step=on_step,
-                                 data_sha256=data_sha256)
+                                 data_sha256=data_sha256, device=device)
         with shape_checks(False):
             return trainer.run()
 
@@ -453,11 +462,13 @@ class Seq2SeqTrainer(StepLoop[Seq2SeqResult]):
     def __init__(self, model: Seq2SeqTransformer, loop: _LoopSettings, out: Path, *, config: Seq2SeqConfig,
                  vocab: PairVocab, pairs: list[Pair], held: list[Pair], resume: Seq2SeqCheckpoint | None = None,
                  progress: bool = False, log: TextIO | None = None,
-                 on_step: Callable[[int], None] | None = None, data_sha256: str | None = None) -> None:
+                 on_step: Callable[[int], None] | None = None, data_sha256: str | None = None,
+                 device: str = "cpu") -> None:
         self.settings, self.vocab, self.pairs, self.held = config, vocab, pairs, held
         self.data_sha256 = data_sha256
         self.began = time.perf_counter()
-        super().__init__(model, loop, out, resume=resume, progress=progress, log=log, on_step=on_step)
+        super().__init__(model, loop, out, resume=resume, progress=progress, log=log, on_step=on_step,
+                         device=device)
 
     def make_optimizer(self) -> torch.optim.Optimizer:
         if self.settings.optimizer == "muon":  # Muon on the hidden matrices, Adam on the rest (typed_transformer.muon)
@@ -557,7 +568,7 @@ def train_command(args: Any) -> int:
         raise ValueError(f"{out / CHECKPOINT_NAME} exists: continue that run with --resume or replace it with "
                          "--overwrite")
     result = train_seq2seq(config, out, resume=args.resume, progress=not args.no_progress and sys.stderr.isatty(),
-                           log=sys.stderr, threads=args.threads)
+                           log=sys.stderr, threads=args.threads, device=args.device)
     if result.signal is not None:
         name = "Ctrl-C" if result.signal == signal.SIGINT else signal.Signals(result.signal).name
         print(f"interrupted ({name}) at iteration {result.iteration}; saved {result.checkpoint} "
@@ -601,6 +612,7 @@ def translate_command(args: Any) -> int:
     import sys
 
     checkpoint = load_seq2seq(args.checkpoint)
+    checkpoint.model.to(args.device)
     sources = [(f"--text {i}", text) for i, text in enumerate(args.text or [], 1)] or _stdin_lines(sys.stdin)
     if not sources:
         raise ValueError("nothing to translate: give --text or lines on stdin")

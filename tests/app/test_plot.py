@@ -136,7 +136,7 @@ def test_cli_writes_one_panel_per_layer_and_head(run_dir: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "attention.png"
     code = main(["attention", "--checkpoint", str(run_dir), "--text", "def main():", "--out", str(out),
-                 "--panel-size", "2", "--dpi", "25"])
+                 "--panel-size", "2", "--dpi", "25", "--device", "cpu"])
     assert code == 0
     assert capsys.readouterr().out == f"wrote {out}: 2 layers x 3 heads over 11 characters\n"
     assert png_size(out) == (3 * 50, 2 * 50)

@@ -134,7 +134,8 @@ def test_a_small_task_learns_to_near_perfect_exact_match(tmp_path: Path) -> None
 def test_train_translate_and_resume_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                           ) -> None:
     out = tmp_path / "run"
-    assert run(["train-seq2seq", *TINY, "--max-iters", "20", "--eval-interval", "10", "--out", str(out)]) == 0
+    assert run(["train-seq2seq", *TINY, "--max-iters", "20", "--eval-interval", "10", "--out", str(out),
+                "--device", "cpu"]) == 0
     captured = capsys.readouterr()
     progress, printed = captured.err, captured.out
     assert progress.splitlines()[0].startswith("config: Seq2SeqConfig(")
@@ -154,7 +155,8 @@ def test_train_translate_and_resume_from_the_command_line(tmp_path: Path, capsys
     for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     capsys.readouterr()
-    assert run(["translate", "--checkpoint", str(out), "--text", "0123", "--text", "31", "--beam", "3"]) == 0
+    assert run(["translate", "--checkpoint", str(out), "--text", "0123", "--text", "31", "--beam", "3",
+                "--device", "cpu"]) == 0
     lines = capsys.readouterr().out.splitlines()
     model = straight.model.eval()
     expected = translate(model, straight.vocab, ["0123", "31"], beam=3)
@@ -596,3 +598,14 @@ def test_a_run_on_data_does_not_print_the_synthetic_tasks_settings() -> None:
     for name in ("task=", "vocab=", "min_len=", "max_len=", "eval_pairs="):
         assert name not in on_data
     assert describe_config(Seq2SeqConfig()) == repr(Seq2SeqConfig())  # a task's run prints them all
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without CUDA")
+@pytest.mark.parametrize("command", [["train-seq2seq", "--max-iters", "1"], ["translate", "--text", "12"]])
+def test_device_cuda_without_cuda_is_one_line_before_any_work(command: list[str], tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    where = ["--out", str(tmp_path / "run")] if command[0] == "train-seq2seq" else ["--checkpoint", str(tmp_path)]
+    assert run([*command, *where, "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "typed-transformer: error: --device cuda: no CUDA device is available"]
+    assert not (tmp_path / "run").exists()

@@ -56,11 +56,13 @@ CandidateInputs = tuple[Float[Tensor, "b _ _ d"], Float[Tensor, "b _ _ d"], Floa
 
 
 def to_candidate(ins: FunctionInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype,
-                 conventions: Conventions) -> tuple[CandidateInputs, dict[str, Any]]:
-    """Canonical inputs (``bhtd``, ``h = (g r)``, keep-mask) in the candidate's conventions and ``dtype``: copies,
-    so that nothing the candidate does to them, during the call or after it, reaches the audit's own."""
-    q, k, v = (x.to(dtype, copy=True) for x in ins)
-    keep = None if keep is None else keep.clone()
+                 conventions: Conventions, device: torch.device | None = None
+                 ) -> tuple[CandidateInputs, dict[str, Any]]:
+    """Canonical inputs (``bhtd``, ``h = (g r)``, keep-mask) in the candidate's conventions and ``dtype``, on
+    ``device`` (None: where they are, the CPU): copies, so that nothing the candidate does to them, during the call
+    or after it, reaches the audit's own."""
+    q, k, v = (x.to(device=device, dtype=dtype, copy=True) for x in ins)
+    keep = None if keep is None else keep.to(device=device, copy=True)
     g = k.shape[1]
     grouped = q.shape[1] != g
     if conventions.grouping == "r g" and q.shape[1] != g:
@@ -72,7 +74,7 @@ def to_candidate(ins: FunctionInputs, keep: KeepMask | None, is_causal: bool, dt
     kwargs: dict[str, Any] = {}
     if keep is not None:
         if conventions.mask_kind == "additive":
-            kwargs["attn_mask"] = torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, -math.inf)
+            kwargs["attn_mask"] = torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, -math.inf)
         else:
             kwargs["attn_mask"] = keep if conventions.mask_polarity == "keep" else ~keep
     if is_causal and conventions.supports_causal:  # an always-causal candidate without the flag: not passed
@@ -90,9 +92,11 @@ def from_candidate(out: CandidateOutput, g: int, conventions: Conventions) -> Ca
     return out
 
 
-def candidate_call(example: Example, conventions: Conventions) -> tuple[CandidateInputs, dict[str, Any]]:
-    """The positional and keyword arguments the audit passes to the candidate for ``example``."""
-    return to_candidate(example.inputs(), example.mask(), example.is_causal, example.torch_dtype, conventions)
+def candidate_call(example: Example, conventions: Conventions, device: torch.device | str | None = None
+                   ) -> tuple[CandidateInputs, dict[str, Any]]:
+    """The positional and keyword arguments the audit passes to the candidate for ``example`` (on ``device``)."""
+    return to_candidate(example.inputs(), example.mask(), example.is_causal, example.torch_dtype, conventions,
+                        None if device is None else torch.device(device))
 
 
 candidate_call = typechecked(candidate_call)
@@ -151,12 +155,15 @@ class FunctionAdapter:
     rotary: tuple[float, Literal["half", "interleaved"]] | None = None
     positional: str | None = None
     longest: int | None = None
+    #: where the candidate is called (None: the CPU); its inputs move there, its output comes back to the CPU,
+    #: where the reference runs
+    device: torch.device | None = None
 
     __shape_checked__ = ("call", "reference", "logit_bound", "logits", "rows", "decode", "fast_path")
 
     def call(self, ins: FunctionInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype
              ) -> CandidateOutput:
-        args, kwargs = to_candidate(ins, keep, is_causal, dtype, self.conventions)
+        args, kwargs = to_candidate(ins, keep, is_causal, dtype, self.conventions, self.device)
         q, k, v = args
         with candidate_code(q=q, k=k, v=v, attn_mask=kwargs.get("attn_mask")):
             out = self.candidate(*args, **kwargs)
@@ -165,9 +172,9 @@ class FunctionAdapter:
         if type(out) is not Tensor:  # a subclass: judged as the plain tensor it holds, its own methods never asked
             with torch._C.DisableTorchFunctionSubclass():
                 out = out.as_subclass(Tensor)
-        # copied at once: a candidate that writes every call into one output buffer (as CUDA graphs do) would
-        # otherwise overwrite the output a check still holds
-        return from_candidate(out.clone(), ins[1].shape[1], self.conventions)
+        # copied at once (and back to the CPU): a candidate that writes every call into one output buffer (as CUDA
+        # graphs do) would otherwise overwrite the output a check still holds
+        return from_candidate(out.to(device="cpu", copy=True), ins[1].shape[1], self.conventions)
 
     def reference(self, ins: FunctionInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype
                   ) -> Float[Tensor, "b h t dv"]:
@@ -212,7 +219,7 @@ class FunctionAdapter:
             line = f"import importlib\ncandidate = importlib.import_module({module_name!r}).{attr}"
         if line is None:
             line = f"candidate = ...  # {self.name}: define or import it here (it cannot be imported by name)"
-        return function_repro(example, self.conventions, line, check)
+        return function_repro(example, self.conventions, line, check, self.device)
 
 
 def _reference_call(example: Example, conventions: Conventions) -> tuple[str, str]:
@@ -229,13 +236,18 @@ def _reference_call(example: Example, conventions: Conventions) -> tuple[str, st
             f"ref = reference_attention(q, k, v, keep, is_causal={example.is_causal}, conventions=Conventions({said}))")
 
 
-def _candidate_lines(example: Example, conventions: Conventions, inputs: str) -> list[str]:
+def _candidate_lines(example: Example, conventions: Conventions, inputs: str,
+                     device: torch.device | None = None) -> list[str]:
     """The lines that call ``candidate`` on ``inputs`` (canonical q, k, v) as the audit does (its dtype, layout,
-    head order, mask kind and polarity, flags) and bring its output back to ``(b, h, t, dv)`` as ``out``."""
+    head order, mask kind and polarity, flags, device) and bring its output back to ``(b, h, t, dv)`` as ``out``."""
     dtype = f"torch.{example.dtype}"
-    lines = [f"qc, kc, vc = (x.to({dtype}) for x in {inputs})"]
+    on = "" if device is None or device.type == "cpu" else f", device={str(device)!r}"
+    lines = [f"qc, kc, vc = (x.to({dtype}{on}) for x in {inputs})"]
     grouped = example.g != example.h
     mask = "keep"
+    if on and example.keep is not None:
+        lines.append(f"mask = keep.to(device={str(device)!r})")
+        mask = "mask"
     if conventions.grouping == "r g" and grouped:
         lines.append(f"qc = rearrange(qc, 'b (g r) t d -> b (r g) t d', g={example.g})  # head i uses kv head i % g")
         if example.keep is not None and len(example.keep[0]) > 1:
@@ -246,7 +258,8 @@ def _candidate_lines(example: Example, conventions: Conventions, inputs: str) ->
     kwargs = []
     if example.keep is not None:
         if conventions.mask_kind == "additive":
-            lines.append(f"additive = torch.zeros({mask}.shape, dtype={dtype}).masked_fill(~{mask}, float('-inf'))")
+            lines.append(f"additive = torch.zeros({mask}.shape, dtype={dtype}{on}).masked_fill(~{mask}, "
+                         f"float('-inf'))")
             kwargs.append("attn_mask=additive")
         else:
             kwargs.append(f"attn_mask={mask}" if conventions.mask_polarity == "keep"
@@ -264,10 +277,13 @@ def _candidate_lines(example: Example, conventions: Conventions, inputs: str) ->
         lines.append("out = out.transpose(1, 2)  # back to (b, h, t, dv)")
     if conventions.grouping == "r g" and grouped:
         lines.append(f"out = rearrange(out, 'b (r g) t d -> b (g r) t d', g={example.g})")
+    if on:
+        lines.append("out = out.cpu()  # compared on the CPU, where the reference runs")
     return lines
 
 
-def function_repro(example: Example, conventions: Conventions, import_candidate: str, check: str) -> str:
+def function_repro(example: Example, conventions: Conventions, import_candidate: str, check: str,
+                   device: torch.device | None = None) -> str:
     """A plain repro of a function's counterexample (see :meth:`FunctionAdapter.repro`)."""
     amplitude = "" if example.amplitude == 1.0 else f" * {example.amplitude!r}"
     shapes = {"q": (example.b, example.h, example.t, example.d), "k": (example.b, example.g, example.s, example.d),
@@ -285,16 +301,16 @@ def function_repro(example: Example, conventions: Conventions, import_candidate:
     lines.append("keep = None" if example.keep is None else
                  f"keep = torch.tensor({example.keep!r})  # True = may attend")
     if check != "gradients" and example.dtype in ("float16", "bfloat16"):
-        lines += _half_lines(example, conventions, reference, check)
+        lines += _half_lines(example, conventions, reference, check, device)
         return _without_unused_einops(lines)
     if check != "gradients":
-        lines += [reference, *_candidate_lines(example, conventions, "(q, k, v)"),
+        lines += [reference, *_candidate_lines(example, conventions, "(q, k, v)", device),
                   f"print('max error', float((out.double() - ref).abs().max()))  # check {check}"]
         return _without_unused_einops(lines)
     lines += ["ours = [x.clone().requires_grad_(True) for x in (q, k, v)]",
               f"theirs = [x.to(torch.{example.dtype}).requires_grad_(True) for x in (q, k, v)]",
               reference.replace("(q, k, v,", "(*ours,"),
-              *_candidate_lines(example, conventions, "theirs"),
+              *_candidate_lines(example, conventions, "theirs", device),
               f"cotangent = randn(tuple(ref.shape), seed={example.seed + 4})  # the gradient of the output",
               "(ref.nan_to_num(0.0) * cotangent).sum().backward()",
               "(out.double().nan_to_num(0.0) * cotangent).sum().backward()",
@@ -304,7 +320,8 @@ def function_repro(example: Example, conventions: Conventions, import_candidate:
     return _without_unused_einops(lines)
 
 
-def _half_lines(example: Example, conventions: Conventions, reference: str, check: str) -> list[str]:
+def _half_lines(example: Example, conventions: Conventions, reference: str, check: str,
+                device: torch.device | None = None) -> list[str]:
     """A half-precision repro's lines: what the check compared (the reference on the inputs rounded to the dtype,
     and the bound of ``checks.half_bound`` at the default tolerance of 2), so that the repro prints both numbers."""
     dtype = f"torch.{example.dtype}"
@@ -319,7 +336,7 @@ def _half_lines(example: Example, conventions: Conventions, reference: str, chec
                   f"plain = reference_attention(*(x.to({dtype}) for x in (q, k, v)), keep, "
                   f"is_causal={example.is_causal}, {said}, softmax_dtype={dtype})  # plain math in {example.dtype}",
                   "base = max(base, float((plain.double() - ref).abs().max()))"]
-    return [*lines, *_candidate_lines(example, conventions, "(q, k, v)"),
+    return [*lines, *_candidate_lines(example, conventions, "(q, k, v)", device),
             f"print('max error', float((out.double() - ref).abs().max()), 'allowed', 2 * base)  # check {check}"]
 
 
@@ -384,7 +401,8 @@ def _run_audit(adapter: Adapter, checks: Sequence[str] | None, dtypes: Sequence[
         untested.append(f"head counts and sizes other than the module's (h={adapter.fixed['h']}, "
                         f"g={adapter.fixed['g']}, d={adapter.fixed['d']}, dv={adapter.fixed['dv']})")
     return AuditReport(adapter.name, conventions, results, seed, max_examples, [DTYPE_NAMES[d] for d in dtypes],
-                       tolerance, environment(), untested, causes=group(adapter, results, tolerance))
+                       tolerance, environment(getattr(adapter, "device", None)), untested,
+                       causes=group(adapter, results, tolerance))
 
 
 def default_dtypes(adapter: Adapter, budget: Budget) -> tuple[list[torch.dtype], list[str]]:
@@ -434,6 +452,7 @@ def audit_attention(
     known: Mapping[str, Any] | None = None,
     budget: Budget | str = "default",
     threads: int | None = 1,
+    device: torch.device | str | None = None,
 ) -> AuditReport:
     """Run the attention checks on ``candidate`` (every registered check, or the subset ``checks``), each once
     per dtype.
@@ -466,6 +485,10 @@ def audit_attention(
             :class:`Budget` of your own.
         threads: torch's intra-op thread count while the audit runs (restored after; default 1, the fastest for
             the audit's small tensors, on a busy machine most of all), or None to leave it as it is.
+        device: where the candidate is called (``"cuda"``, ``"cuda:1"``, ``torch.device``; default the CPU). The
+            inputs are drawn exactly as on the CPU (same seed, same examples) and moved there; the candidate's
+            output and gradients come back to the CPU, where the float64 reference runs. The report records the
+            device, its name and the torch and CUDA/ROCm versions.
 
     Raises:
         AuditUsageError: the candidate's signature does not take the arguments the conventions imply
@@ -476,28 +499,43 @@ def audit_attention(
     check_trusted()
     with audit_threads(threads), collect_state_changes():
         return _audit_attention(candidate, conventions, checks, dtypes, max_examples, seed, tolerance, name, known,
-                                budget)
+                                budget, audit_device(device))
+
+
+def audit_device(device: torch.device | str | None) -> torch.device | None:
+    """``device`` as a ``torch.device`` (None: the CPU, where the audit's tensors are); one that does not exist
+    here is a ValueError that names it."""
+    if device is None:
+        return None
+    try:
+        found = torch.device(device)
+        torch.empty(0, device=found)
+    except (RuntimeError, TypeError, AssertionError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"device {str(device)!r} is not usable here: {first}") from None
+    return found
 
 
 def _audit_attention(candidate: Candidate, conventions: Conventions | Literal["infer"], checks: Sequence[str] | None,
                      dtypes: Sequence[torch.dtype] | None, max_examples: int, seed: int, tolerance: float,
-                     name: str | None, known: Mapping[str, Any] | None, budget: Budget | str) -> AuditReport:
+                     name: str | None, known: Mapping[str, Any] | None, budget: Budget | str,
+                     device: torch.device | None = None) -> AuditReport:
     label = name or name_of(candidate)
     select(checks, "function")
     if known is not None and conventions != "infer":
         raise ValueError("known= goes with conventions='infer' (declared conventions already say every field)")
     if conventions == "infer":
-        inference = infer_function_conventions(candidate, seed=seed, name=label, **(known or {}))
-        adapter = FunctionAdapter(candidate, inference.conventions, label)
+        inference = infer_function_conventions(candidate, seed=seed, name=label, device=device, **(known or {}))
+        adapter = FunctionAdapter(candidate, inference.conventions, label, device=device)
         report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
                            tolerance=tolerance, conventions=asdict(inference.conventions), budget=budget)
         return with_inference(report, inference)
     check_signature(candidate, conventions, label)
-    adapter = FunctionAdapter(candidate, conventions, label)
+    adapter = FunctionAdapter(candidate, conventions, label, device=device)
     report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
                        tolerance=tolerance, conventions=asdict(conventions), budget=budget)
     if not report.passed:
-        inferred = infer_function_conventions(candidate, seed=seed, name=label)
+        inferred = infer_function_conventions(candidate, seed=seed, name=label, device=device)
         report.contradictions = contradictions(conventions, inferred)
     return report
 
@@ -536,10 +574,11 @@ class AuditCase:
                 report = audit_attention(self.candidate, conventions=self.conventions, checks=[self.check],
                                          threads=None, **options)
             else:
-                inference = _inferred(self.candidate, self.known, options.get("seed", 0), options.get("name"))
+                device = audit_device(options.get("device"))
+                inference = _inferred(self.candidate, self.known, options.get("seed", 0), options.get("name"), device)
                 if self.check == "conventions":
                     report = with_inference(AuditReport(inference.candidate, asdict(inference.conventions), [],
-                                                        options.get("seed", 0), 0, [], 0.0, environment()),
+                                                        options.get("seed", 0), 0, [], 0.0, environment(device)),
                                             inference)
                     undeclared = [d.line() for d in report.differences if not d.declared]
                     if undeclared:
@@ -547,7 +586,7 @@ class AuditCase:
                                     "with known= if it is meant):\n" + "\n".join(undeclared), pytrace=False)
                 else:
                     label = options.pop("name", None) or name_of(self.candidate)
-                    adapter = FunctionAdapter(self.candidate, inference.conventions, label)
+                    adapter = FunctionAdapter(self.candidate, inference.conventions, label, device=device)
                     report = run_audit(adapter, checks=[self.check], dtypes=options.get("dtypes"),
                                        max_examples=options.get("max_examples", 20), seed=options.get("seed", 0),
                                        tolerance=options.get("tolerance", 2.0),
@@ -563,15 +602,17 @@ class AuditCase:
         return report.results
 
 
-_INFERRED: dict[tuple[int, tuple[tuple[str, Any], ...], int, str | None], tuple[Candidate, Inference]] = {}
+_INFERRED: dict[tuple[int, tuple[tuple[str, Any], ...], int, str | None, str], tuple[Candidate, Inference]] = {}
 
 
-def _inferred(candidate: Candidate, known: tuple[tuple[str, Any], ...], seed: int, name: str | None) -> Inference:
+def _inferred(candidate: Candidate, known: tuple[tuple[str, Any], ...], seed: int, name: str | None,
+              device: torch.device | None = None) -> Inference:
     """The conventions inferred for ``candidate`` with ``known``, once per pytest session (every case of a
     candidate shares them; the candidate is held beside its result, so its id is not reused while cached)."""
-    key = (id(candidate), known, seed, name)
+    key = (id(candidate), known, seed, name, str(device))
     if key not in _INFERRED:
-        _INFERRED[key] = (candidate, infer_function_conventions(candidate, seed=seed, name=name, **dict(known)))
+        _INFERRED[key] = (candidate, infer_function_conventions(candidate, seed=seed, name=name, device=device,
+                                                                **dict(known)))
     return _INFERRED[key][1]
 
 
@@ -591,7 +632,7 @@ def parametrize_audit(candidate: Candidate, *, conventions: Conventions | Litera
     behaviour contradicts). ``threads``: torch's intra-op threads while each item runs (default 1; None leaves
     torch's setting). ``options`` go to :func:`audit_attention` (``dtypes``, ``max_examples``, ``seed``,
     ``tolerance``, ``budget``: ``"quick"`` is the choice for a suite run on every change, ``"default"`` adds the
-    deep sizes). Needs pytest (installed by the ``audit`` extra).
+    deep sizes; ``device``: where the candidate runs). Needs pytest (installed by the ``audit`` extra).
     """
     import pytest
 
@@ -609,7 +650,7 @@ def parametrize_audit(candidate: Candidate, *, conventions: Conventions | Litera
 
 
 def infer_function_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
-                               **options: Any) -> Inference:
+                               device: torch.device | str | None = None, **options: Any) -> Inference:
     """:func:`~typed_transformer.audit.infer_conventions` for a functional candidate: ``options`` are constraints
     on what is drawn (``self_attention``, ``head_sizes``, ...) and fields the user knows (any field inference
     decides: checked against the behaviour, see :func:`~typed_transformer.audit.core.inference.with_known`)."""
@@ -621,6 +662,7 @@ def infer_function_conventions(candidate: Callable[..., Any], *, seed: int = 0, 
     known = {key: value for key, value in options.items() if key in INFERRED}
     constraints = {key: value for key, value in options.items() if key not in INFERRED}
     check_known(known)
-    adapter = FunctionAdapter(candidate, Conventions(**constraints), name or name_of(candidate))
+    adapter = FunctionAdapter(candidate, Conventions(**constraints), name or name_of(candidate),
+                              device=audit_device(device))
     inference = infer_adapter(adapter, seed=seed, candidate=candidate)
     return with_differences(with_known(inference, known) if known else inference, known)

@@ -310,6 +310,17 @@ class AuditReport:
         return text
 
 
-def environment() -> dict[str, Any]:
-    return {"torch": torch.__version__, "typed_transformer": importlib.metadata.version("typed-transformer"),
-            "deterministic": torch.are_deterministic_algorithms_enabled(), "device": "cpu"}
+def environment(device: torch.device | None = None) -> dict[str, Any]:
+    """What the report was measured on: torch's and this library's versions, deterministic mode, and the device the
+    candidate ran on (``"cpu"`` by default) with its name and the CUDA or ROCm version of torch's build."""
+    import platform
+
+    where = torch.device("cpu") if device is None else device
+    env: dict[str, Any] = {"torch": torch.__version__, "typed_transformer": importlib.metadata.version(
+        "typed-transformer"), "deterministic": torch.are_deterministic_algorithms_enabled(), "device": str(where)}
+    if where.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(where)
+        env["cuda"], env["rocm"] = torch.version.cuda, getattr(torch.version, "hip", None)
+    else:
+        env["device_name"] = platform.processor() or platform.machine()
+    return env

@@ -61,6 +61,13 @@ def _disentangled(module: Any, spec: ModuleSpec, dz: Disentangled, h: int
     return kr, qr, dz.form, buckets, int(resolve(module, dz.max_position, spec.name))
 
 
+def module_device(module: nn.Module) -> torch.device | None:
+    """Where ``module``'s parameters (else its buffers) are; None for a module with neither."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        return tensor.device
+    return None
+
+
 def _check_fits(module: nn.Module, spec: ModuleSpec) -> None:
     """Refuses a module of another class than the spec's, or with an option the spec does not model."""
     if spec.module_type and not any(spec.module_type == f"{c.__module__}.{c.__qualname__}"
@@ -85,10 +92,17 @@ class ModuleAdapter:
                          "rows", "decode", "fast_path")
 
     def __init__(self, module: nn.Module, spec: ModuleSpec, *, conventions: Conventions | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, device: torch.device | str | None = None) -> None:
         _check_fits(module, spec)
         self.spec = spec
+        #: where the module's copies run (default: where its parameters are; None: the CPU); the weights the
+        #: reference reads, and the reference, stay on the CPU
+        self.device = module_device(module) if device is None else torch.device(device)
+        if self.device is not None and self.device.type == "cpu":
+            self.device = None
         self.original = copy.deepcopy(module).eval()
+        if self.device is not None:
+            self.original = self.original.to("cpu")
         self.weights = spec_weights(self.original, spec)
         if spec.relative_keys is not None and spec.relative_keys.content_bias is not None:
             # Transformer-XL's content logits use q + u: u joins the query bias (the positional term subtracts it)
@@ -278,17 +292,21 @@ class ModuleAdapter:
     def module(self, dtype: torch.dtype) -> nn.Module:
         """The module copy in ``dtype`` (made once)."""
         if dtype not in self._copies:
-            self._copies[dtype] = copy.deepcopy(self.original).to(dtype).eval()
+            self._copies[dtype] = copy.deepcopy(self.original).to(device=self.device, dtype=dtype).eval()
         return self._copies[dtype]
 
     def call(self, ins: ModuleInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype
              ) -> CandidateOutput:
-        x, key, value = (z.to(dtype) for z in self._memory(ins))
+        x, key, value = (z.to(device=self.device, dtype=dtype) for z in self._memory(ins))
+        if keep is not None and self.device is not None:
+            keep = keep.to(self.device)
         module = self.module(dtype)
         with candidate_code(x=x, key=key, value=value, mask=keep):
             if self.conventions.self_attention:
-                return self.spec.forward(module, x, None, None, keep, is_causal)
-            return self.spec.forward(module, x, key, value, keep, is_causal)
+                out = self.spec.forward(module, x, None, None, keep, is_causal)
+            else:
+                out = self.spec.forward(module, x, key, value, keep, is_causal)
+        return out if self.device is None else out.to("cpu")
 
     def _project(self, ins: Inputs, dtype: torch.dtype, offset: int = 0) -> tuple[Tensor, Tensor, Tensor]:
         w = self.weights
@@ -524,18 +542,21 @@ class ModuleAdapter:
         if self.spec.decode is None:
             return None
         module = copy.deepcopy(self.module(dtype))
-        x = ins[0].to(dtype)
+        x = ins[0].to(device=self.device, dtype=dtype)
         with candidate_code(x=x):
-            return self.spec.decode(module, x)
+            out = self.spec.decode(module, x)
+        return out if self.device is None or out is None else out.to("cpu")
 
     def fast_path(self, x: Float[Tensor, "b t e"], padding: Bool[Tensor, "b t"], dtype: torch.dtype
                   ) -> CandidateOutput | None:
         if self.spec.fast_path is None:
             return None
         module = copy.deepcopy(self.module(dtype))
-        x = x.to(dtype)
+        x = x.to(device=self.device, dtype=dtype)
+        padding = padding if self.device is None else padding.to(self.device)
         with candidate_code(x=x, padding=padding):
-            return self.spec.fast_path(module, x, padding)
+            out = self.spec.fast_path(module, x, padding)
+        return out if self.device is None or out is None else out.to("cpu")
 
     def repro(self, example: Example, check: str) -> str:
         """A snippet that runs as printed in a fresh interpreter: :attr:`setup` defines ``module`` and

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..core.conventions import AuditUsageError, Conventions
 from ..core.examples import Example, error
-from ..core.functions import infer_function_conventions, run_audit
+from ..core.functions import audit_device, infer_function_conventions, run_audit
 from ..core.inference import (
     Inference,
     check_known,
@@ -52,7 +52,7 @@ def layout_hint(adapter: ModuleAdapter, report: AuditReport) -> None:
             continue
         try:
             alternative = ModuleAdapter(adapter.original, dataclasses.replace(spec, qkv_layout=other),  # type: ignore[arg-type]
-                                        conventions=adapter.conventions)
+                                        conventions=adapter.conventions, device=adapter.device)
         except AuditUsageError:  # that layout cannot split these weights (head counts, unequal sizes)
             continue
         ref = alternative.reference(ins, keep, example.is_causal, torch.float64)
@@ -95,12 +95,14 @@ def audit_module(
     known: Mapping[str, Any] | None = None,
     budget: Budget | str = "default",
     threads: int | None = 1,
+    device: torch.device | str | None = None,
 ) -> AuditReport:
     """Audit an attention module with its own weights against the reference (every check that applies to
     modules, once per dtype). The module (or the one a factory builds) is deep-copied first: the caller's
     module is left exactly as it was (parameters, dtype, train/eval mode, gradients). ``checks``, ``dtypes``,
     ``max_examples``, ``seed``, ``tolerance``, ``name``, ``budget`` and ``threads`` are as in
-    :func:`audit_attention`.
+    :func:`audit_attention`; ``device`` too, its default the device of the module's own parameters: the copies the
+    checks call move there with their weights, and the reference reads the weights on the CPU.
 
     Args:
         module: the module, or a zero-argument factory of one.
@@ -123,14 +125,15 @@ def audit_module(
     check_trusted()
     with audit_threads(threads), collect_state_changes():
         return _audit_module(module, spec, conventions, fully_masked, checks, dtypes, max_examples, seed, tolerance,
-                             name, setup, known, budget)
+                             name, setup, known, budget, audit_device(device))
 
 
 def _audit_module(module: nn.Module | Callable[[], nn.Module], spec: "ModuleSpec | str",
                   conventions: Conventions | Literal["infer"] | None,
                   fully_masked: Literal["zero", "nan", "uniform", "any"] | None, checks: Sequence[str] | None,
                   dtypes: Sequence[torch.dtype], max_examples: int, seed: int, tolerance: float, name: str | None,
-                  setup: str | None, known: Mapping[str, Any] | None, budget: Budget | str) -> AuditReport:
+                  setup: str | None, known: Mapping[str, Any] | None, budget: Budget | str,
+                  device: torch.device | None = None) -> AuditReport:
     candidate = module if isinstance(module, nn.Module) else module()
     if isinstance(spec, str):
         if spec in LIBRARY_READERS:  # a library's zero-line spec, read from the module ("auto": from its class)
@@ -147,7 +150,7 @@ def _audit_module(module: nn.Module | Callable[[], nn.Module], spec: "ModuleSpec
     conv = spec.conventions if conventions is None or conventions == "infer" else conventions
     if fully_masked is not None:
         conv = dataclasses.replace(conv, fully_masked=fully_masked)
-    adapter = ModuleAdapter(candidate, spec, conventions=conv, name=name)
+    adapter = ModuleAdapter(candidate, spec, conventions=conv, name=name, device=device)
     adapter.setup = setup or module_setup(module, spec)
     inference = infer_adapter(adapter, seed=seed) if infer else None
     if inference is not None and known:
@@ -167,7 +170,7 @@ def _audit_module(module: nn.Module | Callable[[], nn.Module], spec: "ModuleSpec
 
 
 def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
-                      spec: Any = None, **options: Any) -> Inference:
+                      spec: Any = None, device: torch.device | str | None = None, **options: Any) -> Inference:
     """Infer what a functional candidate ``candidate(q, k, v, [attn_mask=...], [is_causal=...])`` does: its
     layout, mask kind and polarity, causal alignment and decode rule, whether it is always causal, what a fully
     masked row gives, grouped-query support and grouping, whether a mask may come with ``is_causal``, the logit
@@ -179,6 +182,8 @@ def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str
             weights live; inference decides the behavioural fields, on a deep copy).
         seed: the probes' input seed.
         name: how the result names the candidate.
+        device: where the candidate is called, as in :func:`audit_attention` (a module: default where its
+            parameters are).
         options: :class:`Conventions` fields inference does not decide (``self_attention``, ``head_sizes``,
             ``lengths``, ``equal_head_sizes``, ``even_head_size``, ``supports_autograd``: they narrow what the
             probes draw), and fields you know among those it decides (``causal_alignment="top-left"``): inference
@@ -192,7 +197,8 @@ def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str
     if spec is not None:
         module_spec = SHIPPED_SPECS[spec] if isinstance(spec, str) else spec
         check_known(options)
-        adapter = ModuleAdapter(candidate, module_spec, name=name)  # type: ignore[arg-type]
+        adapter = ModuleAdapter(candidate, module_spec, name=name,  # type: ignore[arg-type]
+                                device=audit_device(device))
         inference = infer_adapter(adapter, seed=seed)
         return spec_differences(adapter, with_known(inference, options) if options else inference, options)
-    return infer_function_conventions(candidate, seed=seed, name=name, **options)
+    return infer_function_conventions(candidate, seed=seed, name=name, device=device, **options)
