@@ -1,6 +1,7 @@
 """What the default audit's depth costs: the audit's wall time with ``budget="quick"`` in float32 and float64 (the
-sizes and dtypes of the audit before budgets) against the default (the budget's deep examples, and float16 and
-bfloat16 where a function accepts them), side by side in one run, on the docs' first example (docs/audit.md's
+sizes and dtypes of the audit before budgets), the default with its lists before issue 42, the default (the budget's
+deep examples, and float16 and bfloat16 where a function accepts them) and ``budget="thorough"``, side by side in
+one run, on the docs' first example (docs/audit.md's
 ``my_attention``) and on one Hugging Face class (``LlamaAttention`` through ``hf_spec``).
 
     python benchmarks/audit_cost.py            # rewrite the audit-cost block of docs/audit.md
@@ -36,7 +37,19 @@ def _my_attention() -> Callable[..., Any]:
     return namespace["my_attention"]  # type: ignore[no-any-return]
 
 
-def _runs() -> list[tuple[str, Callable[[str], Any]]]:
+def _budgets() -> dict[str, Any]:
+    """The budgets side by side: quick, the default's lists before issue 42 (batches 5, 8, 9; heads 5, 6, 8),
+    the default, and thorough."""
+    import dataclasses
+
+    from typed_transformer.audit import BUDGETS
+
+    return {"quick": "quick",
+            "before": dataclasses.replace(BUDGETS["default"], name="before", batches=(5, 8, 9), heads=(5, 6, 8)),
+            "default": "default", "thorough": "thorough"}
+
+
+def _runs() -> list[tuple[str, Callable[[Any], Any]]]:
     """``(what, audit(budget) -> report)``: the docs' function and LlamaAttention, each as the page shows it."""
     from transformers.models.llama.modeling_llama import LlamaAttention
 
@@ -47,13 +60,13 @@ def _runs() -> list[tuple[str, Callable[[str], Any]]]:
     llama = randomize_parameters(hf_build(LlamaAttention), 0)
     spec = hf_spec(llama)
 
-    def function(budget: str) -> Any:
+    def function(budget: Any) -> Any:
         dtypes = (torch.float32, torch.float64) if budget == "quick" else None
         # its True = masked out declared, as the page's `declared` audit does (undeclared, it does not pass)
         return audit_attention(my_attention, conventions="infer", known={"mask_polarity": "drop"}, max_examples=10,
                                seed=0, budget=budget, dtypes=dtypes)
 
-    def module(budget: str) -> Any:  # float32, as the sweep audits (its softmax runs in float32 in a float64 run)
+    def module(budget: Any) -> Any:  # float32, as the sweep audits (its softmax runs in float32 in a float64 run)
         return audit_module(llama, spec, conventions="infer", seed=0, budget=budget, dtypes=(torch.float32,))
 
     return [("docs/audit.md's my_attention (conventions=\"infer\", max_examples=10)", function),
@@ -62,21 +75,25 @@ def _runs() -> list[tuple[str, Callable[[str], Any]]]:
 
 def block(rounds: int) -> str:
     torch.set_num_threads(1)
-    lines = ["| audit of | budget quick (sizes 1..6) | default (+ deep sizes; a function: + half dtypes) | ratio |",
-             "|---|---|---|---|"]
+    budgets = _budgets()
+    lines = ["| audit of | budget quick (sizes 1..6) | default before issue 42 (batches 5, 8, 9; heads 5, 6, 8) | "
+             "default (+ batches and heads 12, 16, the widest and longest examples) | thorough (+ 512..4096 keys, "
+             "32 and 64 heads) | default / before | thorough / default |",
+             "|---|---|---|---|---|---|---|"]
     for what, audit in _runs():
-        best = {"quick": float("inf"), "default": float("inf")}
+        best = dict.fromkeys(budgets, float("inf"))
         rows = {}
         for _ in range(rounds):
-            for budget in best:
+            for name, budget in budgets.items():
                 start = time.perf_counter()
                 report = audit(budget)
-                best[budget] = min(best[budget], time.perf_counter() - start)
+                best[name] = min(best[name], time.perf_counter() - start)
                 if not report.passed:
-                    raise SystemExit(f"{what} failed with budget={budget!r}:\n{report.table()}")
-                rows[budget] = f"{len(report.results)} rows, {', '.join(report.dtypes)}"
-        lines.append(f"| {what} | {best['quick']:.1f} s ({rows['quick']}) | {best['default']:.1f} s "
-                     f"({rows['default']}) | {best['default'] / best['quick']:.1f}x |")
+                    raise SystemExit(f"{what} failed with budget={name!r}:\n{report.table()}")
+                rows[name] = f"{len(report.results)} rows, {', '.join(report.dtypes)}"
+        cells = " | ".join(f"{best[name]:.1f} s ({rows[name]})" for name in budgets)
+        lines.append(f"| {what} | {cells} | {best['default'] / best['before']:.2f}x | "
+                     f"{best['thorough'] / best['default']:.1f}x |")
     lines += ["", f"Fastest of {rounds} alternating rounds, one thread, torch {torch.__version__}, "
               f"{platform.machine()}; made by `benchmarks/audit_cost.py`."]
     return "\n".join(lines)
