@@ -282,8 +282,8 @@ def _audit_budget_flags(audit: argparse.ArgumentParser) -> None:
     audit.add_argument("--budget", choices=("quick", "ci", "default", "thorough"), default="default",
                        help="quick: the small examples only (sizes 1..6), float32 and float64; ci: every check and "
                             "dtype with a few deep sizes (for a suite run on every change); default: also the deep "
-                            "ones below; thorough: also key lengths 512,1024,2048,4096 and 32 and 64 heads (about 3x "
-                            "the default's time)")
+                            "ones below; thorough: also key lengths 512,1024,2048,4096 and 32 and 64 heads (about "
+                            "100 s where the default takes 2-5 s: benchmarks/audit_cost.py)")
     audit.add_argument("--lengths", type=_sizes, default=None, metavar="N,N,...",
                        help="key and query lengths of the deep examples (default 15,16,17,31,32,33,63,64,65,127,"
                             "128,129: both sides of the tiles kernels use; a failure shrinks to the smallest)")

@@ -1,6 +1,7 @@
 """docs/audit-kernels.md and the audit-cost block of docs/audit.md, written by benchmarks/audit_kernel_gallery.py
 and benchmarks/audit_cost.py, show what the scripts write today: every kernel of the gallery with its current
-code and a report of the current format, the cost table with both budgets."""
+code and a report of the current format, the cost table with
+quick, the default before and after issue 42, and thorough."""
 
 import inspect
 import re
@@ -51,13 +52,14 @@ def test_the_cost_block_compares_both_budgets_on_the_docs_example_and_a_hugging_
 
     page = (ROOT / "docs" / "audit.md").read_text(encoding="utf-8")
     block = page.split(COST_BEGIN, 1)[1].split(COST_END, 1)[0].strip().splitlines()
-    assert block[0] == ("| audit of | budget quick (sizes 1..6) | default (+ deep sizes; a function: + half dtypes) "
-                        "| ratio |")
+    assert block[0] == ("| audit of | budget quick (sizes 1..6) | default before issue 42 (batches 5, 8, 9; heads 5, "
+                        "6, 8) | default (+ batches and heads 12, 16, the widest and longest examples) | thorough "
+                        "(+ 512..4096 keys, 32 and 64 heads) | default / before | thorough / default |")
     rows = [line for line in block[2:] if line.startswith("| ")]
     assert [row.split(" | ")[0] for row in rows] == ["| docs/audit.md's my_attention (conventions=\"infer\", "
                                                       "max_examples=10)",
                                                       "| LlamaAttention (hf_spec, conventions=\"infer\", "
                                                       "max_examples=10, float32)"]
     for row in rows:
-        assert re.search(r"\| \d+\.\d s \(.*\) \| \d+\.\d s \(.*\) \| \d+\.\dx \|$", row), row
+        assert re.search(r"( \| \d+\.\d s \([^)]*\)){4} \| \d+\.\d\dx \| \d+\.\dx \|$", row), row
     assert block[-1].endswith("made by `benchmarks/audit_cost.py`.")
