@@ -1,5 +1,5 @@
 """What the default audit's depth costs: the audit's wall time with ``budget="quick"`` in float32 and float64 (the
-sizes and dtypes of the audit before budgets), the default with its lists before issue 42, the default (the budget's
+sizes and dtypes of the audit before budgets), the default with its lists before this change, the default (the budget's
 deep examples, and float16 and bfloat16 where a function accepts them) and ``budget="thorough"``, side by side in
 one run, on the docs' first example (docs/audit.md's
 ``my_attention``) and on one Hugging Face class (``LlamaAttention`` through ``hf_spec``).
@@ -38,7 +38,7 @@ def _my_attention() -> Callable[..., Any]:
 
 
 def _budgets() -> dict[str, Any]:
-    """The budgets side by side: quick, the default's lists before issue 42 (batches 5, 8, 9; heads 5, 6, 8),
+    """The budgets side by side: quick, the default with its old lists (batches 5, 8, 9; heads 5, 6, 8),
     the default, and thorough."""
     import dataclasses
 
@@ -76,7 +76,7 @@ def _runs() -> list[tuple[str, Callable[[Any], Any]]]:
 def block(rounds: int) -> str:
     torch.set_num_threads(1)
     budgets = _budgets()
-    lines = ["| audit of | budget quick (sizes 1..6) | default before issue 42 (batches 5, 8, 9; heads 5, 6, 8) | "
+    lines = ["| audit of | budget quick (sizes 1..6) | default with the old lists (batches 5, 8, 9; heads 5, 6, 8) | "
              "default (+ batches and heads 12, 16, the widest and longest examples) | thorough (+ 512..4096 keys, "
              "32 and 64 heads) | default / before | thorough / default |",
              "|---|---|---|---|---|---|---|"]
