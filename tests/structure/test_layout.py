@@ -34,7 +34,7 @@ WINGS: dict[str, list[str]] = {
                 "audit.core.causes", "audit.core.inference", "audit.core.functions",
                 "audit.modules", "audit.modules.positions", "audit.modules.variants", "audit.modules.masking",
                 "audit.modules.spec", "audit.modules.weights", "audit.modules.repro", "audit.modules.adapter",
-                "audit.modules.audit",
+                "audit.modules.audit", "audit.kernels", "audit.kernels.flex",
                 "audit.specs", "audit.specs.shared", "audit.specs.pytorch", "audit.specs.typed_transformer",
                 "audit.specs.hf", "audit.specs.torchtune", "audit.specs.x_transformers", "audit.specs.timm",
                 "audit.specs.open_clip", "audit.specs.diffusers", "audit.specs.litgpt", "audit.specs.libraries",
@@ -142,7 +142,7 @@ def test_the_import_graph_has_no_cycle() -> None:
 
 #: The audit's folders, lowest first: a module imports (at load time or inside a function) only from its own
 #: folder or one before it; specs and hf are one level (the Hugging Face reading builds on the hand-written specs).
-AUDIT_FOLDERS = {"core": 0, "modules": 1, "specs": 2, "hf": 2}
+AUDIT_FOLDERS = {"core": 0, "modules": 1, "kernels": 1, "specs": 2, "hf": 2}
 
 
 def _folder(module: str) -> str | None:

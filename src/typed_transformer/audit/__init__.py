@@ -69,6 +69,7 @@ from .hf.build import hf_build
 from .hf.known import hf_causes
 from .hf.notes import hf_limits, hf_notes
 from .hf.recognise import hf_spec
+from .kernels.flex import FlexVariant, audit_flex, flex_sdpa, flex_sdpa_compiled
 from .modules.adapter import ModuleAdapter
 from .modules.audit import audit_module, infer_conventions
 from .modules.masking import additive_mask, with_causal
@@ -121,6 +122,7 @@ __all__ = [
     "Evidence",
     "Example",
     "Finding",
+    "FlexVariant",
     "FunctionAdapter",
     "Inference",
     "ModuleAdapter",
@@ -130,11 +132,14 @@ __all__ = [
     "additive_mask",
     "alibi_bias",
     "audit_attention",
+    "audit_flex",
     "audit_module",
     "audit_multihead",
     "call_time_limit",
     "candidate_call",
     "draw_example",
+    "flex_sdpa",
+    "flex_sdpa_compiled",
     "hf_build",
     "hf_causes",
     "hf_limits",

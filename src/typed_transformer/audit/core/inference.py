@@ -24,7 +24,7 @@ from .conventions import Conventions
 from .examples import Example, error
 from .reference import reference_attention
 from .report import PAPER, Adapter, AuditReport, CheckResult, Difference
-from .running import CandidateRaised, CheckFailure
+from .running import CandidateRaised, CheckFailure, candidate_code
 
 #: the relative error within which a probe's output matches the reference, by the probes' dtype: float64 probes
 #: of a candidate computing in float32 inside still match; half-precision probes round inputs and output
@@ -333,6 +333,36 @@ def _accepted(p: _Prober) -> bool:
     p.find("reference", f"the plainest call (h=1, t=3, s=4, d=4, dv=3 or 4) is refused in every dtype: "
            f"{'; '.join(refusals)}")
     return False
+
+
+def _autograd(p: _Prober) -> None:
+    """``supports_autograd``: the backward of the plainest accepted call (h=1, t=3, s=4, d=4). A candidate whose
+    backward raises (FlexAttention on the CPU), or whose output carries no gradient (an inference-only kernel), is
+    audited without the gradient check, which the report lists under "not tested" with the refusal. Not probed when
+    the user declared it."""
+    if not p.conv.supports_autograd:
+        return
+    example = p.example(t=3, s=4, h=1, d=4)
+    leaves = [x.to(example.torch_dtype).detach().requires_grad_(True) for x in example.inputs()]
+    p.probes += 1
+    p.adapter.conventions = p.conv
+    try:
+        out = p.adapter.call((leaves[0], leaves[1], leaves[2]), None, False, example.torch_dtype)
+        if not out.requires_grad:
+            refusal = "output carries no gradient (requires_grad=False)"
+        else:
+            with candidate_code():
+                torch.autograd.backward([out.double().sum()])
+            return
+    except CandidateRaised as raised:
+        refusal = _describe(raised.__cause__ if isinstance(raised.__cause__, Exception) else raised)
+    except CheckFailure:
+        return  # not a tensor: the checks report that
+    finally:
+        p.adapter.conventions = p.conv
+    what = refusal if refusal.startswith("output") else f"backward {refusal}"
+    p.decide("supports_autograd", False, f"h=1, t=3, s=4, d=4: its {what} (gradients are not tested)", p.conv,
+             example)
 
 
 def _scale(p: _Prober) -> bool:
@@ -756,6 +786,7 @@ def infer_adapter(adapter: Adapter, *, seed: int = 0, candidate: Any = None) -> 
         go = _accepted(p) and _scale(p) and _layout(p)
         if go:
             _gqa(p)
+            _autograd(p)
     else:
         p.conv = dataclasses.replace(original, always_causal=False, decode_sees_all=False, mask_with_causal=True)
         example = p.example(t=p.square, s=p.square)

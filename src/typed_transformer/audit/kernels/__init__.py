@@ -1,0 +1,1 @@
+"""Kernels audited as their users run them: FlexAttention's mods (:func:`audit_flex`)."""
