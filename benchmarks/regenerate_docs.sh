@@ -15,6 +15,8 @@ $py benchmarks/audit_docs_tables.py                   # docs/audit.md: every oth
 $py benchmarks/audit_findings.py                      # docs/audit-findings.md: every finding re-checked
 $py benchmarks/audit_kernel_gallery.py                # docs/audit-kernels.md: each planted kernel and its report
 $py benchmarks/audit_cost.py                          # docs/audit.md: the default audit's cost against budget='quick'
+$py benchmarks/audit_torch_kernels.py --jobs 2        # docs/audit-torch-kernels.md: SDPA's backends, FlexAttention's mods
+$py benchmarks/audit_gpu.py || [ $? -eq 2 ]           # docs/audit-gpu.md, on a CUDA machine (exit 2 elsewhere: the page says so)
 $py benchmarks/time_to_quality.py --data "$data" --rounds 3 --optimizer muon --optimizer adamw --write docs/lab/time-to-quality.md --readme README.md
 # docs/lab/time-to-quality.md: quality per token of each optimizer, 3 seeds (one thread a run: load-independent)
 $py benchmarks/quality_per_token.py --data "$data" --seeds 1337 1338 1339 --write docs/lab/time-to-quality.md optimizer=adamw
