@@ -43,6 +43,8 @@ class Entry:
     #: the command line's exit status: 0 (every check passed), 1 (a check failed), 3 (every check passed but a
     #: difference from the paper's attention was not declared)
     code: int = 1
+    #: the dtypes the zero-configuration audit draws: every one the kernel accepts
+    dtypes: str = "float32, float64, float16, bfloat16"
 
 
 #: The page's kernels, in order. More kernels: write one in tests/support/kernels.py (same signature and
@@ -62,6 +64,13 @@ ENTRIES = [
     Entry(kernels.no_scale, "No 1/sqrt(d) (T5's scale of 1, where the paper's was meant)", code=3),
     Entry(kernels.key_length_scale, "1/sqrt(s), the key length, in place of 1/sqrt(d)"),
     Entry(kernels.drops_last_key_when_odd, "The last key dropped when the key length is odd"),
+    Entry(kernels.heads_past_8, "Query head i reads key/value head i % 8 (right up to 8 heads)"),
+    Entry(kernels.batch_past_8, "Batch element i reads the keys and values of i % 8 (right up to a batch of 8)"),
+    Entry(kernels.half_only, "A correct kernel that takes float16 and bfloat16 only", passes=True, code=0,
+          dtypes="float16, bfloat16"),
+    Entry(kernels.half_only_causal_off_by_one, "A half-only kernel whose causal mask sees one key too many",
+          dtypes="float16, bfloat16"),
+    Entry(kernels.sdpa_flash, "torch's CPU flash backend: dv = d only, causal top-left", passes=True, code=3),
 ]
 
 
