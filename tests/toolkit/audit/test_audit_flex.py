@@ -203,3 +203,26 @@ def test_an_inference_only_kernel_is_audited_without_gradients() -> None:
     inference = infer_conventions(no_grad_attention)
     assert inference.evidence["supports_autograd"].seen == (
         "h=1, t=3, s=4, d=4: its output carries no gradient (requires_grad=False) (gradients are not tested)")
+
+
+def test_a_backward_that_breaks_is_no_refusal_and_fails_the_gradient_check() -> None:
+    class Broken(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Tensor) -> Tensor:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: Tensor) -> Tensor:
+            raise IndexError("a bug in the backward")
+
+    def broken_backward(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                        is_causal: bool = False) -> Tensor:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        applied: Tensor = Broken.apply(out)
+        return applied
+
+    inference = infer_conventions(broken_backward)
+    assert "supports_autograd" not in inference.evidence
+    report = audit_attention(broken_backward, conventions="infer", budget="quick", max_examples=2,
+                             dtypes=[torch.float64], checks=["gradients"])
+    assert report.status("gradients") == "FAIL"

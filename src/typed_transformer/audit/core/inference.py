@@ -337,7 +337,8 @@ def _accepted(p: _Prober) -> bool:
 
 def _autograd(p: _Prober) -> None:
     """``supports_autograd``: the backward of the plainest accepted call (h=1, t=3, s=4, d=4). A candidate whose
-    backward raises (FlexAttention on the CPU), or whose output carries no gradient (an inference-only kernel), is
+    backward is refused (NotImplementedError, or an error saying it is not implemented or not supported:
+    FlexAttention on the CPU), or whose output carries no gradient (an inference-only kernel), is
     audited without the gradient check, which the report lists under "not tested" with the refusal. Not probed when
     the user declared it."""
     if not p.conv.supports_autograd:
@@ -355,7 +356,11 @@ def _autograd(p: _Prober) -> None:
                 torch.autograd.backward([out.double().sum()])
             return
     except CandidateRaised as raised:
-        refusal = _describe(raised.__cause__ if isinstance(raised.__cause__, Exception) else raised)
+        cause = raised.__cause__ if isinstance(raised.__cause__, Exception) else raised
+        text = str(cause).lower()
+        if not (isinstance(cause, NotImplementedError) or "not implemented" in text or "not support" in text):
+            return  # a backward that breaks is no refusal: the gradient check fails with it
+        refusal = _describe(cause)
     except CheckFailure:
         return  # not a tensor: the checks report that
     finally:
