@@ -218,7 +218,7 @@ def test_a_backward_that_breaks_is_no_refusal_and_fails_the_gradient_check() -> 
     def broken_backward(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
                         is_causal: bool = False) -> Tensor:
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
-        applied: Tensor = Broken.apply(out)
+        applied: Tensor = Broken.apply(out)  # type: ignore[no-untyped-call]
         return applied
 
     inference = infer_conventions(broken_backward)
