@@ -471,13 +471,21 @@ def test_a_per_group_fused_qkv_is_audited_and_read_as_blocks_gets_the_hint() -> 
 
 def test_falcon_whose_group_split_swaps_key_and_value_fails_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     modeling = pytest.importorskip("transformers.models.falcon.modeling_falcon")
-    split = modeling.FalconAttention._split_heads
+    if hasattr(modeling.FalconAttention, "_split_heads"):  # transformers up to 5.24: the split is a method
+        split = modeling.FalconAttention._split_heads
 
-    def swapped(self: Any, fused: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = split(self, fused)
-        return q, v, k
+        def swapped(self: Any, fused: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            q, k, v = split(self, fused)
+            return q, v, k
 
-    monkeypatch.setattr(modeling.FalconAttention, "_split_heads", swapped)
+        monkeypatch.setattr(modeling.FalconAttention, "_split_heads", swapped)
+    else:  # from 5.25 the split is inline in forward: swap its key and value where they reach the kernel
+        kernel = modeling.eager_attention_forward
+
+        def swapped_kernel(module: Any, q: Tensor, k: Tensor, v: Tensor, *args: Any, **kwargs: Any) -> Any:
+            return kernel(module, q, v, k, *args, **kwargs)
+
+        monkeypatch.setattr(modeling, "eager_attention_forward", swapped_kernel)
     _fails(audit_module(falcon(), "falcon", checks=["reference"], **QUICK), "reference")
 
 

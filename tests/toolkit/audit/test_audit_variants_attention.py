@@ -4,6 +4,7 @@ Each on a real class audited with zero lines of spec, and with a planted bug tha
 catch it."""
 
 import functools
+import inspect
 import math
 from typing import Any
 
@@ -113,11 +114,20 @@ def test_alibi_slopes_not_interpolated_fail_reference() -> None:
 def test_alibi_added_after_the_scale_fails_reference() -> None:
     from transformers.models.falcon.modeling_falcon import FalconAttention
 
-    class ScalesTheBiasTwice(FalconAttention):
-        """Bug: the bias reaches the logits with ``sqrt(d)`` times Falcon's slopes (added after the logit scale)."""
+    takes_alibi = "alibi" in inspect.signature(FalconAttention.forward).parameters  # transformers up to 5.24
 
-        def forward(self, hidden_states: Any, alibi: Any, *args: Any, **kwargs: Any) -> Any:
-            return super().forward(hidden_states, alibi * math.sqrt(self.head_dim), *args, **kwargs)
+    class ScalesTheBiasTwice(FalconAttention):
+        """Bug: the bias reaches the logits with ``sqrt(d)`` times Falcon's slopes (added after the logit scale).
+        Up to transformers 5.24 the bias is the argument ``alibi``; from 5.25 it is folded into the mask."""
+
+        @functools.wraps(FalconAttention.forward)  # its signature: the spec reads which layout forward takes
+        def forward(self, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            bias, *rest = args
+            if takes_alibi:
+                bias = bias * math.sqrt(self.head_dim)
+            else:  # the folded mask: scale its finite entries, leave the masked-out ones at the dtype's minimum
+                bias = torch.where(bias > torch.finfo(bias.dtype).min, bias * math.sqrt(self.head_dim), bias)
+            return super().forward(hidden_states, bias, *rest, **kwargs)
 
     report = _audit(_built(ScalesTheBiasTwice, {"alibi": True}), checks=["reference"])
     assert report.status("reference") == "FAIL", report.table()

@@ -2,6 +2,8 @@
 Whisper, T5, BLOOM, MPT, GPT-NeoX, Phi, Falcon, Mistral, Qwen2, OLMo 2, Qwen3."""
 
 import dataclasses
+import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -281,12 +283,12 @@ MPT = ModuleSpec("mpt", _mpt_forward, _HF, q=None, k=None, v=None, qkv="Wqkv", o
 
 
 def _rope_spec(name: str, model: str, config_name: str, prefix: str, cache: str = "cache",
-               call: dict[str, Any] | None = None, decode_mask: bool = False, **fields: Any) -> ModuleSpec:
+               call: Callable[[Any], dict[str, Any]] | None = None, decode_mask: bool = False,
+               **fields: Any) -> ModuleSpec:
     """A Llama-shaped spec for ``transformers.models.{model}``: ``{prefix}Attention`` called with its own
-    ``{prefix}RotaryEmbedding``'s ``position_embeddings`` (and the keywords ``call``) and a KV cache built from
+    ``{prefix}RotaryEmbedding``'s ``position_embeddings`` (and the keywords ``call(module)``) and a KV cache built from
     its config (a sliding-window cache where the config declares a window), passed as keyword ``cache``; with
     ``decode_mask`` each decoded token gets an all-visible additive mask (an eager kernel that adds it always)."""
-    extra = dict(call or {})
     path = f"transformers.models.{model}.modeling_{model}"
 
     def rotary(m: Any, x: Tensor, offset: int) -> tuple[Tensor, Tensor]:
@@ -305,7 +307,8 @@ def _rope_spec(name: str, model: str, config_name: str, prefix: str, cache: str 
             t = x.shape[1]
             inside = (torch.arange(t)[None] > torch.arange(t)[:, None] - int(size))[None, None]
             keep = inside if keep is None else keep & inside
-        out = m(x, position_embeddings=rotary(m, x, 0), attention_mask=_hf_mask(x, keep, is_causal), **extra)
+        out = m(x, position_embeddings=rotary(m, x, 0), attention_mask=_hf_mask(x, keep, is_causal),
+                **(call(m) if call else {}))
         result: Tensor = out[0]
         return result
 
@@ -319,7 +322,7 @@ def _rope_spec(name: str, model: str, config_name: str, prefix: str, cache: str 
             # no mask: one query sees every cached key (a sliding-window cache keeps only the window)
             mask = torch.zeros(x.shape[0], 1, 1, i + 1, dtype=x.dtype) if decode_mask else None
             outs.append(m(token, position_embeddings=rotary(m, token, i), attention_mask=mask,
-                          **{cache: kv_cache}, **extra)[0])
+                          **{cache: kv_cache}, **(call(m) if call else {}))[0])
         return torch.cat(outs, dim=1)
 
     defaults: dict[str, Any] = {
@@ -337,8 +340,15 @@ GPT_NEOX = _rope_spec("gpt_neox", "gpt_neox", "GPTNeoXConfig", "GPTNeoX", "layer
                       rotary=_PARTIAL)
 PHI = _rope_spec("phi", "phi", "PhiConfig", "Phi", out="dense", rotary=_PARTIAL, q_norm="q_layernorm?",
                  k_norm="k_layernorm?")
+def _falcon_takes_alibi(m: Any) -> bool:
+    """Whether this Falcon attention takes its ALiBi as the argument ``alibi`` (transformers up to 5.24); from 5.25
+    its model folds ``alibi / sqrt(d)`` into ``attention_mask`` instead, and the attention only adds the mask."""
+    return "alibi" in inspect.signature(type(m).forward).parameters
+
+
 #: Falcon's three fused layouts are one: per key/value group (``g = h`` without multi-query, ``g = 1`` with it)
-FALCON = _rope_spec("falcon", "falcon", "FalconConfig", "Falcon", "layer_past", call={"alibi": None},
+FALCON = _rope_spec("falcon", "falcon", "FalconConfig", "Falcon", "layer_past",
+                    call=lambda m: {"alibi": None} if _falcon_takes_alibi(m) else {},
                     decode_mask=True, q=None, k=None, v=None, qkv="query_key_value", qkv_layout="groups", out="dense",
                     num_heads="num_heads", num_kv_heads="num_kv_heads", head_dim="head_dim", scale="inv_norm_factor")
 
@@ -352,11 +362,24 @@ def _falcon_alibi(m: Any, b: int, s: int, dtype: torch.dtype) -> Tensor:
     return alibi
 
 
+def _falcon_alibi_call(m: Any, x: Tensor, mask: Tensor, **kwargs: Any) -> Tensor:
+    """One call of Falcon's attention with ALiBi over ``mask.shape[-1]`` keys, in either layout. From
+    transformers 5.25 the bias reaches the attention inside the additive mask, folded as ``FalconModel.forward``
+    folds it (``masked_fill(alibi / sqrt(d), mask < -1, min)``): that line is copied here, the rest is Falcon's."""
+    b, s = x.shape[0], mask.shape[-1]
+    alibi = _falcon_alibi(m, b, s, x.dtype)
+    if _falcon_takes_alibi(m):
+        out: Tensor = m(x, alibi, mask, **kwargs)[0]
+        return out
+    bias = rearrange(alibi, "(b h) one s -> b h one s", b=b) / math.sqrt(m.config.hidden_size // m.num_heads)
+    folded = torch.masked_fill(bias, mask < -1, torch.finfo(x.dtype).min)
+    out = m(x, folded, **kwargs)[0]
+    return out
+
+
 def _falcon_alibi_forward(m: Any, x: Tensor, key: Tensor | None, value: Tensor | None, keep: Tensor | None,
                           is_causal: bool) -> Tensor:
-    b, t = x.shape[0], x.shape[1]
-    result: Tensor = m(x, _falcon_alibi(m, b, t, x.dtype), _hf_mask(x, keep, is_causal))[0]
-    return result
+    return _falcon_alibi_call(m, x, _hf_mask(x, keep, is_causal))
 
 
 def _falcon_alibi_decode(m: Any, x: Tensor) -> Tensor:
@@ -364,8 +387,8 @@ def _falcon_alibi_decode(m: Any, x: Tensor) -> Tensor:
 
     cache, b = DynamicCache(config=m.config), x.shape[0]
     # an all-visible additive mask for each token: its eager kernel adds one always
-    return torch.cat([m(x[:, i:i + 1], _falcon_alibi(m, b, i + 1, x.dtype),
-                        torch.zeros(b, 1, 1, i + 1, dtype=x.dtype), layer_past=cache)[0]
+    return torch.cat([_falcon_alibi_call(m, x[:, i:i + 1], torch.zeros(b, 1, 1, i + 1, dtype=x.dtype),
+                                         layer_past=cache)
                       for i in range(x.shape[1])], dim=1)
 
 
