@@ -1,12 +1,12 @@
 """A module's repro: the code that rebuilds a failing module and its weights."""
 
-import inspect
 import json
 
 import torch
 from torch import nn
 
 from ..core.examples import import_line
+from ..hf.layout import init_parameters
 from .spec import REBUILDS, ModuleSpec
 
 
@@ -32,7 +32,7 @@ def _constructor_lines(module: nn.Module) -> str | None:
     config = getattr(module, "config", None)
     to_json = getattr(config, "to_json_string", None)
     config_line = None if config is None else import_line(type(config), "Config")
-    params = list(inspect.signature(type(module)).parameters)
+    params = list(init_parameters(type(module)))  # through decorators (transformers 5.25's use_kernelized_func)
     if to_json is None or config_line is None or params[:1] != ["config"] or not set(params[1:]) <= {"layer_idx"}:
         return None
     layer = f", layer_idx={getattr(module, 'layer_idx', 0) or 0}" if "layer_idx" in params else ""
