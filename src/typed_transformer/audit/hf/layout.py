@@ -22,6 +22,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from ..core.conventions import AuditUsageError
+from ..modules.repro import init_parameters  # constructors read through decorators
 
 _Q = ("q_proj", "query", "q", "q_lin", "to_q", "query_proj", "linear_q", "project_q", "Wq")
 _K = ("k_proj", "key", "k", "k_lin", "to_k", "key_proj", "linear_k", "project_k", "Wk")
@@ -635,21 +636,6 @@ def _probe_copy(module: nn.Module, layout: Layout, dtype: torch.dtype = torch.fl
 # ----------------------------------------------------------------------------------------------------
 # constructors: what a class's __init__ takes, read through decorators
 # ----------------------------------------------------------------------------------------------------
-
-
-def init_parameters(cls: type) -> dict[str, inspect.Parameter]:
-    """The parameters of ``cls.__init__`` after ``self``, read through decorators: ``inspect.unwrap``, or, for a
-    wrapper that keeps no ``__wrapped__`` (``(*args, **kwargs)`` only), the ``__init__`` in its closure."""
-    init: Any = inspect.unwrap(cls.__init__)  # type: ignore[misc]
-    params = dict(inspect.signature(init).parameters)
-    if all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for n, p in params.items() if n != "self"):
-        for cell in getattr(init, "__closure__", None) or ():
-            inner = cell.cell_contents
-            if inspect.isfunction(inner) and inner.__name__ == "__init__":
-                params = dict(inspect.signature(inspect.unwrap(inner)).parameters)
-                break
-    params.pop("self", None)
-    return params
 
 
 def config_from_configuration_module(cls: type, module_name: str) -> type | None:

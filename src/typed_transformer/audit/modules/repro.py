@@ -1,12 +1,13 @@
 """A module's repro: the code that rebuilds a failing module and its weights."""
 
+import inspect
 import json
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..core.examples import import_line
-from ..hf.layout import init_parameters
 from .spec import REBUILDS, ModuleSpec
 
 
@@ -15,6 +16,21 @@ def _rebuild(spec: ModuleSpec) -> str | None:
         return REBUILDS.get(spec)
     except TypeError:  # a spec with an unhashable field is in no registry
         return None
+
+
+def init_parameters(cls: type) -> dict[str, inspect.Parameter]:
+    """The parameters of ``cls.__init__`` after ``self``, read through decorators: ``inspect.unwrap``, or, for a
+    wrapper that keeps no ``__wrapped__`` (``(*args, **kwargs)`` only), the ``__init__`` in its closure."""
+    init: Any = inspect.unwrap(cls.__init__)  # type: ignore[misc]
+    params = dict(inspect.signature(init).parameters)
+    if all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for n, p in params.items() if n != "self"):
+        for cell in getattr(init, "__closure__", None) or ():
+            inner = cell.cell_contents
+            if inspect.isfunction(inner) and inner.__name__ == "__init__":
+                params = dict(inspect.signature(inspect.unwrap(inner)).parameters)
+                break
+    params.pop("self", None)
+    return params
 
 
 def _constructor_lines(module: nn.Module) -> str | None:
