@@ -301,3 +301,37 @@ def sdpa_flash(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = No
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                                                 enable_gqa=enable_gqa)
+
+
+def _multiples_of_8(q: Tensor, v: Tensor) -> None:
+    if q.shape[-1] % 8 or v.shape[-1] % 8:  # flash-attn's forward: head sizes are multiples of 8
+        raise RuntimeError(f"head sizes must be multiples of 8 (got d={q.shape[-1]}, dv={v.shape[-1]})")
+
+
+def half_multiple_of_8(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                       is_causal: bool = False) -> Tensor:
+    """Correct, in float16 and bfloat16 only and for head sizes (d and dv) that are multiples of 8, as flash-attn's
+    forward: it raises for any other; blocks of 16 keys, online softmax, float32 accumulation."""
+    _half_inputs(q)
+    _multiples_of_8(q, v)
+    return tiled_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def half_multiple_of_8_first_dims_only(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                                       is_causal: bool = False) -> Tensor:
+    """Bug: the half-only kernel of multiples of 8 whose ``q . k`` loop over the head size stops after its first
+    tile of 8 (right at d = 8, the least head size it takes; wrong past it)."""
+    _half_inputs(q)
+    _multiples_of_8(q, v)
+    d = q.shape[-1]
+    first = torch.zeros_like(q)
+    first[..., :8] = q[..., :8] * math.sqrt(8 / d)  # the scale of the whole head, on its first tile only
+    return tiled_attention(first[..., :8], k[..., :8], v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def only_head_size_16(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                      is_causal: bool = False) -> Tensor:
+    """Correct, for d = dv = 16 only (a kernel compiled for one head size): it raises for any other."""
+    if q.shape[-1] != 16 or v.shape[-1] != 16:
+        raise ValueError(f"compiled for head size 16 only (got d={q.shape[-1]}, dv={v.shape[-1]})")
+    return tiled_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)

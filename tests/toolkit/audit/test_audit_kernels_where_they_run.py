@@ -91,3 +91,98 @@ def test_the_command_line_audits_the_half_only_kernel_in_float16_and_bfloat16(
     out = capsys.readouterr().out
     assert "dtypes float16, bfloat16" in out.splitlines()[0]
     assert "probe_dtype = 'float16'" in out
+
+
+def test_a_half_only_kernel_of_multiples_of_8_is_inferred_and_audited_inside_its_head_sizes() -> None:
+    """Before: the plainest call (d = 4) was refused in every dtype, one finding, and the audit stopped there."""
+    inference = infer_conventions(kernels.half_multiple_of_8)
+    assert inference.findings == []
+    assert inference.conventions.head_size_multiple == 8
+    assert inference.conventions.head_sizes == (1, 8)  # d = 16 answers too: 8 and 16 are drawn
+    assert inference.evidence["head_size_multiple"].seen == (
+        "h=1, t=3, s=4: every smaller head size is refused in every dtype (d=4: bfloat16 with dv=4 raised "
+        "RuntimeError: head sizes must be multiples of 8 (got d=4, dv=4)); d=8 answers (only multiples of 8 are "
+        "drawn)")
+    assert inference.evidence["probe_dtype"].value == "float16"
+    assert inference.conventions.scale is None  # 1/sqrt(d), estimated at d = 16 and 32
+    report = audit_attention(kernels.half_multiple_of_8, conventions="infer", seed=0, max_examples=6, budget="ci")
+    assert report.passed, report.table()
+    assert report.dtypes == ["float16", "bfloat16"]
+    assert "head sizes that are not a multiple of 8 (head_size_multiple=8)" in report.untested
+    assert "head_size_multiple = 8: h=1, t=3, s=4: every smaller head size" in report.table()
+
+
+def test_every_example_drawn_for_a_multiple_keeps_it_in_d_and_dv() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from typed_transformer.audit import Conventions
+    from typed_transformer.audit.core.checks import draw_example
+    from typed_transformer.audit.core.functions import FunctionAdapter
+    from typed_transformer.audit.core.running import BUDGETS, Run
+
+    adapter = FunctionAdapter(kernels.half_multiple_of_8, Conventions(head_size_multiple=8), "half_multiple_of_8")
+    seen: set[tuple[int, int]] = set()
+
+    @settings(max_examples=60, database=None, deadline=None)
+    @given(data=st.data(), deep=st.sampled_from([None, "sizes"]))
+    def draw(data: st.DataObject, deep: str | None) -> None:
+        run = Run(adapter, torch.float16, 2.0, budget=BUDGETS["default"], deep=deep)
+        example = draw_example(run, data)
+        assert example.d % 8 == 0 and example.dv % 8 == 0, example
+        seen.add((example.d, example.dv))
+
+    draw()
+    assert {8, 16} <= {d for d, _ in seen}  # the small examples' two sizes
+    assert any(d >= 64 for d, _ in seen)  # and the budget's deep head sizes (64, 80, 96, 128, 256)
+
+
+def test_a_planted_bug_past_the_first_head_tile_is_caught_in_a_kernel_of_multiples_of_8() -> None:
+    report = audit_attention(kernels.half_multiple_of_8_first_dims_only, conventions="infer", seed=0,
+                             max_examples=6, budget="ci")
+    assert report.status("conventions") == "FAIL"
+    assert "is no softmax-weighted mean of the values" in report["conventions"].message
+    assert report.status("reference") == "FAIL"
+    assert report["reference"].counterexample is not None
+    assert report["reference"].counterexample["d"] == 16  # shrunk to the least head size that shows it
+
+
+def test_a_kernel_compiled_for_one_head_size_is_audited_at_that_size_only() -> None:
+    inference = infer_conventions(kernels.only_head_size_16)
+    assert inference.findings == []
+    conv = inference.conventions
+    assert (conv.head_size_multiple, conv.head_sizes, conv.equal_head_sizes) == (16, (16, 16), True)
+    assert inference.evidence["head_sizes"].seen.startswith("h=1, t=3, s=4, d=32 raised ValueError: compiled for "
+                                                             "head size 16 only")
+    assert inference.evidence["scale"].seen.startswith("logit scale 0.25 at d=16, the one head size it takes,")
+    report = audit_attention(kernels.only_head_size_16, conventions="infer", seed=0, max_examples=4,
+                             budget="quick", dtypes=[torch.float64])
+    assert report.passed, report.table()
+    assert {"head sizes outside 16..16 (head_sizes)", "dv != d (equal_head_sizes=True)",
+            "head sizes that are not a multiple of 16 (head_size_multiple=16)"} <= set(report.untested)
+
+
+def test_head_size_multiple_is_a_declaration_with_a_flag() -> None:
+    from typed_transformer.audit import Conventions
+
+    assert "head_size_multiple" not in repr(Conventions())  # the pages' repros read as before
+    assert "head_size_multiple=8" in repr(Conventions(head_size_multiple=8))
+    assert eval(repr(Conventions(head_size_multiple=8)), {"Conventions": Conventions}) == Conventions(
+        head_size_multiple=8)
+    with pytest.raises(ValueError, match="head_size_multiple must be a positive integer; got 0"):
+        Conventions(head_size_multiple=0)
+    assert Conventions(head_size_multiple=8).head_size(4) == 8
+    assert Conventions(head_size_multiple=3, even_head_size=True).head_multiple == 6
+    declared = audit_attention(kernels.half_multiple_of_8, conventions=Conventions(head_size_multiple=8), seed=0,
+                               max_examples=3, budget="quick", checks=["reference"])
+    assert declared.passed, declared.table()
+    refused = audit_attention(kernels.half_multiple_of_8, conventions=Conventions(), seed=0, max_examples=3,
+                              budget="quick", checks=["reference"])
+    assert refused.status("reference") == "FAIL"  # undeclared, every d = 4 call raises
+
+
+def test_the_command_line_takes_head_size_multiple(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", "tests.support.kernels:half_multiple_of_8", "--head-size-multiple", "8", "--budget",
+                 "quick", "--checks", "reference"]) == 0
+    out = capsys.readouterr().out
+    assert "head sizes that are not a multiple of 8 (head_size_multiple=8)" in out

@@ -58,13 +58,17 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
             d_low = max(d_low, min(4, conv.head_sizes[1]))
         if max_head_dim is not None:
             d_high = max_head_dim
+        m = conv.head_multiple
+        if m > 2 and conv.head_sizes == DEFAULT_CONVENTIONS.head_sizes:
+            d_high = max(d_high, 2 * m)  # two head sizes a kernel of multiples takes: m and 2m
         d_high = max(d_high, d_low)
         shape = data.draw(attention_shapes(max_batch=3, max_len=high, min_len=low, max_kv_heads=3,
                                            max_group=2 if conv.supports_gqa else 1, min_head_dim=d_low,
-                                           max_head_dim=d_high, max_value_dim=d_high,
-                                           head_dim_multiple=2 if conv.even_head_size else 1,
+                                           max_head_dim=d_high, max_value_dim=d_high, head_dim_multiple=m,
                                            same_value_dim=conv.equal_head_sizes, same_length=same),
                           label="shape")
+        if conv.head_size_multiple > 1:  # dv too (the strategy narrows d only)
+            shape = dataclasses.replace(shape, dv=conv.head_size(shape.dv))
         widths = None
     shape = dataclasses.replace(shape, **deep)
     if a.fixed is None:
@@ -104,8 +108,9 @@ def deep_sizes(run: Run, data: st.DataObject, *, same: bool, min_len: int, max_l
     """The sizes that replace the small example's on one axis, from the budget's deep lists: key and query
     lengths across the tiles (``run.deep == "lengths"``), or (``"sizes"``) a head size kernels specialise or a
     batch and head count above 4 (lengths stay small). Only what the candidate supports: declared ``lengths``,
-    ``head_sizes``, ``even_head_size`` and a module's fixed sizes narrow the lists (the check's own ``max_len``
-    too: rope stays at 16); with nothing left, none. Every list shrinks to its first (smallest) element."""
+    ``head_sizes``, ``even_head_size``, ``head_size_multiple`` and a module's fixed sizes narrow the lists (the
+    check's own ``max_len`` too: rope stays at 16); with nothing left, none.
+    Every list shrinks to its first (smallest) element."""
     a, conv, budget = run.adapter, run.adapter.conventions, run.budget
     declared_len = conv.lengths != DEFAULT_CONVENTIONS.lengths
     high = conv.lengths[1] if declared_len else math.inf
@@ -118,7 +123,7 @@ def deep_sizes(run: Run, data: st.DataObject, *, same: bool, min_len: int, max_l
     if a.fixed is None:
         d_low, d_high = conv.head_sizes if conv.head_sizes != DEFAULT_CONVENTIONS.head_sizes else (1, math.inf)
         head_sizes = [d for d in budget.head_sizes if max(d_low, min_head_dim or 1) <= d <= d_high
-                      and not (conv.even_head_size and d % 2)]
+                      and d % conv.head_multiple == 0]
     widest = run.deep in ("widest", "longest")  # one example at each list's largest: the lists reversed
     if widest:
         lengths, head_sizes = lengths[::-1], head_sizes[::-1]

@@ -1,6 +1,7 @@
 """The conventions an attention implementation may choose where the paper is silent, and the type aliases every part
 of the audit shares."""
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Literal, TypeAlias
 
@@ -50,10 +51,11 @@ class Conventions:
 
     Declarations that narrow what the audit draws (each listed in the report under "not tested"):
     ``self_attention`` (t = s; a module gets one input), ``equal_head_sizes`` (dv = d), ``even_head_size``,
-    ``head_sizes`` and ``lengths`` (inclusive ranges), ``mask_kind="additive"`` (masks passed as float
-    0/-inf), ``per_head_masks=False`` (only ``(b, 1, t, s)`` masks), ``mask_with_causal=False`` (never both
-    ``attn_mask`` and ``is_causal``). ``grouping`` is how query heads map onto key/value heads: ``"g r"``
-    (head ``i`` uses kv head ``i // r``, torch's) or ``"r g"`` (``i % g``). ``decode_sees_all``: with
+    ``head_size_multiple`` (d and dv multiples of it: a half-precision kernel's 8), ``head_sizes`` and ``lengths``
+    (inclusive ranges), ``mask_kind="additive"`` (masks passed as float 0/-inf), ``per_head_masks=False`` (only
+    ``(b, 1, t, s)`` masks), ``mask_with_causal=False`` (never both ``attn_mask`` and ``is_causal``). ``grouping``
+    is how query heads map onto key/value heads: ``"g r"`` (head ``i`` uses kv head ``i // r``, torch's) or
+    ``"r g"`` (``i % g``). ``decode_sees_all``: with
     ``is_causal`` a single query (t = 1) sees every key, whatever ``causal_alignment`` says. ``always_causal``:
     the candidate applies its causal mask whatever it is told (nanoGPT's attention): it is audited on causal
     examples only, every reference is causal. ``enable_gqa``: the candidate takes fewer key/value heads only when
@@ -88,6 +90,9 @@ class Conventions:
     equal_head_sizes: bool = field(default=False, metadata={"help": "the candidate needs dv = d", "store": True})
     even_head_size: bool = field(default=False, metadata={
         "help": "the candidate needs an even head size", "store": True})
+    head_size_multiple: int = field(default=1, metadata={
+        "help": "the candidate needs head sizes (d and dv) that are a multiple of N (half-precision kernels: 8)",
+        "range": (1, 256), "metavar": "N"})
     head_sizes: tuple[int, int] = (1, 8)
     lengths: tuple[int, int] = (1, 6)
     grouping: Literal["g r", "r g"] = field(default="g r", metadata={
@@ -109,10 +114,11 @@ class Conventions:
 
     def __repr__(self) -> str:
         """The dataclass's repr (an expression that rebuilds the conventions, as repros print it), with
-        ``half_precision`` shown only when it is not the default: the repros on the pages predate the field and read
-        the same."""
+        ``half_precision`` and ``head_size_multiple`` shown only when they are not the default: the repros on the
+        pages predate the fields and read the same."""
         shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
-                 if f.name != "half_precision" or self.half_precision != "float32"]
+                 if not (f.name == "half_precision" and self.half_precision == "float32")
+                 and not (f.name == "head_size_multiple" and self.head_size_multiple == 1)]
         return f"Conventions({', '.join(shown)})"
 
     def __post_init__(self) -> None:
@@ -132,6 +138,20 @@ class Conventions:
                              "than query heads; declare supports_gqa=True too (or Conventions.torch_sdpa(gqa=True))")
         if self.even_head_size and self.head_sizes[1] < 2:
             raise ValueError("Conventions: even_head_size needs head_sizes up to at least 2")
+        if not isinstance(self.head_size_multiple, int) or self.head_size_multiple < 1:
+            raise ValueError(f"Conventions: head_size_multiple must be a positive integer; got "
+                             f"{self.head_size_multiple!r}")
+
+    @property
+    def head_multiple(self) -> int:
+        """What every drawn head size is a multiple of: ``head_size_multiple``, doubled where ``even_head_size``
+        asks for an even size it does not already give."""
+        return math.lcm(self.head_size_multiple, 2 if self.even_head_size else 1)
+
+    def head_size(self, d: int) -> int:
+        """``d`` rounded up to the nearest head size the candidate takes (:attr:`head_multiple`)."""
+        m = self.head_multiple
+        return max(m, -(-d // m) * m)
 
     @classmethod
     def typed_transformer(cls) -> "Conventions":
@@ -155,6 +175,9 @@ class Conventions:
             notes.append("dv != d (equal_head_sizes=True)")
         if self.even_head_size:
             notes.append("odd head sizes (even_head_size=True)")
+        if self.head_size_multiple > 1:
+            notes.append(f"head sizes that are not a multiple of {self.head_size_multiple} "
+                         f"(head_size_multiple={self.head_size_multiple})")
         if self.head_sizes != (1, 8):
             notes.append(f"head sizes outside {self.head_sizes[0]}..{self.head_sizes[1]} (head_sizes)")
         if self.lengths != (1, 6):

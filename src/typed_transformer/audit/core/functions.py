@@ -409,16 +409,17 @@ def default_dtypes(adapter: Adapter, budget: Budget) -> tuple[list[torch.dtype],
     """The dtypes a function accepts of float32, float64, float16 and bfloat16 (half precision where the budget's
     ``half_precision`` says so, or where the function refuses both float32 and float64: a half-only kernel is
     audited in its own dtypes): each is probed once (one call on a 2-query, 3-key example with dv = d; it must
-    return a tensor without raising). Modules are audited in float32 and float64 only: their reference runs on
-    weights rounded to the dtype, which the half-precision rule (inputs rounded, computed in float32) does not
-    model. Returns the dtypes and a "not tested" note per dtype left out."""
+    return a tensor without raising; d = 4, or the least head size it takes). Modules are audited in float32 and
+    float64 only: their reference runs on weights rounded to the dtype, which the half-precision rule (inputs
+    rounded, computed in float32) does not model. Returns the dtypes and a "not tested" note per dtype left out."""
     if adapter.kind != "function":
         if not budget.half_precision:
             return [torch.float32, torch.float64], [
                 f"float16 and bfloat16 (budget={budget.name!r}; dtypes= audits them)"]
         return [torch.float32, torch.float64], [
             "float16 and bfloat16 (a module is audited in float32 and float64 unless dtypes= says)"]
-    probe = Example(b=1, h=1, g=1, t=2, s=3, d=4, dv=4, seed=0)
+    d = adapter.conventions.head_size(4)
+    probe = Example(b=1, h=1, g=1, t=2, s=3, d=d, dv=d, seed=0)
     accepted: list[torch.dtype] = []
     refused: dict[torch.dtype, str] = {}
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):

@@ -126,6 +126,8 @@ class _Prober:
                 b: int = 1, keep: Tensor | None = None, is_causal: bool = False, offset: int = 0) -> Example:
         fixed = self.adapter.fixed
         if fixed is None:
+            if self.conv.head_size_multiple > 1:  # the candidate takes multiples of it only (see _accepted)
+                d, dv = self.conv.head_size(d), None if dv is None else self.conv.head_size(dv)
             if self.conv.equal_head_sizes:  # the candidate refuses dv != d (see _accepted)
                 dv = d
             return Example(b=b, h=h, g=h if g is None else g, t=t, s=s, d=d, dv=d if dv is None else dv,
@@ -255,7 +257,7 @@ def _estimate_scale(p: _Prober, d: int, h: int, s: int = 2) -> tuple[float | Non
     ``w`` are recovered from ``out = w @ v``), fitted as ``log w_j = scale * (q . k_j) + c`` on the inputs as the
     candidate receives them (rounded to the probes' dtype); None when the output is no softmax-weighted mean of
     the values."""
-    dv = d if p.conv.equal_head_sizes or p.dtype in ("float16", "bfloat16") else s
+    dv = d if p.conv.equal_head_sizes or p.dtype in ("float16", "bfloat16") or p.conv.head_size_multiple > 1 else s
     rtol = _SCALE_RTOL[p.dtype]
     for offset in range(40):  # logits about 1 apart (amplitude d^-1/4), well-conditioned values
         example = dataclasses.replace(p.example(t=s, s=s, h=h, d=d, dv=dv, offset=offset), amplitude=d ** -0.25)
@@ -301,18 +303,48 @@ _SCALE_PROBES_DV_D = ((4, 4), (8, 4), (4, 3))
 _SCALE_PROBES_HALF = ((16, 4), (32, 4), (16, 3))
 
 
+#: the head sizes a candidate that refuses d = 4 is probed at, smallest first: the least that answers is the multiple
+#: every drawn head size keeps (half-precision kernels: 8; some Triton kernels: 16 or more)
+_MULTIPLE_PROBES = (8, 16, 32, 64)
+
+
 def _accepted(p: _Prober) -> bool:
-    """The probes' dtype and ``equal_head_sizes``: the plainest call (h=1, t=3, s=4, d=4, dv=3, in either layout) in
-    float64, else float32, float16 and bfloat16, each with dv = d when dv = 3 is refused. The first dtype that
-    gives a tensor of the call's shape decides both; each refusal is named in the evidence. False (a finding) when
-    every dtype is refused."""
+    """The probes' dtype, ``equal_head_sizes`` and ``head_size_multiple``: the plainest call (h=1, t=3, s=4, d=4,
+    dv=3, in either layout) in float64, else float32, float16 and bfloat16, each with dv = d when dv = 3 is
+    refused. The first dtype that gives a tensor of the call's shape decides both. Where every dtype refuses d = 4,
+    the same at d = 8, 16, 32, 64 (dv = 2d, else dv = d): the least that answers is the multiple every head size
+    drawn keeps, and a refused 2d keeps the head size at d. Each refusal is named in the evidence. False (a finding)
+    when every dtype refuses every head size."""
     refusals: list[str] = []
-    unequal = ""
+    last: dict[int, str] = {}  # each head size's refusal in the last dtype probed
+    declared, first = p.conv.head_size_multiple, p.conv.head_size(4)  # d = 4, or a declared multiple's least
+    for d in (first, *(m for m in _MULTIPLE_PROBES if m > first)):
+        if d != first:
+            p.conv = dataclasses.replace(p.conv, head_size_multiple=d)
+        if _accepted_at(p, d, refusals):
+            if d != first:
+                p.decide("head_size_multiple", d, f"h=1, t=3, s=4: every smaller head size is refused in every "
+                         f"dtype ({'; '.join(f'd={n}: {why}' for n, why in last.items())}); d={d} answers (only "
+                         f"multiples of {d} are drawn)", p.conv, p.example(t=3, s=4, h=1, d=d))
+                _widest(p, d)
+            return True
+        last[d] = refusals[-1]
+    p.dtype = "float64"
+    p.conv = dataclasses.replace(p.conv, head_size_multiple=declared)
+    p.find("reference", f"the plainest call (h=1, t=3, s=4, d={first}, dv=3 or 4, and d = dv up to 64) is refused "
+           f"in every dtype: {'; '.join(refusals)}")
+    return False
+
+
+def _accepted_at(p: _Prober, d: int, refusals: list[str]) -> bool:
+    """The plainest call at head size ``d`` in each dtype, with dv != d (3, or 2d for a multiple), else dv = d: True
+    (and the dtype and ``equal_head_sizes`` decided) at the first that answers with a tensor of the call's shape."""
+    unequal, first = "", len(refusals)
     for dtype in _PROBE_DTYPES:
         p.dtype = dtype
-        for dv in (3, 4):
-            conv = dataclasses.replace(p.conv, equal_head_sizes=dv == 4)
-            example = dataclasses.replace(p.example(t=3, s=4, h=1, d=4, dv=dv), dtype=dtype)
+        for dv in ((3, 4) if d == 4 else (2 * d, d)):
+            conv = dataclasses.replace(p.conv, equal_head_sizes=dv == d)
+            example = dataclasses.replace(p.example(t=3, s=4, h=1, d=d, dv=dv), dtype=dtype)
             outs = []
             for layout in ("bhtd", "bthd"):
                 out = p.call(dataclasses.replace(conv, layout=layout), example)
@@ -320,19 +352,26 @@ def _accepted(p: _Prober) -> bool:
                 if isinstance(out, Tensor) and tuple(out.shape) == (1, 1, 3, dv):
                     break
             else:
-                refusals.append(f"{dtype} with dv={dv} {_describe(outs[0])}")
+                refusals.append(f"{dtype} with {'' if d == 4 else f'd={d}, '}dv={dv} {_describe(outs[0])}")
                 unequal = _describe(outs[0])
                 continue
             if dtype != "float64":
-                p.decide("probe_dtype", dtype, f"probed in {dtype}: {'; '.join(r for r in refusals if 'dv=3' in r)}")
-            if dv == 4:
-                p.decide("equal_head_sizes", True, f"h=1, t=3, s=4, d=4: dv=3 {unequal}; dv=4 answers (only "
-                         f"dv = d is drawn)", conv, example)
+                p.decide("probe_dtype", dtype, f"probed in {dtype}: "
+                         f"{'; '.join(r for r in refusals[first:] if f'dv={d}' not in r)}")
+            if dv == d:
+                p.decide("equal_head_sizes", True, f"h=1, t=3, s=4, d={d}: dv={2 * d if d > 4 else 3} {unequal}; "
+                         f"dv={d} answers (only dv = d is drawn)", conv, example)
             return True
-    p.dtype = "float64"
-    p.find("reference", f"the plainest call (h=1, t=3, s=4, d=4, dv=3 or 4) is refused in every dtype: "
-           f"{'; '.join(refusals)}")
     return False
+
+
+def _widest(p: _Prober, d: int) -> None:
+    """``head_sizes`` kept at ``(d, d)`` when the candidate that takes head size ``d`` refuses ``2 d``."""
+    wide = p.example(t=3, s=4, h=1, d=2 * d)
+    out = p.call(p.conv, wide)
+    if not (isinstance(out, Tensor) and tuple(out.shape) == (1, 1, 3, wide.dv)):
+        p.decide("head_sizes", (d, d), f"h=1, t=3, s=4, d={2 * d} {_describe(out)}; d={d} answers (only d={d} is "
+                 f"drawn)", p.conv, wide)
 
 
 def _autograd(p: _Prober) -> None:
@@ -379,6 +418,11 @@ def _scale(p: _Prober) -> bool:
     failure: tuple[str, Example, Tensor | Exception] | None = None
     probes = (_SCALE_PROBES_HALF if p.dtype in ("float16", "bfloat16")
               else _SCALE_PROBES_DV_D if p.conv.equal_head_sizes else _SCALE_PROBES)
+    if p.conv.head_size_multiple > 1:  # two head sizes it takes (one, where it takes one), the smaller at two lengths
+        low = p.conv.head_size(16 if p.dtype in ("float16", "bfloat16") else 8)
+        only = p.conv.head_sizes[0] == p.conv.head_sizes[1] >= p.conv.head_size_multiple
+        low = p.conv.head_sizes[0] if only else low
+        probes = ((low, 4), (low if only else 2 * low, 4), (low, 3))
     for layout in ("bhtd", "bthd"):
         p.conv = dataclasses.replace(p.conv, layout=layout)
         estimates = {}
@@ -388,7 +432,7 @@ def _scale(p: _Prober) -> bool:
                 failure = failure or (layout, example, out)
                 break
             estimates[d, s] = (value, example)
-        if len(estimates) == len(probes):
+        if len(estimates) == len(set(probes)):
             break
     else:
         assert failure is not None
@@ -407,8 +451,9 @@ def _scale(p: _Prober) -> bool:
     (s2, _), (s8, e8), (s27, e27) = estimates[da, sa], estimates[db, sa], estimates[da, sc]
     close = p.close
     if close(s2, 1 / math.sqrt(da)) and close(s8, 1 / math.sqrt(db)) and close(s27, 1 / math.sqrt(da)):
-        p.decide("scale", None, f"logit scale {s2:.4g} at d={da} and {s8:.4g} at d={db} (s={sa}), {s27:.4g} at "
-                 f"s={sc} (d={da}): 1/sqrt(d)", p.conv, e8)
+        sizes = f"d={da}, the one head size it takes," if da == db else f"d={da} and {s8:.4g} at d={db}"
+        p.decide("scale", None, f"logit scale {s2:.4g} at {sizes} (s={sa}), {s27:.4g} at s={sc} (d={da}): "
+                 f"1/sqrt(d)", p.conv, e8)
     elif not close(s2, s27):
         named = (": 1/sqrt(s), the key length where the paper has the head size d"
                  if close(s2, 1 / math.sqrt(sa)) and close(s27, 1 / math.sqrt(sc)) else "")
@@ -757,7 +802,8 @@ def _mask_with_causal(p: _Prober) -> None:
         if isinstance(out, Exception) or not p.matches(out, p.reference(conv, example)):
             break
     if isinstance(out, Exception):
-        p.decide("mask_with_causal", False, f"attn_mask with is_causal=True (d=4, dv={example.dv}) {_describe(out)}",
+        p.decide("mask_with_causal", False, f"attn_mask with is_causal=True (d={example.d}, dv={example.dv}) "
+                 f"{_describe(out)}",
                  conv, example)
     elif p.matches(out, p.reference(conv, example)):
         p.decide("mask_with_causal", True, "attn_mask with is_causal=True: both apply", conv, example)
@@ -868,6 +914,8 @@ def _narrowing(declared: Conventions, name: str, said: Any, seen: Any) -> bool:
         return said is False
     if name == "equal_head_sizes":
         return said is True
+    if name == "head_size_multiple":  # multiples of 16 are multiples of 8
+        return bool(said % seen == 0)
     narrowing = {"grouping": not declared.supports_gqa, "enable_gqa": not declared.supports_gqa,
                  "mask_kind": said == "additive",
                  "mask_polarity": declared.mask_kind == "additive" or not declared.supports_mask,
