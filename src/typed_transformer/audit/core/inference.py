@@ -339,7 +339,7 @@ def _accepted(p: _Prober) -> bool:
 def _accepted_at(p: _Prober, d: int, refusals: list[str]) -> bool:
     """The plainest call at head size ``d`` in each dtype, with dv != d (3, or 2d for a multiple), else dv = d: True
     (and the dtype and ``equal_head_sizes`` decided) at the first that answers with a tensor of the call's shape."""
-    unequal, first = "", len(refusals)
+    unequal, other = "", []  # the last dv != d refusal; each dtype's refusal with dv != d
     for dtype in _PROBE_DTYPES:
         p.dtype = dtype
         for dv in ((3, 4) if d == 4 else (2 * d, d)):
@@ -353,11 +353,12 @@ def _accepted_at(p: _Prober, d: int, refusals: list[str]) -> bool:
                     break
             else:
                 refusals.append(f"{dtype} with {'' if d == 4 else f'd={d}, '}dv={dv} {_describe(outs[0])}")
-                unequal = _describe(outs[0])
+                if dv != d:
+                    unequal = _describe(outs[0])
+                    other.append(refusals[-1])
                 continue
             if dtype != "float64":
-                p.decide("probe_dtype", dtype, f"probed in {dtype}: "
-                         f"{'; '.join(r for r in refusals[first:] if f'dv={d}' not in r)}")
+                p.decide("probe_dtype", dtype, f"probed in {dtype}: {'; '.join(other)}")
             if dv == d:
                 p.decide("equal_head_sizes", True, f"h=1, t=3, s=4, d={d}: dv={2 * d if d > 4 else 3} {unequal}; "
                          f"dv={d} answers (only dv = d is drawn)", conv, example)
