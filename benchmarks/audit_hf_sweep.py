@@ -139,9 +139,11 @@ def _import_failure(model: str, err: BaseException) -> str:
 
 
 def _fingerprint(cls: type) -> str:
+    from typed_transformer.audit.modules.repro import original_init
+
     try:
         code: Any = cls
-        source = inspect.getsource(code.forward) + inspect.getsource(code.__init__)
+        source = inspect.getsource(code.forward) + inspect.getsource(original_init(code))  # through decorators
     except (OSError, TypeError):
         source = cls.__qualname__
     body = "\n".join(line for line in source.splitlines()[1:] if line.strip())

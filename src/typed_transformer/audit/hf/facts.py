@@ -86,7 +86,8 @@ def _rotate_source(module: nn.Module) -> str:
     # the apply function the class's forward calls (a vision encoder's apply_rotary_pos_emb_vision)
     called = re.search(r"\b(apply_rotary_pos_emb\w*)\(", _source(type(module).forward))
     try:
-        apply = inspect.getsource(getattr(modeling, called.group(1) if called else "apply_rotary_pos_emb"))
+        apply = inspect.getsource(_unkernelized(getattr(modeling, called.group(1) if called else
+                                                        "apply_rotary_pos_emb")))
     except (AttributeError, OSError, TypeError):
         apply = "rotate_half("
     # gpt-oss: _apply_rotary_emb; GPT-J and CodeGen on transformers 5.0: rotate_every_two; Inkling 2's vision tower
@@ -129,14 +130,18 @@ def _decodes(core: Any) -> bool:
     the bias of a key after the query differs from the one before, and decoding sees only keys before), nor an
     encoder's attention that takes a cache argument it was never built for (Dots3Note's audio attention updates the
     cache at ``self.layer_idx``, which its constructor never sets: its model never passes one), nor a class that
-    never writes its cache (``.update(``)."""
+    never writes its cache (``.update(``), nor one that reads its cache layer before writing it (PI0.5's action
+    expert: ``cache.layers[self.layer_idx].keys.device``, a layer its model's VLM prefix fills first; an empty
+    cache raises)."""
     unbuilt = "self.layer_idx" in _source(type(core).forward) and not hasattr(core, "layer_idx")
     methods = (getattr(type(core), n) for n in dir(type(core)) if not n.startswith("__"))
     own = "".join(_source(f) for f in methods if inspect.isfunction(f) and f.__module__.startswith("transformers."))
     # a cache the class only reads (DiffusionGemma's decoder: its encoder fills it, append_to_cache never writes)
     writes = ".update(" in own + _source(type(core).forward) + _library_source(core)
-    return writes and not unbuilt and not (isinstance(getattr(core, "relative_attention_bias", None), nn.Module)
-                                           and not getattr(core, "is_decoder", False))
+    prefilled = "cache.layers[self.layer_idx].keys" in _source(type(core).forward)
+    t5_encoder = isinstance(getattr(core, "relative_attention_bias", None), nn.Module) and not getattr(
+        core, "is_decoder", False)
+    return writes and not unbuilt and not prefilled and not t5_encoder
 
 
 def _rotary_fraction(module: nn.Module) -> float:
@@ -231,9 +236,20 @@ def _v_norm(core: nn.Module, prefix: str) -> str | None:
     return prefix + "v_norm" if isinstance(norm, nn.Module) and not isinstance(norm, nn.Identity) and applied else None
 
 
+def _unkernelized(obj: Any) -> Any:
+    """``obj``, or the function a decorator made a module of: the ``kernels`` package's
+    ``use_kernel_forward_from_hub`` turns a function into an instance of a ``Func`` module whose ``forward`` calls it
+    from its closure (transformers 5.25 does so to ``apply_rotary_pos_emb`` in 118 modeling modules)."""
+    if inspect.isfunction(obj) or not isinstance(obj, nn.Module):
+        return obj
+    inner = [cell.cell_contents for cell in getattr(type(obj).forward, "__closure__", None) or ()
+             if inspect.isfunction(cell.cell_contents)]
+    return inner[0] if len(inner) == 1 else obj
+
+
 def _source(obj: Any) -> str:
     try:
-        return inspect.getsource(obj)
+        return inspect.getsource(_unkernelized(obj))
     except (OSError, TypeError):
         return ""
 

@@ -18,17 +18,23 @@ def _rebuild(spec: ModuleSpec) -> str | None:
         return None
 
 
-def init_parameters(cls: type) -> dict[str, inspect.Parameter]:
-    """The parameters of ``cls.__init__`` after ``self``, read through decorators: ``inspect.unwrap``, or, for a
-    wrapper that keeps no ``__wrapped__`` (``(*args, **kwargs)`` only), the ``__init__`` in its closure."""
+def original_init(cls: type) -> Any:
+    """``cls.__init__`` read through decorators: ``inspect.unwrap``, or, for a wrapper that keeps no
+    ``__wrapped__`` (``(*args, **kwargs)`` only: the ``kernels`` package's ``use_kernelized_func``, which
+    transformers puts on attention classes from 5.25), the ``__init__`` in its closure."""
     init: Any = inspect.unwrap(cls.__init__)  # type: ignore[misc]
-    params = dict(inspect.signature(init).parameters)
+    params = inspect.signature(init).parameters
     if all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for n, p in params.items() if n != "self"):
         for cell in getattr(init, "__closure__", None) or ():
             inner = cell.cell_contents
             if inspect.isfunction(inner) and inner.__name__ == "__init__":
-                params = dict(inspect.signature(inspect.unwrap(inner)).parameters)
-                break
+                return inspect.unwrap(inner)
+    return init
+
+
+def init_parameters(cls: type) -> dict[str, inspect.Parameter]:
+    """The parameters of ``cls.__init__`` after ``self``, read through decorators (:func:`original_init`)."""
+    params = dict(inspect.signature(original_init(cls)).parameters)
     params.pop("self", None)
     return params
 

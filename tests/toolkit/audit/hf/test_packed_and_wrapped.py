@@ -4,6 +4,7 @@ projections wrapped in a module of their own, and Pix2Struct's T5-like text atte
 form failing."""
 
 import importlib
+import inspect
 from typing import Any, Literal
 
 import pytest
@@ -188,6 +189,31 @@ def test_an_encoder_that_takes_a_cache_it_was_never_built_for_is_not_decoded() -
                                            {"num_key_value_heads": 4}), 0)
     spec = hf_spec(module)
     assert spec.decode is None
+    assert audit_module(module, spec, conventions="infer", **QUICK).passed
+
+
+def test_an_expert_whose_cache_another_layer_fills_first_is_not_decoded() -> None:
+    """PI0.5's action expert reads ``cache.layers[self.layer_idx].keys.device`` before it writes the layer (its VLM
+    prefix fills it first): an empty cache raises AttributeError, which is no bug of the class."""
+    module = randomize_parameters(hf_build(_class("pi05", "PI05Attention")), 0)
+    spec = hf_spec(module)
+    assert spec.decode is None
+    assert audit_module(module, spec, conventions="infer", **QUICK).passed
+
+
+def test_a_rotary_apply_the_kernels_package_made_a_module_is_read_through() -> None:
+    """transformers 5.25 decorates ``apply_rotary_pos_emb`` with ``use_kernel_forward_from_hub``, which makes it a
+    module instance without source; OpenAI's privacy filter's calls ``_apply_rotary_emb``, which turns interleaved
+    pairs (read as half pairs, it failed every check)."""
+    from typed_transformer.audit.hf.facts import _unkernelized
+
+    modeling = importlib.import_module("transformers.models.openai_privacy_filter.modeling_openai_privacy_filter")
+    assert inspect.isfunction(_unkernelized(modeling.apply_rotary_pos_emb))
+    assert _unkernelized(modeling.apply_rotary_pos_emb).__name__ == "apply_rotary_pos_emb"
+    module = randomize_parameters(hf_build(_class("openai_privacy_filter", "OpenAIPrivacyFilterAttention")), 0)
+    spec = hf_spec(module)
+    assert spec.rotary is not None
+    assert spec.rotary.style == "interleaved"
     assert audit_module(module, spec, conventions="infer", **QUICK).passed
 
 
