@@ -71,6 +71,11 @@ ENTRIES = [
     Entry(kernels.half_only_causal_off_by_one, "A half-only kernel whose causal mask sees one key too many",
           dtypes="float16, bfloat16"),
     Entry(kernels.sdpa_flash, "torch's CPU flash backend: dv = d only, causal top-left", passes=True, code=3),
+    Entry(kernels.half_multiple_of_8, "A correct kernel of half precision and head sizes in multiples of 8 only",
+          passes=True, code=0, dtypes="float16, bfloat16"),
+    Entry(kernels.half_multiple_of_8_first_dims_only,
+          "The same kernel, its q . k loop stopped after the first tile of 8 head dimensions",
+          dtypes="float16, bfloat16"),
 ]
 
 

@@ -186,3 +186,37 @@ def test_the_command_line_takes_head_size_multiple(capsys: pytest.CaptureFixture
                  "quick", "--checks", "reference"]) == 0
     out = capsys.readouterr().out
     assert "head sizes that are not a multiple of 8 (head_size_multiple=8)" in out
+
+
+def test_a_kernel_of_at_most_64_keys_is_audited_up_to_its_maximum() -> None:
+    """Before: the deep examples past 64 keys raised, and every check that drew one FAILed as "candidate raised"."""
+    inference = infer_conventions(kernels.at_most_64_keys)
+    assert inference.findings == []
+    assert inference.conventions.max_length == 64
+    assert inference.evidence["max_length"].seen == (
+        "h=1, t=s=129 (the longest the audit draws) raised ValueError: sequences of at most 64 are supported (got "
+        "t=129, s=129); t=s=64 answers and 65 raises (lengths up to 64 are drawn)")
+    assert infer_conventions(kernels.at_most_64_keys, budget="quick").conventions.max_length is None  # never drawn
+    report = audit_attention(kernels.at_most_64_keys, conventions="infer", seed=0, max_examples=6, budget="ci",
+                             dtypes=[torch.float32])
+    assert report.passed, report.table()
+    assert "query and key lengths past 64 (max_length=64)" in report.untested
+
+
+def test_a_wrong_output_at_a_long_length_is_no_maximum() -> None:
+    """Only a raise is a refusal: a kernel wrong past 16 keys is for the checks (it FAILs them), not a constraint."""
+    assert infer_conventions(kernels.tiled_16_no_rescale).conventions.max_length is None
+    assert infer_conventions(kernels.tiled_attention).conventions.max_length is None
+
+
+def test_max_length_is_a_declaration_with_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from typed_transformer.audit import Conventions
+
+    assert "max_length" not in repr(Conventions())
+    with pytest.raises(ValueError, match="max_length must be a positive integer or None; got 0"):
+        Conventions(max_length=0)
+    assert main(["audit", "tests.support.kernels:at_most_64_keys", "--max-length", "64", "--budget", "ci",
+                 "--checks", "reference", "--dtypes", "float32"]) == 0
+    assert "query and key lengths past 64 (max_length=64)" in capsys.readouterr().out
+    assert main(["audit", "tests.support.kernels:at_most_64_keys", "--budget", "ci", "--checks", "reference",
+                 "--dtypes", "float32"]) == 1  # undeclared: the deep examples at 65 keys raise

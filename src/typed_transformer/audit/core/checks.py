@@ -36,8 +36,9 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
     low, high = conv.lengths
     if max_len is not None and conv.lengths == DEFAULT_CONVENTIONS.lengths:
         high = max_len  # the default range may grow; a declared one is kept
-    if a.longest is not None:
-        high = min(high, a.longest)
+    for longest in (a.longest, conv.max_length):
+        if longest is not None:
+            high = min(high, longest)
     low = min(max(low, min_len or low), high)
     tied = a.fixed is not None and bool(a.fixed.get("tied", 0))
     same = conv.self_attention or tied
@@ -108,16 +109,17 @@ def deep_sizes(run: Run, data: st.DataObject, *, same: bool, min_len: int, max_l
     """The sizes that replace the small example's on one axis, from the budget's deep lists: key and query
     lengths across the tiles (``run.deep == "lengths"``), or (``"sizes"``) a head size kernels specialise or a
     batch and head count above 4 (lengths stay small). Only what the candidate supports: declared ``lengths``,
-    ``head_sizes``, ``even_head_size``, ``head_size_multiple`` and a module's fixed sizes narrow the lists (the
-    check's own ``max_len`` too: rope stays at 16); with nothing left, none.
+    ``head_sizes``, ``even_head_size``, ``head_size_multiple``, ``max_length`` and a module's fixed sizes narrow
+    the lists (the check's own ``max_len`` too: rope stays at 16); with nothing left, none.
     Every list shrinks to its first (smallest) element."""
     a, conv, budget = run.adapter, run.adapter.conventions, run.budget
     declared_len = conv.lengths != DEFAULT_CONVENTIONS.lengths
     high = conv.lengths[1] if declared_len else math.inf
     if max_len is not None:
         high = min(high, max_len)
-    if a.longest is not None:
-        high = min(high, a.longest)
+    for longest in (a.longest, conv.max_length):
+        if longest is not None:
+            high = min(high, longest)
     lengths = [n for n in budget.lengths if min_len <= n <= high]
     head_sizes: list[int] = []
     if a.fixed is None:

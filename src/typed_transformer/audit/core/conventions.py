@@ -52,10 +52,10 @@ class Conventions:
     Declarations that narrow what the audit draws (each listed in the report under "not tested"):
     ``self_attention`` (t = s; a module gets one input), ``equal_head_sizes`` (dv = d), ``even_head_size``,
     ``head_size_multiple`` (d and dv multiples of it: a half-precision kernel's 8), ``head_sizes`` and ``lengths``
-    (inclusive ranges), ``mask_kind="additive"`` (masks passed as float 0/-inf), ``per_head_masks=False`` (only
-    ``(b, 1, t, s)`` masks), ``mask_with_causal=False`` (never both ``attn_mask`` and ``is_causal``). ``grouping``
-    is how query heads map onto key/value heads: ``"g r"`` (head ``i`` uses kv head ``i // r``, torch's) or
-    ``"r g"`` (``i % g``). ``decode_sees_all``: with
+    (inclusive ranges), ``max_length`` (no example longer, the deep ones included), ``mask_kind="additive"`` (masks
+    passed as float 0/-inf), ``per_head_masks=False`` (only ``(b, 1, t, s)`` masks), ``mask_with_causal=False``
+    (never both ``attn_mask`` and ``is_causal``). ``grouping`` is how query heads map onto key/value heads:
+    ``"g r"`` (head ``i`` uses kv head ``i // r``, torch's) or ``"r g"`` (``i % g``). ``decode_sees_all``: with
     ``is_causal`` a single query (t = 1) sees every key, whatever ``causal_alignment`` says. ``always_causal``:
     the candidate applies its causal mask whatever it is told (nanoGPT's attention): it is audited on causal
     examples only, every reference is causal. ``enable_gqa``: the candidate takes fewer key/value heads only when
@@ -95,6 +95,9 @@ class Conventions:
         "range": (1, 256), "metavar": "N"})
     head_sizes: tuple[int, int] = (1, 8)
     lengths: tuple[int, int] = (1, 6)
+    max_length: int | None = field(default=None, metadata={
+        "help": "the longest query and key length the candidate takes (a position table, a kernel built for a "
+                "maximum): no example, small or deep, is longer", "range": (1, 1 << 20), "metavar": "N"})
     grouping: Literal["g r", "r g"] = field(default="g r", metadata={
         "help": "query head i uses kv head i // r ('g r', torch's) or i %% g ('r g')"})
     mask_kind: Literal["bool", "additive"] = field(default="bool", metadata={
@@ -114,11 +117,12 @@ class Conventions:
 
     def __repr__(self) -> str:
         """The dataclass's repr (an expression that rebuilds the conventions, as repros print it), with
-        ``half_precision`` and ``head_size_multiple`` shown only when they are not the default: the repros on the
-        pages predate the fields and read the same."""
+        ``half_precision``, ``head_size_multiple`` and ``max_length`` shown only when they are not the default: the
+        repros on the pages predate the fields and read the same."""
         shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
                  if not (f.name == "half_precision" and self.half_precision == "float32")
-                 and not (f.name == "head_size_multiple" and self.head_size_multiple == 1)]
+                 and not (f.name == "head_size_multiple" and self.head_size_multiple == 1)
+                 and not (f.name == "max_length" and self.max_length is None)]
         return f"Conventions({', '.join(shown)})"
 
     def __post_init__(self) -> None:
@@ -138,6 +142,8 @@ class Conventions:
                              "than query heads; declare supports_gqa=True too (or Conventions.torch_sdpa(gqa=True))")
         if self.even_head_size and self.head_sizes[1] < 2:
             raise ValueError("Conventions: even_head_size needs head_sizes up to at least 2")
+        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 1):
+            raise ValueError(f"Conventions: max_length must be a positive integer or None; got {self.max_length!r}")
         if not isinstance(self.head_size_multiple, int) or self.head_size_multiple < 1:
             raise ValueError(f"Conventions: head_size_multiple must be a positive integer; got "
                              f"{self.head_size_multiple!r}")
@@ -182,6 +188,8 @@ class Conventions:
             notes.append(f"head sizes outside {self.head_sizes[0]}..{self.head_sizes[1]} (head_sizes)")
         if self.lengths != (1, 6):
             notes.append(f"lengths outside {self.lengths[0]}..{self.lengths[1]} (lengths)")
+        if self.max_length is not None:
+            notes.append(f"query and key lengths past {self.max_length} (max_length={self.max_length})")
         if not self.supports_gqa:
             notes.append("grouped-query attention, g < h (supports_gqa=False)")
         if self.mask_kind == "additive":

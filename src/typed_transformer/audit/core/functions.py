@@ -526,7 +526,8 @@ def _audit_attention(candidate: Candidate, conventions: Conventions | Literal["i
     if known is not None and conventions != "infer":
         raise ValueError("known= goes with conventions='infer' (declared conventions already say every field)")
     if conventions == "infer":
-        inference = infer_function_conventions(candidate, seed=seed, name=label, device=device, **(known or {}))
+        inference = infer_function_conventions(candidate, seed=seed, name=label, device=device, budget=budget,
+                                               **(known or {}))
         adapter = FunctionAdapter(candidate, inference.conventions, label, device=device)
         report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
                            tolerance=tolerance, conventions=asdict(inference.conventions), budget=budget)
@@ -536,7 +537,7 @@ def _audit_attention(candidate: Candidate, conventions: Conventions | Literal["i
     report = run_audit(adapter, checks=checks, dtypes=dtypes, max_examples=max_examples, seed=seed,
                        tolerance=tolerance, conventions=asdict(conventions), budget=budget)
     if not report.passed:
-        inferred = infer_function_conventions(candidate, seed=seed, name=label, device=device)
+        inferred = infer_function_conventions(candidate, seed=seed, name=label, device=device, budget=budget)
         report.contradictions = contradictions(conventions, inferred)
     return report
 
@@ -576,7 +577,8 @@ class AuditCase:
                                          threads=None, **options)
             else:
                 device = audit_device(options.get("device"))
-                inference = _inferred(self.candidate, self.known, options.get("seed", 0), options.get("name"), device)
+                inference = _inferred(self.candidate, self.known, options.get("seed", 0), options.get("name"), device,
+                                      options.get("budget", "default"))
                 if self.check == "conventions":
                     report = with_inference(AuditReport(inference.candidate, asdict(inference.conventions), [],
                                                         options.get("seed", 0), 0, [], 0.0, environment(device)),
@@ -603,17 +605,17 @@ class AuditCase:
         return report.results
 
 
-_INFERRED: dict[tuple[int, tuple[tuple[str, Any], ...], int, str | None, str], tuple[Candidate, Inference]] = {}
+_INFERRED: dict[tuple[int, tuple[tuple[str, Any], ...], int, str | None, str, str], tuple[Candidate, Inference]] = {}
 
 
 def _inferred(candidate: Candidate, known: tuple[tuple[str, Any], ...], seed: int, name: str | None,
-              device: torch.device | None = None) -> Inference:
+              device: torch.device | None = None, budget: Budget | str = "default") -> Inference:
     """The conventions inferred for ``candidate`` with ``known``, once per pytest session (every case of a
     candidate shares them; the candidate is held beside its result, so its id is not reused while cached)."""
-    key = (id(candidate), known, seed, name, str(device))
+    key = (id(candidate), known, seed, name, str(device), repr(budget))
     if key not in _INFERRED:
         _INFERRED[key] = (candidate, infer_function_conventions(candidate, seed=seed, name=name, device=device,
-                                                                **dict(known)))
+                                                                budget=budget, **dict(known)))
     return _INFERRED[key][1]
 
 
@@ -650,11 +652,20 @@ def parametrize_audit(candidate: Candidate, *, conventions: Conventions | Litera
     return pytest.mark.parametrize("audit_case", [pytest.param(case, id=case.check) for case in cases])
 
 
+def longest_drawn(budget: Budget | str) -> int | None:
+    """The longest length ``budget`` draws (its deep lengths'), where inference probes ``max_length``; None for a
+    budget of small examples only (the probes' own lengths cover them)."""
+    lengths = resolve_budget(budget).lengths
+    return max(lengths) if lengths else None
+
+
 def infer_function_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
-                               device: torch.device | str | None = None, **options: Any) -> Inference:
+                               device: torch.device | str | None = None, budget: Budget | str = "default",
+                               **options: Any) -> Inference:
     """:func:`~typed_transformer.audit.infer_conventions` for a functional candidate: ``options`` are constraints
     on what is drawn (``self_attention``, ``head_sizes``, ...) and fields the user knows (any field inference
-    decides: checked against the behaviour, see :func:`~typed_transformer.audit.core.inference.with_known`)."""
+    decides: checked against the behaviour, see :func:`~typed_transformer.audit.core.inference.with_known`);
+    ``max_length`` is probed up to the longest length ``budget`` draws."""
     fields = {f.name for f in dataclasses.fields(Conventions)}
     strange = sorted(set(options) - fields)
     if strange:
@@ -665,5 +676,5 @@ def infer_function_conventions(candidate: Callable[..., Any], *, seed: int = 0, 
     check_known(known)
     adapter = FunctionAdapter(candidate, Conventions(**constraints), name or name_of(candidate),
                               device=audit_device(device))
-    inference = infer_adapter(adapter, seed=seed, candidate=candidate)
+    inference = infer_adapter(adapter, seed=seed, candidate=candidate, longest=longest_drawn(budget))
     return with_differences(with_known(inference, known) if known else inference, known)

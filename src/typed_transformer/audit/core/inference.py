@@ -366,6 +366,36 @@ def _accepted_at(p: _Prober, d: int, refusals: list[str]) -> bool:
     return False
 
 
+def _max_length(p: _Prober, longest: int) -> None:
+    """``max_length``: the plainest call (h=1, t = s) at the longest length the audit will draw; where the candidate
+    raises there, the longest length that answers, bisected between 4 (the plainest call's) and it. Only a raise is a
+    refusal: a wrong output at a long length is for the checks to find."""
+    if p.conv.max_length is not None:  # declared
+        return
+    declared = p.conv.lengths != Conventions().lengths
+    top = min(longest, p.conv.lengths[1]) if declared else longest
+    if top <= 4:
+        return
+
+    def refusal(n: int) -> tuple[Example, Exception | None]:
+        example = p.example(t=n, s=n, h=1, offset=11)
+        out = p.call(p.conv, example)
+        return example, out if isinstance(out, Exception) and not isinstance(out, CheckFailure) else None
+
+    _, refused = refusal(top)
+    if refused is None:
+        return
+    low, high = 4, top  # low answers (the plainest call), high raises
+    while high - low > 1:
+        mid = (low + high) // 2
+        if refusal(mid)[1] is None:
+            low = mid
+        else:
+            high = mid
+    p.decide("max_length", low, f"h=1, t=s={top} (the longest the audit draws) {_describe(refused)}; t=s={low} "
+             f"answers and {high} raises (lengths up to {low} are drawn)", p.conv, refusal(low)[0])
+
+
 def _widest(p: _Prober, d: int) -> None:
     """``head_sizes`` kept at ``(d, d)`` when the candidate that takes head size ``d`` refuses ``2 d``."""
     wide = p.example(t=3, s=4, h=1, d=2 * d)
@@ -821,9 +851,10 @@ def _mask_with_causal(p: _Prober) -> None:
 # ----------------------------------------------------------------------------------------------------
 
 
-def infer_adapter(adapter: Adapter, *, seed: int = 0, candidate: Any = None) -> Inference:
+def infer_adapter(adapter: Adapter, *, seed: int = 0, candidate: Any = None, longest: int | None = None) -> Inference:
     """Infer the conventions of ``adapter`` (a function's: every field; a module's: the behavioural ones, the spec
-    says the rest). ``candidate`` (functions) is read for its signature."""
+    says the rest). ``candidate`` (functions) is read for its signature; ``longest`` (functions): the longest
+    length the audit will draw, where ``max_length`` is probed (None: not probed)."""
     import time
 
     start = time.perf_counter()
@@ -839,6 +870,8 @@ def infer_adapter(adapter: Adapter, *, seed: int = 0, candidate: Any = None) -> 
         if go:
             _gqa(p)
             _autograd(p)
+            if longest is not None:
+                _max_length(p, longest)
     else:
         p.conv = dataclasses.replace(original, always_causal=False, decode_sees_all=False, mask_with_causal=True)
         example = p.example(t=p.square, s=p.square)

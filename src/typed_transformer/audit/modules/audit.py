@@ -170,7 +170,8 @@ def _audit_module(module: nn.Module | Callable[[], nn.Module], spec: "ModuleSpec
 
 
 def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str | None = None,
-                      spec: Any = None, device: torch.device | str | None = None, **options: Any) -> Inference:
+                      spec: Any = None, device: torch.device | str | None = None, budget: Budget | str = "default",
+                      **options: Any) -> Inference:
     """Infer what a functional candidate ``candidate(q, k, v, [attn_mask=...], [is_causal=...])`` does: its
     layout, mask kind and polarity, causal alignment and decode rule, whether it is always causal, what a fully
     masked row gives, grouped-query support and grouping, whether a mask may come with ``is_causal``, the logit
@@ -184,6 +185,8 @@ def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str
         name: how the result names the candidate.
         device: where the candidate is called, as in :func:`audit_attention` (a module: default where its
             parameters are).
+        budget: the budget the audit will run (a function): ``max_length`` is probed at the longest length it
+            draws (129 by default), and decided where the candidate raises there.
         options: :class:`Conventions` fields inference does not decide (``self_attention``, ``head_sizes``,
             ``lengths``, ``equal_head_sizes``, ``even_head_size``, ``supports_autograd``: they narrow what the
             probes draw), and fields you know among those it decides (``causal_alignment="top-left"``): inference
@@ -201,4 +204,4 @@ def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str
                                 device=audit_device(device))
         inference = infer_adapter(adapter, seed=seed)
         return spec_differences(adapter, with_known(inference, options) if options else inference, options)
-    return infer_function_conventions(candidate, seed=seed, name=name, device=device, **options)
+    return infer_function_conventions(candidate, seed=seed, name=name, device=device, budget=budget, **options)
