@@ -76,6 +76,8 @@ ENTRIES = [
     Entry(kernels.half_multiple_of_8_first_dims_only,
           "The same kernel, its q . k loop stopped after the first tile of 8 head dimensions",
           dtypes="float16, bfloat16"),
+    Entry(kernels.at_most_64_keys, "A correct kernel for sequences of at most 64 queries and keys", passes=True,
+          code=0),
 ]
 
 
