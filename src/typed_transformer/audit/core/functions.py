@@ -478,8 +478,8 @@ def audit_attention(
         known: with ``conventions="infer"``, the fields you know (``{"causal_alignment": "top-left"}``): inference
             does the rest and checks each known field against the behaviour; a contradiction is a FAIL of the
             ``conventions`` row that names the field, the behaviour and the witness. Constraints on what is drawn
-            (``self_attention``, ``head_sizes``, ``lengths``, ``equal_head_sizes``, ``even_head_size``,
-            ``supports_autograd``) may be given here too.
+            (``self_attention``, ``head_sizes``, ``lengths``, ``max_length``, ``equal_head_sizes``,
+            ``even_head_size``, ``head_size_multiple``, ``supports_autograd``) may be given here too.
         budget: ``"default"``: beside the small examples, :class:`Budget`'s deep ones (lengths across the tiles,
             head sizes up to 256, batches and head counts 5 to 16); ``"quick"``: the small examples only; ``"ci"``:
             a few deep sizes for a suite; ``"thorough"``: also 512 to 4096 keys and 32 and 64 heads; or a
