@@ -138,8 +138,9 @@ def _decodes(core: Any) -> bool:
     own = "".join(_source(f) for f in methods if inspect.isfunction(f) and f.__module__.startswith("transformers."))
     # a cache the class only reads (DiffusionGemma's decoder: its encoder fills it, append_to_cache never writes)
     writes = ".update(" in own + _source(type(core).forward) + _library_source(core)
-    # its own cache argument's layer read (not T5Gemma 2's cross_attention_cache, which its encoder fills)
-    prefilled = re.search(r"(?<![\w.])cache\.layers\[self\.layer_idx\]\.keys", _source(type(core).forward))
+    # the device of its cache layer's keys read before any write (PI0.5's expert); not a cross-attention's guarded
+    # reuse of keys already cached (Whisper's, BigBird's: key_states = cache.layers[self.layer_idx].keys)
+    prefilled = re.search(r"(?<![\w.])cache\.layers\[self\.layer_idx\]\.keys\.device", _source(type(core).forward))
     t5_encoder = isinstance(getattr(core, "relative_attention_bias", None), nn.Module) and not getattr(
         core, "is_decoder", False)
     return writes and not unbuilt and not prefilled and not t5_encoder
