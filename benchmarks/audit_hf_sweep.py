@@ -4,7 +4,9 @@ docs/audit-hf-sweep.md.
     python benchmarks/audit_hf_sweep.py --jobs 2                  # every model package (long: a quiet machine)
     python benchmarks/audit_hf_sweep.py --models llama,mistral    # a few, printed only (the page is not written)
 
-    .venv-hf-oldest/bin/python benchmarks/audit_hf_sweep.py --jobs 2 --oldest   # the declared floor (hf_oldest_env.sh)
+    # the declared floor (hf_oldest_env.sh), on the page's seven model packages
+    .venv-hf-oldest/bin/python benchmarks/audit_hf_sweep.py --jobs 2 --oldest \\
+        --models bert,codegen,gpt2,gpt_neo,gptj,llama,vit
 
 Each class named ``*Attention`` in ``transformers.models.<model>.modeling_<model>`` is built from a tiny config of its
 own config class, recognised by its layout (the common ``q_proj/k_proj/v_proj/o_proj`` or a fused ``qkv_proj``, and the

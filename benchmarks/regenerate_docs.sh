@@ -36,6 +36,6 @@ $py benchmarks/audit_library_docs.py                  # docs/audit.md: each libr
 $py benchmarks/audit_findings.py --library open_clip_torch   # docs/audit-findings.md: findings outside the extras
 $py benchmarks/audit_findings.py --library timm
 .venv-litgpt/bin/python benchmarks/audit_findings.py --library litgpt
-bash benchmarks/hf_oldest_env.sh && .venv-hf-oldest/bin/python benchmarks/audit_hf_sweep.py --jobs 2 --oldest  # docs/audit-hf-sweep-oldest.md
+bash benchmarks/hf_oldest_env.sh && .venv-hf-oldest/bin/python benchmarks/audit_hf_sweep.py --jobs 2 --oldest --models bert,codegen,gpt2,gpt_neo,gptj,llama,vit  # docs/audit-hf-sweep-oldest.md
 $py benchmarks/reliability_cases.py --write          # docs/reliability.md: every case tried (as root: all rows)
 $py benchmarks/lr_sweep.py --data "$data" --jobs 2 --write    # docs/lab/lr-sweep.md: the learning-rate sweep (one thread a run: load-independent)
