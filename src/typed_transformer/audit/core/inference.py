@@ -834,8 +834,7 @@ def _mask_with_causal(p: _Prober) -> None:
             break
     if isinstance(out, Exception):
         p.decide("mask_with_causal", False, f"attn_mask with is_causal=True (d={example.d}, dv={example.dv}) "
-                 f"{_describe(out)}",
-                 conv, example)
+                 f"{_describe(out)}", conv, example)
     elif p.matches(out, p.reference(conv, example)):
         p.decide("mask_with_causal", True, "attn_mask with is_causal=True: both apply", conv, example)
     else:
