@@ -119,17 +119,20 @@ def test_every_example_drawn_for_a_multiple_keeps_it_in_d_and_dv() -> None:
     from typed_transformer.audit import Conventions
     from typed_transformer.audit.core.checks import draw_example
     from typed_transformer.audit.core.functions import FunctionAdapter
-    from typed_transformer.audit.core.running import BUDGETS, Run
+    from typed_transformer.audit.core.running import BUDGETS, Deep, Run
 
     adapter = FunctionAdapter(kernels.half_multiple_of_8, Conventions(head_size_multiple=8), "half_multiple_of_8")
     seen: set[tuple[int, int]] = set()
 
+    deeps: list[Deep | None] = [None, "sizes"]
+
     @settings(max_examples=60, database=None, deadline=None)
-    @given(data=st.data(), deep=st.sampled_from([None, "sizes"]))
-    def draw(data: st.DataObject, deep: str | None) -> None:
+    @given(data=st.data(), deep=st.sampled_from(deeps))
+    def draw(data: st.DataObject, deep: Deep | None) -> None:
         run = Run(adapter, torch.float16, 2.0, budget=BUDGETS["default"], deep=deep)
         example = draw_example(run, data)
-        assert example.d % 8 == 0 and example.dv % 8 == 0, example
+        assert example.d % 8 == 0, example
+        assert example.dv % 8 == 0, example
         seen.add((example.d, example.dv))
 
     draw()
