@@ -36,9 +36,7 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
     low, high = conv.lengths
     if max_len is not None and conv.lengths == DEFAULT_CONVENTIONS.lengths:
         high = max_len  # the default range may grow; a declared one is kept
-    for longest in (a.longest, conv.max_length):
-        if longest is not None:
-            high = min(high, longest)
+    high = min([high, *_longest(run)])
     low = min(max(low, min_len or low), high)
     tied = a.fixed is not None and bool(a.fixed.get("tied", 0))
     same = conv.self_attention or tied
@@ -104,6 +102,11 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
     return example
 
 
+def _longest(run: Run) -> list[int]:
+    """The longest lengths the candidate takes: a module's (its position table's) and ``max_length``, where given."""
+    return [n for n in (run.adapter.longest, run.adapter.conventions.max_length) if n is not None]
+
+
 def deep_sizes(run: Run, data: st.DataObject, *, same: bool, min_len: int, max_len: int | None,
                min_head_dim: int | None) -> dict[str, int]:
     """The sizes that replace the small example's on one axis, from the budget's deep lists: key and query
@@ -117,9 +120,7 @@ def deep_sizes(run: Run, data: st.DataObject, *, same: bool, min_len: int, max_l
     high = conv.lengths[1] if declared_len else math.inf
     if max_len is not None:
         high = min(high, max_len)
-    for longest in (a.longest, conv.max_length):
-        if longest is not None:
-            high = min(high, longest)
+    high = min([high, *_longest(run)])
     lengths = [n for n in budget.lengths if min_len <= n <= high]
     head_sizes: list[int] = []
     if a.fixed is None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .conventions import Conventions
+from .conventions import DEFAULT_CONVENTIONS, Conventions
 from .examples import Example, error
 from .reference import reference_attention
 from .report import PAPER, Adapter, AuditReport, CheckResult, Difference
@@ -372,28 +372,30 @@ def _max_length(p: _Prober, longest: int) -> None:
     refusal: a wrong output at a long length is for the checks to find."""
     if p.conv.max_length is not None:  # declared
         return
-    declared = p.conv.lengths != Conventions().lengths
+    declared = p.conv.lengths != DEFAULT_CONVENTIONS.lengths
     top = min(longest, p.conv.lengths[1]) if declared else longest
     if top <= 4:
         return
 
-    def refusal(n: int) -> tuple[Example, Exception | None]:
-        example = p.example(t=n, s=n, h=1, offset=11)
-        out = p.call(p.conv, example)
-        return example, out if isinstance(out, Exception) and not isinstance(out, CheckFailure) else None
+    def square(n: int) -> Example:
+        return p.example(t=n, s=n, h=1, offset=11)
 
-    _, refused = refusal(top)
+    def refusal(n: int) -> Exception | None:
+        out = p.call(p.conv, square(n))
+        return out if isinstance(out, Exception) and not isinstance(out, CheckFailure) else None
+
+    refused = refusal(top)
     if refused is None:
         return
     low, high = 4, top  # low answers (the plainest call), high raises
     while high - low > 1:
         mid = (low + high) // 2
-        if refusal(mid)[1] is None:
+        if refusal(mid) is None:
             low = mid
         else:
             high = mid
     p.decide("max_length", low, f"h=1, t=s={top} (the longest the audit draws) {_describe(refused)}; t=s={low} "
-             f"answers and {high} raises (lengths up to {low} are drawn)", p.conv, refusal(low)[0])
+             f"answers and {high} raises (lengths up to {low} are drawn)", p.conv, square(low))
 
 
 def _widest(p: _Prober, d: int) -> None:
@@ -449,15 +451,16 @@ def _scale(p: _Prober) -> bool:
     failure: tuple[str, Example, Tensor | Exception] | None = None
     probes = (_SCALE_PROBES_HALF if p.dtype in ("float16", "bfloat16")
               else _SCALE_PROBES_DV_D if p.conv.equal_head_sizes else _SCALE_PROBES)
-    if p.conv.head_size_multiple > 1:  # two head sizes it takes (one, where it takes one), the smaller at two lengths
+    if p.conv.head_sizes[0] == p.conv.head_sizes[1] >= p.conv.head_size_multiple > 1:  # the one head size it takes
+        d = p.conv.head_sizes[0]
+        probes = ((d, 4), (d, 4), (d, 3))
+    elif p.conv.head_size_multiple > 1:  # two head sizes it takes, the smaller at two lengths
         low = p.conv.head_size(16 if p.dtype in ("float16", "bfloat16") else 8)
-        only = p.conv.head_sizes[0] == p.conv.head_sizes[1] >= p.conv.head_size_multiple
-        low = p.conv.head_sizes[0] if only else low
-        probes = ((low, 4), (low if only else 2 * low, 4), (low, 3))
+        probes = ((low, 4), (2 * low, 4), (low, 3))
     for layout in ("bhtd", "bthd"):
         p.conv = dataclasses.replace(p.conv, layout=layout)
         estimates = {}
-        for d, s in probes:
+        for d, s in dict.fromkeys(probes):  # each once (a candidate of one head size repeats one)
             value, example, out = _estimate_scale(p, d, 1, s)
             if value is None:
                 failure = failure or (layout, example, out)

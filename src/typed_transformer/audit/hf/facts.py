@@ -85,11 +85,7 @@ def _rotate_source(module: nn.Module) -> str:
     modeling = importlib.import_module(_transformers_class(type(module)).__module__)
     # the apply function the class's forward calls (a vision encoder's apply_rotary_pos_emb_vision)
     called = re.search(r"\b(apply_rotary_pos_emb\w*)\(", _source(type(module).forward))
-    try:
-        apply = inspect.getsource(_unkernelized(getattr(modeling, called.group(1) if called else
-                                                        "apply_rotary_pos_emb")))
-    except (AttributeError, OSError, TypeError):
-        apply = "rotate_half("
+    apply = _source(getattr(modeling, called.group(1) if called else "apply_rotary_pos_emb", None)) or "rotate_half("
     # gpt-oss: _apply_rotary_emb; GPT-J and CodeGen on transformers 5.0: rotate_every_two; Inkling 2's vision tower
     # and SAM 2's: rotate_pairwise
     names = re.findall(r"\b(rotate_half\w*|rotate_every_two|rotate_pairwise|_apply_rotary_emb)\(", apply) or [
