@@ -323,10 +323,8 @@ def half_multiple_of_8_first_dims_only(q: Tensor, k: Tensor, v: Tensor, *, attn_
     tile of 8 (right at d = 8, the least head size it takes; wrong past it)."""
     _half_inputs(q)
     _multiples_of_8(q, v)
-    d = q.shape[-1]
-    first = torch.zeros_like(q)
-    first[..., :8] = q[..., :8] * math.sqrt(8 / d)  # the scale of the whole head, on its first tile only
-    return tiled_attention(first[..., :8], k[..., :8], v, attn_mask=attn_mask, is_causal=is_causal)
+    first = q[..., :8] * math.sqrt(8 / q.shape[-1])  # the whole head's scale, on its first tile only
+    return tiled_attention(first, k[..., :8], v, attn_mask=attn_mask, is_causal=is_causal)
 
 
 def only_head_size_16(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
