@@ -78,6 +78,11 @@ ENTRIES = [
           dtypes="float16, bfloat16"),
     Entry(kernels.at_most_64_keys, "A correct kernel for sequences of at most 64 queries and keys", passes=True,
           code=0),
+    Entry(kernels.blocks_of_16, "A correct tiled kernel for lengths in whole blocks of 16 only", passes=True, code=0),
+    Entry(kernels.blocks_of_16_no_rescale, "The same kernel without the online softmax's rescale"),
+    Entry(kernels.half_blocks_of_64,
+          "A correct half-only kernel of head sizes in multiples of 8 and lengths in whole blocks of 64", passes=True,
+          code=0, dtypes="float16, bfloat16"),
 ]
 
 

@@ -342,3 +342,34 @@ def at_most_64_keys(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None
     if q.shape[-2] > 64 or k.shape[-2] > 64:
         raise ValueError(f"sequences of at most 64 are supported (got t={q.shape[-2]}, s={k.shape[-2]})")
     return tiled_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def _whole_blocks(q: Tensor, k: Tensor, block: int) -> None:
+    if q.shape[-2] % block or k.shape[-2] % block:
+        raise ValueError(f"sequence lengths must be multiples of {block} (got t={q.shape[-2]}, s={k.shape[-2]})")
+
+
+def blocks_of_16(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                 is_causal: bool = False) -> Tensor:
+    """Correct, for query and key lengths that are multiples of 16 (a kernel that tiles both sequences in blocks of
+    16 and masks no partial tile): it raises for any other."""
+    _whole_blocks(q, k, 16)
+    return tiled_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def blocks_of_16_no_rescale(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                            is_causal: bool = False) -> Tensor:
+    """Bug: the kernel of whole blocks of 16 whose online softmax forgets to rescale its running sums when a later
+    block of keys raises the row's maximum (right for one block of keys, wrong from the second)."""
+    _whole_blocks(q, k, 16)
+    return tiled_16_no_rescale(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def half_blocks_of_64(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                      is_causal: bool = False) -> Tensor:
+    """Correct, in float16 and bfloat16 only, for head sizes that are multiples of 8 and lengths that are multiples
+    of 64 (a Triton kernel's BLOCK_M = BLOCK_N = 64 without a bounds check): it raises for any other."""
+    _half_inputs(q)
+    _multiples_of_8(q, v)
+    _whole_blocks(q, k, 64)
+    return tiled_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)

@@ -25,8 +25,8 @@ in its own :class:`Conventions`:
 * ``scale``: the logit scale (``None`` = ``1 / sqrt(d)``); ``fully_masked``: what a query row without any
   allowed key returns (``"zero"``, ``"nan"``, ``"uniform"`` = mean of the values, ``"any"`` = not checked).
 * What it supports narrows what is drawn: ``self_attention``, ``equal_head_sizes``, ``even_head_size``,
-  ``head_size_multiple``, ``head_sizes``, ``lengths``, ``max_length``, ``per_head_masks``, ``mask_with_causal``,
-  ``decode_sees_all``; the report lists what was not tested because of a declaration.
+  ``head_size_multiple``, ``head_sizes``, ``lengths``, ``max_length``, ``length_multiple``, ``per_head_masks``,
+  ``mask_with_causal``, ``decode_sees_all``; the report lists what was not tested because of a declaration.
 
 **A module** is audited through a :class:`ModuleSpec` (shipped: :data:`SPECS`), which says where its
 projections, head counts, scale and rotary embedding live and how to call its forward; the audit copies the

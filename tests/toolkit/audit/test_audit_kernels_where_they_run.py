@@ -223,3 +223,150 @@ def test_max_length_is_a_declaration_with_a_flag(capsys: pytest.CaptureFixture[s
     assert "query and key lengths past 64 (max_length=64)" in capsys.readouterr().out
     assert main(["audit", "tests.support.kernels:at_most_64_keys", "--budget", "ci", "--checks", "reference",
                  "--dtypes", "float32"]) == 1  # undeclared: the deep examples at 65 keys raise
+
+
+def test_a_kernel_of_whole_blocks_of_16_is_inferred_and_audited_on_whole_blocks() -> None:
+    """Before: the plainest call (t=3, s=4) was refused at every head size in every dtype: one finding, and the
+    audit stopped there."""
+    inference = infer_conventions(kernels.blocks_of_16)
+    assert inference.findings == []
+    assert inference.conventions.length_multiple == 16
+    assert inference.evidence["length_multiple"].seen == (
+        "h=1, t=3, s=4: every head size is refused in every dtype (float64 with dv=3 raised ValueError: sequence "
+        "lengths must be multiples of 16 (got t=3, s=4)), in blocks of 8 too; t=48, s=64 (each position repeated 16 "
+        "times) answers (only multiples of 16 are drawn; the probes below count positions of 16)")
+    # every later field is decided on whole blocks, as on any other kernel
+    assert inference.conventions.causal_alignment == "bottom-right"
+    assert inference.conventions.scale is None
+    assert inference.conventions.fully_masked == "zero"
+    assert inference.conventions.supports_gqa
+    assert inference.conventions.grouping == "g r"
+    report = audit_attention(kernels.blocks_of_16, conventions="infer", seed=0, max_examples=6, budget="ci",
+                             dtypes=[torch.float32])
+    assert report.passed, report.table()
+    assert "query and key lengths that are not a multiple of 16 (length_multiple=16)" in report.untested
+
+
+def test_a_tiled_kernels_missing_rescale_is_caught_on_whole_blocks() -> None:
+    report = audit_attention(kernels.blocks_of_16_no_rescale, conventions="infer", seed=0, max_examples=6,
+                             budget="ci", dtypes=[torch.float32])
+    assert report.status("conventions") == "FAIL"
+    assert "is no softmax-weighted mean of the values" in report["conventions"].message
+    assert report.status("reference") == "FAIL"
+    assert report["reference"].counterexample is not None
+    assert report["reference"].counterexample["s"] % 16 == 0
+    assert report["reference"].counterexample["s"] > 16  # one block of keys is right; the second rescales
+
+
+def test_a_half_only_kernel_of_multiples_of_8_and_blocks_of_64_passes_at_zero_configuration() -> None:
+    inference = infer_conventions(kernels.half_blocks_of_64)
+    assert inference.findings == []
+    conv = inference.conventions
+    assert (conv.length_multiple, conv.head_size_multiple, inference.evidence["probe_dtype"].value) == (
+        64, 8, "float16")
+    report = audit_attention(kernels.half_blocks_of_64, conventions="infer", seed=0, max_examples=4, budget="quick",
+                             dtypes=[torch.float16])
+    assert report.passed, report.table()
+
+
+def _blocks_of_16_up_to_64(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                           is_causal: bool = False) -> Tensor:
+    if max(q.shape[-2], k.shape[-2]) > 64:
+        raise ValueError("at most 64")
+    return kernels.blocks_of_16(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+def test_a_maximum_length_is_found_in_whole_blocks() -> None:
+    inference = infer_conventions(_blocks_of_16_up_to_64)
+    assert (inference.conventions.length_multiple, inference.conventions.max_length) == (16, 64)
+    assert inference.evidence["max_length"].seen == (
+        "h=1, t=s=144 (the longest the audit draws) raised ValueError: at most 64; t=s=64 answers and 80 raises "
+        "(lengths up to 64 are drawn)")
+
+
+def test_a_repeated_probe_keeps_what_each_position_computes_under_either_alignment() -> None:
+    """The probes of a kernel of whole blocks repeat every position; the last query of each block must compute what
+    its position computes without the repeats, with a mask, with a causal mask aligned either way, with t < s and
+    t > s (rows without a key included). Checked against torch's SDPA (top-left) and ours (bottom-right)."""
+    import torch.nn.functional as F
+
+    from typed_transformer import scaled_dot_product_attention as ours
+    from typed_transformer.audit.core.examples import Example
+
+    for t, s in ((3, 4), (4, 2), (1, 3), (3, 3)):
+        keep = torch.rand(1, 2, t, s, generator=torch.Generator().manual_seed(t * s)) > 0.3
+        keep[..., 0] = True
+        for is_causal in (False, True):
+            for mask in (None, keep):
+                plain = Example(b=1, h=2, g=2, t=t, s=s, d=4, dv=3, seed=7, dtype="float64",
+                                keep=None if mask is None else mask.tolist(), is_causal=is_causal)
+                repeated = Example(**{**plain.__dict__, "repeat": 16})
+                assert repeated.inputs()[0].shape == (1, 2, 16 * t, 4)
+                for attention in (ours, F.scaled_dot_product_attention):
+                    if attention is F.scaled_dot_product_attention and is_causal and mask is not None:
+                        continue  # torch refuses both
+                    want = attention(*plain.inputs(), attn_mask=plain.mask(), is_causal=is_causal)
+                    got = attention(*repeated.inputs(), attn_mask=repeated.mask(), is_causal=is_causal)[..., 15::16, :]
+                    rows = want.isfinite()  # torch's rows without a key are NaN
+                    torch.testing.assert_close(got[rows], want[rows], rtol=1e-12, atol=1e-12)
+
+
+def test_length_multiple_is_a_declaration_with_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from typed_transformer.audit import Conventions
+
+    assert "length_multiple" not in repr(Conventions())  # the pages' repros read as before
+    assert eval(repr(Conventions(length_multiple=16)), {"Conventions": Conventions}) == Conventions(
+        length_multiple=16)
+    with pytest.raises(ValueError, match="length_multiple must be a positive integer; got 0"):
+        Conventions(length_multiple=0)
+    with pytest.raises(ValueError, match="max_length=8 is shorter than one block of length_multiple=16"):
+        Conventions(length_multiple=16, max_length=8)
+    blocks = Conventions(length_multiple=16).blocks
+    assert [blocks(t, s) for t, s in ((1, 1), (3, 4), (4, 3), (17, 16), (1, 129))] == [
+        (16, 16), (16, 32), (32, 16), (32, 16), (16, 144)]
+    assert Conventions(length_multiple=16, max_length=40).blocks(3, 100) == (16, 32)  # its last whole block
+    assert Conventions().blocks(3, 4) == (3, 4)
+    assert main(["audit", "tests.support.kernels:blocks_of_16", "--length-multiple", "16", "--budget", "quick",
+                 "--checks", "reference,causality", "--dtypes", "float32"]) == 0
+    assert "query and key lengths that are not a multiple of 16 (length_multiple=16)" in capsys.readouterr().out
+    assert main(["audit", "tests.support.kernels:blocks_of_16", "--budget", "quick", "--checks", "reference",
+                 "--dtypes", "float32"]) == 1  # undeclared: every call raises
+
+
+def test_every_example_drawn_on_whole_blocks_keeps_them_and_the_order_of_t_and_s() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from typed_transformer.audit import Conventions
+    from typed_transformer.audit.core.checks import draw_example
+    from typed_transformer.audit.core.functions import FunctionAdapter
+    from typed_transformer.audit.core.running import BUDGETS, Deep, Run
+
+    adapter = FunctionAdapter(kernels.blocks_of_16, Conventions(length_multiple=16), "blocks_of_16")
+    orders: set[str] = set()
+    deeps: list[Deep | None] = [None, "lengths", "sizes"]
+
+    @settings(max_examples=80, database=None, deadline=None)
+    @given(data=st.data(), deep=st.sampled_from(deeps), single=st.booleans())
+    def draw(data: st.DataObject, deep: Deep | None, single: bool) -> None:
+        run = Run(adapter, torch.float32, 2.0, budget=BUDGETS["default"], deep=deep)
+        example = draw_example(run, data, mask="keep", single_query=single)
+        assert example.t % 16 == 0, example
+        assert example.s % 16 == 0, example
+        assert torch.tensor(example.keep).shape[-2:] == (example.t, example.s)
+        orders.add("<" if example.t < example.s else ">" if example.t > example.s else "=")
+
+    draw()
+    assert orders == {"<", ">", "="}
+
+
+def test_the_repro_of_a_repeated_probe_repeats_its_positions(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each decision's repro calls the candidate as the probe did: on every position repeated, mask included."""
+    inference = infer_conventions(kernels.blocks_of_16)
+    repro = inference.evidence["mask_polarity"].repro
+    assert "q, k, v = (x.repeat_interleave(16, dim=-2) for x in (q, k, v))  # each position 16 times" in repro
+    assert "keep = keep.repeat_interleave(16, dim=-2).repeat_interleave(16, dim=-1)" in repro
+    exec(compile(repro, "<repro>", "exec"), {})
+    printed = capsys.readouterr().out.split()
+    assert printed[:2] == ["max", "error"]
+    assert float(printed[2]) < 1e-12  # the candidate took the repeated call, and it is right

@@ -81,7 +81,8 @@ def draw_example(run: Run, data: st.DataObject, *, mask: MaskKind = "none", is_c
             shape = dataclasses.replace(shape, g=min(shape.g, 2), r=1 if shape.g >= 2 else min(shape.r, 2))
             sizes = {"h": shape.h, "g": shape.g, "d": shape.d, "dv": shape.dv}
     t = 1 if single_query and not same and low <= 1 else shape.t
-    shape = dataclasses.replace(shape, t=t)
+    t, s = conv.blocks(t, shape.s)  # a kernel of whole blocks: lengths rounded up, their order kept
+    shape = dataclasses.replace(shape, t=t, s=t if same else s)
     keep: Tensor | None = None
     if mask in ("keep", "fully_masked"):
         heads = sizes["h"] if conv.per_head_masks and data.draw(st.booleans(), label="per_head") else 1
@@ -425,8 +426,8 @@ def padding(run: Run, data: st.DataObject) -> None:
         return  # the input's tokens turn at positions s.. after the memory's s keys: dropping keys moves them
     for i in range(example.b):
         real = keep[i, 0, 0].nonzero().flatten()
-        if len(real) < run.adapter.conventions.lengths[0]:
-            continue  # shorter than the candidate supports
+        if len(real) < run.adapter.conventions.lengths[0] or len(real) % run.adapter.conventions.length_multiple:
+            continue  # shorter than the candidate supports, or not whole blocks (the reference comparison stands)
 
         def keep_real(x: Tensor, real: Tensor = real) -> Tensor:
             return x[..., real, :]

@@ -52,7 +52,8 @@ class Conventions:
     Declarations that narrow what the audit draws (each listed in the report under "not tested"):
     ``self_attention`` (t = s; a module gets one input), ``equal_head_sizes`` (dv = d), ``even_head_size``,
     ``head_size_multiple`` (d and dv multiples of it: a half-precision kernel's 8), ``head_sizes`` and ``lengths``
-    (inclusive ranges), ``max_length`` (no example longer, the deep ones included), ``mask_kind="additive"`` (masks
+    (inclusive ranges), ``max_length`` (no example longer, the deep ones included), ``length_multiple`` (query and
+    key lengths multiples of it: a kernel that tiles without masking a partial tile), ``mask_kind="additive"`` (masks
     passed as float 0/-inf), ``per_head_masks=False`` (only ``(b, 1, t, s)`` masks), ``mask_with_causal=False``
     (never both ``attn_mask`` and ``is_causal``). ``grouping`` is how query heads map onto key/value heads:
     ``"g r"`` (head ``i`` uses kv head ``i // r``, torch's) or ``"r g"`` (``i % g``). ``decode_sees_all``: with
@@ -98,6 +99,10 @@ class Conventions:
     max_length: int | None = field(default=None, metadata={
         "help": "the longest query and key length the candidate takes (a position table, a kernel built for a "
                 "maximum): no example, small or deep, is longer", "range": (1, 1 << 20), "metavar": "N"})
+    length_multiple: int = field(default=1, metadata={
+        "help": "the candidate needs query and key lengths that are a multiple of N (a kernel that tiles its "
+                "sequences without masking a partial tile): every drawn length is rounded up to one",
+        "range": (1, 1 << 16), "metavar": "N"})
     grouping: Literal["g r", "r g"] = field(default="g r", metadata={
         "help": "query head i uses kv head i // r ('g r', torch's) or i %% g ('r g')"})
     mask_kind: Literal["bool", "additive"] = field(default="bool", metadata={
@@ -117,12 +122,13 @@ class Conventions:
 
     def __repr__(self) -> str:
         """The dataclass's repr (an expression that rebuilds the conventions, as repros print it), with
-        ``half_precision``, ``head_size_multiple`` and ``max_length`` shown only when they are not the default: the
-        repros on the pages predate the fields and read the same."""
+        ``half_precision``, ``head_size_multiple``, ``max_length`` and ``length_multiple`` shown only when they are
+        not the default: the repros on the pages predate the fields and read the same."""
         shown = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
                  if not (f.name == "half_precision" and self.half_precision == "float32")
                  and not (f.name == "head_size_multiple" and self.head_size_multiple == 1)
-                 and not (f.name == "max_length" and self.max_length is None)]
+                 and not (f.name == "max_length" and self.max_length is None)
+                 and not (f.name == "length_multiple" and self.length_multiple == 1)]
         return f"Conventions({', '.join(shown)})"
 
     def __post_init__(self) -> None:
@@ -144,9 +150,12 @@ class Conventions:
             raise ValueError("Conventions: even_head_size needs head_sizes up to at least 2")
         if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 1):
             raise ValueError(f"Conventions: max_length must be a positive integer or None; got {self.max_length!r}")
-        if not isinstance(self.head_size_multiple, int) or self.head_size_multiple < 1:
-            raise ValueError(f"Conventions: head_size_multiple must be a positive integer; got "
-                             f"{self.head_size_multiple!r}")
+        for name in ("head_size_multiple", "length_multiple"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"Conventions: {name} must be a positive integer; got {getattr(self, name)!r}")
+        if self.max_length is not None and self.max_length < self.length_multiple:
+            raise ValueError(f"Conventions: max_length={self.max_length} is shorter than one block of "
+                             f"length_multiple={self.length_multiple}: no length is left to draw")
 
     @property
     def head_multiple(self) -> int:
@@ -158,6 +167,19 @@ class Conventions:
         """``d`` rounded up to the nearest head size the candidate takes (:attr:`head_multiple`)."""
         m = self.head_multiple
         return max(m, -(-d // m) * m)
+
+    def blocks(self, t: int, s: int) -> tuple[int, int]:
+        """Query and key lengths ``t`` and ``s`` rounded up to multiples of :attr:`length_multiple`, in the same
+        order (``t < s`` stays ``t < s``: the key length gains a block where rounding made them equal) and, where
+        ``max_length`` is given, no longer than its last whole block."""
+        m = self.length_multiple
+        if m == 1:
+            return t, s
+        top = math.inf if self.max_length is None else self.max_length // m * m
+        rt, rs = (min(max(m, -(-n // m) * m), top) for n in (t, s))
+        if rt == rs and t != s and rs + m <= top:
+            rt, rs = (rt, rs + m) if t < s else (rt + m, rs)
+        return int(rt), int(rs)
 
     @classmethod
     def typed_transformer(cls) -> "Conventions":
@@ -190,6 +212,9 @@ class Conventions:
             notes.append(f"lengths outside {self.lengths[0]}..{self.lengths[1]} (lengths)")
         if self.max_length is not None:
             notes.append(f"query and key lengths past {self.max_length} (max_length={self.max_length})")
+        if self.length_multiple > 1:
+            notes.append(f"query and key lengths that are not a multiple of {self.length_multiple} "
+                         f"(length_multiple={self.length_multiple})")
         if not self.supports_gqa:
             notes.append("grouped-query attention, g < h (supports_gqa=False)")
         if self.mask_kind == "additive":

@@ -1,11 +1,13 @@
 """One drawn example of a check (its inputs, masks and sizes), the error measure and tolerance bound it is judged by,
 and how a failing example is written back as runnable code."""
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from einops import repeat
 from torch import Tensor
 
 from ...shapecheck import shape_checked
@@ -87,7 +89,11 @@ class Example:
     grows from one block of keys to the next (what a tiled kernel that forgets to rescale gets wrong). ``shift`` is
     added to the values (the long rows past 512 keys): the output is then near ``shift`` rather than an average of
     thousands of centred values near zero, so that a relative error in a running sum shows at the output's own
-    resolution.
+    resolution. ``repeat`` (inference's probes of a kernel that takes lengths in multiples of a block only) repeats
+    every query and key position ``repeat`` times in the tensors and the mask: ``t`` and ``s`` are the drawn
+    positions, the tensors hold ``t * repeat`` and ``s * repeat``. The last query of each block then computes exactly
+    what its position computes without the repeats, under either causal alignment (each key it sees, it sees in all
+    ``repeat`` copies, whose equal weights cancel in the softmax).
     """
 
     b: int
@@ -106,6 +112,7 @@ class Example:
     tied: bool = False
     ramp: float = 0.0
     shift: float = 0.0
+    repeat: int = 1
 
     __shape_checked__ = ("mask", "inputs")
 
@@ -115,10 +122,21 @@ class Example:
 
     def mask(self) -> KeepMask | None:
         """The keep-mask as a boolean tensor (or None)."""
-        return None if self.keep is None else torch.tensor(self.keep, dtype=torch.bool)
+        if self.keep is None:
+            return None
+        keep = torch.tensor(self.keep, dtype=torch.bool)
+        return keep if self.repeat == 1 else repeat(keep, "b h t s -> b h (t r) (s c)", r=self.repeat, c=self.repeat)
 
     def inputs(self) -> Inputs:
-        """Float64 inputs: ``q (b,h,t,d)``, ``k (b,g,s,d)``, ``v (b,g,s,dv)`` (modules: see ``widths``)."""
+        """Float64 inputs: ``q (b,h,t,d)``, ``k (b,g,s,d)``, ``v (b,g,s,dv)`` (modules: see ``widths``; with
+        ``repeat``, each position repeated)."""
+        drawn = self._drawn()
+        if self.repeat == 1:
+            return drawn
+        q, k, v = (repeat(x, "... n e -> ... (n r) e", r=self.repeat) for x in drawn)
+        return (q, q, q) if drawn[1] is drawn[0] else (q, k, v)  # one tensor for all three stays one
+
+    def _drawn(self) -> Inputs:
         ramp = 1.0 + self.ramp * torch.arange(self.s, dtype=torch.float64)[:, None] / max(self.s - 1, 1)
         if self.widths is not None:
             eq, ek, ev = self.widths
@@ -131,6 +149,17 @@ class Example:
         k = randn((self.b, self.g, self.s, self.d), self.seed + 1) * self.amplitude * ramp
         v = randn((self.b, self.g, self.s, self.dv), self.seed + 2) + self.shift
         return q, k, v
+
+
+def example_fields(example: Example) -> dict[str, Any]:
+    """The counterexample as the report prints it: ``ramp`` only where the keys grow (a deep length), ``shift`` only
+    where values are shifted (past 512 keys), ``repeat`` only where positions repeat (inference's probes of a kernel
+    of whole blocks)."""
+    fields = dataclasses.asdict(example)
+    for name, plain in (("ramp", 0.0), ("shift", 0.0), ("repeat", 1)):
+        if fields[name] == plain:
+            del fields[name]
+    return fields
 
 
 def mask_to_list(mask: Tensor | None) -> Any:

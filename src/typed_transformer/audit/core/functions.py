@@ -300,6 +300,12 @@ def function_repro(example: Example, conventions: Conventions, import_candidate:
         lines.append(f"{name} = randn({shape}, seed={example.seed + offset}){scaled}  # {axes[name]}, float64")
     lines.append("keep = None" if example.keep is None else
                  f"keep = torch.tensor({example.keep!r})  # True = may attend")
+    if example.repeat > 1:  # a kernel of whole blocks: every position repeated (Example.repeat)
+        lines.append(f"q, k, v = (x.repeat_interleave({example.repeat}, dim=-2) for x in (q, k, v))  # each position "
+                     f"{example.repeat} times")
+        if example.keep is not None:
+            lines.append(f"keep = keep.repeat_interleave({example.repeat}, dim=-2).repeat_interleave("
+                         f"{example.repeat}, dim=-1)")
     if check != "gradients" and example.dtype in ("float16", "bfloat16"):
         lines += _half_lines(example, conventions, reference, check, device)
         return _without_unused_einops(lines)
@@ -408,10 +414,11 @@ def _run_audit(adapter: Adapter, checks: Sequence[str] | None, dtypes: Sequence[
 def default_dtypes(adapter: Adapter, budget: Budget) -> tuple[list[torch.dtype], list[str]]:
     """The dtypes a function accepts of float32, float64, float16 and bfloat16 (half precision where the budget's
     ``half_precision`` says so, or where the function refuses both float32 and float64: a half-only kernel is
-    audited in its own dtypes): each is probed once (one call on a 2-query, 3-key example with dv = d; it must
-    return a tensor without raising; d = 4, or the least head size it takes). Modules are audited in float32 and
-    float64 only: their reference runs on weights rounded to the dtype, which the half-precision rule (inputs
-    rounded, computed in float32) does not model. Returns the dtypes and a "not tested" note per dtype left out."""
+    audited in its own dtypes): each is probed once (one call on a 2-query, 3-key example with dv = d, lengths
+    rounded up to whole blocks; it must return a tensor without raising; d = 4, or the least head size it takes).
+    Modules are audited in float32 and float64 only: their reference runs on weights rounded to the dtype, which the
+    half-precision rule (inputs rounded, computed in float32) does not model. Returns the dtypes and a "not tested"
+    note per dtype left out."""
     if adapter.kind != "function":
         if not budget.half_precision:
             return [torch.float32, torch.float64], [
@@ -419,7 +426,8 @@ def default_dtypes(adapter: Adapter, budget: Budget) -> tuple[list[torch.dtype],
         return [torch.float32, torch.float64], [
             "float16 and bfloat16 (a module is audited in float32 and float64 unless dtypes= says)"]
     d = adapter.conventions.head_size(4)
-    probe = Example(b=1, h=1, g=1, t=2, s=3, d=d, dv=d, seed=0)
+    t, s = adapter.conventions.blocks(2, 3)
+    probe = Example(b=1, h=1, g=1, t=t, s=s, d=d, dv=d, seed=0)
     accepted: list[torch.dtype] = []
     refused: dict[torch.dtype, str] = {}
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
@@ -478,8 +486,9 @@ def audit_attention(
         known: with ``conventions="infer"``, the fields you know (``{"causal_alignment": "top-left"}``): inference
             does the rest and checks each known field against the behaviour; a contradiction is a FAIL of the
             ``conventions`` row that names the field, the behaviour and the witness. Constraints on what is drawn
-            (``self_attention``, ``head_sizes``, ``lengths``, ``max_length``, ``equal_head_sizes``,
-            ``even_head_size``, ``head_size_multiple``, ``supports_autograd``) may be given here too.
+            (``self_attention``, ``head_sizes``, ``lengths``, ``max_length``, ``length_multiple``,
+            ``equal_head_sizes``, ``even_head_size``, ``head_size_multiple``, ``supports_autograd``) may be given
+            here too.
         budget: ``"default"``: beside the small examples, :class:`Budget`'s deep ones (lengths across the tiles,
             head sizes up to 256, batches and head counts 5 to 16); ``"quick"``: the small examples only; ``"ci"``:
             a few deep sizes for a suite; ``"thorough"``: also 512 to 4096 keys and 32 and 64 heads; or a

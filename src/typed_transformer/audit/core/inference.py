@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .conventions import DEFAULT_CONVENTIONS, Conventions
-from .examples import Example, error
+from .examples import Example, error, example_fields
 from .reference import reference_attention
 from .report import PAPER, Adapter, AuditReport, CheckResult, Difference
 from .running import CandidateRaised, CheckFailure, candidate_code
@@ -132,7 +132,8 @@ class _Prober:
                 dv = d
             return Example(b=b, h=h, g=h if g is None else g, t=t, s=s, d=d, dv=d if dv is None else dv,
                            seed=self.seed * 1000 + offset, dtype=self.dtype,
-                           keep=None if keep is None else keep.tolist(), is_causal=is_causal)
+                           keep=None if keep is None else keep.tolist(), is_causal=is_causal,
+                           repeat=self.conv.length_multiple)  # whole blocks: each position repeated (see call)
         tied = bool(fixed.get("tied"))
         return Example(b=b, h=fixed["h"], g=fixed["g"], t=t, s=t if tied else s, d=fixed["d"], dv=fixed["dv"],
                        seed=self.seed * 1000 + offset, dtype=self.dtype,
@@ -146,11 +147,16 @@ class _Prober:
     # -- calls -----------------------------------------------------------------------------------------
 
     def call(self, conv: Conventions, example: Example) -> Tensor | Exception:
-        """The candidate's output on ``example`` called in ``conv`` (canonical layout), or what it raised."""
+        """The candidate's output on ``example`` called in ``conv`` (canonical layout), or what it raised. With
+        ``example.repeat`` (a kernel of whole blocks) the candidate gets every position repeated, and the output
+        kept is the last query of each block: what the example's own query computes (see :class:`Example`)."""
         self.probes += 1
         self.adapter.conventions = conv
         try:
             out = self.adapter.call(example.inputs(), example.mask(), example.is_causal, example.torch_dtype)
+            r = example.repeat
+            if r > 1 and isinstance(out, Tensor) and out.ndim == 4 and out.shape[-2] == example.t * r:
+                out = out[..., r - 1::r, :]
         except CandidateRaised as raised:
             cause = raised.__cause__
             return cause if isinstance(cause, Exception) else raised
@@ -163,6 +169,7 @@ class _Prober:
     def reference(self, conv: Conventions, example: Example, keep: Tensor | None = None,
                   is_causal: bool | None = None) -> Tensor:
         self.adapter.conventions = conv
+        example = _plain(example)  # the positions themselves: what the kept rows of a repeated call compute
         try:
             return self.adapter.reference(example.inputs(), example.mask() if keep is None else keep,
                                           example.is_causal if is_causal is None else is_causal, torch.float64)
@@ -182,7 +189,7 @@ class _Prober:
 
     def inputs(self, example: Example) -> tuple[Tensor, Tensor, Tensor]:
         """``example``'s inputs as the candidate receives them: rounded to the probes' dtype (in float64)."""
-        q, k, v = example.inputs()
+        q, k, v = _plain(example).inputs()
         dtype = example.torch_dtype
         return q.to(dtype).double(), k.to(dtype).double(), v.to(dtype).double()
 
@@ -209,6 +216,11 @@ class _Prober:
         self.findings.append(Finding(name, message, example,
                                      "" if example is None or conv is None
                                      else self.repro(conv, example, f"inference of {name}"), declarable))
+
+
+def _plain(example: Example) -> Example:
+    """``example`` without its repeats (see :meth:`_Prober.call`)."""
+    return example if example.repeat == 1 else dataclasses.replace(example, repeat=1)
 
 
 def _describe(out: Tensor | Exception) -> str:
@@ -308,14 +320,47 @@ _SCALE_PROBES_HALF = ((16, 4), (32, 4), (16, 3))
 _MULTIPLE_PROBES = (8, 16, 32, 64)
 
 
+#: the blocks a candidate that refuses the plainest call at every head size is probed at, smallest first: the least
+#: that answers (every position repeated that many times) is the multiple every drawn length keeps (a kernel that
+#: tiles its sequences without masking a partial tile: blocks of 16 to 128)
+_BLOCK_PROBES = (8, 16, 32, 64, 128)
+
+
 def _accepted(p: _Prober) -> bool:
-    """The probes' dtype, ``equal_head_sizes`` and ``head_size_multiple``: the plainest call (h=1, t=3, s=4, d=4,
-    dv=3, in either layout) in float64, else float32, float16 and bfloat16, each with dv = d when dv = 3 is
-    refused. The first dtype that gives a tensor of the call's shape decides both. Where every dtype refuses d = 4,
-    the same at d = 8, 16, 32, 64 (dv = 2d, else dv = d): the least that answers is the multiple every head size
-    drawn keeps, and a refused 2d keeps the head size at d. Each refusal is named in the evidence. False (a finding)
-    when every dtype refuses every head size."""
+    """The probes' dtype, ``equal_head_sizes``, ``head_size_multiple`` and ``length_multiple``: the plainest call
+    (h=1, t=3, s=4, d=4, dv=3, in either layout) in float64, else float32, float16 and bfloat16, each with dv = d
+    when dv = 3 is refused. The first dtype that gives a tensor of the call's shape decides both. Where every dtype
+    refuses d = 4, the same at d = 8, 16, 32, 64 (dv = 2d, else dv = d): the least that answers is the multiple
+    every head size drawn keeps, and a refused 2d keeps the head size at d. Where every head size is refused, the
+    same with every position repeated 8, 16, 32, 64 and 128 times (t = 3 blocks, s = 4 blocks): the least block that
+    answers is the multiple every drawn length keeps. Each refusal is named in the evidence. False (a finding) when
+    every block refuses every head size in every dtype."""
     refusals: list[str] = []
+    declared = p.conv.length_multiple
+    for block in (declared, *(m for m in _BLOCK_PROBES if m > declared)):
+        p.conv = dataclasses.replace(p.conv, length_multiple=block)
+        tried: list[str] = []
+        if _accepted_sizes(p, tried):
+            if block != declared:
+                smaller = ", ".join(str(m) for m in _BLOCK_PROBES if declared < m < block)
+                too = f", in blocks of {smaller} too" if smaller else ""
+                p.decide("length_multiple", block, f"h=1, t=3, s=4: every head size is refused in every dtype "
+                         f"({refusals[0]}){too}; "
+                         f"t={3 * block}, s={4 * block} (each position repeated {block} times) answers (only "
+                         f"multiples of {block} are drawn; the probes below count positions of {block})", p.conv,
+                         p.example(t=3, s=4, h=1))
+            return True
+        refusals += tried if block == declared else tried[-1:]
+    p.dtype = "float64"
+    p.conv = dataclasses.replace(p.conv, length_multiple=declared)
+    first = p.conv.head_size(4)
+    p.find("reference", f"the plainest call (h=1, t=3, s=4, d={first}, dv=3 or 4, and d = dv up to 64; lengths in "
+           f"blocks up to {_BLOCK_PROBES[-1]}) is refused in every dtype: {'; '.join(refusals)}")
+    return False
+
+
+def _accepted_sizes(p: _Prober, refusals: list[str]) -> bool:
+    """:func:`_accepted` at one block: the head sizes, least first."""
     last: dict[int, str] = {}  # each head size's refusal in the last dtype probed
     declared, first = p.conv.head_size_multiple, p.conv.head_size(4)  # d = 4, or a declared multiple's least
     for d in (first, *(m for m in _MULTIPLE_PROBES if m > first)):
@@ -329,10 +374,7 @@ def _accepted(p: _Prober) -> bool:
                 _widest(p, d)
             return True
         last[d] = refusals[-1]
-    p.dtype = "float64"
     p.conv = dataclasses.replace(p.conv, head_size_multiple=declared)
-    p.find("reference", f"the plainest call (h=1, t=3, s=4, d={first}, dv=3 or 4, and d = dv up to 64) is refused "
-           f"in every dtype: {'; '.join(refusals)}")
     return False
 
 
@@ -368,12 +410,14 @@ def _accepted_at(p: _Prober, d: int, refusals: list[str]) -> bool:
 
 def _max_length(p: _Prober, longest: int) -> None:
     """``max_length``: the plainest call (h=1, t = s) at the longest length the audit will draw; where the candidate
-    raises there, the longest length that answers, bisected between 4 (the plainest call's) and it. Only a raise is a
-    refusal: a wrong output at a long length is for the checks to find."""
+    raises there, the longest length that answers, bisected between 4 (the plainest call's) and it (in whole blocks
+    where ``length_multiple`` is more than 1). Only a raise is a refusal: a wrong output at a long length is for the
+    checks to find."""
     if p.conv.max_length is not None:  # declared
         return
     declared = p.conv.lengths != DEFAULT_CONVENTIONS.lengths
-    top = min(longest, p.conv.lengths[1]) if declared else longest
+    m = p.conv.length_multiple  # lengths in whole blocks: probed as repeats of n positions (see _Prober.call)
+    top = -(-(min(longest, p.conv.lengths[1]) if declared else longest) // m)
     if top <= 4:
         return
 
@@ -394,8 +438,8 @@ def _max_length(p: _Prober, longest: int) -> None:
             low = mid
         else:
             high = mid
-    p.decide("max_length", low, f"h=1, t=s={top} (the longest the audit draws) {_describe(refused)}; t=s={low} "
-             f"answers and {high} raises (lengths up to {low} are drawn)", p.conv, square(low))
+    p.decide("max_length", low * m, f"h=1, t=s={top * m} (the longest the audit draws) {_describe(refused)}; "
+             f"t=s={low * m} answers and {high * m} raises (lengths up to {low * m} are drawn)", p.conv, square(low))
 
 
 def _widest(p: _Prober, d: int) -> None:
@@ -449,14 +493,16 @@ def _scale(p: _Prober) -> bool:
     inferred."""
     estimates: dict[tuple[int, int], tuple[float, Example]] = {}
     failure: tuple[str, Example, Tensor | Exception] | None = None
-    probes = (_SCALE_PROBES_HALF if p.dtype in ("float16", "bfloat16")
-              else _SCALE_PROBES_DV_D if p.conv.equal_head_sizes else _SCALE_PROBES)
+    probes: tuple[tuple[int, int], ...] = (_SCALE_PROBES_HALF if p.dtype in ("float16", "bfloat16")
+                                           else _SCALE_PROBES_DV_D if p.conv.equal_head_sizes else _SCALE_PROBES)
     if p.conv.head_sizes[0] == p.conv.head_sizes[1] >= p.conv.head_size_multiple > 1:  # the one head size it takes
         d = p.conv.head_sizes[0]
         probes = ((d, 4), (d, 4), (d, 3))
     elif p.conv.head_size_multiple > 1:  # two head sizes it takes, the smaller at two lengths
         low = p.conv.head_size(16 if p.dtype in ("float16", "bfloat16") else 8)
         probes = ((low, 4), (2 * low, 4), (low, 3))
+    if p.conv.length_multiple > 1:  # whole blocks: 7 would be 7 blocks, past many such kernels' longest
+        probes = tuple((d, 3 if s > 4 else s) for d, s in probes)
     for layout in ("bhtd", "bthd"):
         p.conv = dataclasses.replace(p.conv, layout=layout)
         estimates = {}
@@ -687,15 +733,16 @@ def _added_as_numbers(p: _Prober, conv: Conventions, example: Example, out: Tens
     bug of an "eager" path given a boolean mask where it expects a float one)."""
     if not isinstance(out, Tensor) or example.keep is None or p.adapter.fixed is not None:
         return False  # a module's inputs are tokens, not q, k and v: its spec passes the mask itself
-    q, k, v = example.inputs()
+    plain = _plain(example)
+    q, k, v = plain.inputs()
     ref = reference_attention(q, k, v, None, conventions=dataclasses.replace(conv, always_causal=False),
-                              bias=example.mask().to(torch.float64))  # type: ignore[union-attr]
+                              bias=plain.mask().to(torch.float64))  # type: ignore[union-attr]
     return p.matches(out, ref)
 
 
 def _unmasked(p: _Prober, conv: Conventions, example: Example, outs: list[Tensor | Exception], what: str) -> None:
     """The finding of a mask that matches no convention: ignored, added as numbers, or neither."""
-    keep = example.mask()
+    keep = _plain(example).mask()
     assert keep is not None
     if any(p.matches(out, p.reference(conv, example, keep=torch.ones_like(keep))) for out in outs):
         p.find("supports_mask", "attn_mask is accepted and ignored (the output is the unmasked one, whatever "
@@ -720,7 +767,7 @@ def _mask_kinds(p: _Prober, example: Example) -> bool:
               for kind, polarity in (("bool", "keep"), ("bool", "drop"), ("additive", "keep"))}
     outs = {key: p.call(trial, example) for key, trial in trials.items()}
     ok = {key: p.matches(outs[key], p.reference(trial, example)) for key, trial in trials.items()}
-    additive, shape = ok["additive", "keep"], tuple(example.mask().shape)  # type: ignore[union-attr]
+    additive, shape = ok["additive", "keep"], tuple(_plain(example).mask().shape)  # type: ignore[union-attr]
     both = " (a float 0/-inf mask is applied too)" if additive else ""
     if ok["bool", "keep"] or ok["bool", "drop"]:
         polarity = "keep" if ok["bool", "keep"] else "drop"
@@ -915,7 +962,7 @@ def with_inference(report: AuditReport, inference: Inference) -> AuditReport:
     report.inferred = inference.lines()
     report.differences = list(inference.differences)
     rows = [CheckResult("conventions", "FAIL", message=str(f), examples=inference.probes,
-                        counterexample=None if f.example is None else dataclasses.asdict(f.example),
+                        counterexample=None if f.example is None else example_fields(f.example),
                         repro=f.repro or None) for f in inference.findings]
     if not rows:
         rows = [CheckResult("conventions", "PASS", message=f"inferred from {inference.probes} probes",
@@ -950,7 +997,7 @@ def _narrowing(declared: Conventions, name: str, said: Any, seen: Any) -> bool:
         return said is False
     if name == "equal_head_sizes":
         return said is True
-    if name == "head_size_multiple":  # multiples of 16 are multiples of 8
+    if name in ("head_size_multiple", "length_multiple"):  # multiples of 16 are multiples of 8
         return bool(said % seen == 0)
     narrowing = {"grouping": not declared.supports_gqa, "enable_gqa": not declared.supports_gqa,
                  "mask_kind": said == "additive",

@@ -22,7 +22,7 @@ from hypothesis.errors import Flaky
 from torch import Tensor
 
 from .conventions import _PHASES, DTYPE_NAMES
-from .examples import Example
+from .examples import Example, example_fields
 from .report import Adapter, CheckResult
 from .trusted import replaced
 
@@ -430,16 +430,6 @@ def _below(budget: Budget, axis: str, example: dict[str, Any]) -> list[Budget]:
     return []
 
 
-def _fields(example: Example) -> dict[str, Any]:
-    """The counterexample as the report prints it: ``ramp`` only where the keys grow (a deep length)."""
-    fields = dataclasses.asdict(example)
-    if not example.ramp:
-        del fields["ramp"]
-    if not example.shift:
-        del fields["shift"]
-    return fields
-
-
 def _first_failure(error: BaseException) -> "CheckFailure | None":
     """The first :class:`CheckFailure` inside ``error`` (an exception group of Hypothesis's), or None."""
     if isinstance(error, CheckFailure):
@@ -500,7 +490,7 @@ def _run_phase(check: Check, run: Run, max_examples: int, seed: int) -> CheckRes
         cause = failure.__cause__
         trace = None if cause is None else "".join(traceback.format_exception(cause)).rstrip()
         return CheckResult(check.name, "FAIL", dtype_name, ratio=failure.ratio, message=str(failure),
-                           counterexample=None if example is None else _fields(example),
+                           counterexample=None if example is None else example_fields(example),
                            repro=None if example is None else adapter.repro(example, check.name),
                            examples=run.examples, traceback=trace)
     return CheckResult(check.name, "PASS", dtype_name, ratio=run.worst, examples=run.examples)

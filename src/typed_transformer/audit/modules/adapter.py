@@ -15,7 +15,7 @@ from ...masks import window_mask
 from ...positions import alibi_slopes
 from ...shapecheck import shape_checked
 from ..core.conventions import AuditUsageError, CandidateOutput, Conventions, Inputs, KeepMask, ModuleInputs
-from ..core.examples import Example, import_line, repro_comparison
+from ..core.examples import Example, example_fields, import_line, repro_comparison
 from ..core.reference import effective_keep, reference_attention, rotate
 from ..core.running import candidate_code
 from .masking import block_mask, local_mask
@@ -562,8 +562,7 @@ class ModuleAdapter:
         """A snippet that runs as printed in a fresh interpreter: :attr:`setup` defines ``module`` and
         ``spec`` (the CLI rebuilds its module with the same seeded weights), then the failing call and the
         reference."""
-        fields = ", ".join(f"{key}={value!r}" for key, value in dataclasses.asdict(example).items()
-                           if key not in ("ramp", "shift") or value)  # only where the keys grow (a deep length)
+        fields = ", ".join(f"{key}={value!r}" for key, value in example_fields(example).items())
         return (f"import torch\n"
                 f"from typed_transformer.audit import Conventions, Example, ModuleAdapter\n"
                 f"{self.setup}\n"
