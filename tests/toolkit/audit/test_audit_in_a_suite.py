@@ -185,10 +185,21 @@ def test_a_report_in_which_every_check_skipped_is_not_a_pass() -> None:
     assert report.passed, report.table()  # a skip beside a pass is allowed
 
 
+def _caller_state() -> tuple[Any, ...]:
+    return (torch.is_grad_enabled(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(),
+            torch.tensor([1e-310], dtype=torch.float64).mul(1.0).item(), torch.is_autocast_enabled("cpu"),
+            torch.get_autocast_dtype("cpu"), torch.get_rng_state().tolist())
+
+
 @pytest.mark.parametrize(("rude", "named"), [
     (lambda: torch.set_grad_enabled(False), "gradients enabled: True -> False"),
     (lambda: torch.set_default_dtype(torch.float64), "default dtype: torch.float32 -> torch.float64"),
     (lambda: torch.use_deterministic_algorithms(True), "deterministic algorithms: False -> True"),
+    (lambda: torch.set_flush_denormal(True), "denormals flushed to zero: False -> True"),
+    (lambda: torch.set_autocast_enabled("cpu", True),
+     "CPU autocast (enabled, dtype): (False, torch.bfloat16) -> (True, torch.bfloat16)"),
+    (lambda: torch.manual_seed(1234), "torch's CPU random generator: drawn from or reseeded"),
+    (lambda: torch.rand(3), "torch's CPU random generator: drawn from or reseeded"),
 ])
 def test_a_correct_but_rude_candidate_passes_with_its_change_named_and_the_caller_as_it_was(rude: Any,
                                                                                              named: str) -> None:
@@ -197,12 +208,14 @@ def test_a_correct_but_rude_candidate_passes_with_its_change_named_and_the_calle
         rude()
         return out
 
-    before = (torch.is_grad_enabled(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
+    torch.rand(1)  # the caller's generator somewhere along its sequence
+    before = _caller_state()
     report = audit_attention(candidate, checks=["reference"], dtypes=(torch.float64,), budget="quick")
-    assert (torch.is_grad_enabled(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled()) == before
+    assert _caller_state() == before
     assert report.passed, report.table()
     assert report.state_changes == [named]
-    assert "the candidate changed torch's global settings (the audit put each back" in report.table()
+    assert "the candidate changed state outside its output (torch's global settings: the audit put each back" in \
+        report.table()
     assert f"  - {named}" in report.table()
     assert report.to_dict()["state_changes"] == [named]
 
@@ -235,6 +248,35 @@ def test_a_candidate_wrong_only_under_no_grad_fails() -> None:
     (row,) = report.results
     assert row.status == "FAIL"
     assert row.message.startswith("output under torch.no_grad(): max error")
+
+
+def test_a_candidate_wrong_only_under_inference_mode_fails() -> None:
+    def lazy(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+        out = textbook(q, k, v, **kwargs)
+        return out * 0.5 if torch.is_inference_mode_enabled() else out
+
+    report = audit_attention(lazy, checks=["reference"], dtypes=(torch.float64,), budget="quick")
+    (row,) = report.results
+    assert row.status == "FAIL"
+    assert row.message.startswith("output under torch.inference_mode(): max error")
+
+
+def test_a_candidate_that_refuses_inference_tensors_passes_and_one_that_breaks_there_fails() -> None:
+    def refuses(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+        if torch.is_inference_mode_enabled():
+            raise RuntimeError("Inference tensors cannot be saved for backward. To work around you can make a clone")
+        return textbook(q, k, v, **kwargs)
+
+    def breaks(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+        if torch.is_inference_mode_enabled():
+            raise RuntimeError("index out of range in self")
+        return textbook(q, k, v, **kwargs)
+
+    report = audit_attention(refuses, checks=["reference"], dtypes=(torch.float64,), budget="quick")
+    assert report.passed, report.table()
+    report = audit_attention(breaks, checks=["reference"], dtypes=(torch.float64,), budget="quick")
+    assert report.results[0].status == "FAIL"
+    assert "index out of range in self" in report.results[0].message
 
 
 def test_the_candidate_gets_copies_of_the_audits_inputs() -> None:
@@ -326,6 +368,27 @@ def test_a_candidate_with_one_static_output_buffer_passes() -> None:
         report = audit_attention(static, checks=["permutation", "batch_independence"], dtypes=(torch.float64,),
                                  budget="quick")
     assert report.passed, report.table()
+    assert report.state_changes == [
+        "its previous output was overwritten by the next call (one output buffer reused, as CUDA graphs do: a caller "
+        "that keeps an output sees it change)"]
+
+
+def test_a_candidate_that_writes_into_an_earlier_calls_input_is_named() -> None:
+    held: list[Tensor] = []
+
+    def hoarder(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+        out = textbook(q, k, v, **kwargs)
+        if held:
+            held.pop().zero_()  # the previous call's keys, zeroed after that call returned
+        held.append(k)
+        return out
+
+    # (not the reference check: its inference_mode call gives inference tensors, which refuse a later write)
+    report = audit_attention(hoarder, checks=["causality"], dtypes=(torch.float64,), budget="quick")
+    assert report.passed, report.table()  # the audit's own inputs are copies: no verdict depends on it
+    assert report.state_changes == ["an earlier call's input k was changed during a later call (the candidate keeps "
+                                    "its inputs and writes into them)"]
+    assert "  - an earlier call's input k was changed during a later call" in report.table()
 
 
 def test_a_candidate_that_closes_stdout_still_gets_its_report(tmp_path: Path) -> None:

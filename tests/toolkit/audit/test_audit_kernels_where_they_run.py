@@ -232,7 +232,7 @@ def test_a_kernel_of_whole_blocks_of_16_is_inferred_and_audited_on_whole_blocks(
     assert inference.findings == []
     assert inference.conventions.length_multiple == 16
     assert inference.evidence["length_multiple"].seen == (
-        "h=1, t=3, s=4: every head size is refused in every dtype (float64 with dv=3 raised ValueError: sequence "
+        "h=1, t=3, s=4: every head size is refused in every dtype (float64 with dv=4 raised ValueError: sequence "
         "lengths must be multiples of 16 (got t=3, s=4)), in blocks of 8 too; t=48, s=64 (each position repeated 16 "
         "times) answers (only multiples of 16 are drawn; the probes below count positions of 16)")
     # every later field is decided on whole blocks, as on any other kernel
@@ -264,6 +264,10 @@ def test_a_half_only_kernel_of_multiples_of_8_and_blocks_of_64_passes_at_zero_co
     conv = inference.conventions
     assert (conv.length_multiple, conv.head_size_multiple, inference.evidence["probe_dtype"].value) == (
         64, 8, "float16")
+    # the refusal quoted is the one at the dtype and head size that answer: the length's, not the dtype's
+    assert inference.evidence["length_multiple"].seen.startswith(
+        "h=1, t=3, s=4: every head size is refused in every dtype (float16 with d=8, dv=8 raised ValueError: "
+        "sequence lengths must be multiples of 64 (got t=3, s=4)), in blocks of 8, 16, 32 too; t=192, s=256")
     report = audit_attention(kernels.half_blocks_of_64, conventions="infer", seed=0, max_examples=4, budget="quick",
                              dtypes=[torch.float16])
     assert report.passed, report.table()

@@ -15,7 +15,7 @@ from ...strategies import attention_shapes, keep_masks, key_padding_masks, seeds
 from .conventions import DEFAULT_CONVENTIONS, Inputs
 from .examples import Example, bound, error, mask_to_list
 from .reference import effective_keep, reference_attention
-from .running import LONG, CheckFailure, Run, Skip, candidate_code, register
+from .running import LONG, CandidateRaised, CheckFailure, Run, Skip, candidate_code, register
 
 MaskKind = Literal["none", "keep", "padding", "fully_masked"]
 
@@ -304,13 +304,25 @@ def _need_causal(run: Run) -> None:
 
 @register("reference")
 def reference(run: Run, data: st.DataObject) -> None:
-    """Plain attention (no mask) against the float64 reference; a function is called under ``torch.no_grad()`` too,
-    as inference calls it (torch's own attention takes another kernel there)."""
+    """Plain attention (no mask) against the float64 reference; a function is called under ``torch.no_grad()`` and
+    ``torch.inference_mode()`` too, as inference calls it (torch's own attention takes another kernel there)."""
     example = draw_example(run, data)
     compare(run, example)
     if run.adapter.kind == "function":
         with torch.no_grad():
             compare(run, example, what="output under torch.no_grad()")
+        _under_inference_mode(run, example)
+
+
+def _under_inference_mode(run: Run, example: Example) -> None:
+    """The call under ``torch.inference_mode()``, where the candidate allows it: a refusal that names inference
+    tensors (one saved for backward, or updated in place) is the candidate's choice, not a wrong output."""
+    try:
+        with torch.inference_mode():
+            compare(run, example, what="output under torch.inference_mode()")
+    except CandidateRaised as raised:
+        if "inference tensor" not in str(raised.__cause__ or raised).lower():
+            raise
 
 
 @register("scale", kinds=("function",))

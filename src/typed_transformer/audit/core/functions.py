@@ -5,7 +5,7 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -45,6 +45,8 @@ from .running import (
     audit_threads,
     candidate_code,
     collect_state_changes,
+    modified,
+    note_change,
     resolve_budget,
     run_check,
 )
@@ -158,6 +160,8 @@ class FunctionAdapter:
     #: where the candidate is called (None: the CPU); its inputs move there, its output comes back to the CPU,
     #: where the reference runs
     device: torch.device | None = None
+    #: the last call's output and inputs as the candidate had them, each with a copy: re-read after the next call
+    previous: list[tuple[str, Tensor, Tensor]] = field(default_factory=list, repr=False, compare=False)
 
     __shape_checked__ = ("call", "reference", "logit_bound", "logits", "rows", "decode", "fast_path")
 
@@ -172,9 +176,23 @@ class FunctionAdapter:
         if type(out) is not Tensor:  # a subclass: judged as the plain tensor it holds, its own methods never asked
             with torch._C.DisableTorchFunctionSubclass():
                 out = out.as_subclass(Tensor)
+        self._reread()
+        held = {"output": out, "q": q, "k": k, "v": v, "attn_mask": kwargs.get("attn_mask")}
+        self.previous = [(name, x, x.detach().clone()) for name, x in held.items() if isinstance(x, Tensor)]
         # copied at once (and back to the CPU): a candidate that writes every call into one output buffer (as CUDA
         # graphs do) would otherwise overwrite the output a check still holds
         return from_candidate(out.to(device="cpu", copy=True), ins[1].shape[1], self.conventions)
+
+    def _reread(self) -> None:
+        """The previous call's output and inputs, re-read after this call: one changed since is named in the report
+        (the audit holds copies, so no verdict depends on it; a caller that keeps them would see them change)."""
+        for name, x, was in self.previous:
+            if modified(was, x):
+                note_change("its previous output was overwritten by the next call (one output buffer reused, as "
+                            "CUDA graphs do: a caller that keeps an output sees it change)" if name == "output" else
+                            f"an earlier call's input {name} was changed during a later call (the candidate keeps its "
+                            f"inputs and writes into them)")
+        self.previous = []
 
     def reference(self, ins: FunctionInputs, keep: KeepMask | None, is_causal: bool, dtype: torch.dtype
                   ) -> Float[Tensor, "b h t dv"]:

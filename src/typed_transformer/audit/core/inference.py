@@ -344,8 +344,11 @@ def _accepted(p: _Prober) -> bool:
             if block != declared:
                 smaller = ", ".join(str(m) for m in _BLOCK_PROBES if declared < m < block)
                 too = f", in blocks of {smaller} too" if smaller else ""
+                d = p.conv.head_size(4)  # the refusal quoted: the answering dtype's, at the answering head size
+                prefix = f"{p.dtype} with {'' if d == 4 else f'd={d}, '}dv="
+                quoted = [r for r in refusals if r.startswith(prefix)] or refusals
                 p.decide("length_multiple", block, f"h=1, t=3, s=4: every head size is refused in every dtype "
-                         f"({refusals[0]}){too}; "
+                         f"({quoted[-1]}){too}; "
                          f"t={3 * block}, s={4 * block} (each position repeated {block} times) answers (only "
                          f"multiples of {block} are drawn; the probes below count positions of {block})", p.conv,
                          p.example(t=3, s=4, h=1))

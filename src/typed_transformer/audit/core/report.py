@@ -216,7 +216,8 @@ class AuditReport:
     causes: list[Cause] = field(default_factory=list)
     #: inferred conventions that differ from the paper's attention (``conventions="infer"`` only), printed first
     differences: list[Difference] = field(default_factory=list)
-    #: torch's global settings the candidate's calls changed (each put back after its call), ``name: a -> b``
+    #: torch's global settings the candidate's calls changed (each put back after its call), ``name: a -> b``, and
+    #: what a later call changed in an earlier call's output or inputs
     state_changes: list[str] = field(default_factory=list)
 
     @property
@@ -271,8 +272,9 @@ class AuditReport:
         if self.contradictions:
             lines += ["", *self.contradictions]
         if self.state_changes:
-            lines += ["", "the candidate changed torch's global settings (the audit put each back after the call; a "
-                          "caller's later code would have run under it):", *(f"  - {c}" for c in self.state_changes)]
+            lines += ["", "the candidate changed state outside its output (torch's global settings: the audit put each "
+                          "back after the call; a caller's later code would have run under it or seen it):",
+                      *(f"  - {c}" for c in self.state_changes)]
         grouped = {id(r) for cause in self.causes for r in cause.rows}
         for r in self.results:  # failures outside every cause (the inferred conventions' findings)
             if r.status == "FAIL" and id(r) not in grouped:

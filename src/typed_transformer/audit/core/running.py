@@ -153,11 +153,39 @@ class _Alarm:
                 signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - self.started), 1e-3), interval)
 
 
-def _modified(before: Tensor, after: Tensor) -> bool:
+def modified(before: Tensor, after: Tensor) -> bool:
+    """Whether ``after`` no longer holds ``before``'s values (shape, dtype or data; NaN where NaN was is no change)."""
     if before.shape != after.shape or before.dtype != after.dtype:
         return True
     return not torch.equal(torch.nan_to_num(before), torch.nan_to_num(after.detach())) or not torch.equal(
         before.isnan(), after.detach().isnan())
+
+
+def _denormals_flushed() -> bool:
+    """Whether the CPU flushes denormal floats to zero (``torch.set_flush_denormal``, which has no getter: a float64
+    denormal times one reads back as zero)."""
+    return bool(torch.tensor([1e-310], dtype=torch.float64).mul(1.0)[0] == 0)
+
+
+def _cpu_autocast() -> tuple[bool, torch.dtype]:
+    return torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+
+
+def _set_cpu_autocast(state: tuple[bool, torch.dtype]) -> None:
+    torch.set_autocast_enabled("cpu", state[0])
+    torch.set_autocast_dtype("cpu", state[1])
+
+
+class _RngState(bytes):
+    """torch's CPU generator state, compared by value (and named without its 5 KB of bytes)."""
+
+
+def _rng_state() -> _RngState:
+    return _RngState(torch.get_rng_state().numpy().tobytes())
+
+
+def _set_rng_state(state: _RngState) -> None:
+    torch.set_rng_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
 
 
 #: torch's global settings a candidate's call must leave as it found them: (name, getter, setter)
@@ -166,6 +194,9 @@ _GLOBAL_STATE: tuple[tuple[str, Callable[[], Any], Callable[[Any], Any]], ...] =
     ("default dtype", torch.get_default_dtype, torch.set_default_dtype),
     ("deterministic algorithms", torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms),
     ("intra-op threads", torch.get_num_threads, torch.set_num_threads),
+    ("denormals flushed to zero", _denormals_flushed, torch.set_flush_denormal),
+    ("CPU autocast (enabled, dtype)", _cpu_autocast, _set_cpu_autocast),
+    ("torch's CPU random generator", _rng_state, _set_rng_state),
 )
 
 
@@ -174,18 +205,27 @@ def _global_state() -> list[Any]:
 
 
 def _restore(before: list[Any]) -> list[str]:
-    """Puts back each global setting that differs from ``before``; returns what had changed, as ``name: a -> b``."""
+    """Puts back each global setting that differs from ``before``; returns what had changed, as ``name: a -> b``
+    (the random generator's: drawn from or reseeded)."""
     changed = []
     for (name, get, put), was in zip(_GLOBAL_STATE, before, strict=True):
         now = get()
         if now != was:
-            changed.append(f"{name}: {was} -> {now}")
+            changed.append(f"{name}: drawn from or reseeded" if isinstance(was, _RngState)
+                           else f"{name}: {was} -> {now}")
             put(was)
     return changed
 
 
 #: the changes to torch's global settings the candidate's calls made, for the audit that collects them
 _STATE_CHANGES: ContextVar[list[str] | None] = ContextVar("state_changes", default=None)
+
+
+def note_change(change: str) -> None:
+    """Name a change the candidate made outside its output (one that is no wrong verdict) in the report of the audit
+    that collects them (:func:`collect_state_changes`); each named once."""
+    if (noted := _STATE_CHANGES.get()) is not None and change not in noted:
+        noted.append(change)
 
 
 @contextmanager
@@ -207,7 +247,8 @@ def collect_state_changes() -> Iterator[list[str]]:
 def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
     """Run the candidate's code: its exceptions become :class:`CandidateRaised`, and so does a change it made
     to one of the named ``inputs`` (compared with copies after the call); torch's global settings it changes
-    (gradients, default dtype, deterministic mode, thread count) are put back after the call and named in the report
+    (gradients, default dtype, deterministic mode, thread count, denormal flushing, CPU autocast, the CPU random
+    generator's state) are put back after the call and named in the report
     (:func:`collect_state_changes`), not failed: a correct candidate stays correct; ``sys.exit`` or a call past the time
     limit (:func:`call_time_limit`) raises :class:`CandidateStopped`. ``KeyboardInterrupt`` (Ctrl-C, and the
     command line's SIGTERM) passes through."""
@@ -240,11 +281,11 @@ def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
         raise CandidateRaised(f"the candidate replaced functions the reference computes with: {'; '.join(swapped)} "
                               f"(put back by the audit: the reference would have computed what the candidate "
                               f"computes)")
-    if changed and (noted := _STATE_CHANGES.get()) is not None:  # put back already: named in the report
-        noted.extend(change for change in changed if change not in noted)
+    for change in changed:  # put back already: named in the report
+        note_change(change)
     for name, before in copies.items():
         after = inputs[name]
-        if isinstance(after, Tensor) and _modified(before, after):
+        if isinstance(after, Tensor) and modified(before, after):
             raise CandidateRaised(f"the candidate modified its input {name} in place during the call (the "
                                   f"counterexample's): inputs must be left as given")
 

@@ -189,10 +189,10 @@ def infer_conventions(candidate: Callable[..., Any], *, seed: int = 0, name: str
             draws (129 by default), and decided where the candidate raises there.
         options: :class:`Conventions` fields inference does not decide (``self_attention``, ``head_sizes``,
             ``lengths``, ``max_length``, ``length_multiple``, ``equal_head_sizes``, ``even_head_size``,
-            ``head_size_multiple``, ``supports_autograd``: they narrow what the probes draw), and fields you know among those it decides
-            (``causal_alignment="top-left"``): inference does the rest, and each known field is checked against
-            the behaviour; a contradiction is a finding that names the field, the behaviour and its witness. A
-            module takes known fields only.
+            ``head_size_multiple``, ``supports_autograd``: they narrow what the probes draw), and fields you know
+            among those it decides (``causal_alignment="top-left"``): inference does the rest, and each known field
+            is checked against the behaviour; a contradiction is a finding that names the field, the behaviour and
+            its witness. A module takes known fields only.
 
     Returns:
         An :class:`Inference`: ``.conventions``, ``.evidence`` (field -> value, what decided it and a repro),
