@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .conventions import AuditUsageError
+from .known_answers import self_test
 
 #: What the reference and the comparison call, by dotted name (module path, then attributes).
 TRUSTED = (
@@ -100,10 +101,16 @@ def untrusted() -> list[str]:
 
 
 def check_trusted() -> None:
-    """Before an audit: every trusted function genuine and as imported (a replaced one is put back), else
-    :class:`AuditUsageError` naming them: the reference cannot be trusted, and the audit does not run."""
+    """Before an audit: every trusted function genuine and as imported (a replaced one is put back), and the
+    reference's known-answer self-test passed (:mod:`.known_answers`: what the trusted functions reach), else
+    :class:`AuditUsageError` naming what changed: the reference cannot be trusted, and the audit does not run."""
     bad = untrusted() + replaced()
     if bad:
         raise AuditUsageError(f"functions the reference computes with were replaced: {'; '.join(bad)}. A candidate "
                               f"(or code imported with it) changed them, so the reference would compute what it "
                               f"computes; the audit refuses to run (the replaced ones are put back)")
+    differ = self_test()
+    if differ:
+        raise AuditUsageError(f"the reference's known-answer self-test failed: {'; '.join(differ)}. Something the "
+                              f"reference computes with was changed (by a candidate, or code imported with it), so "
+                              f"it no longer gives the values stored for fixed inputs; the audit refuses to run")
