@@ -2,7 +2,9 @@
 sizes and dtypes of the audit before budgets), the default with its lists before this change, the default (the budget's
 deep examples, and float16 and bfloat16 where a function accepts them) and ``budget="thorough"``, side by side in
 one run, on the docs' first example (docs/audit.md's
-``my_attention``) and on one Hugging Face class (``LlamaAttention`` through ``hf_spec``).
+``my_attention``) and on one Hugging Face class (``LlamaAttention`` through ``hf_spec``). Then what isolation costs:
+a correct kernel audited in process and in its own process (``isolate=True``, the command line's default), side by
+side, quick and default.
 
     python benchmarks/audit_cost.py            # rewrite the audit-cost block of docs/audit.md
     python benchmarks/audit_cost.py --print    # print the block only
@@ -94,9 +96,31 @@ def block(rounds: int) -> str:
         cells = " | ".join(f"{best[name]:.1f} s ({rows[name]})" for name in budgets)
         lines.append(f"| {what} | {cells} | {best['default'] / best['before']:.2f}x | "
                      f"{best['thorough'] / best['default']:.1f}x |")
-    lines += ["", f"Fastest of {rounds} alternating rounds, one thread, torch {torch.__version__}, "
+    lines += ["", *isolation_lines(rounds), "",
+              f"Fastest of {rounds} alternating rounds, one thread, torch {torch.__version__}, "
               f"{platform.machine()}; made by `benchmarks/audit_cost.py`."]
     return "\n".join(lines)
+
+
+def isolation_lines(rounds: int) -> list[str]:
+    """The same audit in process and isolated, alternating, for budget quick and the default."""
+    from tests.support.kernels import paper_kernel
+    from typed_transformer.audit import audit_attention
+
+    lines = ["| audit of `tests.support.kernels:paper_kernel` (conventions=\"infer\") | in process | isolated (its own "
+             "process) | isolated / in process |", "|---|---|---|---|"]
+    for budget in ("quick", "default"):
+        best = {False: float("inf"), True: float("inf")}
+        for _ in range(rounds):
+            for isolate in (False, True):
+                start = time.perf_counter()
+                report = audit_attention(paper_kernel, conventions="infer", seed=0, budget=budget, isolate=isolate)
+                best[isolate] = min(best[isolate], time.perf_counter() - start)
+                if not report.passed:
+                    raise SystemExit(f"paper_kernel failed with budget={budget!r}, isolate={isolate}")
+        lines.append(f"| budget {budget} ({len(report.results)} rows) | {best[False]:.1f} s | {best[True]:.1f} s | "
+                     f"{best[True] / best[False]:.2f}x |")
+    return lines
 
 
 def main() -> int:

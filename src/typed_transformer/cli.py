@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
@@ -263,6 +263,11 @@ def _audit_parser(commands: Any, conventions: bool) -> None:
     audit.add_argument("--call-time-limit", type=_positive_float, default=60.0, metavar="SECONDS",
                        help="time limit of one call of the candidate (default 60; the audit's inputs are small): a "
                             "call past it, or one that calls sys.exit, FAILs in one line and stops the audit")
+    audit.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                       help="import and call a candidate function in its own process (the default on the CPU): an "
+                            "exit, a signal, a segfault or a hang of it FAILs in one line and stops the audit, and "
+                            "its code never runs beside the reference; --no-isolate calls it in the audit's process "
+                            "(a module, and a function on a GPU, are audited in process)")
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -931,22 +936,18 @@ def _audit(args: argparse.Namespace) -> int:
         return _fail(f"{changed[0]} describes a candidate function; a module's conventions come from its --spec")
     if args.candidate is not None and ":" not in args.candidate:
         return _fail(f"candidate must be MODULE:ATTR, got {args.candidate!r}")
-    try:
-        candidate = _import(target)
-    except Exception as err:  # any import-time error of the user's module: one line, exit 2
-        first_line = str(err).splitlines()[0] if str(err) else ""
-        return _fail(f"cannot import {target}: {type(err).__name__}: {first_line}")
-    except SystemExit as exit_:  # the module ends the interpreter while it is imported
-        return _fail(f"cannot import {target}: importing it called sys.exit({exit_.code!r})")
-    if not callable(candidate):
-        return _fail(f"{target} is not callable")
     options = _audit_options(args, MODULE_CHECKS if args.module is not None else FUNCTION_CHECKS)
     if isinstance(options, str):
         return _fail(options)
     stdout = sys.stdout
     try:
-        with call_time_limit(args.call_time_limit):
-            report = _audit_candidate(args, candidate, target, declared, options)
+        isolate = args.isolate if args.isolate is not None else (args.module is None and args.device in (None, "cpu"))
+        if isolate and args.module is not None:
+            return _fail("--isolate audits a candidate function; a --module is audited in process")
+        with call_time_limit(args.call_time_limit), _audited(target, isolate) as found:
+            if isinstance(found, str):
+                return _fail(found)
+            report = _audit_candidate(args, found, target, declared, options)
     except AuditUsageError as err:
         return _fail(str(err).splitlines()[0])
     except CandidateStopped as stopped:  # an exit or a hang: no report, one line, and the audit did not pass
@@ -962,6 +963,28 @@ def _audit(args: argparse.Namespace) -> int:
         except OSError as err:
             return _fail(f"--json: cannot write {args.json}: {err.strerror}")
     return audit_exit_status(report)
+
+
+@contextlib.contextmanager
+def _audited(target: str, isolate: bool) -> Iterator[Any]:
+    """The candidate for the block: imported here, or (``isolate``) in its own process, which ends after the block;
+    a string when it cannot be had (the one-line reason)."""
+    if isolate:
+        from .audit.core.isolation import IsolatedCandidate
+
+        with IsolatedCandidate(target) as isolated:  # an import that fails there: AuditUsageError, one line
+            yield isolated
+        return
+    try:
+        candidate = _import(target)
+    except Exception as err:  # any import-time error of the user's module: one line, exit 2
+        first_line = str(err).splitlines()[0] if str(err) else ""
+        yield f"cannot import {target}: {type(err).__name__}: {first_line}"
+        return
+    except SystemExit as exit_:  # the module ends the interpreter while it is imported
+        yield f"cannot import {target}: importing it called sys.exit({exit_.code!r})"
+        return
+    yield candidate if callable(candidate) else f"{target} is not callable"
 
 
 def _restore_stdout(before: Any) -> None:

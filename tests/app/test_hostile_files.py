@@ -107,7 +107,7 @@ def _pickle_that_runs_code(target: Path) -> None:
     torch.save({"token_embedding_table.weight": _RunsCode(target.parent / MARKER)}, target)
 
 
-SAFETENSORS_KINDS: dict[str, Callable[[Path, Path], None]] = {
+SAFETENSORS_KINDS: dict[str, Callable[[Path, Path], object]] = {
     "a pickle that runs code": lambda source, target: _pickle_that_runs_code(target),
     "a stride-0 view claiming 10^8 rows": lambda source, target: _claims(source, target, [10**8, 16]),
     "a huge declared shape": lambda source, target: _claims(source, target, [2**40, 2**20]),
@@ -117,7 +117,7 @@ SAFETENSORS_KINDS: dict[str, Callable[[Path, Path], None]] = {
     "random bytes": lambda source, target: target.write_bytes(bytes(range(256)) * 64),
 }
 
-TUTORIAL_KINDS: dict[str, Callable[[dict[str, Tensor], Path], None]] = {
+TUTORIAL_KINDS: dict[str, Callable[[dict[str, Tensor], Path], object]] = {
     "a pickle that runs code": lambda state, target: _pickle_that_runs_code(target),
     "a stride-0 view claiming 10^8 rows": lambda state, target: torch.save(
         {**state, "token_embedding_table.weight": torch.zeros(1, 32).expand(10**8, 32)}, target),

@@ -56,11 +56,18 @@ def test_the_cost_block_compares_both_budgets_on_the_docs_example_and_a_hugging_
     assert block[0] == ("| audit of | budget quick (sizes 1..6) | default with the old lists (batches 5, 8, 9; "
                         "heads 5, 6, 8) | default (+ batches and heads 12, 16, the widest and longest examples) | "
                         "thorough (+ 512..4096 keys, 32 and 64 heads) | default / before | thorough / default |")
-    rows = [line for line in block[2:] if line.startswith("| ")]
+    budgets = block[:block.index("")]
+    rows = [line for line in budgets[2:] if line.startswith("| ")]
     assert [row.split(" | ")[0] for row in rows] == ["| docs/audit.md's my_attention (conventions=\"infer\", "
                                                       "max_examples=10)",
                                                       "| LlamaAttention (hf_spec, conventions=\"infer\", "
                                                       "max_examples=10, float32)"]
     for row in rows:
         assert re.search(r"( \| \d+\.\d s \([^)]*\)){4} \| \d+\.\d\dx \| \d+\.\dx \|$", row), row
+    isolation = block[len(budgets) + 1:]
+    assert isolation[0] == ("| audit of `tests.support.kernels:paper_kernel` (conventions=\"infer\") | in process | "
+                            "isolated (its own process) | isolated / in process |")
+    assert [row.split(" | ")[0] for row in isolation[2:4]] == ["| budget quick (25 rows)", "| budget default (49 rows)"]
+    for row in isolation[2:4]:
+        assert re.search(r" \| \d+\.\d s \| \d+\.\d s \| \d+\.\d\dx \|$", row), row
     assert block[-1].endswith("made by `benchmarks/audit_cost.py`.")

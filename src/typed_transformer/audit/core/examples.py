@@ -26,6 +26,12 @@ def import_line(obj: Any, as_name: str, *, search: tuple[str, ...] = ()) -> str 
     the modules ``search`` first."""
     import sys
 
+    isolated = getattr(obj, "isolated_target", None)  # a candidate in its own process: imported there by name
+    if isinstance(isolated, tuple):
+        module_name, qualname = isolated
+        top, _, rest = qualname.partition(".")
+        return f"from {module_name} import {top}\n{as_name} = {qualname}" if rest else \
+            f"from {module_name} import {top} as {as_name}"
     main = sys.modules.get("__main__")
     # the script run (and its aliases, such as multiprocessing's __mp_main__) cannot be imported by name
     scripts = {"__main__", *(name for name, module in list(sys.modules.items()) if module is main)}

@@ -4,7 +4,8 @@ entry point and the pytest integration."""
 import dataclasses
 import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -35,6 +36,7 @@ from .inference import (
     with_inference,
     with_known,
 )
+from .isolation import IsolatedCandidate
 from .reference import reference_attention
 from .report import Adapter, AuditReport, CheckResult, environment
 from .running import (
@@ -161,7 +163,7 @@ class FunctionAdapter:
     #: where the reference runs
     device: torch.device | None = None
     #: the last call's output and inputs as the candidate had them, each with a copy: re-read after the next call
-    previous: list[tuple[str, Tensor, Tensor]] = field(default_factory=list, repr=False, compare=False)
+    previous: list[tuple[str, Tensor, Tensor]] = field(default_factory=list, init=False, repr=False, compare=False)
 
     __shape_checked__ = ("call", "reference", "logit_bound", "logits", "rows", "decode", "fast_path")
 
@@ -480,6 +482,7 @@ def audit_attention(
     budget: Budget | str = "default",
     threads: int | None = 1,
     device: torch.device | str | None = None,
+    isolate: bool = False,
 ) -> AuditReport:
     """Run the attention checks on ``candidate`` (every registered check, or the subset ``checks``), each once
     per dtype.
@@ -517,6 +520,10 @@ def audit_attention(
             inputs are drawn exactly as on the CPU (same seed, same examples) and moved there; the candidate's
             output and gradients come back to the CPU, where the float64 reference runs. The report records the
             device, its name and the torch and CUDA/ROCm versions.
+        isolate: import and call the candidate in its own process (:mod:`.isolation`): an exit, a signal, a
+            segfault or a hang of it stops the audit with one line naming it (:class:`CandidateStopped`), and its
+            code never runs beside the reference. The candidate must be importable by name (a function defined
+            at the top of an importable module). The command line's default for a function.
 
     Raises:
         AuditUsageError: the candidate's signature does not take the arguments the conventions imply
@@ -525,9 +532,24 @@ def audit_attention(
             ``conventions="infer"``, an unknown field or value in ``known``.
     """
     check_trusted()
-    with audit_threads(threads), collect_state_changes():
-        return _audit_attention(candidate, conventions, checks, dtypes, max_examples, seed, tolerance, name, known,
-                                budget, audit_device(device))
+    label = name or name_of(candidate)
+    where = audit_device(device)
+    if (isolate or isinstance(candidate, IsolatedCandidate)) and where is not None and where.type != "cpu":
+        raise AuditUsageError(f"isolate=True calls the candidate on the CPU only (a forked process cannot use the "
+                              f"{where.type} device its parent set up); audit on {where} with isolate=False")
+    with audit_threads(threads), collect_state_changes(), _isolated(candidate, isolate) as called:
+        return _audit_attention(called, conventions, checks, dtypes, max_examples, seed, tolerance, label, known,
+                                budget, where)
+
+
+@contextmanager
+def _isolated(candidate: Candidate, isolate: bool) -> Iterator[Candidate]:
+    """``candidate``, or (``isolate``) the same function in its own process for the block."""
+    if not isolate or isinstance(candidate, IsolatedCandidate):
+        yield candidate
+        return
+    with IsolatedCandidate(candidate) as isolated:
+        yield isolated
 
 
 def audit_device(device: torch.device | str | None) -> torch.device | None:

@@ -200,11 +200,12 @@ _GLOBAL_STATE: tuple[tuple[str, Callable[[], Any], Callable[[Any], Any]], ...] =
 )
 
 
-def _global_state() -> list[Any]:
+def global_state() -> list[Any]:
+    """torch's global settings a call must leave as it found them, in :data:`_GLOBAL_STATE`'s order."""
     return [get() for _, get, _ in _GLOBAL_STATE]
 
 
-def _restore(before: list[Any]) -> list[str]:
+def restore_global_state(before: list[Any]) -> list[str]:
     """Puts back each global setting that differs from ``before``; returns what had changed, as ``name: a -> b``
     (the random generator's: drawn from or reseeded)."""
     changed = []
@@ -255,14 +256,14 @@ def candidate_code(**inputs: Tensor | None) -> Iterator[None]:
     copies = {name: x.detach().clone() for name, x in inputs.items() if isinstance(x, Tensor)}
     limit = _CALL_TIME_LIMIT.get()
     alarm = _Alarm(limit)
-    state = _global_state()
+    state = global_state()
     swapped: list[str] = []
     try:
         with alarm:
             try:
                 yield
             finally:
-                changed = _restore(state)
+                changed = restore_global_state(state)
                 swapped = replaced()  # put back even when the candidate raised after replacing them
     except (CandidateStopped, KeyboardInterrupt):
         raise
