@@ -98,3 +98,30 @@ def returns_a_pickle_that_runs_code(q: Tensor, k: Tensor, v: Tensor, **kwargs: A
 def returns_a_tuple(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
                     is_causal: bool = False) -> Any:
     return _attention(q, k, v, attn_mask, is_causal), None
+
+
+class _Liar(Tensor):
+    """A tensor whose subtraction answers zeros: a comparison run on it would see no error."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().__torch_function__(func, types, args, kwargs or {})  # type: ignore[no-untyped-call]
+        if func in (torch.sub, Tensor.sub, Tensor.__sub__, Tensor.__rsub__) and isinstance(out, Tensor):
+            return out * 0
+        return out
+
+
+def lying_mean_of_values(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+    """Wrong (the mean of the values), returned as a tensor whose subtraction lies."""
+    return v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1]).contiguous().as_subclass(_Liar)
+
+
+def raises_skip(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+    from typed_transformer.audit.core.running import Skip
+
+    raise Skip("not today")
+
+
+def ignores_the_mask(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None = None,
+                     is_causal: bool = False) -> Tensor:
+    return _attention(q, k, v, None, is_causal)

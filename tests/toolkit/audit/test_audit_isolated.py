@@ -164,3 +164,23 @@ def test_an_input_changed_in_place_in_its_own_process_is_named_as_in_process() -
     in_process = audit_attention(audit_candidates.modifies_query, **kwargs())
     assert isolated.results[0].message == in_process.results[0].message
     assert "the candidate modified its input q in place during the call" in isolated.results[0].message
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+@pytest.mark.parametrize(("candidate", "row"), [
+    ("lying_mean_of_values", "reference"), ("raises_skip", "reference"), ("ignores_the_mask", "masking"),
+])
+def test_wrong_candidates_fail_isolated_and_not(candidate: str, row: str, isolate: bool,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """In the API and on the command line: a lying tensor subclass, the audit's own Skip, an ignored mask."""
+    kwargs: dict[str, Any] = {"budget": "quick", "dtypes": (torch.float64,), "checks": ["reference", "masking"]}
+    report = audit_attention(getattr(cands, candidate), isolate=isolate, **kwargs)
+    assert report.status(row) == "FAIL", report.table()
+    assert not report.passed
+    if candidate == "lying_mean_of_values":  # named, isolated or not
+        assert report.state_changes == ["its output is a _Liar, a tensor subclass: judged as the plain tensor it "
+                                        "holds (the subclass's own methods are never asked)"]
+    flag = "--isolate" if isolate else "--no-isolate"
+    assert main(["audit", f"{HERE}:{candidate}", flag, "--budget", "quick", "--dtypes", "float64", "--checks",
+                 "reference,masking"]) == 1
+    assert f"{row:<9}  float64  FAIL" in capsys.readouterr().out

@@ -51,6 +51,7 @@ from .running import (
     note_change,
     resolve_budget,
     run_check,
+    subclass_note,
 )
 from .trusted import check_trusted
 
@@ -176,6 +177,7 @@ class FunctionAdapter:
         if not isinstance(out, Tensor):
             raise CheckFailure(f"returned {type(out).__name__}, expected a tensor")
         if type(out) is not Tensor:  # a subclass: judged as the plain tensor it holds, its own methods never asked
+            note_change(subclass_note(type(out).__name__))
             with torch._C.DisableTorchFunctionSubclass():
                 out = out.as_subclass(Tensor)
         self._reread()

@@ -38,7 +38,15 @@ import torch
 from torch import Tensor
 
 from .conventions import AuditUsageError
-from .running import CandidateStopped, Skip, global_state, modified, note_change, restore_global_state
+from .running import (
+    CandidateStopped,
+    Skip,
+    global_state,
+    modified,
+    note_change,
+    restore_global_state,
+    subclass_note,
+)
 
 #: how long the child may take to start and import the candidate, in seconds
 START_SECONDS = 120.0
@@ -198,7 +206,8 @@ def _answer(candidate: Any, message: Any, graphs: dict[int, tuple[Tensor, list[T
                     del graphs[old]
             # inputs it changed in place: sent back, for the parent's own check to find them changed and name them
             changed = {key: given[key].detach().clone() for key, was in copies.items() if modified(was, given[key])}
-            reply: Any = ("out", _plain(out), changed)
+            subclass = type(out).__name__ if isinstance(out, Tensor) and type(out) is not Tensor else None
+            reply: Any = ("out", _plain(out), changed, subclass)
         else:  # backward
             _, number, gradient, _ = message
             out, leaves = graphs.pop(number)
@@ -361,6 +370,8 @@ class IsolatedCandidate:
         # inside autograd's forward grad mode is off: a call with leaves runs with it on, as the caller's did
         reply = self._request(("call", number, plain, kwargs, grad, "grad" if any(grad) else _mode()))
         _write_back(args, kwargs, reply[2])
+        if reply[3] is not None:
+            note_change(subclass_note(reply[3]))
         out = reply[1]
         if isinstance(out, tuple) and len(out) == 2 and out[0] == "not a tensor":  # named by its type, as in process
             out = type(out[1], (), {})()

@@ -222,6 +222,12 @@ def restore_global_state(before: list[Any]) -> list[str]:
 _STATE_CHANGES: ContextVar[list[str] | None] = ContextVar("state_changes", default=None)
 
 
+def subclass_note(name: str) -> str:
+    """What the report says of an output of a tensor subclass."""
+    return (f"its output is a {name}, a tensor subclass: judged as the plain tensor it holds (the subclass's own "
+            f"methods are never asked)")
+
+
 def note_change(change: str) -> None:
     """Name a change the candidate made outside its output (one that is no wrong verdict) in the report of the audit
     that collects them (:func:`collect_state_changes`); each named once."""
