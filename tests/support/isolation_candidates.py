@@ -100,7 +100,7 @@ def returns_a_tuple(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tensor | None
     return _attention(q, k, v, attn_mask, is_causal), None
 
 
-class _Liar(Tensor):
+class Liar(Tensor):
     """A tensor whose subtraction answers zeros: a comparison run on it would see no error."""
 
     @classmethod
@@ -113,7 +113,7 @@ class _Liar(Tensor):
 
 def lying_mean_of_values(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
     """Wrong (the mean of the values), returned as a tensor whose subtraction lies."""
-    return v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1]).contiguous().as_subclass(_Liar)
+    return v.mean(-2, keepdim=True).expand(*q.shape[:-1], v.shape[-1]).contiguous().as_subclass(Liar)
 
 
 def raises_skip(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:

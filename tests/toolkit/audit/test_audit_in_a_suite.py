@@ -12,6 +12,7 @@ from torch import Tensor
 
 import typed_transformer.audit.core.functions as functions
 from tests.support import audit_candidates as cands
+from tests.support.isolation_candidates import Liar  # a tensor whose subtraction answers zeros
 from tests.support.limits import HANG_SECONDS
 from typed_transformer.audit import BUDGETS, AuditCase, Conventions, audit_attention, parametrize_audit
 from typed_transformer.cli import main
@@ -220,20 +221,9 @@ def test_a_correct_but_rude_candidate_passes_with_its_change_named_and_the_calle
     assert report.to_dict()["state_changes"] == [named]
 
 
-class _Liar(Tensor):
-    """A tensor that answers every subtraction with zeros: a comparison run on it would see no error."""
-
-    @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = super().__torch_function__(func, types, args, kwargs or {})  # type: ignore[no-untyped-call]
-        if func in (torch.sub, Tensor.sub, Tensor.__sub__, Tensor.__rsub__) and isinstance(out, Tensor):
-            return out * 0
-        return out
-
-
 def test_a_tensor_subclass_cannot_lie_about_its_values() -> None:
     def wrong(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
-        return (torch.ones_like(q[..., :1]) * v.mean(-2, keepdim=True).expand(*q.shape[:-1], -1)).as_subclass(_Liar)
+        return (torch.ones_like(q[..., :1]) * v.mean(-2, keepdim=True).expand(*q.shape[:-1], -1)).as_subclass(Liar)
 
     report = audit_attention(wrong, checks=["reference"], dtypes=(torch.float64,), budget="quick")
     assert report.results[0].status == "FAIL", report.table()

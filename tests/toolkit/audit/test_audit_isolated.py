@@ -178,7 +178,7 @@ def test_wrong_candidates_fail_isolated_and_not(candidate: str, row: str, isolat
     assert report.status(row) == "FAIL", report.table()
     assert not report.passed
     if candidate == "lying_mean_of_values":  # named, isolated or not
-        assert report.state_changes == ["its output is a _Liar, a tensor subclass: judged as the plain tensor it "
+        assert report.state_changes == ["its output is a Liar, a tensor subclass: judged as the plain tensor it "
                                         "holds (the subclass's own methods are never asked)"]
     flag = "--isolate" if isolate else "--no-isolate"
     assert main(["audit", f"{HERE}:{candidate}", flag, "--budget", "quick", "--dtypes", "float64", "--checks",
