@@ -6,6 +6,7 @@ is in ``isolation_sly``: importing it changes the importing process.)"""
 import ctypes
 import math
 import os
+import signal
 import time
 from typing import Any
 
@@ -42,6 +43,12 @@ def exits_after_a_few_calls(q: Tensor, k: Tensor, v: Tensor, *, attn_mask: Tenso
 
 def segfaults(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
     ctypes.string_at(0)  # reads address 0: SIGSEGV
+    raise AssertionError("unreachable")
+
+
+def killed_as_by_the_memory_limit(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+    """SIGKILL, as the kernel's out-of-memory killer sends it."""
+    os.kill(os.getpid(), signal.SIGKILL)
     raise AssertionError("unreachable")
 
 

@@ -28,6 +28,8 @@ def _last_line(capsys: pytest.CaptureFixture[str]) -> str:
                       "parent exited) without returning; the audit stopped there"),
     ("segfaults", "was killed by SIGSEGV in its own process (a crash, a signal or the memory limit); the audit "
                   "stopped there"),
+    ("killed_as_by_the_memory_limit", "was killed by SIGKILL in its own process (a crash, a signal or the memory "
+                                      "limit); the audit stopped there"),
 ])
 def test_a_candidate_that_ends_its_process_fails_in_one_line_and_the_command_exits_1(
         name: str, what: str, capsys: pytest.CaptureFixture[str]) -> None:
