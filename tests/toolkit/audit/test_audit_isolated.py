@@ -186,3 +186,13 @@ def test_wrong_candidates_fail_isolated_and_not(candidate: str, row: str, isolat
     assert main(["audit", f"{HERE}:{candidate}", flag, "--budget", "quick", "--dtypes", "float64", "--checks",
                  "reference,masking"]) == 1
     assert f"{row:<9}  float64  FAIL" in capsys.readouterr().out
+
+
+def test_a_module_that_ends_its_process_when_imported_is_one_line_and_exit_2(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "ends_at_import.py").write_text("import os\nos._exit(0)\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["audit", "ends_at_import:f"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "typed-transformer: error: cannot import ends_at_import:f: it ended its process while it was imported in its "
+        "own process with exit status 0 (os._exit, exit, or a fork whose parent exited) without returning")

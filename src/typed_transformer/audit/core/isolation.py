@@ -316,7 +316,10 @@ class IsolatedCandidate:
         self._process_pid = self._process.pid
         theirs.close()
         self._connection = mine
-        reply = self._reply(START_SECONDS, starting=True)
+        try:
+            reply = self._reply(START_SECONDS, starting=True)
+        except CandidateStopped as stopped:  # its module ended the process while it was imported: no call was made
+            raise AuditUsageError(f"cannot import {self.name}: it {stopped.what}") from None
         if reply[0] == "refused":
             self.close()
             raise AuditUsageError(reply[1])
